@@ -1,0 +1,139 @@
+//! host-local's on-disk state, in the reference plugin's layout so state
+//! survives a switch between implementations either way:
+//! - `<dataDir>/<network>/<ip>`: one file per reserved address holding
+//!   `<containerID>\r\n<ifname>`;
+//! - `<dataDir>/<network>/last_reserved_ip.<set>`: the round-robin cursor;
+//! - `<dataDir>/<network>/lock`: an exclusive flock held while allocating, so
+//!   concurrent ADDs never hand out one address twice.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{CniError, Code};
+
+const LINE_BREAK: &str = "\r\n";
+const LAST_PREFIX: &str = "last_reserved_ip.";
+
+/// The store with its lock held; the lock is released on drop.
+pub struct Store {
+    dir: PathBuf,
+    _lock: File,
+}
+
+fn io_err(what: String, e: io::Error) -> CniError {
+    CniError::new(Code::Io, what).with_details(e.to_string())
+}
+
+impl Store {
+    pub fn open(dir: &str) -> Result<Store, CniError> {
+        let dir = PathBuf::from(dir);
+        fs::create_dir_all(&dir).map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .map_err(|e| io_err(format!("opening {}/lock", dir.display()), e))?;
+        // SAFETY: valid fd; flock blocks until the lock is ours.
+        loop {
+            let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err(format!("locking {}/lock", dir.display()), e));
+            }
+        }
+        Ok(Store { dir, _lock: lock })
+    }
+
+    fn ip_path(&self, ip: IpAddr) -> PathBuf {
+        self.dir.join(ip.to_string())
+    }
+
+    pub fn is_reserved(&self, ip: IpAddr) -> bool {
+        self.ip_path(ip).exists()
+    }
+
+    /// Reserves `ip` for (id, ifname); `false` when it was already taken.
+    pub fn reserve(&self, id: &str, ifname: &str, ip: IpAddr, set: usize) -> Result<bool, CniError> {
+        let p = self.ip_path(ip);
+        let mut f = match OpenOptions::new().write(true).create_new(true).open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(io_err(format!("reserving {}", p.display()), e)),
+        };
+        f.write_all(format!("{}{LINE_BREAK}{ifname}", id.trim()).as_bytes())
+            .map_err(|e| io_err(format!("writing {}", p.display()), e))?;
+        let last = self.dir.join(format!("{LAST_PREFIX}{set}"));
+        fs::write(&last, ip.to_string()).map_err(|e| io_err(format!("writing {}", last.display()), e))?;
+        Ok(true)
+    }
+
+    pub fn last_reserved(&self, set: usize) -> Option<IpAddr> {
+        fs::read_to_string(self.dir.join(format!("{LAST_PREFIX}{set}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    pub fn release(&self, ip: IpAddr) -> Result<(), CniError> {
+        match fs::remove_file(self.ip_path(ip)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(format!("releasing {ip}"), e)),
+        }
+    }
+
+    /// Every reservation: (ip, containerID, ifname). Files written by the
+    /// old reference layout hold only the container ID.
+    pub fn entries(&self) -> Result<Vec<(IpAddr, String, String)>, CniError> {
+        let mut out = Vec::new();
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io_err(format!("reading {}", self.dir.display()), e)),
+        };
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let Ok(ip) = name.parse::<IpAddr>() else { continue };
+            let Ok(data) = fs::read_to_string(ent.path()) else { continue };
+            let data = data.trim();
+            let (id, ifname) = match data.split_once(LINE_BREAK) {
+                Some((a, b)) => (a.trim().to_string(), b.trim().to_string()),
+                None => (data.to_string(), String::new()),
+            };
+            out.push((ip, id, ifname));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The addresses held by one attachment.
+    pub fn by_id(&self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, CniError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter(|(_, i, f)| i == id && (f == ifname || f.is_empty()))
+            .map(|(ip, _, _)| ip)
+            .collect())
+    }
+
+    /// Releases everything one attachment holds.
+    pub fn release_by_id(&self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, CniError> {
+        let ips = self.by_id(id, ifname)?;
+        for ip in &ips {
+            self.release(*ip)?;
+        }
+        Ok(ips)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

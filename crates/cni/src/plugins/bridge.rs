@@ -1,0 +1,516 @@
+//! The `bridge` plugin: a Linux bridge on the host, a veth pair per
+//! attachment with one end in the pod, addresses from the IPAM plugin named
+//! in `ipam.type`, and optionally the gateway address on the bridge,
+//! masquerade and a MAC spoof check. Config keys are the reference plugin's.
+//!
+//! ADD builds in an order that can be undone: IPAM first, then the veth
+//! (born directly in the pod namespace), then addresses and routes. Any
+//! failure runs the undo list, so a failed ADD leaves nothing behind.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use podnet_kernel::{Handle, KernelError, Link, LinkKind, Netns, Route};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{CniError, Code};
+use crate::invoke::delegate;
+use crate::plugins::netfilter;
+use crate::skel::{CmdArgs, Command, Plugin};
+use crate::types::{self, runtime_key, CniResult, Dns, Interface, RouteConf};
+
+#[derive(Debug, Deserialize)]
+pub struct BridgeConf {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default = "default_bridge")]
+    pub bridge: String,
+    #[serde(rename = "isGateway", default)]
+    pub is_gateway: bool,
+    #[serde(rename = "isDefaultGateway", default)]
+    pub is_default_gateway: bool,
+    #[serde(rename = "forceAddress", default)]
+    pub force_address: bool,
+    #[serde(rename = "ipMasq", default)]
+    pub ip_masq: bool,
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    #[serde(rename = "hairpinMode", default)]
+    pub hairpin_mode: bool,
+    #[serde(rename = "promiscMode", default)]
+    pub promisc_mode: bool,
+    #[serde(default)]
+    pub vlan: Option<u32>,
+    #[serde(default)]
+    pub macspoofchk: bool,
+    #[serde(rename = "enabledad", default)]
+    pub enable_dad: bool,
+    #[serde(default)]
+    pub ipam: Option<Value>,
+    #[serde(default)]
+    pub dns: Option<Dns>,
+    #[serde(rename = "runtimeConfig", default)]
+    pub runtime_config: Option<Value>,
+    #[serde(rename = "prevResult", default)]
+    pub prev_result: Option<Value>,
+}
+
+fn default_bridge() -> String {
+    "cni0".to_string()
+}
+
+impl BridgeConf {
+    pub fn parse(stdin: &[u8]) -> Result<BridgeConf, CniError> {
+        let mut c: BridgeConf = types::parse_conf(stdin)?;
+        if c.is_default_gateway {
+            c.is_gateway = true;
+        }
+        if c.hairpin_mode && c.promisc_mode {
+            return Err(CniError::config(
+                "bridge: cannot set hairpinMode and promiscMode at the same time",
+            ));
+        }
+        if c.vlan.unwrap_or(0) != 0 {
+            return Err(CniError::new(
+                Code::UnsupportedField,
+                "bridge: \"vlan\" is unsupported by podnet (VLAN filtering is not available here)",
+            ));
+        }
+        if c.bridge.is_empty() || c.bridge.len() > 15 {
+            return Err(CniError::config(format!("bridge: invalid bridge name {:?}", c.bridge)));
+        }
+        Ok(c)
+    }
+
+    fn ipam_type(&self) -> Option<String> {
+        self.ipam
+            .as_ref()
+            .and_then(|v| v.get("type"))
+            .and_then(|t| t.as_str())
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+    }
+}
+
+/// A random host-side veth name, as the reference plugin makes them.
+pub fn random_veth_name() -> String {
+    let mut b = [0u8; 4];
+    // SAFETY: valid buffer; getrandom fills it.
+    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+    format!("veth{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3])
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let v: Vec<u8> = s.split(':').filter_map(|p| u8::from_str_radix(p, 16).ok()).collect();
+    v.try_into().ok()
+}
+
+fn open_netns(path: &str) -> Result<Netns, CniError> {
+    Netns::open(path).map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {e}")))
+}
+
+/// Creates the bridge if needed, or checks that the existing link is one.
+fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<Link, CniError> {
+    let link = match h.link(&c.bridge)? {
+        Some(l) if l.kind != LinkKind::Bridge => {
+            return Err(CniError::internal(format!(
+                "bridge: {:?} already exists but is not a bridge",
+                c.bridge
+            )))
+        }
+        Some(l) => l,
+        None => {
+            match h.create_bridge(&c.bridge, c.mtu) {
+                Ok(()) => {}
+                // Another ADD created it at the same moment.
+                Err(e) if e.is_exists() => {}
+                Err(e) => return Err(e.into()),
+            }
+            h.require_link(&c.bridge)?
+        }
+    };
+    if c.promisc_mode && !link.is_promisc() {
+        h.set_promisc(link.index, true)?;
+    }
+    if !link.is_up() {
+        h.set_up(link.index)?;
+    }
+    Ok(link)
+}
+
+/// The first address of a subnet, used as gateway when IPAM gives none.
+fn calc_gateway(n: &IpNet) -> IpAddr {
+    crate::ipam::alloc::add(n.network(), 1)
+}
+
+fn enable_forwarding(v6: bool) -> Result<(), KernelError> {
+    let key = if v6 { "net.ipv6.conf.all.forwarding" } else { "net.ipv4.ip_forward" };
+    if podnet_kernel::netns::read_sysctl(key).ok().as_deref() != Some("1") {
+        podnet_kernel::netns::write_sysctl(key, "1")?;
+    }
+    Ok(())
+}
+
+/// Puts the gateway address on the bridge, honouring forceAddress.
+fn ensure_bridge_addr(h: &mut Handle, br: &Link, gw: IpNet, force: bool) -> Result<(), CniError> {
+    let existing = h.addrs(br.index)?;
+    for a in existing.iter().filter(|a| a.net.addr().is_ipv4() == gw.addr().is_ipv4()) {
+        if a.net == gw {
+            return Ok(());
+        }
+        if a.net.trunc() == gw.trunc() || (a.net.addr().is_ipv4() && a.net.contains(&gw.addr())) {
+            if !force {
+                return Err(CniError::internal(format!(
+                    "bridge: {:?} already has an IP address different from {gw} ({})",
+                    br.name, a.net
+                )));
+            }
+            h.del_addr(br.index, a.net)?;
+        }
+    }
+    match h.add_addr(br.index, gw, true) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_exists() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Addresses and routes inside the pod, on interface `idx`.
+fn configure_pod_iface(h: &mut Handle, idx: u32, r: &CniResult, nodad: bool) -> Result<(), CniError> {
+    for ip in &r.ips {
+        h.add_addr(idx, ip.address, nodad)?;
+    }
+    h.set_up(idx)?;
+    for rt in &r.routes {
+        let v4 = rt.dst.addr().is_ipv4();
+        let gw = rt.gw.or_else(|| {
+            r.ips
+                .iter()
+                .find(|i| i.address.addr().is_ipv4() == v4)
+                .and_then(|i| i.gateway)
+        });
+        let route = Route {
+            dst: if rt.dst.prefix_len() == 0 { None } else { Some(rt.dst) },
+            gateway: gw,
+            oif: Some(idx),
+            table: rt.table,
+            priority: rt.priority,
+            mtu: rt.mtu,
+            advmss: rt.advmss,
+            scope: rt.scope,
+            v6: !v4,
+            ..Default::default()
+        };
+        match h.add_route(&route) {
+            Ok(()) => {}
+            Err(e) if e.is_exists() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+pub struct Bridge;
+
+struct Undo<'a> {
+    args: &'a CmdArgs,
+    ipam: Option<String>,
+    host_veth: Option<String>,
+    masq: Vec<IpNet>,
+    spoof: Option<(String, String)>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(v) = &self.host_veth {
+            if let Ok(mut h) = Handle::new() {
+                let _ = h.delete_link_by_name(v);
+            }
+        }
+        if !self.masq.is_empty() {
+            let _ = netfilter::masq_del(&self.masq);
+        }
+        if let Some((p, m)) = &self.spoof {
+            let _ = netfilter::macspoof_del(p, Some(m));
+        }
+        if let Some(t) = &self.ipam {
+            let _ = delegate(t, Command::Del, self.args, &self.args.stdin);
+        }
+    }
+}
+
+impl Plugin for Bridge {
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        let ns = open_netns(&args.netns)?;
+        let mut host = Handle::new()?;
+        let mut pod = Handle::in_netns(&ns)?;
+        if pod.link(&args.ifname)?.is_some() {
+            return Err(CniError::internal(format!(
+                "bridge: container veth name {:?} already exists",
+                args.ifname
+            )));
+        }
+        let br = ensure_bridge(&mut host, &c)?;
+        let mut undo = Undo {
+            args,
+            ipam: None,
+            host_veth: None,
+            masq: Vec::new(),
+            spoof: None,
+            armed: true,
+        };
+
+        let mut result = match c.ipam_type() {
+            Some(t) => {
+                let r = delegate(&t, Command::Add, args, &args.stdin)?.unwrap_or_default();
+                undo.ipam = Some(t);
+                if r.ips.is_empty() {
+                    return Err(CniError::internal("bridge: IPAM plugin returned missing IP config"));
+                }
+                r
+            }
+            None => CniResult::default(),
+        };
+
+        // The veth pair, peer born inside the pod's namespace.
+        let mac = runtime_key(&c.runtime_config, "mac")
+            .and_then(|m| m.as_str())
+            .map(|s| parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}"))))
+            .transpose()?;
+        let mtu = c.mtu.or(Some(br.mtu)).filter(|m| *m > 0);
+        let mut host_name = random_veth_name();
+        for _ in 0..4 {
+            match host.create_veth(&host_name, &args.ifname, Some(ns.fd()), mtu, mac) {
+                Ok(()) => break,
+                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() => host_name = random_veth_name(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        undo.host_veth = Some(host_name.clone());
+        let hv = host.require_link(&host_name)?;
+        host.set_master(hv.index, br.index)?;
+        if c.hairpin_mode {
+            host.set_hairpin(hv.index, true)?;
+        }
+        host.set_up(hv.index)?;
+        let cv = pod.require_link(&args.ifname)?;
+
+        // Gateways and the default route.
+        if c.is_gateway {
+            for ip in &mut result.ips {
+                if ip.gateway.is_none() {
+                    ip.gateway = Some(calc_gateway(&ip.address));
+                }
+            }
+            if c.is_default_gateway {
+                for ip in &result.ips {
+                    let v4 = ip.address.addr().is_ipv4();
+                    let dflt: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
+                    if !result.routes.iter().any(|r| r.dst == dflt) {
+                        result.routes.push(RouteConf::new(dflt, ip.gateway));
+                    }
+                }
+            }
+        }
+        for ip in &mut result.ips {
+            ip.interface = Some(2);
+        }
+        configure_pod_iface(&mut pod, cv.index, &result, !c.enable_dad)?;
+
+        if c.is_gateway {
+            for ip in &result.ips {
+                if let Some(gw) = ip.gateway {
+                    let gnet = IpNet::new(gw, ip.address.prefix_len()).expect("same family prefix");
+                    ensure_bridge_addr(&mut host, &br, gnet, c.force_address)?;
+                    enable_forwarding(gw.is_ipv6())?;
+                }
+            }
+        }
+        if c.ip_masq && !result.ips.is_empty() {
+            let nets: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
+            undo.masq = nets.clone();
+            netfilter::masq_add(&nets, &format!("{}/{}", c.name, args.container_id))?;
+        }
+        if c.macspoofchk {
+            undo.spoof = Some((host_name.clone(), cv.mac_string()));
+            netfilter::macspoof_add(&host_name, &cv.mac_string())?;
+        }
+
+        let br_now = host.require_link(&c.bridge)?;
+        result.interfaces = vec![
+            Interface {
+                name: c.bridge.clone(),
+                mac: br_now.mac_string(),
+                ..Default::default()
+            },
+            Interface {
+                name: host_name,
+                mac: hv.mac_string(),
+                ..Default::default()
+            },
+            Interface {
+                name: args.ifname.clone(),
+                mac: cv.mac_string(),
+                sandbox: args.netns.clone(),
+                ..Default::default()
+            },
+        ];
+        if result.dns.is_empty() {
+            result.dns = c.dns.clone().unwrap_or_default();
+        }
+        undo.armed = false;
+        Ok(result)
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        let mut errors = Vec::new();
+        if let Some(t) = c.ipam_type() {
+            if let Err(e) = delegate(&t, Command::Del, args, &args.stdin) {
+                errors.push(e.to_string());
+            }
+        }
+        let prev = c.prev_result.as_ref().and_then(|v| CniResult::from_value(v).ok());
+        let mut addrs: Vec<IpNet> = prev
+            .as_ref()
+            .map(|r| r.ips.iter().map(|i| i.address).collect())
+            .unwrap_or_default();
+        let mut host_veth: Option<String> = prev
+            .as_ref()
+            .and_then(|r| r.interfaces.iter().find(|i| i.sandbox.is_empty() && i.name != c.bridge))
+            .map(|i| i.name.clone());
+        let mut pod_mac = None;
+        if !args.netns.is_empty() {
+            match Netns::open(&args.netns) {
+                Ok(ns) => {
+                    let r = (|| -> Result<(), KernelError> {
+                        let mut pod = Handle::in_netns(&ns)?;
+                        if let Some(l) = pod.link(&args.ifname)? {
+                            for a in pod.addrs(l.index)? {
+                                if a.scope == 0 && !addrs.contains(&a.net) {
+                                    addrs.push(a.net);
+                                }
+                            }
+                            pod_mac = Some(l.mac_string());
+                            if host_veth.is_none() {
+                                if let Some(p) = l.peer {
+                                    let mut host = Handle::new()?;
+                                    host_veth = host.link_by_index(p)?.map(|l| l.name);
+                                }
+                            }
+                            pod.delete_link(l.index)?;
+                        }
+                        Ok(())
+                    })();
+                    if let Err(e) = r {
+                        if !e.is_not_found() {
+                            errors.push(e.to_string());
+                        }
+                    }
+                }
+                // The namespace is already gone: nothing to remove inside it.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if c.ip_masq {
+            if let Err(e) = netfilter::masq_del(&addrs) {
+                errors.push(e.to_string());
+            }
+        }
+        if c.macspoofchk {
+            if let Some(v) = &host_veth {
+                if let Err(e) = netfilter::macspoof_del(v, pod_mac.as_deref()) {
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(CniError::internal(format!("bridge DEL: {}", errors.join("; "))))
+        }
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        let prev = c
+            .prev_result
+            .as_ref()
+            .ok_or_else(|| CniError::config("bridge: required prevResult missing"))
+            .and_then(CniResult::from_value)?;
+        if let Some(t) = c.ipam_type() {
+            delegate(&t, Command::Check, args, &args.stdin)?;
+        }
+        let mut host = Handle::new()?;
+        match host.link(&c.bridge)? {
+            Some(l) if l.kind == LinkKind::Bridge => {}
+            _ => return Err(CniError::internal(format!("bridge: bridge {:?} not found", c.bridge))),
+        }
+        let ns = open_netns(&args.netns)?;
+        let mut pod = Handle::in_netns(&ns)?;
+        let cv = pod
+            .link(&args.ifname)?
+            .ok_or_else(|| CniError::internal(format!("bridge: interface {:?} not found in {}", args.ifname, args.netns)))?;
+        if let Some(want) = prev.interfaces.iter().find(|i| i.name == args.ifname && !i.sandbox.is_empty()) {
+            if !want.mac.is_empty() && !want.mac.eq_ignore_ascii_case(&cv.mac_string()) {
+                return Err(CniError::internal(format!(
+                    "bridge: interface {} has MAC {}, expected {}",
+                    args.ifname,
+                    cv.mac_string(),
+                    want.mac
+                )));
+            }
+        }
+        let have = pod.addrs(cv.index)?;
+        for ip in &prev.ips {
+            if !have.iter().any(|a| a.net == ip.address) {
+                return Err(CniError::internal(format!(
+                    "bridge: address {} missing from {}",
+                    ip.address, args.ifname
+                )));
+            }
+        }
+        if let Some(peer) = cv.peer {
+            match host.link_by_index(peer)? {
+                Some(hv) if hv.master == Some(host.require_link(&c.bridge)?.index) => {}
+                _ => {
+                    return Err(CniError::internal(format!(
+                        "bridge: host side of {} is not attached to {}",
+                        args.ifname, c.bridge
+                    )))
+                }
+            }
+        }
+        if c.ip_masq {
+            for ip in &prev.ips {
+                if !netfilter::masq_present(&ip.address)? {
+                    return Err(CniError::internal(format!("bridge: masquerade for {} missing", ip.address)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        if let Some(t) = c.ipam_type() {
+            delegate(&t, Command::Gc, args, &args.stdin)?;
+        }
+        Ok(())
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        if let Some(t) = c.ipam_type() {
+            delegate(&t, Command::Status, args, &args.stdin)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! The `podnet` meta-plugin, the counterpart of flannel's CNI plugin: it reads
+//! the node's lease from `subnet.env` and delegates to bridge + host-local
+//! with the node's subnet, the cluster network route, the MTU and masquerade
+//! setting filled in.
+//!
+//! The delegate configuration used for ADD is saved under `dataDir`, so DEL
+//! undoes exactly what ADD did even after the node's subnet changes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::{CniError, Code};
+use crate::invoke::delegate;
+use crate::skel::{CmdArgs, Command, Plugin};
+use crate::types::{self, Attachment, CniResult};
+
+pub const DEFAULT_SUBNET_FILE: &str = "/run/podnet/subnet.env";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/podnet";
+pub const DEFAULT_BRIDGE: &str = "podnet0";
+
+#[derive(Debug, Deserialize)]
+struct Conf {
+    #[serde(rename = "cniVersion", default)]
+    cni_version: String,
+    #[serde(default)]
+    name: String,
+    #[serde(rename = "subnetFile", default)]
+    subnet_file: Option<String>,
+    #[serde(rename = "dataDir", default)]
+    data_dir: Option<String>,
+    #[serde(default)]
+    delegate: Option<Map<String, Value>>,
+    #[serde(rename = "runtimeConfig", default)]
+    runtime_config: Option<Value>,
+    #[serde(rename = "prevResult", default)]
+    prev_result: Option<Value>,
+    #[serde(rename = "cni.dev/valid-attachments", default)]
+    valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// The node's lease as the agent wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubnetEnv {
+    pub network: IpNet,
+    pub subnet: IpNet,
+    pub mtu: Option<u32>,
+    pub ipmasq: bool,
+}
+
+impl SubnetEnv {
+    /// Parses `KEY=VALUE` lines; `PODNET_*` names win over `FLANNEL_*` ones.
+    pub fn parse(text: &str, path: &str) -> Result<SubnetEnv, CniError> {
+        let kv: BTreeMap<&str, &str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
+            .collect();
+        let get = |k: &str| kv.get(format!("PODNET_{k}").as_str()).or(kv.get(format!("FLANNEL_{k}").as_str())).copied();
+        let net = |k: &str| -> Result<IpNet, CniError> {
+            let v = get(k).ok_or_else(|| CniError::config(format!("podnet: {path} is missing FLANNEL_{k}")))?;
+            v.parse()
+                .map_err(|_| CniError::config(format!("podnet: {path}: FLANNEL_{k}={v:?} is not a CIDR")))
+        };
+        let mtu = match get("MTU") {
+            Some(v) => Some(
+                v.parse::<u32>()
+                    .map_err(|_| CniError::config(format!("podnet: {path}: FLANNEL_MTU={v:?} is not a number")))?,
+            ),
+            None => None,
+        };
+        Ok(SubnetEnv {
+            network: net("NETWORK")?,
+            subnet: net("SUBNET")?,
+            mtu,
+            ipmasq: get("IPMASQ").map(|v| v == "true").unwrap_or(false),
+        })
+    }
+}
+
+impl Conf {
+    fn subnet_file(&self) -> String {
+        self.subnet_file.clone().unwrap_or_else(|| DEFAULT_SUBNET_FILE.to_string())
+    }
+    fn data_dir(&self) -> PathBuf {
+        PathBuf::from(self.data_dir.clone().unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()))
+    }
+    fn read_env(&self) -> Result<SubnetEnv, CniError> {
+        let p = self.subnet_file();
+        let text = std::fs::read_to_string(&p).map_err(|e| {
+            CniError::new(Code::TryAgain, format!("podnet: cannot read {p} (is the podnet agent running?)"))
+                .with_details(e.to_string())
+        })?;
+        SubnetEnv::parse(&text, &p)
+    }
+
+    /// The delegate configuration, flannel's defaults under the user's keys.
+    fn delegate_conf(&self, env: &SubnetEnv) -> Value {
+        let mut d = self.delegate.clone().unwrap_or_default();
+        let mut set = |k: &str, v: Value| {
+            d.entry(k.to_string()).or_insert(v);
+        };
+        set("type", json!("bridge"));
+        set("bridge", json!(DEFAULT_BRIDGE));
+        set("isGateway", json!(true));
+        set("isDefaultGateway", json!(true));
+        set("hairpinMode", json!(true));
+        set("ipMasq", json!(!env.ipmasq));
+        if let Some(m) = env.mtu {
+            set("mtu", json!(m));
+        }
+        d.insert("name".into(), json!(self.name));
+        d.insert("cniVersion".into(), json!(self.cni_version));
+        d.insert(
+            "ipam".into(),
+            json!({
+                "type": "host-local",
+                "ranges": [[{"subnet": env.subnet.trunc().to_string()}]],
+                "routes": [{"dst": env.network.trunc().to_string()}],
+            }),
+        );
+        if let Some(rc) = &self.runtime_config {
+            d.insert("runtimeConfig".into(), rc.clone());
+        }
+        Value::Object(d)
+    }
+}
+
+fn saved_path(dir: &std::path::Path, id: &str, ifname: &str) -> PathBuf {
+    if ifname == "eth0" {
+        dir.join(id)
+    } else {
+        // '@' cannot occur in a container ID, so the name splits back cleanly.
+        dir.join(format!("{id}@{ifname}"))
+    }
+}
+
+fn io(what: String, e: std::io::Error) -> CniError {
+    CniError::new(Code::Io, what).with_details(e.to_string())
+}
+
+fn delegate_type(v: &Value) -> String {
+    v.get("type").and_then(|t| t.as_str()).unwrap_or("bridge").to_string()
+}
+
+pub struct Meta;
+
+impl Plugin for Meta {
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let c: Conf = types::parse_conf(&args.stdin)?;
+        let env = c.read_env()?;
+        let d = c.delegate_conf(&env);
+        let bytes = serde_json::to_vec(&d).expect("json");
+        let dir = c.data_dir();
+        let path = saved_path(&dir, &args.container_id, &args.ifname);
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&path, &bytes))
+            .map_err(|e| io(format!("podnet: saving delegate config {}", path.display()), e))?;
+        match delegate(&delegate_type(&d), Command::Add, args, &bytes) {
+            Ok(r) => Ok(r.unwrap_or_default()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c: Conf = types::parse_conf(&args.stdin)?;
+        let path = saved_path(&c.data_dir(), &args.container_id, &args.ifname);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Never added, or deleted already: DEL is idempotent.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(format!("podnet: reading {}", path.display()), e)),
+        };
+        let d: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display())).with_details(e.to_string()))?;
+        delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
+        let _ = std::fs::remove_file(&path);
+        Ok(())
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c: Conf = types::parse_conf(&args.stdin)?;
+        let path = saved_path(&c.data_dir(), &args.container_id, &args.ifname);
+        let bytes = std::fs::read(&path).map_err(|e| io(format!("podnet: reading {}", path.display()), e))?;
+        let mut d: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display())).with_details(e.to_string()))?;
+        if let Some(p) = &c.prev_result {
+            d["prevResult"] = p.clone();
+        }
+        let bytes = serde_json::to_vec(&d).expect("json");
+        delegate(&delegate_type(&d), Command::Check, args, &bytes)?;
+        Ok(())
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c: Conf = types::parse_conf(&args.stdin)?;
+        let valid = c.valid_attachments.clone().unwrap_or_default();
+        let dir = c.data_dir();
+        let mut errors = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for ent in rd.flatten() {
+                let name = ent.file_name().to_string_lossy().into_owned();
+                let live = valid.iter().any(|a| saved_path(&dir, &a.container_id, &a.ifname) == ent.path());
+                if live {
+                    continue;
+                }
+                let (id, ifname) = match name.split_once('@') {
+                    Some((i, f)) => (i.to_string(), f.to_string()),
+                    None => (name.clone(), "eth0".to_string()),
+                };
+                let Ok(bytes) = std::fs::read(ent.path()) else { continue };
+                let Ok(d) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                let sub = CmdArgs {
+                    container_id: id,
+                    ifname,
+                    netns: String::new(),
+                    ..args.clone()
+                };
+                match delegate(&delegate_type(&d), Command::Del, &sub, &bytes) {
+                    Ok(_) => {
+                        let _ = std::fs::remove_file(ent.path());
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+        }
+        if let Ok(env) = c.read_env() {
+            let mut d = c.delegate_conf(&env);
+            d["cniVersion"] = json!(c.cni_version);
+            d["cni.dev/valid-attachments"] = serde_json::to_value(&valid).expect("json");
+            let bytes = serde_json::to_vec(&d).expect("json");
+            if let Err(e) = delegate(&delegate_type(&d), Command::Gc, args, &bytes) {
+                errors.push(e.to_string());
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(CniError::internal(format!("podnet GC: {}", errors.join("; "))))
+        }
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let c: Conf = types::parse_conf(&args.stdin)?;
+        c.read_env().map_err(|e| CniError::new(Code::NotAvailable, e.msg).with_details(e.details))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_env_flannel_and_podnet_names() {
+        let e = SubnetEnv::parse(
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(e.subnet.to_string(), "10.244.1.1/24");
+        assert_eq!(e.mtu, Some(1450));
+        assert!(e.ipmasq);
+        let e = SubnetEnv::parse("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nPODNET_SUBNET=10.244.9.1/24", "f").unwrap();
+        assert_eq!(e.subnet.to_string(), "10.244.9.1/24");
+        let err = SubnetEnv::parse("FLANNEL_NETWORK=10.244.0.0/16", "/run/x").unwrap_err();
+        assert!(err.msg.contains("FLANNEL_SUBNET"), "{}", err.msg);
+    }
+
+    #[test]
+    fn delegate_defaults_like_flannel() {
+        let c: Conf = serde_json::from_value(json!({
+            "cniVersion": "1.0.0", "name": "podnet", "type": "podnet",
+            "delegate": {"hairpinMode": false}
+        }))
+        .unwrap();
+        let env = SubnetEnv::parse("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true", "f").unwrap();
+        let d = c.delegate_conf(&env);
+        assert_eq!(d["type"], "bridge");
+        assert_eq!(d["bridge"], DEFAULT_BRIDGE);
+        assert_eq!(d["ipMasq"], false);
+        assert_eq!(d["hairpinMode"], false);
+        assert_eq!(d["mtu"], 1450);
+        assert_eq!(d["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+        assert_eq!(d["ipam"]["routes"][0]["dst"], "10.244.0.0/16");
+        assert_eq!(d["cniVersion"], "1.0.0");
+    }
+}

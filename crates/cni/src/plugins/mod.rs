@@ -1,0 +1,25 @@
+//! The plugins, chosen by the name the binary was called as.
+
+pub mod bandwidth;
+pub mod bridge;
+pub mod loopback;
+pub mod meta;
+pub mod netfilter;
+pub mod portmap;
+
+use crate::skel::Plugin;
+
+/// Every plugin type this binary serves.
+pub const NAMES: &[&str] = &["podnet", "bridge", "host-local", "loopback", "portmap", "bandwidth"];
+
+pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
+    Some(match name {
+        "bridge" => Box::new(bridge::Bridge),
+        "host-local" => Box::new(crate::ipam::HostLocal),
+        "loopback" => Box::new(loopback::Loopback),
+        "portmap" => Box::new(portmap::Portmap),
+        "bandwidth" => Box::new(bandwidth::Bandwidth),
+        "podnet" => Box::new(meta::Meta),
+        _ => return None,
+    })
+}

@@ -1,0 +1,396 @@
+//! Netlink wire format: message building, attribute parsing and a blocking
+//! request/ack socket.
+//!
+//! This is the only place that knows byte layouts. It is deliberately small
+//! and synchronous: a CNI plugin lives for a few milliseconds, so an async
+//! runtime or a large typed crate would cost more than it saves. The same
+//! framing serves rtnetlink here and nfnetlink later.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::KernelError;
+
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_MULTI: u16 = 0x2;
+pub const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_REPLACE: u16 = 0x100;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_CREATE: u16 = 0x400;
+pub const NLM_F_APPEND: u16 = 0x800;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const NETLINK_CAP_ACK: i32 = 10;
+const NETLINK_EXT_ACK: i32 = 11;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// A netlink message under construction: header, fixed family header, then
+/// attributes (possibly nested).
+pub struct Msg {
+    buf: Vec<u8>,
+    nests: Vec<usize>,
+}
+
+impl Msg {
+    pub fn new(msg_type: u16, flags: u16) -> Self {
+        let mut buf = Vec::with_capacity(256);
+        buf.extend_from_slice(&0u32.to_ne_bytes()); // len, patched in finish
+        buf.extend_from_slice(&msg_type.to_ne_bytes());
+        buf.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        buf.extend_from_slice(&0u32.to_ne_bytes()); // seq
+        buf.extend_from_slice(&0u32.to_ne_bytes()); // pid
+        Msg { buf, nests: Vec::new() }
+    }
+
+    /// Appends raw bytes (a family header such as ifinfomsg), padded to 4.
+    pub fn raw(&mut self, bytes: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(bytes);
+        self.buf.resize(align4(self.buf.len()), 0);
+        self
+    }
+
+    pub fn attr(&mut self, ty: u16, payload: &[u8]) -> &mut Self {
+        let len = 4 + payload.len();
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(payload);
+        self.buf.resize(align4(self.buf.len()), 0);
+        self
+    }
+
+    pub fn u8(&mut self, ty: u16, v: u8) -> &mut Self {
+        self.attr(ty, &[v])
+    }
+    pub fn u16(&mut self, ty: u16, v: u16) -> &mut Self {
+        self.attr(ty, &v.to_ne_bytes())
+    }
+    pub fn u16_be(&mut self, ty: u16, v: u16) -> &mut Self {
+        self.attr(ty, &v.to_be_bytes())
+    }
+    pub fn u32(&mut self, ty: u16, v: u32) -> &mut Self {
+        self.attr(ty, &v.to_ne_bytes())
+    }
+    pub fn u32_be(&mut self, ty: u16, v: u32) -> &mut Self {
+        self.attr(ty, &v.to_be_bytes())
+    }
+    pub fn u64_be(&mut self, ty: u16, v: u64) -> &mut Self {
+        self.attr(ty, &v.to_be_bytes())
+    }
+    /// A NUL-terminated string attribute.
+    pub fn str(&mut self, ty: u16, s: &str) -> &mut Self {
+        let mut b = Vec::with_capacity(s.len() + 1);
+        b.extend_from_slice(s.as_bytes());
+        b.push(0);
+        self.attr(ty, &b)
+    }
+
+    /// Opens a nested attribute; close it with [`Msg::end`].
+    pub fn begin(&mut self, ty: u16) -> &mut Self {
+        self.nests.push(self.buf.len());
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self
+    }
+
+    /// Opens a container whose type must not carry the nested flag
+    /// (veth's peer, for example, which older parsers reject with it).
+    pub fn begin_plain(&mut self, ty: u16) -> &mut Self {
+        self.nests.push(self.buf.len());
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self
+    }
+
+    pub fn end(&mut self) -> &mut Self {
+        let start = self.nests.pop().expect("unbalanced netlink nest");
+        let len = (self.buf.len() - start) as u16;
+        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self
+    }
+
+    pub fn finish(mut self, seq: u32) -> Vec<u8> {
+        assert!(self.nests.is_empty(), "unclosed netlink nest");
+        let len = self.buf.len() as u32;
+        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.buf
+    }
+}
+
+/// Iterates over attributes in a byte slice.
+pub struct Attrs<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Attrs<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Attrs { data }
+    }
+}
+
+impl<'a> Iterator for Attrs<'a> {
+    type Item = (u16, &'a [u8]);
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.data.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([self.data[0], self.data[1]]) as usize;
+        let ty = u16::from_ne_bytes([self.data[2], self.data[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > self.data.len() {
+            return None;
+        }
+        let payload = &self.data[4..len];
+        let adv = align4(len).min(self.data.len());
+        self.data = &self.data[adv..];
+        Some((ty, payload))
+    }
+}
+
+pub fn get_u32(b: &[u8]) -> u32 {
+    if b.len() >= 4 {
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+    } else {
+        0
+    }
+}
+
+pub fn get_str(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// One received message: its type, flags and body (after the 16-byte header).
+pub struct Reply {
+    pub msg_type: u16,
+    pub body: Vec<u8>,
+}
+
+/// A blocking netlink socket bound to the network namespace it was opened in.
+pub struct Socket {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl Socket {
+    pub fn open(protocol: i32) -> io::Result<Self> {
+        // SAFETY: plain socket(2) call; the fd is owned immediately.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                protocol,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let one: i32 = 1;
+        for opt in [NETLINK_CAP_ACK, NETLINK_EXT_ACK] {
+            // SAFETY: valid fd and a pointer to a live i32.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_NETLINK,
+                    opt,
+                    &one as *const i32 as *const libc::c_void,
+                    4,
+                );
+            }
+        }
+        let bufsize: i32 = 4 << 20;
+        // SAFETY: as above.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                &bufsize as *const i32 as *const libc::c_void,
+                4,
+            );
+        }
+        // SAFETY: zeroed sockaddr_nl is a valid "any pid" address.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: addr is a valid sockaddr_nl for the size given.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Socket {
+            fd,
+            seq: 1,
+            buf: vec![0u8; 1 << 16],
+        })
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        // SAFETY: bytes is a valid buffer of the given length.
+        let rc = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                bytes.as_ptr() as *const libc::c_void,
+                bytes.len(),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self) -> io::Result<usize> {
+        loop {
+            // MSG_PEEK|MSG_TRUNC tells us the datagram size so the buffer can grow.
+            // SAFETY: buffer pointer/length are valid.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr() as *mut libc::c_void,
+                    0,
+                    libc::MSG_PEEK | libc::MSG_TRUNC,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n as usize > self.buf.len() {
+                self.buf.resize(n as usize, 0);
+            }
+            // SAFETY: as above.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr() as *mut libc::c_void,
+                    self.buf.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            return Ok(n as usize);
+        }
+    }
+
+    /// Sends a request and collects replies until the ack (or DONE for dumps).
+    /// `op` names the operation for error messages.
+    pub fn request(&mut self, msg: Msg, op: &dyn Fn() -> String) -> Result<Vec<Reply>, KernelError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let bytes = msg.finish(seq);
+        let flags = u16::from_ne_bytes([bytes[6], bytes[7]]);
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        self.send(&bytes).map_err(|e| KernelError::io(op(), e))?;
+        let mut out = Vec::new();
+        loop {
+            let n = self.recv().map_err(|e| KernelError::io(op(), e))?;
+            let mut off = 0;
+            while off + 16 <= n {
+                let b = &self.buf[off..n];
+                let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                if len < 16 || len > b.len() {
+                    break;
+                }
+                let ty = u16::from_ne_bytes([b[4], b[5]]);
+                let mflags = u16::from_ne_bytes([b[6], b[7]]);
+                let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+                let body = &b[16..len];
+                off += align4(len);
+                if mseq != seq {
+                    continue;
+                }
+                match ty {
+                    NLMSG_ERROR => {
+                        let errno = -(get_u32(body) as i32);
+                        if errno == 0 {
+                            return Ok(out);
+                        }
+                        return Err(KernelError::Netlink {
+                            op: op(),
+                            source: io::Error::from_raw_os_error(errno),
+                            detail: extack_msg(body, mflags),
+                        });
+                    }
+                    NLMSG_DONE => return Ok(out),
+                    _ => {
+                        out.push(Reply {
+                            msg_type: ty,
+                            body: body.to_vec(),
+                        });
+                        if !dump && mflags & NLM_F_MULTI == 0 && flags & NLM_F_ACK == 0 {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Extracts the extended-ack text the kernel attaches to an error, if any.
+fn extack_msg(body: &[u8], flags: u16) -> Option<String> {
+    const NLM_F_CAPPED: u16 = 0x100;
+    const NLM_F_ACK_TLVS: u16 = 0x200;
+    if flags & NLM_F_ACK_TLVS == 0 || body.len() < 20 {
+        return None;
+    }
+    // error(4) + original header(16) [+ original payload unless capped]
+    let mut off = 4 + 16;
+    if flags & NLM_F_CAPPED == 0 {
+        let orig_len = get_u32(&body[4..8]) as usize;
+        off = 4 + align4(orig_len);
+    }
+    if off > body.len() {
+        return None;
+    }
+    Attrs::new(&body[off..])
+        .find(|(t, _)| *t == NLMSGERR_ATTR_MSG)
+        .map(|(_, v)| get_str(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_attributes_round_trip() {
+        let mut m = Msg::new(16, 0);
+        m.raw(&[0u8; 16]);
+        m.str(3, "eth0");
+        m.begin(18).str(1, "veth").end();
+        let bytes = m.finish(7);
+        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize, bytes.len());
+        let attrs: Vec<_> = Attrs::new(&bytes[32..]).collect();
+        assert_eq!(attrs.len(), 2);
+        assert_eq!(get_str(attrs[0].1), "eth0");
+        assert_eq!(attrs[1].0, 18);
+        let inner: Vec<_> = Attrs::new(attrs[1].1).collect();
+        assert_eq!(get_str(inner[0].1), "veth");
+    }
+}
