@@ -1,0 +1,186 @@
+//! Shared fixtures for the integration tests: uniquely named namespaces with
+//! drop guards, a private plugin directory, and plugin runners.
+//!
+//! Every test gets its own "host" namespace, so bridges, nft tables and
+//! sysctls never touch the machine's own namespace, and tests run in
+//! parallel without colliding.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command as Proc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use podnet_cni::runtime::{Attach, Runtime};
+use podnet_kernel::Netns;
+use serde_json::Value;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique across parallel tests and processes: `pn-<tag>-<pid>-<n>`.
+pub fn unique(tag: &str) -> String {
+    format!("pn-{tag}-{}-{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A named network namespace removed on drop, even when the test panics.
+pub struct TestNs {
+    pub name: String,
+    pub ns: Netns,
+}
+
+impl TestNs {
+    pub fn new(tag: &str) -> TestNs {
+        let name = unique(tag);
+        let ns = Netns::create_named(&name).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
+        TestNs { name, ns }
+    }
+
+    pub fn path(&self) -> String {
+        self.ns.path().display().to_string()
+    }
+
+    /// Runs a shell command inside the namespace; returns stdout.
+    pub fn sh(&self, cmd: &str) -> String {
+        let out = Proc::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
+            .output()
+            .expect("ip netns exec");
+        assert!(
+            out.status.success(),
+            "`{cmd}` in {} failed: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Like `sh` but returns success instead of asserting.
+    pub fn try_sh(&self, cmd: &str) -> (bool, String) {
+        let out = Proc::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
+            .output()
+            .expect("ip netns exec");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    }
+
+    pub fn delete(&self) {
+        let _ = Netns::delete_named(&self.name);
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// Our plugins installed in a private directory, plus scratch state dirs.
+pub struct Plugins {
+    pub dir: tempfile::TempDir,
+}
+
+impl Plugins {
+    pub fn install() -> Plugins {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let st = Proc::new(env!("CARGO_BIN_EXE_podnet"))
+            .args(["cni", "install"])
+            .arg(dir.path())
+            .output()
+            .expect("podnet cni install");
+        assert!(st.status.success(), "install: {}", String::from_utf8_lossy(&st.stderr));
+        Plugins { dir }
+    }
+
+    pub fn bin(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+/// Fails loudly when a required peer is missing: CI installs it, so a
+/// missing one is a broken setup, never a reason to skip.
+pub fn require_reference_plugins() {
+    assert!(
+        Path::new(REFERENCE_DIR).join("bridge").exists(),
+        "reference CNI plugins missing in {REFERENCE_DIR}: apt-get install containernetworking-plugins"
+    );
+}
+
+pub fn runtime(bin: &Path, host: &TestNs) -> Runtime {
+    Runtime::new(bin).in_netns(host.ns.path())
+}
+
+pub fn attach(id: &str, pod: &TestNs) -> Attach {
+    Attach {
+        container_id: id.to_string(),
+        netns: pod.path(),
+        ifname: "eth0".into(),
+        ..Default::default()
+    }
+}
+
+/// Runs one plugin binary by hand with raw env and stdin (for error tests).
+pub fn raw_call(exe: &Path, env: &[(&str, &str)], stdin: &str, host: Option<&TestNs>) -> (i32, Value, String) {
+    let spawn = || {
+        let mut p = Proc::new(exe);
+        p.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in env {
+            p.env(k, v);
+        }
+        p.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn plugin")
+    };
+    let mut child = match host {
+        Some(h) => h.ns.run(spawn).expect("enter host ns"),
+        None => spawn(),
+    };
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The IPv4 address (without prefix) of a result's first IP.
+pub fn first_ip(r: &Value) -> String {
+    r["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap().to_string()
+}
+
+/// Starts a one-shot TCP server in `ns` on `port`, which answers with its
+/// name and reports the peer address it saw.
+pub fn serve_once(ns: &TestNs, port: u16, name: &str) -> std::thread::JoinHandle<String> {
+    let l = ns.ns.run(|| TcpListener::bind(("0.0.0.0", port))).unwrap().expect("bind");
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        l.set_nonblocking(false).unwrap();
+        let (mut s, peer) = l.accept().expect("accept");
+        let _ = s.write_all(name.as_bytes());
+        peer.ip().to_string()
+    })
+}
+
+/// Connects from inside `ns` to `addr` and returns what the server said.
+pub fn connect_from(ns: &TestNs, addr: &str) -> std::io::Result<String> {
+    ns.ns
+        .run(|| -> std::io::Result<String> {
+            let sa: std::net::SocketAddr = addr.parse().expect("socket address");
+            let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .unwrap()
+}
+
+/// Names of the links in a namespace.
+pub fn links(ns: &TestNs) -> Vec<String> {
+    let mut h = podnet_kernel::Handle::in_netns(&ns.ns).unwrap();
+    h.links().unwrap().into_iter().map(|l| l.name).collect()
+}
