@@ -216,6 +216,8 @@ pub struct Bridge;
 struct Undo<'a> {
     args: &'a CmdArgs,
     ipam: Option<String>,
+    /// The bridge, when this ADD created it.
+    bridge: Option<u32>,
     host_veth: Option<String>,
     masq: Vec<IpNet>,
     spoof: Option<(String, String)>,
@@ -227,9 +229,16 @@ impl Drop for Undo<'_> {
         if !self.armed {
             return;
         }
-        if let Some(v) = &self.host_veth {
-            if let Ok(mut h) = Handle::new() {
+        if let Ok(mut h) = Handle::new() {
+            if let Some(v) = &self.host_veth {
                 let _ = h.delete_link_by_name(v);
+            }
+            // Remove a bridge this ADD created, unless another pod joined it meanwhile.
+            if let Some(b) = self.bridge {
+                let ports = h.links().map(|ls| ls.iter().any(|l| l.master == Some(b))).unwrap_or(true);
+                if !ports {
+                    let _ = h.delete_link(b);
+                }
             }
         }
         if !self.masq.is_empty() {
@@ -256,10 +265,10 @@ impl Plugin for Bridge {
                 args.ifname
             )));
         }
-        let br = ensure_bridge(&mut host, &c)?;
         let mut undo = Undo {
             args,
             ipam: None,
+            bridge: None,
             host_veth: None,
             masq: Vec::new(),
             spoof: None,
@@ -277,6 +286,11 @@ impl Plugin for Bridge {
             }
             None => CniResult::default(),
         };
+        let existed = host.link(&c.bridge)?.is_some();
+        let br = ensure_bridge(&mut host, &c)?;
+        if !existed {
+            undo.bridge = Some(br.index);
+        }
 
         // The veth pair, peer born inside the pod's namespace.
         let mac = runtime_key(&c.runtime_config, "mac")
@@ -392,19 +406,26 @@ impl Plugin for Bridge {
                     let r = (|| -> Result<(), KernelError> {
                         let mut pod = Handle::in_netns(&ns)?;
                         if let Some(l) = pod.link(&args.ifname)? {
-                            for a in pod.addrs(l.index)? {
-                                if a.scope == 0 && !addrs.contains(&a.net) {
-                                    addrs.push(a.net);
+                            // Only remove a veth whose host end sits on our bridge:
+                            // DEL must never take away an interface it did not make.
+                            let mut host = Handle::new()?;
+                            let br = host.link(&c.bridge)?.map(|b| b.index);
+                            let ours = match (&l.kind, l.peer) {
+                                (LinkKind::Veth, Some(p)) => host
+                                    .link_by_index(p)?
+                                    .filter(|h| h.kind == LinkKind::Veth && h.master.is_some() && h.master == br),
+                                _ => None,
+                            };
+                            if let Some(hv) = ours {
+                                for a in pod.addrs(l.index)? {
+                                    if a.scope == 0 && !addrs.contains(&a.net) {
+                                        addrs.push(a.net);
+                                    }
                                 }
+                                pod_mac = Some(l.mac_string());
+                                host_veth.get_or_insert(hv.name);
+                                pod.delete_link(l.index)?;
                             }
-                            pod_mac = Some(l.mac_string());
-                            if host_veth.is_none() {
-                                if let Some(p) = l.peer {
-                                    let mut host = Handle::new()?;
-                                    host_veth = host.link_by_index(p)?.map(|l| l.name);
-                                }
-                            }
-                            pod.delete_link(l.index)?;
                         }
                         Ok(())
                     })();
@@ -417,6 +438,22 @@ impl Plugin for Bridge {
                 // The namespace is already gone: nothing to remove inside it.
                 Err(e) if e.is_not_found() => {}
                 Err(e) => errors.push(e.to_string()),
+            }
+        }
+        // With the pod namespace gone, the kernel reaps the pair lazily;
+        // remove our end now so DEL leaves nothing behind when it returns.
+        if let Some(v) = &host_veth {
+            if let Ok(mut host) = Handle::new() {
+                if let Ok(Some(l)) = host.link(v) {
+                    let br = host.link(&c.bridge).ok().flatten().map(|b| b.index);
+                    if l.kind == LinkKind::Veth && l.master.is_some() && l.master == br {
+                        if let Err(e) = host.delete_link(l.index) {
+                            if !e.is_not_found() {
+                                errors.push(e.to_string());
+                            }
+                        }
+                    }
+                }
             }
         }
         if c.ip_masq {
