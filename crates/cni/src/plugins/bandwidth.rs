@@ -146,6 +146,7 @@ impl Plugin for Bandwidth {
         }
         let dev = host_iface(args, &prev)?;
         let ifb = ifb_name(&args.container_id, &args.ifname);
+        let mut prev = prev;
         let r = (|| -> Result<(), CniError> {
             if limits.ingress_rate > 0 {
                 tc(&tbf_args(&dev, limits.ingress_rate, limits.ingress_burst))?;
@@ -163,6 +164,15 @@ impl Plugin for Bandwidth {
                     "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", &ifb,
                 ]))?;
                 tc(&tbf_args(&ifb, limits.egress_rate, limits.egress_burst))?;
+                // Like the reference plugin, report the ifb in the result.
+                let l = h.require_link(&ifb)?;
+                if !prev.interfaces.iter().any(|i| i.name == ifb) {
+                    prev.interfaces.push(crate::types::Interface {
+                        name: ifb.clone(),
+                        mac: l.mac_string(),
+                        ..Default::default()
+                    });
+                }
             }
             Ok(())
         })();
