@@ -9,7 +9,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "podnet", version, about = "Kubernetes cluster networking: CNI plugins, node agent, service proxy, DNS")]
+#[command(
+    name = "podnet",
+    version,
+    about = "Kubernetes cluster networking: CNI plugins, node agent, service proxy, DNS"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -63,19 +67,28 @@ fn main() {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     // Multi-call: as a plugin, stdout belongs to the CNI protocol alone.
-    if called_as != "podnet" || std::env::var_os("CNI_COMMAND").is_some() && std::env::args().len() == 1 {
-        if podnet_cni::plugins::by_name(&called_as).is_some() {
-            init_logs("warn");
-            std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
-        }
+    // (`podnet` itself is also the meta-plugin: a runtime calls it with
+    // CNI_COMMAND set and no arguments.)
+    let as_plugin = called_as != "podnet"
+        || (std::env::var_os("CNI_COMMAND").is_some() && std::env::args().len() == 1);
+    if as_plugin && podnet_cni::plugins::by_name(&called_as).is_some() {
+        init_logs("warn");
+        std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();
     init_logs("info");
     let res = match cli.command {
-        Cmd::Cni { command: CniCmd::Install { dir } } => cmd::cni_install(&dir),
-        Cmd::Cni { command: CniCmd::Run { name } } => match podnet_cni::run_plugin(&name) {
+        Cmd::Cni {
+            command: CniCmd::Install { dir },
+        } => cmd::cni_install(&dir),
+        Cmd::Cni {
+            command: CniCmd::Run { name },
+        } => match podnet_cni::run_plugin(&name) {
             Some(code) => std::process::exit(code),
-            None => Err(anyhow::anyhow!("unknown plugin {name:?}; known: {:?}", podnet_cni::plugins::NAMES)),
+            None => Err(anyhow::anyhow!(
+                "unknown plugin {name:?}; known: {:?}",
+                podnet_cni::plugins::NAMES
+            )),
         },
         Cmd::Demo { keep, down } => cmd::demo(keep, down),
     };

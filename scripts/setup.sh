@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything podnet's build, tests, lab and benchmarks need.
+# Idempotent: packages already present are not touched, apt is only
+# consulted when something is missing. Run as root.
+set -euo pipefail
+
+PKGS=(
+  iproute2 nftables iptables conntrack      # kernel tooling the tests inspect with
+  containernetworking-plugins                # reference CNI plugins (differential tests, bench)
+  podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
+  protobuf-compiler etcd-server              # etcd-client build, etcd store tests
+  dnsutils iperf3                            # DNS and data-plane checks, benchmarks
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: all packages present"
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo (Rust toolchain) is required" >&2; exit 1; }
