@@ -17,10 +17,16 @@ pub fn cni_install(dir: &Path) -> Result<()> {
         let dst = dir.join(name);
         let tmp = dir.join(format!(".{name}.podnet-tmp"));
         let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&exe, &tmp).with_context(|| format!("linking {}", tmp.display()))?;
+        std::os::unix::fs::symlink(&exe, &tmp)
+            .with_context(|| format!("linking {}", tmp.display()))?;
         std::fs::rename(&tmp, &dst).with_context(|| format!("installing {}", dst.display()))?;
     }
-    println!("installed {} plugins in {} -> {}", podnet_cni::plugins::NAMES.len(), dir.display(), exe.display());
+    println!(
+        "installed {} plugins in {} -> {}",
+        podnet_cni::plugins::NAMES.len(),
+        dir.display(),
+        exe.display()
+    );
     Ok(())
 }
 
@@ -79,8 +85,13 @@ fn demo_run(keep: bool) -> Result<()> {
             "portMappings".into(),
             json!([{"hostPort": 8080 + i, "containerPort": 80, "protocol": "tcp"}]),
         );
-        let r = rt.add_list(&list, &a).map_err(|e| anyhow::anyhow!("ADD {pod}: {e}"))?;
-        let ip = r["ips"][0]["address"].as_str().unwrap_or_default().to_string();
+        let r = rt
+            .add_list(&list, &a)
+            .map_err(|e| anyhow::anyhow!("ADD {pod}: {e}"))?;
+        let ip = r["ips"][0]["address"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         println!("pod {pod}: eth0 {ip} (host port {} -> 80)", 8080 + i);
         ips.push(ip.split('/').next().unwrap_or_default().to_string());
     }
@@ -91,7 +102,11 @@ fn demo_run(keep: bool) -> Result<()> {
         let mut buf = [0u8; 64];
         let n = s.read(&mut buf)?;
         s.write_all(b"hello from pn-demo-b")?;
-        Ok(format!("{} said {:?}", peer.ip(), String::from_utf8_lossy(&buf[..n])))
+        Ok(format!(
+            "{} said {:?}",
+            peer.ip(),
+            String::from_utf8_lossy(&buf[..n])
+        ))
     });
     let a = Netns::named(DEMO_PODS[0])?;
     let reply = a.run(|| -> std::io::Result<String> {
@@ -101,11 +116,16 @@ fn demo_run(keep: bool) -> Result<()> {
         s.read_to_string(&mut out)?;
         Ok(out)
     })??;
-    let heard = server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    let heard = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     println!("pn-demo-b heard: {heard}");
     println!("pn-demo-a heard: {reply:?}");
     if !heard.starts_with(&ips[0]) {
-        bail!("pod b saw source {heard}, expected pod a's own IP {} (no NAT)", ips[0]);
+        bail!(
+            "pod b saw source {heard}, expected pod a's own IP {} (no NAT)",
+            ips[0]
+        );
     }
     let mut h = Handle::in_netns(&host)?;
     let br = h.require_link("demo0")?;
@@ -127,7 +147,8 @@ fn demo_run(keep: bool) -> Result<()> {
             ifname: "eth0".into(),
             ..Default::default()
         };
-        rt.del_list(&list, &a, None).map_err(|e| anyhow::anyhow!("DEL {pod}: {e}"))?;
+        rt.del_list(&list, &a, None)
+            .map_err(|e| anyhow::anyhow!("DEL {pod}: {e}"))?;
     }
     demo_down()?;
     println!("demo torn down");

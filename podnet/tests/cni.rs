@@ -64,18 +64,28 @@ fn bridge_add_check_del_with_traffic() {
     assert_eq!(first_ip(&rb), "10.201.0.3");
 
     // Kernel state matches: bridge has the gateway, pod has its address and default route.
-    assert!(host.sh("ip -o addr show dev pnbr0").contains("10.201.0.1/24"));
+    assert!(host
+        .sh("ip -o addr show dev pnbr0")
+        .contains("10.201.0.1/24"));
     assert!(a.sh("ip -o addr show dev eth0").contains("10.201.0.2/24"));
-    assert!(a.sh("ip route show default").contains("via 10.201.0.1 dev eth0"));
+    assert!(a
+        .sh("ip route show default")
+        .contains("via 10.201.0.1 dev eth0"));
     assert_eq!(host.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "1");
-    assert!(host.sh("nft list set inet podnet-cni masq4").contains("10.201.0.2"));
+    assert!(host
+        .sh("nft list set inet podnet-cni masq4")
+        .contains("10.201.0.2"));
 
     // Traffic: ping across the bridge, and TCP with the real source address.
     assert!(ping(&a, "10.201.0.3"), "pod a cannot ping pod b");
     assert!(ping(&b, "10.201.0.1"), "pod b cannot ping the gateway");
     let srv = serve_once(&b, 7001, "b");
     assert_eq!(connect_from(&a, "10.201.0.3:7001").unwrap(), "b");
-    assert_eq!(srv.join().unwrap(), "10.201.0.2", "pod-to-pod must not be NATed");
+    assert_eq!(
+        srv.join().unwrap(),
+        "10.201.0.2",
+        "pod-to-pod must not be NATed"
+    );
 
     // CHECK passes with the result as prevResult.
     rt.check_list(&list, &aa, &ra).unwrap();
@@ -92,7 +102,11 @@ fn bridge_add_check_del_with_traffic() {
     rt.del_list(&list, &ab, None).unwrap();
     assert!(ipam_files(state.path(), "t1").is_empty());
     assert!(!links(&a).contains(&"eth0".to_string()));
-    assert!(links(&host).iter().all(|l| !l.starts_with("veth")), "{:?}", links(&host));
+    assert!(
+        links(&host).iter().all(|l| !l.starts_with("veth")),
+        "{:?}",
+        links(&host)
+    );
     let masq = host.sh("nft list set inet podnet-cni masq4");
     assert!(!masq.contains("10.201.0."), "{masq}");
 }
@@ -121,7 +135,10 @@ fn del_with_vanished_netns_and_after_failed_add() {
     assert!(ipam_files(state.path(), "t2").is_empty());
     assert!(links(&host).iter().all(|l| !l.starts_with("veth")));
     rt.del_list(&list, &at2, None).unwrap();
-    assert!(links(&pod2).contains(&"eth0".to_string()), "DEL must not remove a link it did not create... it did");
+    assert!(
+        links(&pod2).contains(&"eth0".to_string()),
+        "DEL must not remove a link it did not create... it did"
+    );
 }
 
 #[test]
@@ -138,7 +155,13 @@ fn failed_add_after_ipam_rolls_back_links() {
     let e = rt.add_list(&list, &attach("ctr", &pod)).unwrap_err();
     assert!(e.msg.contains("already has an IP address"), "{e}");
     assert!(ipam_files(state.path(), "t3").is_empty());
-    assert_eq!(links(&host).iter().filter(|l| l.starts_with("veth")).count(), 0);
+    assert_eq!(
+        links(&host)
+            .iter()
+            .filter(|l| l.starts_with("veth"))
+            .count(),
+        0
+    );
     assert!(!links(&pod).contains(&"eth0".to_string()));
 }
 
@@ -173,12 +196,26 @@ fn hundred_parallel_adds_get_distinct_addresses() {
     assert_eq!(set.len(), 100, "duplicate addresses handed out: {ips:?}");
     // Exhaustion: a /24 has 253 usable; fill it and ask once more.
     for i in 100..253 {
-        let a = Attach { container_id: format!("fill-{i}"), netns: "x".into(), ifname: "eth0".into(), ..Default::default() };
+        let a = Attach {
+            container_id: format!("fill-{i}"),
+            netns: "x".into(),
+            ifname: "eth0".into(),
+            ..Default::default()
+        };
         rt.exec(Command::Add, &a, &conf).unwrap();
     }
-    let a = Attach { container_id: "one-too-many".into(), netns: "x".into(), ifname: "eth0".into(), ..Default::default() };
+    let a = Attach {
+        container_id: "one-too-many".into(),
+        netns: "x".into(),
+        ifname: "eth0".into(),
+        ..Default::default()
+    };
     let e = rt.exec(Command::Add, &a, &conf).unwrap_err();
-    assert!(e.msg.contains("no IP addresses available in range set: 10.204.0.1-10.204.0.254"), "{e}");
+    assert!(
+        e.msg
+            .contains("no IP addresses available in range set: 10.204.0.1-10.204.0.254"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -192,16 +229,32 @@ fn gc_removes_attachments_not_in_the_valid_list() {
     let pods: Vec<TestNs> = (0..3).map(|_| TestNs::new("p")).collect();
     for (i, pod) in pods.iter().enumerate() {
         let mut a = attach(&format!("gc-{i}"), pod);
-        a.capability_args.insert("portMappings".into(), json!([{"hostPort": 9000 + i, "containerPort": 80}]));
+        a.capability_args.insert(
+            "portMappings".into(),
+            json!([{"hostPort": 9000 + i, "containerPort": 80}]),
+        );
         rt.add_list(&list, &a).unwrap();
     }
     assert_eq!(ipam_files(state.path(), "t5").len(), 3);
-    let valid = vec![podnet_cni::types::Attachment { container_id: "gc-1".into(), ifname: "eth0".into() }];
+    let valid = vec![podnet_cni::types::Attachment {
+        container_id: "gc-1".into(),
+        ifname: "eth0".into(),
+    }];
     rt.gc_list(&list, &valid).unwrap();
-    assert_eq!(ipam_files(state.path(), "t5"), vec!["10.205.0.3".to_string()]);
+    assert_eq!(
+        ipam_files(state.path(), "t5"),
+        vec!["10.205.0.3".to_string()]
+    );
     let maps = host.sh("nft list map inet podnet-portmap hp4any");
-    assert!(maps.contains("9001") && !maps.contains("9000") && !maps.contains("9002"), "{maps}");
-    let left: Vec<_> = std::fs::read_dir(state.path().join("pm")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(
+        maps.contains("9001") && !maps.contains("9000") && !maps.contains("9002"),
+        "{maps}"
+    );
+    let left: Vec<_> = std::fs::read_dir(state.path().join("pm"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert_eq!(left.len(), 1);
 }
 
@@ -234,7 +287,11 @@ fn errors_have_spec_codes_and_leave_nothing() {
 
     let (_, v, _) = raw_call(&bridge, &env[..3], &good.to_string(), Some(&host));
     assert_eq!(v["code"], 4, "{v}");
-    assert!(v["msg"].as_str().unwrap().contains("CNI_IFNAME") && v["msg"].as_str().unwrap().contains("CNI_PATH"), "{v}");
+    assert!(
+        v["msg"].as_str().unwrap().contains("CNI_IFNAME")
+            && v["msg"].as_str().unwrap().contains("CNI_PATH"),
+        "{v}"
+    );
 
     let mut bad = good.clone();
     bad["ipam"]["subnet"] = json!("10.206.0.0/40");
@@ -256,20 +313,39 @@ fn errors_have_spec_codes_and_leave_nothing() {
     assert_eq!(v["code"], 1, "{v}");
 
     // Nothing was created by any of the failures.
-    assert!(!links(&host).iter().any(|l| l == "pnbr6" || l.starts_with("veth")), "{:?}", links(&host));
+    assert!(
+        !links(&host)
+            .iter()
+            .any(|l| l == "pnbr6" || l.starts_with("veth")),
+        "{:?}",
+        links(&host)
+    );
     assert!(!links(&pod).contains(&"eth0".to_string()));
 
     // VERSION answers without any other variable.
-    let (code, v, _) = raw_call(&bridge, &[("CNI_COMMAND", "VERSION")], r#"{"cniVersion":"1.0.0"}"#, None);
+    let (code, v, _) = raw_call(
+        &bridge,
+        &[("CNI_COMMAND", "VERSION")],
+        r#"{"cniVersion":"1.0.0"}"#,
+        None,
+    );
     assert_eq!(code, 0);
     assert_eq!(v["cniVersion"], "1.0.0");
-    assert_eq!(v["supportedVersions"], json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]));
+    assert_eq!(
+        v["supportedVersions"],
+        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+    );
 
     // STATUS on host-local passes; plugins print nothing but JSON on stdout.
     let hl = p.bin().join("host-local");
     let mut st = good.clone();
     st["cniVersion"] = json!("1.1.0");
-    let (code, _, _) = raw_call(&hl, &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", bin.as_str())], &st.to_string(), None);
+    let (code, _, _) = raw_call(
+        &hl,
+        &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", bin.as_str())],
+        &st.to_string(),
+        None,
+    );
     assert_eq!(code, 0);
 }
 
@@ -311,8 +387,17 @@ fn dual_stack_bridge() {
     let rb = rt.add_list(&list, &attach("ds-b", &b)).unwrap();
     assert_eq!(ra["ips"][1]["address"], "fd00:208::2/64");
     assert!(a.sh("ip -6 route show default").contains("via fd00:208::1"));
-    let b6 = rb["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
-    assert!(a.try_sh(&format!("busybox ping -6 -c 1 -W 2 {b6}")).0, "v6 ping failed");
+    let b6 = rb["ips"][1]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        a.try_sh(&format!("busybox ping -6 -c 1 -W 2 {b6}")).0,
+        "v6 ping failed"
+    );
     rt.del_list(&list, &attach("ds-a", &a), Some(&ra)).unwrap();
     rt.del_list(&list, &attach("ds-b", &b), Some(&rb)).unwrap();
 }
@@ -324,7 +409,12 @@ fn loopback_plugin() {
     pod.sh("ip link set lo down");
     let rt = podnet_cni::runtime::Runtime::new(p.bin());
     let conf = json!({"cniVersion": "1.1.0", "name": "lo", "type": "loopback"});
-    let a = Attach { container_id: "lo1".into(), netns: pod.path(), ifname: "lo".into(), ..Default::default() };
+    let a = Attach {
+        container_id: "lo1".into(),
+        netns: pod.path(),
+        ifname: "lo".into(),
+        ..Default::default()
+    };
     let r = rt.exec(Command::Add, &a, &conf).unwrap().unwrap();
     assert_eq!(r["interfaces"][0]["name"], "lo");
     assert!(pod.sh("ip -o link show lo").contains("UP"));
@@ -377,7 +467,10 @@ fn portmap_forwards_host_ports_and_checks() {
     // A second pod asking for the same host port gets a clear error and no leftovers.
     let c = TestNs::new("c");
     let mut ac = attach("pm-c", &c);
-    ac.capability_args.insert("portMappings".into(), json!([{"hostPort": 8080, "containerPort": 80}]));
+    ac.capability_args.insert(
+        "portMappings".into(),
+        json!([{"hostPort": 8080, "containerPort": 80}]),
+    );
     let e = rt.add_list(&list, &ac).unwrap_err();
     assert!(e.msg.contains("already mapped"), "{e}");
     assert!(!ipam_files(state.path(), "t9").contains(&"10.209.0.4".to_string()));
@@ -412,7 +505,9 @@ fn bandwidth_shapes_both_directions() {
     let ifb = podnet_cni::plugins::bandwidth::ifb_name("bw-1", "eth0");
     let q = host.sh(&format!("tc qdisc show dev {ifb}"));
     assert!(q.contains("tbf") && q.contains("rate 3Mbit"), "{q}");
-    assert!(host.sh(&format!("tc filter show dev {hv} parent ffff:")).contains(&ifb));
+    assert!(host
+        .sh(&format!("tc filter show dev {hv} parent ffff:"))
+        .contains(&ifb));
     rt.check_list(&list, &a, &r).unwrap();
     rt.del_list(&list, &a, Some(&r)).unwrap();
     rt.del_list(&list, &a, Some(&r)).unwrap();
@@ -448,13 +543,25 @@ fn podnet_meta_plugin_reads_subnet_env() {
     assert!(ping(&a, &first_ip(&rb)));
     rt.check_list(&list, &attach("meta-a", &a), &ra).unwrap();
     // The agent moving the node to another subnet must not break DEL.
-    std::fs::write(&env, "FLANNEL_NETWORK=10.211.0.0/16\nFLANNEL_SUBNET=10.211.9.1/24\n").unwrap();
-    rt.del_list(&list, &attach("meta-a", &a), Some(&ra)).unwrap();
-    rt.del_list(&list, &attach("meta-b", &b), Some(&rb)).unwrap();
-    rt.del_list(&list, &attach("meta-b", &b), Some(&rb)).unwrap();
+    std::fs::write(
+        &env,
+        "FLANNEL_NETWORK=10.211.0.0/16\nFLANNEL_SUBNET=10.211.9.1/24\n",
+    )
+    .unwrap();
+    rt.del_list(&list, &attach("meta-a", &a), Some(&ra))
+        .unwrap();
+    rt.del_list(&list, &attach("meta-b", &b), Some(&rb))
+        .unwrap();
+    rt.del_list(&list, &attach("meta-b", &b), Some(&rb))
+        .unwrap();
     let net_dir = Path::new("/var/lib/cni/networks").join(list["name"].as_str().unwrap());
     let left: Vec<_> = std::fs::read_dir(&net_dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("10.")).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("10."))
+                .collect()
+        })
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(net_dir);

@@ -71,17 +71,26 @@ fn run(bin: &Path, tag: &str) -> Observed {
     let l = list(state.path());
     let rt = Runtime::new(bin).in_netns(host.ns.path());
     let mut aa = attach("diff-a", &a);
-    aa.capability_args.insert("portMappings".into(), json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]));
+    aa.capability_args.insert(
+        "portMappings".into(),
+        json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]),
+    );
     aa.capability_args.insert(
         "bandwidth".into(),
         json!({"ingressRate": 8000000, "ingressBurst": 800000, "egressRate": 8000000, "egressBurst": 800000}),
     );
     let ab = attach("diff-b", &b);
-    let ra = rt.add_list(&l, &aa).unwrap_or_else(|e| panic!("{tag} ADD a: {e}"));
-    let rb = rt.add_list(&l, &ab).unwrap_or_else(|e| panic!("{tag} ADD b: {e}"));
+    let ra = rt
+        .add_list(&l, &aa)
+        .unwrap_or_else(|e| panic!("{tag} ADD a: {e}"));
+    let rb = rt
+        .add_list(&l, &ab)
+        .unwrap_or_else(|e| panic!("{tag} ADD b: {e}"));
 
     let srv = serve_once(&a, 80, "a");
-    let host_port_ok = connect_from(&b, "10.220.0.1:8080").map(|s| s == "a").unwrap_or(false);
+    let host_port_ok = connect_from(&b, "10.220.0.1:8080")
+        .map(|s| s == "a")
+        .unwrap_or(false);
     if host_port_ok {
         srv.join().unwrap();
     }
@@ -89,20 +98,32 @@ fn run(bin: &Path, tag: &str) -> Observed {
     connect_from(&b, &format!("{}:81", first_ip(&ra))).unwrap();
     let pod_to_pod_source = srv.join().unwrap();
     let hv = ra["interfaces"][1]["name"].as_str().unwrap().to_string();
-    let tbf = host.sh(&format!("tc qdisc show dev {hv}")).contains("rate 8Mbit");
+    let tbf = host
+        .sh(&format!("tc qdisc show dev {hv}"))
+        .contains("rate 8Mbit");
 
     let o = Observed {
-        result_ifnames: ra["interfaces"].as_array().unwrap().iter().map(|i| {
-            let n = i["name"].as_str().unwrap();
-            if n.starts_with("veth") {
-                "veth*".to_string()
-            } else if n.starts_with("bwp") {
-                "bwp*".to_string()
-            } else {
-                n.to_string()
-            }
-        }).collect(),
-        result_sandboxes: ra["interfaces"].as_array().unwrap().iter().map(|i| i.get("sandbox").is_some()).collect(),
+        result_ifnames: ra["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                let n = i["name"].as_str().unwrap();
+                if n.starts_with("veth") {
+                    "veth*".to_string()
+                } else if n.starts_with("bwp") {
+                    "bwp*".to_string()
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect(),
+        result_sandboxes: ra["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.get("sandbox").is_some())
+            .collect(),
         ips: ra["ips"].clone(),
         routes: ra["routes"].clone(),
         pod_addrs: addrs(&a, "eth0"),
@@ -112,10 +133,14 @@ fn run(bin: &Path, tag: &str) -> Observed {
         pod_to_pod_source,
         tbf,
     };
-    rt.del_list(&l, &aa, Some(&ra)).unwrap_or_else(|e| panic!("{tag} DEL a: {e}"));
-    rt.del_list(&l, &ab, Some(&rb)).unwrap_or_else(|e| panic!("{tag} DEL b: {e}"));
+    rt.del_list(&l, &aa, Some(&ra))
+        .unwrap_or_else(|e| panic!("{tag} DEL a: {e}"));
+    rt.del_list(&l, &ab, Some(&rb))
+        .unwrap_or_else(|e| panic!("{tag} DEL b: {e}"));
     assert!(
-        links(&host).iter().all(|n| !n.starts_with("veth") && !n.starts_with("bwp")),
+        links(&host)
+            .iter()
+            .all(|n| !n.starts_with("veth") && !n.starts_with("bwp")),
         "{tag} left links: {:?}",
         links(&host)
     );
@@ -128,7 +153,10 @@ fn same_conflist_same_outcome() {
     let ours = Plugins::install();
     let theirs = run(Path::new(REFERENCE_DIR), "ref");
     let mine = run(&ours.bin(), "our");
-    assert!(theirs.host_port_ok, "reference host port failed: test setup broken");
+    assert!(
+        theirs.host_port_ok,
+        "reference host port failed: test setup broken"
+    );
     assert_eq!(mine, theirs);
     assert_eq!(mine.pod_to_pod_source, "10.220.0.3");
 }
@@ -148,10 +176,19 @@ fn host_local_state_carries_across_implementations() {
         ifname: "eth0".into(),
         ..Default::default()
     };
-    let r1 = reference.exec(Command::Add, &at("c1"), &conf).unwrap().unwrap();
+    let r1 = reference
+        .exec(Command::Add, &at("c1"), &conf)
+        .unwrap()
+        .unwrap();
     let r2 = mine.exec(Command::Add, &at("c2"), &conf).unwrap().unwrap();
-    let r3 = reference.exec(Command::Add, &at("c3"), &conf).unwrap().unwrap();
-    assert_eq!([first_ip(&r1), first_ip(&r2), first_ip(&r3)], ["10.221.0.2", "10.221.0.3", "10.221.0.4"]);
+    let r3 = reference
+        .exec(Command::Add, &at("c3"), &conf)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        [first_ip(&r1), first_ip(&r2), first_ip(&r3)],
+        ["10.221.0.2", "10.221.0.3", "10.221.0.4"]
+    );
     // Each releases what the other reserved.
     mine.exec(Command::Del, &at("c1"), &conf).unwrap();
     reference.exec(Command::Del, &at("c2"), &conf).unwrap();

@@ -109,7 +109,10 @@ mod tests {
 
     #[test]
     fn error_json_has_spec_fields() {
-        let e = CniError::new(Code::InvalidEnv, "required env variables [CNI_NETNS] missing");
+        let e = CniError::new(
+            Code::InvalidEnv,
+            "required env variables [CNI_NETNS] missing",
+        );
         let v: serde_json::Value = serde_json::from_str(&e.to_json("1.1.0")).unwrap();
         assert_eq!(v["cniVersion"], "1.1.0");
         assert_eq!(v["code"], 4);

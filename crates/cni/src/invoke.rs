@@ -26,7 +26,9 @@ pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
         .ok_or_else(|| {
             CniError::internal(format!(
                 "failed to find plugin {name:?} in path {:?}",
-                path.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()
+                path.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
             ))
         })
 }
@@ -40,7 +42,12 @@ fn is_self(p: &Path) -> bool {
 
 /// Runs plugin `name` with command `cmd` and configuration `conf`.
 /// Returns the parsed result for ADD, `None` otherwise.
-pub fn delegate(name: &str, cmd: Command, args: &CmdArgs, conf: &[u8]) -> Result<Option<CniResult>, CniError> {
+pub fn delegate(
+    name: &str,
+    cmd: Command,
+    args: &CmdArgs,
+    conf: &[u8],
+) -> Result<Option<CniResult>, CniError> {
     let exe = find_plugin(name, &args.path)?;
     let sub = CmdArgs {
         command: cmd,

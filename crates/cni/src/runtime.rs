@@ -54,7 +54,10 @@ impl Runtime {
 
     /// Executes one plugin with one configuration.
     pub fn exec(&self, cmd: Command, a: &Attach, conf: &Value) -> Result<Option<Value>, CniError> {
-        let ty = conf.get("type").and_then(|t| t.as_str()).unwrap_or_default();
+        let ty = conf
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default();
         let exe = crate::invoke::find_plugin(ty, &self.bin_dirs)?;
         let path = std::env::join_paths(&self.bin_dirs).unwrap_or_default();
         let stdin = serde_json::to_vec(conf).expect("json");
@@ -131,7 +134,10 @@ impl Runtime {
     }
 
     fn plugins(list: &Value) -> Vec<Value> {
-        list.get("plugins").and_then(|p| p.as_array()).cloned().unwrap_or_default()
+        list.get("plugins")
+            .and_then(|p| p.as_array())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// ADD through the whole list; on failure the plugins already run are
@@ -144,7 +150,11 @@ impl Runtime {
                 Ok(r) => prev = r.or(prev),
                 Err(e) => {
                     for q in Self::plugins(list)[..=i].iter().rev() {
-                        let _ = self.exec(Command::Del, a, &Self::plugin_conf(list, q, a, prev.as_ref()));
+                        let _ = self.exec(
+                            Command::Del,
+                            a,
+                            &Self::plugin_conf(list, q, a, prev.as_ref()),
+                        );
                     }
                     return Err(e);
                 }
@@ -166,7 +176,11 @@ impl Runtime {
 
     pub fn check_list(&self, list: &Value, a: &Attach, prev: &Value) -> Result<(), CniError> {
         for p in Self::plugins(list) {
-            self.exec(Command::Check, a, &Self::plugin_conf(list, &p, a, Some(prev)))?;
+            self.exec(
+                Command::Check,
+                a,
+                &Self::plugin_conf(list, &p, a, Some(prev)),
+            )?;
         }
         Ok(())
     }

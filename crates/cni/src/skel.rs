@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 
 use crate::error::{CniError, Code};
-use crate::types::{self, negotiate, CniResult, NetConf, Version, CURRENT_VERSION, SUPPORTED_VERSIONS};
+use crate::types::{
+    self, negotiate, CniResult, NetConf, Version, CURRENT_VERSION, SUPPORTED_VERSIONS,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -67,12 +69,16 @@ impl CmdArgs {
         let get = |k: &str| env.get(k).cloned().unwrap_or_default();
         let cmd_s = get("CNI_COMMAND");
         if cmd_s.is_empty() {
-            return Err(CniError::env("required env variables [CNI_COMMAND] missing"));
+            return Err(CniError::env(
+                "required env variables [CNI_COMMAND] missing",
+            ));
         }
         let command = Command::parse(&cmd_s)
             .ok_or_else(|| CniError::env(format!("unknown CNI_COMMAND: {cmd_s}")))?;
         let required: &[&str] = match command {
-            Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"],
+            Command::Add | Command::Check => {
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"]
+            }
             Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
             Command::Gc | Command::Status => &["CNI_PATH"],
             Command::Version => &[],
@@ -132,10 +138,18 @@ impl CmdArgs {
 /// Rejects container IDs the spec forbids (they become file names).
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
     let ok = !id.is_empty()
-        && id.chars().next().map(|c| c.is_ascii_alphanumeric()).unwrap_or(false)
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        && id
+            .chars()
+            .next()
+            .map(|c| c.is_ascii_alphanumeric())
+            .unwrap_or(false)
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if !ok {
-        return Err(CniError::env(format!("invalid characters in CNI_CONTAINERID: {id:?}")));
+        return Err(CniError::env(format!(
+            "invalid characters in CNI_CONTAINERID: {id:?}"
+        )));
     }
     Ok(())
 }
@@ -146,7 +160,9 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
         || name.len() > 15
         || name == "."
         || name == ".."
-        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
     if bad {
         return Err(CniError::env(format!("invalid CNI_IFNAME: {name:?}")));
     }
@@ -172,11 +188,18 @@ pub fn execute(plugin: &dyn Plugin, args: &CmdArgs) -> Result<Option<Value>, (St
     if args.command == Command::Version {
         let asked = serde_json::from_slice::<Value>(&args.stdin)
             .ok()
-            .and_then(|v| v.get("cniVersion").and_then(|s| s.as_str()).map(String::from))
+            .and_then(|v| {
+                v.get("cniVersion")
+                    .and_then(|s| s.as_str())
+                    .map(String::from)
+            })
             .unwrap_or_else(|| CURRENT_VERSION.to_string());
-        return Ok(Some(json!({"cniVersion": asked, "supportedVersions": SUPPORTED_VERSIONS})));
+        return Ok(Some(
+            json!({"cniVersion": asked, "supportedVersions": SUPPORTED_VERSIONS}),
+        ));
     }
-    let conf: NetConf = types::parse_conf(&args.stdin).map_err(|e| (CURRENT_VERSION.to_string(), e))?;
+    let conf: NetConf =
+        types::parse_conf(&args.stdin).map_err(|e| (CURRENT_VERSION.to_string(), e))?;
     let ver_s = if conf.cni_version.is_empty() {
         "0.1.0".to_string()
     } else {
@@ -203,7 +226,10 @@ pub fn execute(plugin: &dyn Plugin, args: &CmdArgs) -> Result<Option<Value>, (St
             if ver < Version::V1_1_0 {
                 return Err(fail(CniError::new(
                     Code::IncompatibleVersion,
-                    format!("config version {ver_s} does not allow {}", args.command.as_str()),
+                    format!(
+                        "config version {ver_s} does not allow {}",
+                        args.command.as_str()
+                    ),
                 )));
             }
             if args.command == Command::Gc {
@@ -248,12 +274,16 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn missing_env_names_the_variable() {
-        let e = CmdArgs::from_env(&env(&[("CNI_COMMAND", "ADD"), ("CNI_PATH", "/x")]), vec![]).unwrap_err();
+        let e = CmdArgs::from_env(&env(&[("CNI_COMMAND", "ADD"), ("CNI_PATH", "/x")]), vec![])
+            .unwrap_err();
         assert_eq!(e.code, 4);
         assert!(e.msg.contains("CNI_CONTAINERID"), "{}", e.msg);
         assert!(e.msg.contains("CNI_NETNS"));
@@ -266,7 +296,12 @@ mod tests {
     #[test]
     fn del_does_not_need_netns() {
         let a = CmdArgs::from_env(
-            &env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "abc"), ("CNI_IFNAME", "eth0"), ("CNI_PATH", "/x")]),
+            &env(&[
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_CONTAINERID", "abc"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", "/x"),
+            ]),
             vec![],
         )
         .unwrap();

@@ -23,7 +23,11 @@ pub struct Version(pub u32, pub u32, pub u32);
 impl Version {
     pub fn parse(s: &str) -> Option<Version> {
         let mut it = s.split('.').map(|p| p.parse::<u32>().ok());
-        let v = Version(it.next()??, it.next().unwrap_or(Some(0))?, it.next().unwrap_or(Some(0))?);
+        let v = Version(
+            it.next()??,
+            it.next().unwrap_or(Some(0))?,
+            it.next().unwrap_or(Some(0))?,
+        );
         Some(v)
     }
 
@@ -103,7 +107,11 @@ pub struct Interface {
     pub mtu: Option<u32>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sandbox: String,
-    #[serde(rename = "socketPath", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "socketPath",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub socket_path: String,
     #[serde(rename = "pciID", default, skip_serializing_if = "String::is_empty")]
     pub pci_id: String,
@@ -194,7 +202,14 @@ impl CniResult {
         r.cni_version = ver.to_string();
         for ip in &mut r.ips {
             ip.version = if v < Version::V1_0_0 {
-                Some(if ip.address.addr().is_ipv4() { "4" } else { "6" }.to_string())
+                Some(
+                    if ip.address.addr().is_ipv4() {
+                        "4"
+                    } else {
+                        "6"
+                    }
+                    .to_string(),
+                )
             } else {
                 None
             };
@@ -220,7 +235,8 @@ impl CniResult {
 /// Parses the common configuration, mapping JSON problems to the decode code.
 pub fn parse_conf<T: serde::de::DeserializeOwned>(stdin: &[u8]) -> Result<T, CniError> {
     serde_json::from_slice(stdin).map_err(|e| {
-        CniError::new(Code::Decode, "error parsing network configuration").with_details(e.to_string())
+        CniError::new(Code::Decode, "error parsing network configuration")
+            .with_details(e.to_string())
     })
 }
 

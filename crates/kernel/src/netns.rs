@@ -47,9 +47,8 @@ impl Netns {
     /// Runs `f` with the calling thread inside this namespace.
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, KernelError> {
         let orig = Netns::current()?;
-        setns(self.file.as_fd()).map_err(|e| {
-            KernelError::io(format!("entering netns {}", self.path.display()), e)
-        })?;
+        setns(self.file.as_fd())
+            .map_err(|e| KernelError::io(format!("entering netns {}", self.path.display()), e))?;
         struct Back(Netns);
         impl Drop for Back {
             fn drop(&mut self) {

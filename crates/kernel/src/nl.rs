@@ -47,7 +47,10 @@ impl Msg {
         buf.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         buf.extend_from_slice(&0u32.to_ne_bytes()); // seq
         buf.extend_from_slice(&0u32.to_ne_bytes()); // pid
-        Msg { buf, nests: Vec::new() }
+        Msg {
+            buf,
+            nests: Vec::new(),
+        }
     }
 
     /// Appends raw bytes (a family header such as ifinfomsg), padded to 4.
@@ -96,7 +99,8 @@ impl Msg {
     pub fn begin(&mut self, ty: u16) -> &mut Self {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
         self
     }
 
@@ -300,7 +304,11 @@ impl Socket {
 
     /// Sends a request and collects replies until the ack (or DONE for dumps).
     /// `op` names the operation for error messages.
-    pub fn request(&mut self, msg: Msg, op: &dyn Fn() -> String) -> Result<Vec<Reply>, KernelError> {
+    pub fn request(
+        &mut self,
+        msg: Msg,
+        op: &dyn Fn() -> String,
+    ) -> Result<Vec<Reply>, KernelError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let bytes = msg.finish(seq);
@@ -385,7 +393,10 @@ mod tests {
         m.str(3, "eth0");
         m.begin(18).str(1, "veth").end();
         let bytes = m.finish(7);
-        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize, bytes.len());
+        assert_eq!(
+            u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize,
+            bytes.len()
+        );
         let attrs: Vec<_> = Attrs::new(&bytes[32..]).collect();
         assert_eq!(attrs.len(), 2);
         assert_eq!(get_str(attrs[0].1), "eth0");

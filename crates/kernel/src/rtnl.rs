@@ -255,7 +255,10 @@ impl Handle {
     }
 
     pub fn create_bridge(&mut self, name: &str, mtu: Option<u32>) -> Result<(), KernelError> {
-        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK);
+        let mut m = Msg::new(
+            RTM_NEWLINK,
+            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
+        );
         m.raw(&ifinfomsg(0, 0, 0, 0));
         m.str(IFLA_IFNAME, name);
         if let Some(mtu) = mtu {
@@ -267,8 +270,16 @@ impl Handle {
     }
 
     /// Creates a link of a data-less kind (ifb, for example).
-    pub fn create_simple(&mut self, name: &str, kind: &str, mtu: Option<u32>) -> Result<(), KernelError> {
-        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK);
+    pub fn create_simple(
+        &mut self,
+        name: &str,
+        kind: &str,
+        mtu: Option<u32>,
+    ) -> Result<(), KernelError> {
+        let mut m = Msg::new(
+            RTM_NEWLINK,
+            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
+        );
         m.raw(&ifinfomsg(0, 0, 0, 0));
         m.str(IFLA_IFNAME, name);
         if let Some(mtu) = mtu {
@@ -290,7 +301,10 @@ impl Handle {
         mtu: Option<u32>,
         peer_mac: Option<[u8; 6]>,
     ) -> Result<(), KernelError> {
-        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK);
+        let mut m = Msg::new(
+            RTM_NEWLINK,
+            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
+        );
         m.raw(&ifinfomsg(0, 0, 0, 0));
         m.str(IFLA_IFNAME, name);
         if let Some(mtu) = mtu {
@@ -333,7 +347,13 @@ impl Handle {
         }
     }
 
-    fn set_flags(&mut self, index: u32, flags: u32, mask: u32, what: &str) -> Result<(), KernelError> {
+    fn set_flags(
+        &mut self,
+        index: u32,
+        flags: u32,
+        mask: u32,
+        what: &str,
+    ) -> Result<(), KernelError> {
         let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
         m.raw(&ifinfomsg(0, index, flags, mask));
         self.req(m, &|| format!("{what} link #{index}"))?;
@@ -354,14 +374,21 @@ impl Handle {
     }
 
     pub fn set_promisc(&mut self, index: u32, on: bool) -> Result<(), KernelError> {
-        self.set_flags(index, if on { IFF_PROMISC } else { 0 }, IFF_PROMISC, "setting promisc on")
+        self.set_flags(
+            index,
+            if on { IFF_PROMISC } else { 0 },
+            IFF_PROMISC,
+            "setting promisc on",
+        )
     }
 
     pub fn set_master(&mut self, index: u32, master: u32) -> Result<(), KernelError> {
         let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
         m.raw(&ifinfomsg(0, index, 0, 0));
         m.u32(IFLA_MASTER, master);
-        self.req(m, &|| format!("attaching link #{index} to master #{master}"))?;
+        self.req(m, &|| {
+            format!("attaching link #{index} to master #{master}")
+        })?;
         Ok(())
     }
 
@@ -377,7 +404,9 @@ impl Handle {
         let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
         m.raw(&ifinfomsg(0, index, 0, 0));
         m.begin(IFLA_LINKINFO).str(IFLA_INFO_SLAVE_KIND, "bridge");
-        m.begin(IFLA_INFO_SLAVE_DATA).u8(IFLA_BRPORT_MODE, on as u8).end();
+        m.begin(IFLA_INFO_SLAVE_DATA)
+            .u8(IFLA_BRPORT_MODE, on as u8)
+            .end();
         m.end();
         self.req(m, &|| format!("setting hairpin on bridge port #{index}"))?;
         Ok(())
@@ -401,14 +430,27 @@ impl Handle {
     /// Adds an address. `nodad` skips IPv6 duplicate address detection, which
     /// is safe for addresses handed out by IPAM and saves a second of waiting.
     pub fn add_addr(&mut self, index: u32, net: IpNet, nodad: bool) -> Result<(), KernelError> {
-        self.addr_op(RTM_NEWADDR, nl::NLM_F_CREATE | nl::NLM_F_EXCL, index, net, nodad)
+        self.addr_op(
+            RTM_NEWADDR,
+            nl::NLM_F_CREATE | nl::NLM_F_EXCL,
+            index,
+            net,
+            nodad,
+        )
     }
 
     pub fn del_addr(&mut self, index: u32, net: IpNet) -> Result<(), KernelError> {
         self.addr_op(RTM_DELADDR, 0, index, net, false)
     }
 
-    fn addr_op(&mut self, ty: u16, flags: u16, index: u32, net: IpNet, nodad: bool) -> Result<(), KernelError> {
+    fn addr_op(
+        &mut self,
+        ty: u16,
+        flags: u16,
+        index: u32,
+        net: IpNet,
+        nodad: bool,
+    ) -> Result<(), KernelError> {
         let v6 = matches!(net, IpNet::V6(_));
         let mut m = Msg::new(ty, flags | nl::NLM_F_ACK);
         let mut h = [0u8; 8];
@@ -427,7 +469,11 @@ impl Handle {
         if nodad && v6 {
             m.u32(IFA_FLAGS, IFA_F_NODAD | IFA_F_PERMANENT);
         }
-        let verb = if ty == RTM_NEWADDR { "adding" } else { "removing" };
+        let verb = if ty == RTM_NEWADDR {
+            "adding"
+        } else {
+            "removing"
+        };
         self.req(m, &|| format!("{verb} address {net} on link #{index}"))?;
         Ok(())
     }
@@ -471,7 +517,11 @@ impl Handle {
         h[0] = family(v6);
         h[1] = r.dst.map(|d| d.prefix_len()).unwrap_or(0);
         h[4] = if table < 256 { table as u8 } else { 252 };
-        h[5] = if ty == RTM_DELROUTE { 0 } else { r.protocol.unwrap_or(RTPROT_BOOT) };
+        h[5] = if ty == RTM_DELROUTE {
+            0
+        } else {
+            r.protocol.unwrap_or(RTPROT_BOOT)
+        };
         h[6] = match (ty, r.scope) {
             (_, Some(s)) => s,
             // RT_SCOPE_NOWHERE matches any scope on delete.
@@ -516,7 +566,10 @@ impl Handle {
             _ if flags & nl::NLM_F_REPLACE != 0 => "replacing",
             _ => "adding",
         };
-        let dst = r.dst.map(|d| d.to_string()).unwrap_or_else(|| "default".into());
+        let dst = r
+            .dst
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| "default".into());
         let via = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
         self.req(m, &|| format!("{verb} route {dst}{via}"))?;
         Ok(())

@@ -22,7 +22,11 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A name unique across parallel tests and processes: `pn-<tag>-<pid>-<n>`.
 pub fn unique(tag: &str) -> String {
-    format!("pn-{tag}-{}-{}", std::process::id() % 100_000, COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "pn-{tag}-{}-{}",
+        std::process::id() % 100_000,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A named network namespace removed on drop, even when the test panics.
@@ -34,7 +38,8 @@ pub struct TestNs {
 impl TestNs {
     pub fn new(tag: &str) -> TestNs {
         let name = unique(tag);
-        let ns = Netns::create_named(&name).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
+        let ns =
+            Netns::create_named(&name).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
         TestNs { name, ns }
     }
 
@@ -63,7 +68,11 @@ impl TestNs {
             .args(["netns", "exec", &self.name, "sh", "-c", cmd])
             .output()
             .expect("ip netns exec");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
     }
 
     pub fn delete(&self) {
@@ -90,7 +99,11 @@ impl Plugins {
             .arg(dir.path())
             .output()
             .expect("podnet cni install");
-        assert!(st.status.success(), "install: {}", String::from_utf8_lossy(&st.stderr));
+        assert!(
+            st.status.success(),
+            "install: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
         Plugins { dir }
     }
 
@@ -124,10 +137,16 @@ pub fn attach(id: &str, pod: &TestNs) -> Attach {
 }
 
 /// Runs one plugin binary by hand with raw env and stdin (for error tests).
-pub fn raw_call(exe: &Path, env: &[(&str, &str)], stdin: &str, host: Option<&TestNs>) -> (i32, Value, String) {
+pub fn raw_call(
+    exe: &Path,
+    env: &[(&str, &str)],
+    stdin: &str,
+    host: Option<&TestNs>,
+) -> (i32, Value, String) {
     let spawn = || {
         let mut p = Proc::new(exe);
-        p.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+        p.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
         for (k, v) in env {
             p.env(k, v);
         }
@@ -141,21 +160,40 @@ pub fn raw_call(exe: &Path, env: &[(&str, &str)], stdin: &str, host: Option<&Tes
         Some(h) => h.ns.run(spawn).expect("enter host ns"),
         None => spawn(),
     };
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The IPv4 address (without prefix) of a result's first IP.
 pub fn first_ip(r: &Value) -> String {
-    r["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap().to_string()
+    r["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 /// Starts a one-shot TCP server in `ns` on `port`, which answers with its
 /// name and reports the peer address it saw.
 pub fn serve_once(ns: &TestNs, port: u16, name: &str) -> std::thread::JoinHandle<String> {
-    let l = ns.ns.run(|| TcpListener::bind(("0.0.0.0", port))).unwrap().expect("bind");
+    let l = ns
+        .ns
+        .run(|| TcpListener::bind(("0.0.0.0", port)))
+        .unwrap()
+        .expect("bind");
     let name = name.to_string();
     std::thread::spawn(move || {
         l.set_nonblocking(false).unwrap();

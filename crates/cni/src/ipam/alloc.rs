@@ -43,15 +43,20 @@ pub fn last_addr(n: &IpNet) -> IpAddr {
 
 /// Picks the next free address after `last` (or from the start). Returns the
 /// address and the index of its range, or `None` when the set is exhausted.
-pub fn next_free(set: &RangeSet, last: Option<IpAddr>, taken: impl Fn(IpAddr) -> bool) -> Option<(IpAddr, usize)> {
+pub fn next_free(
+    set: &RangeSet,
+    last: Option<IpAddr>,
+    taken: impl Fn(IpAddr) -> bool,
+) -> Option<(IpAddr, usize)> {
     if set.is_empty() {
         return None;
     }
     // Where to begin: just after `last` if it lies in the set.
-    let (mut ri, mut cur) = match last.and_then(|l| set.iter().position(|r| r.contains(l)).map(|i| (i, l))) {
-        Some((i, l)) => advance(set, i, l),
-        None => (0, set[0].start),
-    };
+    let (mut ri, mut cur) =
+        match last.and_then(|l| set.iter().position(|r| r.contains(l)).map(|i| (i, l))) {
+            Some((i, l)) => advance(set, i, l),
+            None => (0, set[0].start),
+        };
     let (start_ri, start) = (ri, cur);
     loop {
         let r: &Range = &set[ri];
@@ -82,7 +87,10 @@ mod tests {
     use std::collections::HashSet;
 
     fn set(v: serde_json::Value) -> RangeSet {
-        IpamConf::from_raw(serde_json::from_value(v).unwrap(), "n").unwrap().range_sets.remove(0)
+        IpamConf::from_raw(serde_json::from_value(v).unwrap(), "n")
+            .unwrap()
+            .range_sets
+            .remove(0)
     }
 
     #[test]
@@ -96,8 +104,14 @@ mod tests {
         // wraps after the end (.6) back to the start
         let (ip, _) = next_free(&s, Some("10.0.0.6".parse().unwrap()), |_| false).unwrap();
         assert_eq!(ip.to_string(), "10.0.0.2");
-        let taken: HashSet<IpAddr> = ["10.0.0.3", "10.0.0.4"].iter().map(|s| s.parse().unwrap()).collect();
-        let (ip, _) = next_free(&s, Some("10.0.0.2".parse().unwrap()), |i| taken.contains(&i)).unwrap();
+        let taken: HashSet<IpAddr> = ["10.0.0.3", "10.0.0.4"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let (ip, _) = next_free(&s, Some("10.0.0.2".parse().unwrap()), |i| {
+            taken.contains(&i)
+        })
+        .unwrap();
         assert_eq!(ip.to_string(), "10.0.0.5");
     }
 
@@ -105,7 +119,10 @@ mod tests {
     fn exhaustion_returns_none() {
         let s = set(json!({"subnet": "10.0.0.0/30"}));
         // /30: .1 gateway, .2 only usable
-        assert_eq!(next_free(&s, None, |_| false).unwrap().0.to_string(), "10.0.0.2");
+        assert_eq!(
+            next_free(&s, None, |_| false).unwrap().0.to_string(),
+            "10.0.0.2"
+        );
         assert!(next_free(&s, None, |i| i.to_string() == "10.0.0.2").is_none());
     }
 
@@ -121,9 +138,14 @@ mod tests {
 
     #[test]
     fn v6_and_arithmetic() {
-        assert_eq!(add("10.0.0.255".parse().unwrap(), 1).to_string(), "10.0.1.0");
+        assert_eq!(
+            add("10.0.0.255".parse().unwrap(), 1).to_string(),
+            "10.0.1.0"
+        );
         assert_eq!(add("fd00::1".parse().unwrap(), -1).to_string(), "fd00::");
-        let s = set(json!({"ranges": [[{"subnet": "fd00::/64", "rangeStart": "fd00::10", "rangeEnd": "fd00::12"}]]}));
+        let s = set(
+            json!({"ranges": [[{"subnet": "fd00::/64", "rangeStart": "fd00::10", "rangeEnd": "fd00::12"}]]}),
+        );
         let (ip, _) = next_free(&s, Some("fd00::12".parse().unwrap()), |_| false).unwrap();
         assert_eq!(ip.to_string(), "fd00::10");
     }

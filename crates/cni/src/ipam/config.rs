@@ -91,12 +91,16 @@ impl IpamConf {
             );
         }
         if sets.is_empty() {
-            return Err(CniError::config("host-local: no IP ranges specified (\"ranges\" or \"subnet\")"));
+            return Err(CniError::config(
+                "host-local: no IP ranges specified (\"ranges\" or \"subnet\")",
+            ));
         }
         let mut range_sets = Vec::new();
         for (i, set) in sets.into_iter().enumerate() {
             if set.is_empty() {
-                return Err(CniError::config(format!("host-local: range set {i} is empty")));
+                return Err(CniError::config(format!(
+                    "host-local: range set {i} is empty"
+                )));
             }
             let mut out: RangeSet = Vec::new();
             for r in set {
@@ -143,9 +147,9 @@ impl IpamConf {
 }
 
 fn canonical_range(r: RawRange, set: usize) -> Result<Range, CniError> {
-    let s = r
-        .subnet
-        .ok_or_else(|| CniError::config(format!("host-local: range set {set}: missing \"subnet\"")))?;
+    let s = r.subnet.ok_or_else(|| {
+        CniError::config(format!("host-local: range set {set}: missing \"subnet\""))
+    })?;
     let subnet: IpNet = s
         .parse()
         .map_err(|_| CniError::config(format!("host-local: invalid subnet {s:?}")))?;
@@ -178,7 +182,9 @@ fn canonical_range(r: RawRange, set: usize) -> Result<Range, CniError> {
     let gateway = Some(r.gateway.unwrap_or(first));
     if let Some(g) = r.gateway {
         if !subnet.contains(&g) {
-            return Err(CniError::config(format!("host-local: gateway {g} not in network {subnet}")));
+            return Err(CniError::config(format!(
+                "host-local: gateway {g} not in network {subnet}"
+            )));
         }
     }
     Ok(Range {
@@ -222,10 +228,15 @@ mod tests {
         assert!(e.msg.contains("invalid subnet"), "{}", e.msg);
         assert_eq!(e.code, 7);
         let e = conf(json!({"subnet": "10.1.2.0/24", "rangeStart": "10.1.3.5"})).unwrap_err();
-        assert!(e.msg.contains("rangeStart 10.1.3.5 not in network"), "{}", e.msg);
+        assert!(
+            e.msg.contains("rangeStart 10.1.3.5 not in network"),
+            "{}",
+            e.msg
+        );
         let e = conf(json!({"subnet": "10.1.2.0/31"})).unwrap_err();
         assert!(e.msg.contains("too small"));
-        let e = conf(json!({"ranges": [[{"subnet": "10.0.0.0/24"}, {"subnet": "10.0.0.0/25"}]]})).unwrap_err();
+        let e = conf(json!({"ranges": [[{"subnet": "10.0.0.0/24"}, {"subnet": "10.0.0.0/25"}]]}))
+            .unwrap_err();
         assert!(e.msg.contains("overlaps"));
         let e = conf(json!({})).unwrap_err();
         assert!(e.msg.contains("no IP ranges"));

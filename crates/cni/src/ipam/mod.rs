@@ -84,8 +84,10 @@ fn requested_ips(args: &CmdArgs, c: &Conf) -> Result<Vec<IpAddr>, CniError> {
 }
 
 fn parse_resolv_conf(path: &str) -> Result<Dns, CniError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CniError::new(Code::Io, format!("host-local: reading resolvConf {path}")).with_details(e.to_string()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CniError::new(Code::Io, format!("host-local: reading resolvConf {path}"))
+            .with_details(e.to_string())
+    })?;
     let mut d = Dns::default();
     for line in text.lines() {
         let mut f = line.split_whitespace();
@@ -107,16 +109,27 @@ impl Plugin for HostLocal {
         let (c, ipam) = load(args)?;
         let mut requested = requested_ips(args, &c)?;
         let store = Store::open(&ipam.data_dir)?;
-        let held: HashSet<IpAddr> = store.by_id(&args.container_id, &args.ifname)?.into_iter().collect();
+        let held: HashSet<IpAddr> = store
+            .by_id(&args.container_id, &args.ifname)?
+            .into_iter()
+            .collect();
         let mut result = CniResult::default();
         let mut fresh = Vec::new();
         let outcome = (|| -> Result<(), CniError> {
             for (si, set) in ipam.range_sets.iter().enumerate() {
-                let pick = if let Some(pos) = requested.iter().position(|ip| set.iter().any(|r| r.contains(*ip))) {
+                let pick = if let Some(pos) = requested
+                    .iter()
+                    .position(|ip| set.iter().any(|r| r.contains(*ip)))
+                {
                     let ip = requested.remove(pos);
-                    let ri = set.iter().position(|r| r.contains(ip)).expect("checked above");
+                    let ri = set
+                        .iter()
+                        .position(|r| r.contains(ip))
+                        .expect("checked above");
                     if !held.contains(&ip) {
-                        if set[ri].gateway == Some(ip) || !store.reserve(&args.container_id, &args.ifname, ip, si)? {
+                        if set[ri].gateway == Some(ip)
+                            || !store.reserve(&args.container_id, &args.ifname, ip, si)?
+                        {
                             return Err(CniError::internal(format!(
                                 "host-local: requested IP address {ip} is not available in range set {}",
                                 describe(set)
@@ -125,13 +138,24 @@ impl Plugin for HostLocal {
                         fresh.push(ip);
                     }
                     (ip, ri)
-                } else if let Some(ip) = held.iter().copied().find(|ip| set.iter().any(|r| r.contains(*ip))) {
+                } else if let Some(ip) = held
+                    .iter()
+                    .copied()
+                    .find(|ip| set.iter().any(|r| r.contains(*ip)))
+                {
                     // ADD again for the same attachment: hand back what it holds.
-                    (ip, set.iter().position(|r| r.contains(ip)).expect("held ip in set"))
+                    (
+                        ip,
+                        set.iter()
+                            .position(|r| r.contains(ip))
+                            .expect("held ip in set"),
+                    )
                 } else {
                     let mut last = store.last_reserved(si);
                     loop {
-                        let Some((ip, ri)) = alloc::next_free(set, last, |ip| store.is_reserved(ip)) else {
+                        let Some((ip, ri)) =
+                            alloc::next_free(set, last, |ip| store.is_reserved(ip))
+                        else {
                             return Err(CniError::internal(format!(
                                 "host-local: no IP addresses available in range set: {}",
                                 describe(set)

@@ -60,7 +60,13 @@ impl Store {
     }
 
     /// Reserves `ip` for (id, ifname); `false` when it was already taken.
-    pub fn reserve(&self, id: &str, ifname: &str, ip: IpAddr, set: usize) -> Result<bool, CniError> {
+    pub fn reserve(
+        &self,
+        id: &str,
+        ifname: &str,
+        ip: IpAddr,
+        set: usize,
+    ) -> Result<bool, CniError> {
         let p = self.ip_path(ip);
         let mut f = match OpenOptions::new().write(true).create_new(true).open(&p) {
             Ok(f) => f,
@@ -70,7 +76,8 @@ impl Store {
         f.write_all(format!("{}{LINE_BREAK}{ifname}", id.trim()).as_bytes())
             .map_err(|e| io_err(format!("writing {}", p.display()), e))?;
         let last = self.dir.join(format!("{LAST_PREFIX}{set}"));
-        fs::write(&last, ip.to_string()).map_err(|e| io_err(format!("writing {}", last.display()), e))?;
+        fs::write(&last, ip.to_string())
+            .map_err(|e| io_err(format!("writing {}", last.display()), e))?;
         Ok(true)
     }
 
@@ -101,8 +108,12 @@ impl Store {
         };
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
-            let Ok(ip) = name.parse::<IpAddr>() else { continue };
-            let Ok(data) = fs::read_to_string(ent.path()) else { continue };
+            let Ok(ip) = name.parse::<IpAddr>() else {
+                continue;
+            };
+            let Ok(data) = fs::read_to_string(ent.path()) else {
+                continue;
+            };
             let data = data.trim();
             let (id, ifname) = match data.split_once(LINE_BREAK) {
                 Some((a, b)) => (a.trim().to_string(), b.trim().to_string()),

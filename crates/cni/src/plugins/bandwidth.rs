@@ -41,8 +41,9 @@ impl Conf {
     /// The runtime's `bandwidth` capability wins over static keys.
     fn limits(&self) -> Result<Limits, CniError> {
         let l = match runtime_key(&self.runtime_config, "bandwidth") {
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| CniError::config(format!("bandwidth: invalid runtimeConfig.bandwidth: {e}")))?,
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                CniError::config(format!("bandwidth: invalid runtimeConfig.bandwidth: {e}"))
+            })?,
             None => self.limits,
         };
         validate(l.ingress_rate, l.ingress_burst, "ingress")?;
@@ -53,13 +54,19 @@ impl Conf {
 
 fn validate(rate: u64, burst: u64, dir: &str) -> Result<(), CniError> {
     if rate == 0 && burst != 0 {
-        return Err(CniError::config(format!("bandwidth: if {dir}Burst is set, {dir}Rate must also be set")));
+        return Err(CniError::config(format!(
+            "bandwidth: if {dir}Burst is set, {dir}Rate must also be set"
+        )));
     }
     if rate != 0 && burst == 0 {
-        return Err(CniError::config(format!("bandwidth: if {dir}Rate is set, {dir}Burst must also be set")));
+        return Err(CniError::config(format!(
+            "bandwidth: if {dir}Rate is set, {dir}Burst must also be set"
+        )));
     }
     if burst / 8 >= u32::MAX as u64 {
-        return Err(CniError::config(format!("bandwidth: {dir}Burst cannot be more than 4GB")));
+        return Err(CniError::config(format!(
+            "bandwidth: {dir}Burst cannot be more than 4GB"
+        )));
     }
     Ok(())
 }
@@ -78,8 +85,20 @@ pub fn ifb_name(container_id: &str, ifname: &str) -> String {
 pub fn tbf_args(dev: &str, rate: u64, burst_bits: u64) -> Vec<String> {
     let burst_bytes = (burst_bits / 8).max(1);
     [
-        "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate",
-        &format!("{rate}bit"), "burst", &format!("{burst_bytes}b"), "latency", "25ms",
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "handle",
+        "1:",
+        "tbf",
+        "rate",
+        &format!("{rate}bit"),
+        "burst",
+        &format!("{burst_bytes}b"),
+        "latency",
+        "25ms",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -90,7 +109,11 @@ fn tc(args: &[String]) -> Result<String, CniError> {
     let out = std::process::Command::new("tc")
         .args(args)
         .output()
-        .map_err(|e| CniError::internal(format!("bandwidth: running tc (is iproute2 installed?): {e}")))?;
+        .map_err(|e| {
+            CniError::internal(format!(
+                "bandwidth: running tc (is iproute2 installed?): {e}"
+            ))
+        })?;
     if !out.status.success() {
         return Err(CniError::internal(format!(
             "bandwidth: tc {} failed: {}",
@@ -139,7 +162,11 @@ impl Plugin for Bandwidth {
         let prev = c
             .prev_result
             .as_ref()
-            .ok_or_else(|| CniError::config("bandwidth: must be called as a chained plugin (prevResult missing)"))
+            .ok_or_else(|| {
+                CniError::config(
+                    "bandwidth: must be called as a chained plugin (prevResult missing)",
+                )
+            })
             .and_then(CniResult::from_value)?;
         if limits.ingress_rate == 0 && limits.egress_rate == 0 {
             return Ok(prev);
@@ -158,10 +185,13 @@ impl Plugin for Bandwidth {
                     h.create_simple(&ifb, "ifb", Some(mtu))?;
                 }
                 h.set_up_by_name(&ifb)?;
-                tc(&s(&["qdisc", "replace", "dev", &dev, "handle", "ffff:", "ingress"]))?;
                 tc(&s(&[
-                    "filter", "replace", "dev", &dev, "parent", "ffff:", "protocol", "all", "prio", "1", "u32",
-                    "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", &ifb,
+                    "qdisc", "replace", "dev", &dev, "handle", "ffff:", "ingress",
+                ]))?;
+                tc(&s(&[
+                    "filter", "replace", "dev", &dev, "parent", "ffff:", "protocol", "all", "prio",
+                    "1", "u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect",
+                    "dev", &ifb,
                 ]))?;
                 tc(&tbf_args(&ifb, limits.egress_rate, limits.egress_burst))?;
                 // Like the reference plugin, report the ifb in the result.
@@ -208,19 +238,27 @@ impl Plugin for Bandwidth {
             let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
             let ok = v.as_array().into_iter().flatten().any(|q| {
                 q.get("kind").and_then(|k| k.as_str()) == Some("tbf")
-                    && q.pointer("/options/rate").and_then(|r| r.as_u64()).map(|r| r * 8 == rate || r == rate / 8).unwrap_or(true)
+                    && q.pointer("/options/rate")
+                        .and_then(|r| r.as_u64())
+                        .map(|r| r * 8 == rate || r == rate / 8)
+                        .unwrap_or(true)
             });
             if ok {
                 Ok(())
             } else {
-                Err(CniError::internal(format!("bandwidth: tbf with rate {rate}bit missing on {d}")))
+                Err(CniError::internal(format!(
+                    "bandwidth: tbf with rate {rate}bit missing on {d}"
+                )))
             }
         };
         if limits.ingress_rate > 0 {
             want(&dev, limits.ingress_rate)?;
         }
         if limits.egress_rate > 0 {
-            want(&ifb_name(&args.container_id, &args.ifname), limits.egress_rate)?;
+            want(
+                &ifb_name(&args.container_id, &args.ifname),
+                limits.egress_rate,
+            )?;
         }
         Ok(())
     }
@@ -245,9 +283,17 @@ mod tests {
     #[test]
     fn rate_and_burst_go_together() {
         let c: Conf = serde_json::from_value(json!({"egressBurst": 100})).unwrap();
-        assert!(c.limits().unwrap_err().msg.contains("egressRate must also be set"));
+        assert!(c
+            .limits()
+            .unwrap_err()
+            .msg
+            .contains("egressRate must also be set"));
         let c: Conf = serde_json::from_value(json!({"ingressRate": 100})).unwrap();
-        assert!(c.limits().unwrap_err().msg.contains("ingressBurst must also be set"));
+        assert!(c
+            .limits()
+            .unwrap_err()
+            .msg
+            .contains("ingressBurst must also be set"));
     }
 
     #[test]

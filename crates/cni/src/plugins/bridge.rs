@@ -78,7 +78,10 @@ impl BridgeConf {
             ));
         }
         if c.bridge.is_empty() || c.bridge.len() > 15 {
-            return Err(CniError::config(format!("bridge: invalid bridge name {:?}", c.bridge)));
+            return Err(CniError::config(format!(
+                "bridge: invalid bridge name {:?}",
+                c.bridge
+            )));
         }
         Ok(c)
     }
@@ -102,7 +105,10 @@ pub fn random_veth_name() -> String {
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let v: Vec<u8> = s.split(':').filter_map(|p| u8::from_str_radix(p, 16).ok()).collect();
+    let v: Vec<u8> = s
+        .split(':')
+        .filter_map(|p| u8::from_str_radix(p, 16).ok())
+        .collect();
     v.try_into().ok()
 }
 
@@ -145,7 +151,11 @@ fn calc_gateway(n: &IpNet) -> IpAddr {
 }
 
 fn enable_forwarding(v6: bool) -> Result<(), KernelError> {
-    let key = if v6 { "net.ipv6.conf.all.forwarding" } else { "net.ipv4.ip_forward" };
+    let key = if v6 {
+        "net.ipv6.conf.all.forwarding"
+    } else {
+        "net.ipv4.ip_forward"
+    };
     if podnet_kernel::netns::read_sysctl(key).ok().as_deref() != Some("1") {
         podnet_kernel::netns::write_sysctl(key, "1")?;
     }
@@ -155,7 +165,10 @@ fn enable_forwarding(v6: bool) -> Result<(), KernelError> {
 /// Puts the gateway address on the bridge, honouring forceAddress.
 fn ensure_bridge_addr(h: &mut Handle, br: &Link, gw: IpNet, force: bool) -> Result<(), CniError> {
     let existing = h.addrs(br.index)?;
-    for a in existing.iter().filter(|a| a.net.addr().is_ipv4() == gw.addr().is_ipv4()) {
+    for a in existing
+        .iter()
+        .filter(|a| a.net.addr().is_ipv4() == gw.addr().is_ipv4())
+    {
         if a.net == gw {
             return Ok(());
         }
@@ -177,7 +190,12 @@ fn ensure_bridge_addr(h: &mut Handle, br: &Link, gw: IpNet, force: bool) -> Resu
 }
 
 /// Addresses and routes inside the pod, on interface `idx`.
-fn configure_pod_iface(h: &mut Handle, idx: u32, r: &CniResult, nodad: bool) -> Result<(), CniError> {
+fn configure_pod_iface(
+    h: &mut Handle,
+    idx: u32,
+    r: &CniResult,
+    nodad: bool,
+) -> Result<(), CniError> {
     for ip in &r.ips {
         h.add_addr(idx, ip.address, nodad)?;
     }
@@ -191,7 +209,11 @@ fn configure_pod_iface(h: &mut Handle, idx: u32, r: &CniResult, nodad: bool) -> 
                 .and_then(|i| i.gateway)
         });
         let route = Route {
-            dst: if rt.dst.prefix_len() == 0 { None } else { Some(rt.dst) },
+            dst: if rt.dst.prefix_len() == 0 {
+                None
+            } else {
+                Some(rt.dst)
+            },
             gateway: gw,
             oif: Some(idx),
             table: rt.table,
@@ -235,7 +257,10 @@ impl Drop for Undo<'_> {
             }
             // Remove a bridge this ADD created, unless another pod joined it meanwhile.
             if let Some(b) = self.bridge {
-                let ports = h.links().map(|ls| ls.iter().any(|l| l.master == Some(b))).unwrap_or(true);
+                let ports = h
+                    .links()
+                    .map(|ls| ls.iter().any(|l| l.master == Some(b)))
+                    .unwrap_or(true);
                 if !ports {
                     let _ = h.delete_link(b);
                 }
@@ -280,7 +305,9 @@ impl Plugin for Bridge {
                 let r = delegate(&t, Command::Add, args, &args.stdin)?.unwrap_or_default();
                 undo.ipam = Some(t);
                 if r.ips.is_empty() {
-                    return Err(CniError::internal("bridge: IPAM plugin returned missing IP config"));
+                    return Err(CniError::internal(
+                        "bridge: IPAM plugin returned missing IP config",
+                    ));
                 }
                 r
             }
@@ -295,14 +322,18 @@ impl Plugin for Bridge {
         // The veth pair, peer born inside the pod's namespace.
         let mac = runtime_key(&c.runtime_config, "mac")
             .and_then(|m| m.as_str())
-            .map(|s| parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}"))))
+            .map(|s| {
+                parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}")))
+            })
             .transpose()?;
         let mtu = c.mtu.or(Some(br.mtu)).filter(|m| *m > 0);
         let mut host_name = random_veth_name();
         for _ in 0..4 {
             match host.create_veth(&host_name, &args.ifname, Some(ns.fd()), mtu, mac) {
                 Ok(()) => break,
-                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() => host_name = random_veth_name(),
+                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() => {
+                    host_name = random_veth_name()
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -325,7 +356,11 @@ impl Plugin for Bridge {
             if c.is_default_gateway {
                 for ip in &result.ips {
                     let v4 = ip.address.addr().is_ipv4();
-                    let dflt: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
+                    let dflt: IpNet = if v4 {
+                        "0.0.0.0/0".parse().unwrap()
+                    } else {
+                        "::/0".parse().unwrap()
+                    };
                     if !result.routes.iter().any(|r| r.dst == dflt) {
                         result.routes.push(RouteConf::new(dflt, ip.gateway));
                     }
@@ -390,14 +425,21 @@ impl Plugin for Bridge {
                 errors.push(e.to_string());
             }
         }
-        let prev = c.prev_result.as_ref().and_then(|v| CniResult::from_value(v).ok());
+        let prev = c
+            .prev_result
+            .as_ref()
+            .and_then(|v| CniResult::from_value(v).ok());
         let mut addrs: Vec<IpNet> = prev
             .as_ref()
             .map(|r| r.ips.iter().map(|i| i.address).collect())
             .unwrap_or_default();
         let mut host_veth: Option<String> = prev
             .as_ref()
-            .and_then(|r| r.interfaces.iter().find(|i| i.sandbox.is_empty() && i.name != c.bridge))
+            .and_then(|r| {
+                r.interfaces
+                    .iter()
+                    .find(|i| i.sandbox.is_empty() && i.name != c.bridge)
+            })
             .map(|i| i.name.clone());
         let mut pod_mac = None;
         if !args.netns.is_empty() {
@@ -411,9 +453,9 @@ impl Plugin for Bridge {
                             let mut host = Handle::new()?;
                             let br = host.link(&c.bridge)?.map(|b| b.index);
                             let ours = match (&l.kind, l.peer) {
-                                (LinkKind::Veth, Some(p)) => host
-                                    .link_by_index(p)?
-                                    .filter(|h| h.kind == LinkKind::Veth && h.master.is_some() && h.master == br),
+                                (LinkKind::Veth, Some(p)) => host.link_by_index(p)?.filter(|h| {
+                                    h.kind == LinkKind::Veth && h.master.is_some() && h.master == br
+                                }),
                                 _ => None,
                             };
                             if let Some(hv) = ours {
@@ -471,7 +513,10 @@ impl Plugin for Bridge {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(CniError::internal(format!("bridge DEL: {}", errors.join("; "))))
+            Err(CniError::internal(format!(
+                "bridge DEL: {}",
+                errors.join("; ")
+            )))
         }
     }
 
@@ -488,14 +533,26 @@ impl Plugin for Bridge {
         let mut host = Handle::new()?;
         match host.link(&c.bridge)? {
             Some(l) if l.kind == LinkKind::Bridge => {}
-            _ => return Err(CniError::internal(format!("bridge: bridge {:?} not found", c.bridge))),
+            _ => {
+                return Err(CniError::internal(format!(
+                    "bridge: bridge {:?} not found",
+                    c.bridge
+                )))
+            }
         }
         let ns = open_netns(&args.netns)?;
         let mut pod = Handle::in_netns(&ns)?;
-        let cv = pod
-            .link(&args.ifname)?
-            .ok_or_else(|| CniError::internal(format!("bridge: interface {:?} not found in {}", args.ifname, args.netns)))?;
-        if let Some(want) = prev.interfaces.iter().find(|i| i.name == args.ifname && !i.sandbox.is_empty()) {
+        let cv = pod.link(&args.ifname)?.ok_or_else(|| {
+            CniError::internal(format!(
+                "bridge: interface {:?} not found in {}",
+                args.ifname, args.netns
+            ))
+        })?;
+        if let Some(want) = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name == args.ifname && !i.sandbox.is_empty())
+        {
             if !want.mac.is_empty() && !want.mac.eq_ignore_ascii_case(&cv.mac_string()) {
                 return Err(CniError::internal(format!(
                     "bridge: interface {} has MAC {}, expected {}",
@@ -528,7 +585,10 @@ impl Plugin for Bridge {
         if c.ip_masq {
             for ip in &prev.ips {
                 if !netfilter::masq_present(&ip.address)? {
-                    return Err(CniError::internal(format!("bridge: masquerade for {} missing", ip.address)));
+                    return Err(CniError::internal(format!(
+                        "bridge: masquerade for {} missing",
+                        ip.address
+                    )));
                 }
             }
         }

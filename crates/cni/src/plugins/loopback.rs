@@ -11,8 +11,9 @@ pub struct Loopback;
 
 impl Plugin for Loopback {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let ns = Netns::open(&args.netns)
-            .map_err(|e| CniError::internal(format!("failed to open netns {:?}: {e}", args.netns)))?;
+        let ns = Netns::open(&args.netns).map_err(|e| {
+            CniError::internal(format!("failed to open netns {:?}: {e}", args.netns))
+        })?;
         let mut h = Handle::in_netns(&ns)?;
         let lo = h.require_link("lo")?;
         h.set_up(lo.index)?;
@@ -57,8 +58,9 @@ impl Plugin for Loopback {
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let ns = Netns::open(&args.netns)
-            .map_err(|e| CniError::internal(format!("failed to open netns {:?}: {e}", args.netns)))?;
+        let ns = Netns::open(&args.netns).map_err(|e| {
+            CniError::internal(format!("failed to open netns {:?}: {e}", args.netns))
+        })?;
         let mut h = Handle::in_netns(&ns)?;
         let lo = h.require_link("lo")?;
         if !lo.is_up() {

@@ -61,17 +61,23 @@ impl SubnetEnv {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
             .collect();
-        let get = |k: &str| kv.get(format!("PODNET_{k}").as_str()).or(kv.get(format!("FLANNEL_{k}").as_str())).copied();
+        let get = |k: &str| {
+            kv.get(format!("PODNET_{k}").as_str())
+                .or(kv.get(format!("FLANNEL_{k}").as_str()))
+                .copied()
+        };
         let net = |k: &str| -> Result<IpNet, CniError> {
-            let v = get(k).ok_or_else(|| CniError::config(format!("podnet: {path} is missing FLANNEL_{k}")))?;
-            v.parse()
-                .map_err(|_| CniError::config(format!("podnet: {path}: FLANNEL_{k}={v:?} is not a CIDR")))
+            let v = get(k).ok_or_else(|| {
+                CniError::config(format!("podnet: {path} is missing FLANNEL_{k}"))
+            })?;
+            v.parse().map_err(|_| {
+                CniError::config(format!("podnet: {path}: FLANNEL_{k}={v:?} is not a CIDR"))
+            })
         };
         let mtu = match get("MTU") {
-            Some(v) => Some(
-                v.parse::<u32>()
-                    .map_err(|_| CniError::config(format!("podnet: {path}: FLANNEL_MTU={v:?} is not a number")))?,
-            ),
+            Some(v) => Some(v.parse::<u32>().map_err(|_| {
+                CniError::config(format!("podnet: {path}: FLANNEL_MTU={v:?} is not a number"))
+            })?),
             None => None,
         };
         Ok(SubnetEnv {
@@ -85,16 +91,25 @@ impl SubnetEnv {
 
 impl Conf {
     fn subnet_file(&self) -> String {
-        self.subnet_file.clone().unwrap_or_else(|| DEFAULT_SUBNET_FILE.to_string())
+        self.subnet_file
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SUBNET_FILE.to_string())
     }
     fn data_dir(&self) -> PathBuf {
-        PathBuf::from(self.data_dir.clone().unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()))
+        PathBuf::from(
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()),
+        )
     }
     fn read_env(&self) -> Result<SubnetEnv, CniError> {
         let p = self.subnet_file();
         let text = std::fs::read_to_string(&p).map_err(|e| {
-            CniError::new(Code::TryAgain, format!("podnet: cannot read {p} (is the podnet agent running?)"))
-                .with_details(e.to_string())
+            CniError::new(
+                Code::TryAgain,
+                format!("podnet: cannot read {p} (is the podnet agent running?)"),
+            )
+            .with_details(e.to_string())
         })?;
         SubnetEnv::parse(&text, &p)
     }
@@ -145,7 +160,10 @@ fn io(what: String, e: std::io::Error) -> CniError {
 }
 
 fn delegate_type(v: &Value) -> String {
-    v.get("type").and_then(|t| t.as_str()).unwrap_or("bridge").to_string()
+    v.get("type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("bridge")
+        .to_string()
 }
 
 pub struct Meta;
@@ -160,7 +178,12 @@ impl Plugin for Meta {
         let path = saved_path(&dir, &args.container_id, &args.ifname);
         std::fs::create_dir_all(&dir)
             .and_then(|_| std::fs::write(&path, &bytes))
-            .map_err(|e| io(format!("podnet: saving delegate config {}", path.display()), e))?;
+            .map_err(|e| {
+                io(
+                    format!("podnet: saving delegate config {}", path.display()),
+                    e,
+                )
+            })?;
         match delegate(&delegate_type(&d), Command::Add, args, &bytes) {
             Ok(r) => Ok(r.unwrap_or_default()),
             Err(e) => {
@@ -179,8 +202,10 @@ impl Plugin for Meta {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io(format!("podnet: reading {}", path.display()), e)),
         };
-        let d: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display())).with_details(e.to_string()))?;
+        let d: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display()))
+                .with_details(e.to_string())
+        })?;
         delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
         let _ = std::fs::remove_file(&path);
         Ok(())
@@ -189,9 +214,12 @@ impl Plugin for Meta {
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
         let path = saved_path(&c.data_dir(), &args.container_id, &args.ifname);
-        let bytes = std::fs::read(&path).map_err(|e| io(format!("podnet: reading {}", path.display()), e))?;
-        let mut d: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display())).with_details(e.to_string()))?;
+        let bytes = std::fs::read(&path)
+            .map_err(|e| io(format!("podnet: reading {}", path.display()), e))?;
+        let mut d: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            CniError::new(Code::Decode, format!("podnet: corrupt {}", path.display()))
+                .with_details(e.to_string())
+        })?;
         if let Some(p) = &c.prev_result {
             d["prevResult"] = p.clone();
         }
@@ -208,7 +236,9 @@ impl Plugin for Meta {
         if let Ok(rd) = std::fs::read_dir(&dir) {
             for ent in rd.flatten() {
                 let name = ent.file_name().to_string_lossy().into_owned();
-                let live = valid.iter().any(|a| saved_path(&dir, &a.container_id, &a.ifname) == ent.path());
+                let live = valid
+                    .iter()
+                    .any(|a| saved_path(&dir, &a.container_id, &a.ifname) == ent.path());
                 if live {
                     continue;
                 }
@@ -216,8 +246,12 @@ impl Plugin for Meta {
                     Some((i, f)) => (i.to_string(), f.to_string()),
                     None => (name.clone(), "eth0".to_string()),
                 };
-                let Ok(bytes) = std::fs::read(ent.path()) else { continue };
-                let Ok(d) = serde_json::from_slice::<Value>(&bytes) else { continue };
+                let Ok(bytes) = std::fs::read(ent.path()) else {
+                    continue;
+                };
+                let Ok(d) = serde_json::from_slice::<Value>(&bytes) else {
+                    continue;
+                };
                 let sub = CmdArgs {
                     container_id: id,
                     ifname,
@@ -244,13 +278,17 @@ impl Plugin for Meta {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(CniError::internal(format!("podnet GC: {}", errors.join("; "))))
+            Err(CniError::internal(format!(
+                "podnet GC: {}",
+                errors.join("; ")
+            )))
         }
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
-        c.read_env().map_err(|e| CniError::new(Code::NotAvailable, e.msg).with_details(e.details))?;
+        c.read_env()
+            .map_err(|e| CniError::new(Code::NotAvailable, e.msg).with_details(e.details))?;
         Ok(())
     }
 }

@@ -10,7 +10,14 @@ pub mod portmap;
 use crate::skel::Plugin;
 
 /// Every plugin type this binary serves.
-pub const NAMES: &[&str] = &["podnet", "bridge", "host-local", "loopback", "portmap", "bandwidth"];
+pub const NAMES: &[&str] = &[
+    "podnet",
+    "bridge",
+    "host-local",
+    "loopback",
+    "portmap",
+    "bandwidth",
+];
 
 pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
     Some(match name {

@@ -31,9 +31,16 @@ fn masq_header(s: &mut String) {
 }
 
 fn masq_elements(n: &IpNet, comment: &str) -> [(String, String); 2] {
-    let (m, nm) = if n.addr().is_ipv4() { ("masq4", "nomasq4") } else { ("masq6", "nomasq6") };
+    let (m, nm) = if n.addr().is_ipv4() {
+        ("masq4", "nomasq4")
+    } else {
+        ("masq6", "nomasq6")
+    };
     [
-        (m.to_string(), format!("{} comment {}", n.addr(), quote(comment))),
+        (
+            m.to_string(),
+            format!("{} comment {}", n.addr(), quote(comment)),
+        ),
         (nm.to_string(), format!("{} . {}", n.addr(), n.trunc())),
     ]
 }
@@ -78,7 +85,14 @@ pub fn masq_del(addrs: &[IpNet]) -> Result<(), NftError> {
 /// Whether a pod address is currently masqueraded (for CHECK).
 pub fn masq_present(n: &IpNet) -> Result<bool, NftError> {
     let set = if n.addr().is_ipv4() { "masq4" } else { "masq6" };
-    match podnet_nft::query(&["get", "element", "inet", MASQ_TABLE, set, &format!("{{ {} }}", n.addr())]) {
+    match podnet_nft::query(&[
+        "get",
+        "element",
+        "inet",
+        MASQ_TABLE,
+        set,
+        &format!("{{ {} }}", n.addr()),
+    ]) {
         Ok(_) => Ok(true),
         Err(NftError::Failed { .. }) => Ok(false),
         Err(e) => Err(e),

@@ -60,11 +60,13 @@ pub fn parse_mappings(rc: &Option<Value>) -> Result<Vec<PortMapping>, CniError> 
     let mut out = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let port = |k: &str| -> Result<u16, CniError> {
-            let v = get_ci(m, k)
-                .and_then(|v| v.as_u64())
-                .ok_or_else(|| CniError::config(format!("portmap: mapping {i}: missing or invalid {k}")))?;
+            let v = get_ci(m, k).and_then(|v| v.as_u64()).ok_or_else(|| {
+                CniError::config(format!("portmap: mapping {i}: missing or invalid {k}"))
+            })?;
             if v == 0 || v > 65535 {
-                return Err(CniError::config(format!("portmap: mapping {i}: {k} {v} out of range 1-65535")));
+                return Err(CniError::config(format!(
+                    "portmap: mapping {i}: {k} {v} out of range 1-65535"
+                )));
             }
             Ok(v as u16)
         };
@@ -73,14 +75,18 @@ pub fn parse_mappings(rc: &Option<Value>) -> Result<Vec<PortMapping>, CniError> 
             .unwrap_or("tcp")
             .to_ascii_lowercase();
         if !matches!(protocol.as_str(), "tcp" | "udp" | "sctp") {
-            return Err(CniError::config(format!("portmap: mapping {i}: unknown protocol {protocol:?}")));
+            return Err(CniError::config(format!(
+                "portmap: mapping {i}: unknown protocol {protocol:?}"
+            )));
         }
-        let host_ip = match get_ci(m, "hostIP").and_then(|v| v.as_str()).filter(|s| !s.is_empty()) {
+        let host_ip = match get_ci(m, "hostIP")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+        {
             None => None,
-            Some(s) => Some(
-                s.parse::<IpAddr>()
-                    .map_err(|_| CniError::config(format!("portmap: mapping {i}: invalid hostIP {s:?}")))?,
-            ),
+            Some(s) => Some(s.parse::<IpAddr>().map_err(|_| {
+                CniError::config(format!("portmap: mapping {i}: invalid hostIP {s:?}"))
+            })?),
         };
         out.push(PortMapping {
             host_port: port("hostPort")?,
@@ -197,7 +203,11 @@ fn add_elements(els: &[Element]) -> Result<(), NftError> {
     let mut s = header();
     s.push_str(&rules());
     for e in els {
-        s.push_str(&format!("add element inet {TABLE} {} {{ {} }}\n", e.set, e.full()));
+        s.push_str(&format!(
+            "add element inet {TABLE} {} {{ {} }}\n",
+            e.set,
+            e.full()
+        ));
     }
     apply("adding port mappings", &s)
 }
@@ -211,9 +221,15 @@ fn del_elements(els: &[Element]) -> Result<(), NftError> {
         // add-then-delete makes removal idempotent; for map keys held by
         // another pod the add fails, so delete by key alone there.
         if e.value.is_none() {
-            s.push_str(&format!("add element inet {TABLE} {} {{ {} }}\n", e.set, e.key));
+            s.push_str(&format!(
+                "add element inet {TABLE} {} {{ {} }}\n",
+                e.set, e.key
+            ));
         }
-        s.push_str(&format!("delete element inet {TABLE} {} {{ {} }}\n", e.set, e.key));
+        s.push_str(&format!(
+            "delete element inet {TABLE} {} {{ {} }}\n",
+            e.set, e.key
+        ));
     }
     match apply("removing port mappings", &s) {
         Ok(()) => Ok(()),
@@ -221,7 +237,10 @@ fn del_elements(els: &[Element]) -> Result<(), NftError> {
         Err(NftError::Failed { .. }) => {
             for e in els {
                 let mut s = header();
-                s.push_str(&format!("delete element inet {TABLE} {} {{ {} }}\n", e.set, e.key));
+                s.push_str(&format!(
+                    "delete element inet {TABLE} {} {{ {} }}\n",
+                    e.set, e.key
+                ));
                 let _ = apply("removing a port mapping", &s);
             }
             Ok(())
@@ -253,9 +272,15 @@ fn enable_localnet(ips: &[IpNet]) -> Result<(), CniError> {
     let mut h = Handle::new()?;
     let addrs = h.addrs(0)?;
     for ip in ips.iter().filter(|i| i.addr().is_ipv4()) {
-        if let Some(a) = addrs.iter().find(|a| a.net.contains(&ip.addr()) && a.net.addr() != ip.addr()) {
+        if let Some(a) = addrs
+            .iter()
+            .find(|a| a.net.contains(&ip.addr()) && a.net.addr() != ip.addr())
+        {
             if let Some(l) = h.link_by_index(a.index)? {
-                podnet_kernel::netns::write_sysctl(&format!("net.ipv4.conf.{}.route_localnet", l.name), "1")?;
+                podnet_kernel::netns::write_sysctl(
+                    &format!("net.ipv4.conf.{}.route_localnet", l.name),
+                    "1",
+                )?;
             }
         }
     }
@@ -266,7 +291,10 @@ pub struct Portmap;
 
 fn load(args: &CmdArgs) -> Result<(Conf, String), CniError> {
     let c: Conf = types::parse_conf(&args.stdin)?;
-    let dir = c.state_dir.clone().unwrap_or_else(|| DEFAULT_STATE_DIR.to_string());
+    let dir = c
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| DEFAULT_STATE_DIR.to_string());
     Ok((c, dir))
 }
 
@@ -280,7 +308,9 @@ impl Plugin for Portmap {
         let prev = c
             .prev_result
             .as_ref()
-            .ok_or_else(|| CniError::config("portmap: must be called as a chained plugin (prevResult missing)"))
+            .ok_or_else(|| {
+                CniError::config("portmap: must be called as a chained plugin (prevResult missing)")
+            })
             .and_then(CniResult::from_value)?;
         let maps = parse_mappings(&c.runtime_config)?;
         if maps.is_empty() {
@@ -288,14 +318,19 @@ impl Plugin for Portmap {
         }
         let ips = pod_ips(&prev);
         if ips.is_empty() {
-            return Err(CniError::config("portmap: prevResult has no pod IP addresses"));
+            return Err(CniError::config(
+                "portmap: prevResult has no pod IP addresses",
+            ));
         }
         let snat = c.snat.unwrap_or(true);
         let els = plan(&maps, &ips, snat);
         let path = state_path(&dir, &args.container_id, &args.ifname);
         std::fs::create_dir_all(&dir)
             .and_then(|_| std::fs::write(&path, serde_json::to_vec(&els).expect("json")))
-            .map_err(|e| CniError::new(Code::Io, format!("portmap: writing {}", path.display())).with_details(e.to_string()))?;
+            .map_err(|e| {
+                CniError::new(Code::Io, format!("portmap: writing {}", path.display()))
+                    .with_details(e.to_string())
+            })?;
         if let Err(e) = add_elements(&els) {
             let _ = std::fs::remove_file(&path);
             let msg = e.to_string();
@@ -326,9 +361,14 @@ impl Plugin for Portmap {
                 // No record (never added, or removed already): fall back to
                 // what the runtime tells us, if anything.
                 let maps = parse_mappings(&c.runtime_config)?;
-                let prev = c.prev_result.as_ref().and_then(|v| CniResult::from_value(v).ok());
+                let prev = c
+                    .prev_result
+                    .as_ref()
+                    .and_then(|v| CniResult::from_value(v).ok());
                 match prev {
-                    Some(p) if !maps.is_empty() => plan(&maps, &pod_ips(&p), c.snat.unwrap_or(true)),
+                    Some(p) if !maps.is_empty() => {
+                        plan(&maps, &pod_ips(&p), c.snat.unwrap_or(true))
+                    }
                     _ => Vec::new(),
                 }
             }
@@ -347,8 +387,17 @@ impl Plugin for Portmap {
             .and_then(CniResult::from_value)?;
         let maps = parse_mappings(&c.runtime_config)?;
         for e in plan(&maps, &pod_ips(&prev), c.snat.unwrap_or(true)) {
-            let out = podnet_nft::query(&["get", "element", "inet", TABLE, &e.set, &format!("{{ {} }}", e.key)])
-                .map_err(|_| CniError::internal(format!("portmap: mapping {} missing from {}", e.key, e.set)))?;
+            let out = podnet_nft::query(&[
+                "get",
+                "element",
+                "inet",
+                TABLE,
+                &e.set,
+                &format!("{{ {} }}", e.key),
+            ])
+            .map_err(|_| {
+                CniError::internal(format!("portmap: mapping {} missing from {}", e.key, e.set))
+            })?;
             if let Some(v) = &e.value {
                 if !out.contains(v.as_str()) {
                     return Err(CniError::internal(format!(
@@ -369,7 +418,9 @@ impl Plugin for Portmap {
             .into_iter()
             .map(|a| format!("{}-{}.json", a.container_id, a.ifname))
             .collect();
-        let Ok(rd) = std::fs::read_dir(&dir) else { return Ok(()) };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
             if !name.ends_with(".json") || valid.contains(&name) {
@@ -396,24 +447,51 @@ mod tests {
             {"hostPort": 5353, "containerPort": 53, "protocol": "udp", "hostIP": "127.0.0.1"}
         ]}));
         let m = parse_mappings(&rc).unwrap();
-        assert_eq!(m[0], PortMapping { host_port: 8080, container_port: 80, protocol: "tcp".into(), host_ip: None });
+        assert_eq!(
+            m[0],
+            PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None
+            }
+        );
         assert_eq!(m[1].host_ip.unwrap().to_string(), "127.0.0.1");
     }
 
     #[test]
     fn bad_mappings_are_named() {
         let rc = Some(json!({"portMappings": [{"hostPort": 0, "containerPort": 80}]}));
-        assert!(parse_mappings(&rc).unwrap_err().msg.contains("hostPort 0 out of range"));
-        let rc = Some(json!({"portMappings": [{"hostPort": 1, "containerPort": 80, "protocol": "icmp"}]}));
-        assert!(parse_mappings(&rc).unwrap_err().msg.contains("unknown protocol"));
+        assert!(parse_mappings(&rc)
+            .unwrap_err()
+            .msg
+            .contains("hostPort 0 out of range"));
+        let rc = Some(
+            json!({"portMappings": [{"hostPort": 1, "containerPort": 80, "protocol": "icmp"}]}),
+        );
+        assert!(parse_mappings(&rc)
+            .unwrap_err()
+            .msg
+            .contains("unknown protocol"));
     }
 
     #[test]
     fn plan_covers_families_and_snat() {
-        let maps = vec![PortMapping { host_port: 8080, container_port: 80, protocol: "tcp".into(), host_ip: None }];
-        let ips: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00::5/64".parse().unwrap()];
+        let maps = vec![PortMapping {
+            host_port: 8080,
+            container_port: 80,
+            protocol: "tcp".into(),
+            host_ip: None,
+        }];
+        let ips: Vec<IpNet> = vec![
+            "10.1.0.5/24".parse().unwrap(),
+            "fd00::5/64".parse().unwrap(),
+        ];
         let els = plan(&maps, &ips, true);
-        let keys: Vec<String> = els.iter().map(|e| format!("{} {}", e.set, e.full())).collect();
+        let keys: Vec<String> = els
+            .iter()
+            .map(|e| format!("{} {}", e.set, e.full()))
+            .collect();
         assert_eq!(
             keys,
             vec![
@@ -426,7 +504,10 @@ mod tests {
             ]
         );
         assert_eq!(plan(&maps, &ips, false).len(), 2);
-        let v4only = vec![PortMapping { host_ip: Some("192.0.2.1".parse().unwrap()), ..maps[0].clone() }];
+        let v4only = vec![PortMapping {
+            host_ip: Some("192.0.2.1".parse().unwrap()),
+            ..maps[0].clone()
+        }];
         let els = plan(&v4only, &ips, false);
         assert_eq!(els.len(), 1);
         assert_eq!(els[0].key, "192.0.2.1 . tcp . 8080");
