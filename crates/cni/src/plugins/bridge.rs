@@ -611,3 +611,47 @@ impl Plugin for Bridge {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_implications() {
+        let c = BridgeConf::parse(
+            br#"{"cniVersion":"1.0.0","name":"n","type":"bridge","isDefaultGateway":true}"#,
+        )
+        .unwrap();
+        assert_eq!(c.bridge, "cni0");
+        assert!(c.is_gateway, "isDefaultGateway implies isGateway");
+        assert!(!c.ip_masq && !c.hairpin_mode && !c.promisc_mode);
+        assert_eq!(c.ipam_type(), None);
+    }
+
+    #[test]
+    fn conflicting_and_unsupported_keys() {
+        let e = BridgeConf::parse(br#"{"hairpinMode":true,"promiscMode":true}"#).unwrap_err();
+        assert_eq!(e.code, 7);
+        let e = BridgeConf::parse(br#"{"vlan":100}"#).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert!(e.msg.contains("unsupported"));
+        let e = BridgeConf::parse(br#"{"bridge":"a-name-that-is-far-too-long"}"#).unwrap_err();
+        assert!(e.msg.contains("invalid bridge name"));
+    }
+
+    #[test]
+    fn veth_names_and_gateways() {
+        let n = random_veth_name();
+        assert!(n.starts_with("veth") && n.len() == 12);
+        assert_ne!(n, random_veth_name());
+        assert_eq!(
+            calc_gateway(&"10.1.2.7/24".parse().unwrap()).to_string(),
+            "10.1.2.1"
+        );
+        assert_eq!(
+            parse_mac("0a:58:0a:f4:01:02"),
+            Some([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x02])
+        );
+        assert_eq!(parse_mac("zz"), None);
+    }
+}
