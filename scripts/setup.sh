@@ -8,7 +8,7 @@ PKGS=(
   iproute2 nftables iptables conntrack      # kernel tooling the tests inspect with
   containernetworking-plugins                # reference CNI plugins (differential tests, bench)
   podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
-  protobuf-compiler etcd-server              # etcd-client build, etcd store tests
+  protobuf-compiler libprotobuf-dev etcd-server  # etcd-client build (protoc + well-known protos), etcd tests
   dnsutils iperf3                            # DNS and data-plane checks, benchmarks
 )
 

@@ -1,0 +1,194 @@
+//! podnet's cluster network configuration: a cluster-scoped object with
+//! flannel's net-conf.json fields (`Network`, `SubnetLen`, `SubnetMin`,
+//! `SubnetMax`, `Backend`), so a flannel configuration pastes in as the spec.
+
+use ipnet::{IpNet, Ipv4Net};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+pub const API_VERSION: &str = "podnet.io/v1";
+pub const DEFAULT_NETWORK: &str = "10.244.0.0/16";
+pub const DEFAULT_SUBNET_LEN: u8 = 24;
+pub const DEFAULT_SERVICE_CIDR: &str = "10.96.0.0/12";
+pub const DEFAULT_NODE_PORT_RANGE: (u16, u16) = (30000, 32767);
+pub const DEFAULT_ZONE: &str = "cluster.local";
+pub const DEFAULT_DNS_IP: &str = "10.96.0.10";
+/// The name of the one NetworkConfig object the agents read.
+pub const DEFAULT_NAME: &str = "default";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct NetworkConfig {
+    #[serde(rename = "apiVersion", default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NetworkSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct NetworkSpec {
+    #[serde(rename = "Network", default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(rename = "SubnetLen", default, skip_serializing_if = "Option::is_none")]
+    pub subnet_len: Option<u8>,
+    #[serde(rename = "SubnetMin", default, skip_serializing_if = "Option::is_none")]
+    pub subnet_min: Option<String>,
+    #[serde(rename = "SubnetMax", default, skip_serializing_if = "Option::is_none")]
+    pub subnet_max: Option<String>,
+    #[serde(rename = "Backend", default)]
+    pub backend: Backend,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Backend {
+    #[serde(rename = "Type", default, skip_serializing_if = "Option::is_none")]
+    pub backend_type: Option<String>,
+    #[serde(rename = "VNI", default, skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
+    #[serde(rename = "Port", default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(rename = "DirectRouting", default, skip_serializing_if = "Option::is_none")]
+    pub direct_routing: Option<bool>,
+}
+
+/// The backends a node can use to reach other nodes' pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendType {
+    Vxlan,
+    HostGw,
+    Udp,
+}
+
+impl BackendType {
+    pub fn parse(s: &str) -> Option<BackendType> {
+        match s.to_ascii_lowercase().as_str() {
+            "vxlan" => Some(BackendType::Vxlan),
+            "host-gw" | "hostgw" => Some(BackendType::HostGw),
+            "udp" => Some(BackendType::Udp),
+            _ => None,
+        }
+    }
+}
+
+/// The configuration with every default applied and every field parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub network: Ipv4Net,
+    pub subnet_len: u8,
+    pub subnet_min: Ipv4Net,
+    pub subnet_max: Ipv4Net,
+    pub backend: BackendType,
+    pub vni: u32,
+    pub port: u16,
+    pub direct_routing: bool,
+}
+
+impl NetworkConfig {
+    /// Applies defaults (flannel's) and checks every field; errors name it.
+    pub fn resolve(&self) -> Result<Resolved, (String, String)> {
+        let s = &self.spec;
+        let net_s = s.network.clone().unwrap_or_else(|| DEFAULT_NETWORK.to_string());
+        let network: IpNet = net_s
+            .parse()
+            .map_err(|_| ("spec.Network".to_string(), format!("{net_s:?} is not a CIDR")))?;
+        let IpNet::V4(network) = network.trunc() else {
+            return Err(("spec.Network".into(), "only IPv4 cluster networks are supported".into()));
+        };
+        let subnet_len = s.subnet_len.unwrap_or(if network.prefix_len() < 24 { DEFAULT_SUBNET_LEN } else { network.prefix_len() + 4 });
+        if subnet_len <= network.prefix_len() || subnet_len > 30 {
+            return Err((
+                "spec.SubnetLen".into(),
+                format!("{subnet_len} must be longer than the network's /{} and at most 30", network.prefix_len()),
+            ));
+        }
+        let all: Vec<Ipv4Net> = network.subnets(subnet_len).map(|i| i.collect()).unwrap_or_default();
+        let parse_sub = |field: &str, v: &Option<String>, dflt: Ipv4Net| -> Result<Ipv4Net, (String, String)> {
+            match v {
+                None => Ok(dflt),
+                Some(t) => {
+                    let ip: std::net::Ipv4Addr = t
+                        .split('/')
+                        .next()
+                        .unwrap_or_default()
+                        .parse()
+                        .map_err(|_| (field.to_string(), format!("{t:?} is not an IPv4 address")))?;
+                    let n = Ipv4Net::new(ip, subnet_len).expect("valid prefix").trunc();
+                    if !network.contains(&n) {
+                        return Err((field.to_string(), format!("{t} is outside Network {network}")));
+                    }
+                    Ok(n)
+                }
+            }
+        };
+        // flannel skips the network's first subnet by default.
+        let first = *all.get(1).or(all.first()).expect("at least one subnet");
+        let last = *all.last().expect("at least one subnet");
+        let subnet_min = parse_sub("spec.SubnetMin", &s.subnet_min, first)?;
+        let subnet_max = parse_sub("spec.SubnetMax", &s.subnet_max, last)?;
+        if subnet_min.network() > subnet_max.network() {
+            return Err(("spec.SubnetMin".into(), format!("{subnet_min} is after SubnetMax {subnet_max}")));
+        }
+        let bt = s.backend.backend_type.clone().unwrap_or_else(|| "vxlan".into());
+        let backend = BackendType::parse(&bt)
+            .ok_or_else(|| ("spec.Backend.Type".to_string(), format!("unknown backend {bt:?} (vxlan, host-gw, udp)")))?;
+        let vni = s.backend.vni.unwrap_or(1);
+        if vni == 0 || vni > 0xff_ffff {
+            return Err(("spec.Backend.VNI".into(), format!("{vni} out of range 1-16777215")));
+        }
+        let port = s.backend.port.unwrap_or(match backend {
+            BackendType::Udp => 8285,
+            _ => 8472,
+        });
+        if port == 0 {
+            return Err(("spec.Backend.Port".into(), "0 is not a port".into()));
+        }
+        Ok(Resolved {
+            network,
+            subnet_len,
+            subnet_min,
+            subnet_max,
+            backend,
+            vni,
+            port,
+            direct_routing: s.backend.direct_routing.unwrap_or(false),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(spec: serde_json::Value) -> NetworkConfig {
+        serde_json::from_value(serde_json::json!({"apiVersion": API_VERSION, "kind": "NetworkConfig",
+            "metadata": {"name": "default"}, "spec": spec}))
+        .unwrap()
+    }
+
+    #[test]
+    fn flannel_defaults() {
+        let r = cfg(serde_json::json!({})).resolve().unwrap();
+        assert_eq!(r.network.to_string(), "10.244.0.0/16");
+        assert_eq!(r.subnet_len, 24);
+        assert_eq!(r.subnet_min.to_string(), "10.244.1.0/24");
+        assert_eq!(r.subnet_max.to_string(), "10.244.255.0/24");
+        assert_eq!((r.backend, r.vni, r.port), (BackendType::Vxlan, 1, 8472));
+        let r = cfg(serde_json::json!({"Backend": {"Type": "udp"}})).resolve().unwrap();
+        assert_eq!(r.port, 8285);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let e = cfg(serde_json::json!({"Network": "10.0.0.0/33"})).resolve().unwrap_err();
+        assert_eq!(e.0, "spec.Network");
+        let e = cfg(serde_json::json!({"SubnetLen": 8})).resolve().unwrap_err();
+        assert_eq!(e.0, "spec.SubnetLen");
+        let e = cfg(serde_json::json!({"Backend": {"Type": "gre"}})).resolve().unwrap_err();
+        assert_eq!(e.0, "spec.Backend.Type");
+        let e = cfg(serde_json::json!({"SubnetMin": "192.168.0.0"})).resolve().unwrap_err();
+        assert_eq!(e.0, "spec.SubnetMin");
+    }
+}
