@@ -154,3 +154,31 @@ fn demo_run(keep: bool) -> Result<()> {
     println!("demo torn down");
     Ok(())
 }
+
+/// Opens the store and wraps it for object access.
+pub async fn objects(url: &str) -> Result<podnet_store::Objects> {
+    let s = podnet_store::open(url)
+        .await
+        .with_context(|| format!("opening store {url}"))?;
+    Ok(podnet_store::Objects::new(s))
+}
+
+/// `podnet controller`: runs until SIGTERM, serving metrics and health.
+pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()> {
+    let objs = objects(url).await?;
+    let metrics = podnet_daemon::Metrics::new();
+    let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
+    let listener = podnet_daemon::bind(&addr.to_string())
+        .await
+        .with_context(|| format!("binding metrics address {addr}"))?;
+    tracing::info!(store = url, metrics = %listener.local_addr()?, "controller starting");
+    tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
+    podnet_controller::Controller::new(objs, metrics)
+        .run(
+            std::time::Duration::from_secs(resync.max(1)),
+            podnet_daemon::shutdown_signal(),
+        )
+        .await?;
+    tracing::info!("controller stopped");
+    Ok(())
+}

@@ -5,6 +5,7 @@
 //! one function per command.
 
 mod cmd;
+mod kubectl;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +16,9 @@ use clap::{Parser, Subcommand};
     about = "Kubernetes cluster networking: CNI plugins, node agent, service proxy, DNS"
 )]
 struct Cli {
+    /// Cluster state store: sqlite:///abs/path.db or etcd://host:port[,host:port].
+    #[arg(long, global = true, env = "PODNET_STORE", default_value = podnet_store::DEFAULT_URL)]
+    store: String,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -35,6 +39,48 @@ enum Cmd {
         #[arg(long)]
         down: bool,
     },
+    /// Create or update objects from YAML/JSON manifests (like kubectl apply).
+    Apply {
+        /// FILE, DIR (every .yaml/.yml/.json in it) or - for stdin; repeatable.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Show objects (like kubectl get).
+    Get {
+        /// Kind: ns, no, po, svc, ep (EndpointSlices), netpol, networkconfig, or full names.
+        kind: String,
+        /// One object's name.
+        name: Option<String>,
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Output: yaml, json, wide or name.
+        #[arg(short = 'o', long)]
+        output: Option<String>,
+        /// Label selector, e.g. app=web,tier!=db.
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+    },
+    /// Delete objects by manifest or by kind and name (like kubectl delete).
+    Delete {
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<std::path::PathBuf>,
+        kind: Option<String>,
+        names: Vec<String>,
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+    /// Allocate ClusterIPs/NodePorts and maintain EndpointSlices.
+    Controller {
+        /// Address for /metrics, /healthz and /readyz.
+        #[arg(long, default_value = "127.0.0.1:10257")]
+        metrics_addr: String,
+        /// Full resync period, in seconds.
+        #[arg(long, default_value_t = 60)]
+        resync: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -49,6 +95,14 @@ enum CniCmd {
         /// Plugin type: podnet, bridge, host-local, loopback, portmap or bandwidth.
         name: String,
     },
+}
+
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 fn init_logs(default: &str) {
@@ -76,7 +130,11 @@ fn main() {
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();
-    init_logs("info");
+    init_logs(if matches!(cli.command, Cmd::Controller { .. }) {
+        "info"
+    } else {
+        "warn"
+    });
     let res = match cli.command {
         Cmd::Cni {
             command: CniCmd::Install { dir },
@@ -91,6 +149,43 @@ fn main() {
             )),
         },
         Cmd::Demo { keep, down } => cmd::demo(keep, down),
+        Cmd::Apply { files } => block_on(async {
+            let objs = cmd::objects(&cli.store).await?;
+            kubectl::apply(&objs, &files).await
+        }),
+        Cmd::Get {
+            kind,
+            name,
+            namespace,
+            all_namespaces,
+            output,
+            selector,
+        } => block_on(async {
+            let objs = cmd::objects(&cli.store).await?;
+            kubectl::get(
+                &objs,
+                &kind,
+                name,
+                namespace,
+                all_namespaces,
+                output,
+                selector,
+            )
+            .await
+        }),
+        Cmd::Delete {
+            files,
+            kind,
+            names,
+            namespace,
+        } => block_on(async {
+            let objs = cmd::objects(&cli.store).await?;
+            kubectl::delete(&objs, &files, kind, names, namespace).await
+        }),
+        Cmd::Controller {
+            metrics_addr,
+            resync,
+        } => block_on(cmd::controller(&cli.store, &metrics_addr, resync)),
     };
     if let Err(e) = res {
         eprintln!("podnet: {e:#}");

@@ -20,7 +20,10 @@ pub struct Doc {
 
 fn label_of(v: &Value) -> String {
     let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("?");
-    let name = v.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or("?");
+    let name = v
+        .pointer("/metadata/name")
+        .and_then(|k| k.as_str())
+        .unwrap_or("?");
     match v.pointer("/metadata/namespace").and_then(|k| k.as_str()) {
         Some(ns) => format!("{kind} {ns}/{name}"),
         None => format!("{kind} {name}"),
@@ -59,14 +62,20 @@ pub fn parse(text: &str) -> Vec<Doc> {
     for v in values {
         let items = match v {
             Ok(Value::Array(a)) => a.into_iter().map(Ok).collect(),
-            Ok(v) if v.get("kind").and_then(|k| k.as_str()).map(|k| k.ends_with("List")).unwrap_or(false) => v
-                .get("items")
-                .and_then(|i| i.as_array())
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(Ok)
-                .collect(),
+            Ok(v)
+                if v.get("kind")
+                    .and_then(|k| k.as_str())
+                    .map(|k| k.ends_with("List"))
+                    .unwrap_or(false) =>
+            {
+                v.get("items")
+                    .and_then(|i| i.as_array())
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(Ok)
+                    .collect()
+            }
             other => vec![other],
         };
         for item in items {
@@ -111,11 +120,18 @@ mod tests {
 
     #[test]
     fn json_and_lists() {
-        let docs = parse(r#"{"kind": "List", "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}},
-                                                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "b"}}]}"#);
+        let docs = parse(
+            r#"{"kind": "List", "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}},
+                                                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "b"}}]}"#,
+        );
         assert_eq!(docs.len(), 2);
         assert_eq!(docs[1].result.as_ref().unwrap().name(), "b");
         let docs = parse("key: [unclosed");
-        assert!(docs[0].result.as_ref().unwrap_err().to_string().contains("invalid YAML"));
+        assert!(docs[0]
+            .result
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("invalid YAML"));
     }
 }

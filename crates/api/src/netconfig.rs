@@ -40,6 +40,32 @@ pub struct NetworkSpec {
     pub subnet_max: Option<String>,
     #[serde(rename = "Backend", default)]
     pub backend: Backend,
+    /// podnet extensions: cluster-wide settings the controller, the CLI's
+    /// validation, the proxy and DNS share (Kubernetes defaults).
+    #[serde(
+        rename = "ServiceCIDR",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub service_cidr: Option<String>,
+    #[serde(
+        rename = "NodePortRange",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub node_port_range: Option<String>,
+    #[serde(
+        rename = "ClusterDomain",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cluster_domain: Option<String>,
+    #[serde(
+        rename = "DNSServiceIP",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dns_service_ip: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -50,7 +76,11 @@ pub struct Backend {
     pub vni: Option<u32>,
     #[serde(rename = "Port", default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    #[serde(rename = "DirectRouting", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "DirectRouting",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub direct_routing: Option<bool>,
 }
 
@@ -76,6 +106,10 @@ impl BackendType {
 /// The configuration with every default applied and every field parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
+    pub service_cidr: IpNet,
+    pub node_port_range: (u16, u16),
+    pub cluster_domain: String,
+    pub dns_service_ip: std::net::IpAddr,
     pub network: Ipv4Net,
     pub subnet_len: u8,
     pub subnet_min: Ipv4Net,
@@ -90,53 +124,92 @@ impl NetworkConfig {
     /// Applies defaults (flannel's) and checks every field; errors name it.
     pub fn resolve(&self) -> Result<Resolved, (String, String)> {
         let s = &self.spec;
-        let net_s = s.network.clone().unwrap_or_else(|| DEFAULT_NETWORK.to_string());
-        let network: IpNet = net_s
-            .parse()
-            .map_err(|_| ("spec.Network".to_string(), format!("{net_s:?} is not a CIDR")))?;
+        let net_s = s
+            .network
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NETWORK.to_string());
+        let network: IpNet = net_s.parse().map_err(|_| {
+            (
+                "spec.Network".to_string(),
+                format!("{net_s:?} is not a CIDR"),
+            )
+        })?;
         let IpNet::V4(network) = network.trunc() else {
-            return Err(("spec.Network".into(), "only IPv4 cluster networks are supported".into()));
+            return Err((
+                "spec.Network".into(),
+                "only IPv4 cluster networks are supported".into(),
+            ));
         };
-        let subnet_len = s.subnet_len.unwrap_or(if network.prefix_len() < 24 { DEFAULT_SUBNET_LEN } else { network.prefix_len() + 4 });
+        let subnet_len = s.subnet_len.unwrap_or(if network.prefix_len() < 24 {
+            DEFAULT_SUBNET_LEN
+        } else {
+            network.prefix_len() + 4
+        });
         if subnet_len <= network.prefix_len() || subnet_len > 30 {
             return Err((
                 "spec.SubnetLen".into(),
-                format!("{subnet_len} must be longer than the network's /{} and at most 30", network.prefix_len()),
+                format!(
+                    "{subnet_len} must be longer than the network's /{} and at most 30",
+                    network.prefix_len()
+                ),
             ));
         }
-        let all: Vec<Ipv4Net> = network.subnets(subnet_len).map(|i| i.collect()).unwrap_or_default();
-        let parse_sub = |field: &str, v: &Option<String>, dflt: Ipv4Net| -> Result<Ipv4Net, (String, String)> {
-            match v {
-                None => Ok(dflt),
-                Some(t) => {
-                    let ip: std::net::Ipv4Addr = t
-                        .split('/')
-                        .next()
-                        .unwrap_or_default()
-                        .parse()
-                        .map_err(|_| (field.to_string(), format!("{t:?} is not an IPv4 address")))?;
-                    let n = Ipv4Net::new(ip, subnet_len).expect("valid prefix").trunc();
-                    if !network.contains(&n) {
-                        return Err((field.to_string(), format!("{t} is outside Network {network}")));
+        let all: Vec<Ipv4Net> = network
+            .subnets(subnet_len)
+            .map(|i| i.collect())
+            .unwrap_or_default();
+        let parse_sub =
+            |field: &str, v: &Option<String>, dflt: Ipv4Net| -> Result<Ipv4Net, (String, String)> {
+                match v {
+                    None => Ok(dflt),
+                    Some(t) => {
+                        let ip: std::net::Ipv4Addr = t
+                            .split('/')
+                            .next()
+                            .unwrap_or_default()
+                            .parse()
+                            .map_err(|_| {
+                                (field.to_string(), format!("{t:?} is not an IPv4 address"))
+                            })?;
+                        let n = Ipv4Net::new(ip, subnet_len).expect("valid prefix").trunc();
+                        if !network.contains(&n) {
+                            return Err((
+                                field.to_string(),
+                                format!("{t} is outside Network {network}"),
+                            ));
+                        }
+                        Ok(n)
                     }
-                    Ok(n)
                 }
-            }
-        };
+            };
         // flannel skips the network's first subnet by default.
         let first = *all.get(1).or(all.first()).expect("at least one subnet");
         let last = *all.last().expect("at least one subnet");
         let subnet_min = parse_sub("spec.SubnetMin", &s.subnet_min, first)?;
         let subnet_max = parse_sub("spec.SubnetMax", &s.subnet_max, last)?;
         if subnet_min.network() > subnet_max.network() {
-            return Err(("spec.SubnetMin".into(), format!("{subnet_min} is after SubnetMax {subnet_max}")));
+            return Err((
+                "spec.SubnetMin".into(),
+                format!("{subnet_min} is after SubnetMax {subnet_max}"),
+            ));
         }
-        let bt = s.backend.backend_type.clone().unwrap_or_else(|| "vxlan".into());
-        let backend = BackendType::parse(&bt)
-            .ok_or_else(|| ("spec.Backend.Type".to_string(), format!("unknown backend {bt:?} (vxlan, host-gw, udp)")))?;
+        let bt = s
+            .backend
+            .backend_type
+            .clone()
+            .unwrap_or_else(|| "vxlan".into());
+        let backend = BackendType::parse(&bt).ok_or_else(|| {
+            (
+                "spec.Backend.Type".to_string(),
+                format!("unknown backend {bt:?} (vxlan, host-gw, udp)"),
+            )
+        })?;
         let vni = s.backend.vni.unwrap_or(1);
         if vni == 0 || vni > 0xff_ffff {
-            return Err(("spec.Backend.VNI".into(), format!("{vni} out of range 1-16777215")));
+            return Err((
+                "spec.Backend.VNI".into(),
+                format!("{vni} out of range 1-16777215"),
+            ));
         }
         let port = s.backend.port.unwrap_or(match backend {
             BackendType::Udp => 8285,
@@ -145,7 +218,60 @@ impl NetworkConfig {
         if port == 0 {
             return Err(("spec.Backend.Port".into(), "0 is not a port".into()));
         }
+        let sc = s
+            .service_cidr
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.to_string());
+        let service_cidr: IpNet = sc.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+            (
+                "spec.ServiceCIDR".to_string(),
+                format!("{sc:?} is not a CIDR"),
+            )
+        })?;
+        let node_port_range = match &s.node_port_range {
+            None => DEFAULT_NODE_PORT_RANGE,
+            Some(r) => {
+                let bad = || {
+                    (
+                        "spec.NodePortRange".to_string(),
+                        format!("{r:?} is not a range like 30000-32767"),
+                    )
+                };
+                let (a, b) = r.split_once('-').ok_or_else(bad)?;
+                let (a, b): (u16, u16) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
+                if a == 0 || a > b {
+                    return Err(bad());
+                }
+                (a, b)
+            }
+        };
+        let dns_s = s
+            .dns_service_ip
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DNS_IP.to_string());
+        let dns_service_ip: std::net::IpAddr = dns_s.parse().map_err(|_| {
+            (
+                "spec.DNSServiceIP".to_string(),
+                format!("{dns_s:?} is not an IP address"),
+            )
+        })?;
+        if !service_cidr.contains(&dns_service_ip) {
+            return Err((
+                "spec.DNSServiceIP".into(),
+                format!("{dns_service_ip} is outside ServiceCIDR {service_cidr}"),
+            ));
+        }
         Ok(Resolved {
+            service_cidr,
+            node_port_range,
+            cluster_domain: s
+                .cluster_domain
+                .clone()
+                .unwrap_or_else(|| DEFAULT_ZONE.to_string()),
+            dns_service_ip,
             network,
             subnet_len,
             subnet_min,
@@ -163,8 +289,10 @@ mod tests {
     use super::*;
 
     fn cfg(spec: serde_json::Value) -> NetworkConfig {
-        serde_json::from_value(serde_json::json!({"apiVersion": API_VERSION, "kind": "NetworkConfig",
-            "metadata": {"name": "default"}, "spec": spec}))
+        serde_json::from_value(
+            serde_json::json!({"apiVersion": API_VERSION, "kind": "NetworkConfig",
+            "metadata": {"name": "default"}, "spec": spec}),
+        )
         .unwrap()
     }
 
@@ -176,19 +304,29 @@ mod tests {
         assert_eq!(r.subnet_min.to_string(), "10.244.1.0/24");
         assert_eq!(r.subnet_max.to_string(), "10.244.255.0/24");
         assert_eq!((r.backend, r.vni, r.port), (BackendType::Vxlan, 1, 8472));
-        let r = cfg(serde_json::json!({"Backend": {"Type": "udp"}})).resolve().unwrap();
+        let r = cfg(serde_json::json!({"Backend": {"Type": "udp"}}))
+            .resolve()
+            .unwrap();
         assert_eq!(r.port, 8285);
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let e = cfg(serde_json::json!({"Network": "10.0.0.0/33"})).resolve().unwrap_err();
+        let e = cfg(serde_json::json!({"Network": "10.0.0.0/33"}))
+            .resolve()
+            .unwrap_err();
         assert_eq!(e.0, "spec.Network");
-        let e = cfg(serde_json::json!({"SubnetLen": 8})).resolve().unwrap_err();
+        let e = cfg(serde_json::json!({"SubnetLen": 8}))
+            .resolve()
+            .unwrap_err();
         assert_eq!(e.0, "spec.SubnetLen");
-        let e = cfg(serde_json::json!({"Backend": {"Type": "gre"}})).resolve().unwrap_err();
+        let e = cfg(serde_json::json!({"Backend": {"Type": "gre"}}))
+            .resolve()
+            .unwrap_err();
         assert_eq!(e.0, "spec.Backend.Type");
-        let e = cfg(serde_json::json!({"SubnetMin": "192.168.0.0"})).resolve().unwrap_err();
+        let e = cfg(serde_json::json!({"SubnetMin": "192.168.0.0"}))
+            .resolve()
+            .unwrap_err();
         assert_eq!(e.0, "spec.SubnetMin");
     }
 }

@@ -102,7 +102,11 @@ impl Kind {
     }
 
     pub fn key(self, ns: Option<&str>, name: &str) -> String {
-        let ns = if self.namespaced() { Some(ns.unwrap_or("default")) } else { None };
+        let ns = if self.namespaced() {
+            Some(ns.unwrap_or("default"))
+        } else {
+            None
+        };
         format!("{}{}", self.prefix(ns), name)
     }
 }
@@ -186,7 +190,10 @@ impl Object {
     }
 
     pub fn resource_version(&self) -> Option<i64> {
-        self.meta().resource_version.as_deref().and_then(|s| s.parse().ok())
+        self.meta()
+            .resource_version
+            .as_deref()
+            .and_then(|s| s.parse().ok())
     }
 
     /// Decodes any supported object from JSON, dispatching on `kind`.
@@ -207,12 +214,17 @@ impl Object {
             if av != kind.api_version() {
                 return Err(ApiError::Invalid {
                     field: "apiVersion".into(),
-                    msg: format!("{av:?} is not served for kind {kind} (want {:?})", kind.api_version()),
+                    msg: format!(
+                        "{av:?} is not served for kind {kind} (want {:?})",
+                        kind.api_version()
+                    ),
                 });
             }
         }
         fn de<T: serde::de::DeserializeOwned>(v: Value) -> Result<Box<T>, ApiError> {
-            serde_json::from_value(v).map(Box::new).map_err(|e| ApiError::Decode(e.to_string()))
+            serde_json::from_value(v)
+                .map(Box::new)
+                .map_err(|e| ApiError::Decode(e.to_string()))
         }
         Ok(match kind {
             Kind::Namespace => Object::Namespace(de(v)?),
@@ -260,7 +272,10 @@ mod tests {
 
     #[test]
     fn keys_follow_the_registry_layout() {
-        assert_eq!(Kind::Service.key(Some("kube-system"), "dns"), "/registry/services/kube-system/dns");
+        assert_eq!(
+            Kind::Service.key(Some("kube-system"), "dns"),
+            "/registry/services/kube-system/dns"
+        );
         assert_eq!(Kind::Node.key(Some("x"), "n1"), "/registry/nodes/n1");
         assert_eq!(Kind::Pod.key(None, "p"), "/registry/pods/default/p");
     }
@@ -274,7 +289,10 @@ mod tests {
         let back = o.to_value();
         assert_eq!(back["kind"], "Service");
         assert_eq!(back["spec"]["ports"][0]["port"], 80);
-        let e = Object::from_value(json!({"apiVersion": "v2", "kind": "Service", "metadata": {"name": "x"}})).unwrap_err();
+        let e = Object::from_value(
+            json!({"apiVersion": "v2", "kind": "Service", "metadata": {"name": "x"}}),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("apiVersion"));
     }
 }

@@ -9,7 +9,11 @@ use crate::ApiError;
 
 /// Whether `labels` satisfy `sel`. An empty selector matches everything.
 pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let ml = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let ml = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
     ml && sel.match_expressions.iter().flatten().all(|r| {
         let have = labels.get(&r.key);
         let vals = r.values.as_deref().unwrap_or_default();
@@ -24,7 +28,10 @@ pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// A Service-style selector (a plain map); `None` or empty selects nothing.
-pub fn matches_map(sel: &Option<BTreeMap<String, String>>, labels: &BTreeMap<String, String>) -> bool {
+pub fn matches_map(
+    sel: &Option<BTreeMap<String, String>>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     match sel {
         Some(s) if !s.is_empty() => s.iter().all(|(k, v)| labels.get(k) == Some(v)),
         _ => false,
@@ -35,7 +42,11 @@ fn req(key: &str, op: &str, values: Vec<String>) -> LabelSelectorRequirement {
     LabelSelectorRequirement {
         key: key.trim().to_string(),
         operator: op.to_string(),
-        values: if values.is_empty() { None } else { Some(values) },
+        values: if values.is_empty() {
+            None
+        } else {
+            Some(values)
+        },
     }
 }
 
@@ -65,8 +76,15 @@ pub fn parse(s: &str) -> Result<LabelSelector, ApiError> {
     for p in parts.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
         let list = |rest: &str| -> Result<Vec<String>, ApiError> {
             let r = rest.trim();
-            let inner = r.strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(bad)?;
-            Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+            let inner = r
+                .strip_prefix('(')
+                .and_then(|r| r.strip_suffix(')'))
+                .ok_or_else(bad)?;
+            Ok(inner
+                .split(',')
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .collect())
         };
         if let Some((k, v)) = p.split_once("!=") {
             exprs.push(req(k, "NotIn", vec![v.trim().to_string()]));
@@ -78,7 +96,10 @@ pub fn parse(s: &str) -> Result<LabelSelector, ApiError> {
             exprs.push(req(k, "In", list(rest)?));
         } else if let Some(k) = p.strip_prefix('!') {
             exprs.push(req(k, "DoesNotExist", vec![]));
-        } else if p.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+        } else if p
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        {
             exprs.push(req(p, "Exists", vec![]));
         } else {
             return Err(bad());
@@ -95,15 +116,32 @@ mod tests {
     use super::*;
 
     fn l(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn kubectl_syntax() {
         let s = parse("app=web,tier!=db,env in (prod, staging),!legacy,team").unwrap();
-        assert!(matches(&s, &l(&[("app", "web"), ("env", "prod"), ("team", "x")])));
-        assert!(!matches(&s, &l(&[("app", "web"), ("env", "dev"), ("team", "x")])));
-        assert!(!matches(&s, &l(&[("app", "web"), ("env", "prod"), ("team", "x"), ("legacy", "1")])));
+        assert!(matches(
+            &s,
+            &l(&[("app", "web"), ("env", "prod"), ("team", "x")])
+        ));
+        assert!(!matches(
+            &s,
+            &l(&[("app", "web"), ("env", "dev"), ("team", "x")])
+        ));
+        assert!(!matches(
+            &s,
+            &l(&[
+                ("app", "web"),
+                ("env", "prod"),
+                ("team", "x"),
+                ("legacy", "1")
+            ])
+        ));
         assert!(!matches(&s, &l(&[("app", "web"), ("env", "prod")])));
         assert!(parse("a in b").is_err());
     }
@@ -113,6 +151,9 @@ mod tests {
         assert!(matches(&LabelSelector::default(), &l(&[])));
         assert!(!matches_map(&None, &l(&[("a", "b")])));
         assert!(!matches_map(&Some(BTreeMap::new()), &l(&[("a", "b")])));
-        assert!(matches_map(&Some(l(&[("a", "b")])), &l(&[("a", "b"), ("c", "d")])));
+        assert!(matches_map(
+            &Some(l(&[("a", "b")])),
+            &l(&[("a", "b"), ("c", "d")])
+        ));
     }
 }

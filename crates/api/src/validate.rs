@@ -22,10 +22,25 @@ pub struct Context {
     pub node_port_range: (u16, u16),
 }
 
+impl Context {
+    /// The context a cluster's NetworkConfig implies (defaults without one).
+    pub fn from_config(c: Option<&netconfig::NetworkConfig>) -> Context {
+        match c.and_then(|c| c.resolve().ok()) {
+            Some(r) => Context {
+                service_cidr: r.service_cidr,
+                node_port_range: r.node_port_range,
+            },
+            None => Context::default(),
+        }
+    }
+}
+
 impl Default for Context {
     fn default() -> Self {
         Context {
-            service_cidr: netconfig::DEFAULT_SERVICE_CIDR.parse().expect("default CIDR"),
+            service_cidr: netconfig::DEFAULT_SERVICE_CIDR
+                .parse()
+                .expect("default CIDR"),
             node_port_range: netconfig::DEFAULT_NODE_PORT_RANGE,
         }
     }
@@ -46,7 +61,8 @@ impl Errs {
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -63,7 +79,8 @@ fn is_dns1035_label(s: &str) -> bool {
 pub fn is_port_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 15
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && s.bytes().any(|b| b.is_ascii_lowercase())
         && !s.starts_with('-')
         && !s.ends_with('-')
@@ -77,7 +94,9 @@ fn label_key_ok(k: &str) -> bool {
     };
     let name_ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
     name_ok && prefix.map(is_dns1123_subdomain).unwrap_or(true)
@@ -86,7 +105,8 @@ fn label_key_ok(k: &str) -> bool {
 fn label_value_ok(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
             && v.as_bytes()[0].is_ascii_alphanumeric()
             && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric())
 }
@@ -112,10 +132,18 @@ pub fn selector(e: &mut Vec<FieldError>, path: &str, s: &LabelSelector) {
         }
         let n = r.values.as_ref().map(|v| v.len()).unwrap_or(0);
         match r.operator.as_str() {
-            "In" | "NotIn" if n == 0 => errs.add(format!("{p}.values"), "must be non-empty for In and NotIn"),
-            "Exists" | "DoesNotExist" if n > 0 => errs.add(format!("{p}.values"), "must be empty for Exists and DoesNotExist"),
+            "In" | "NotIn" if n == 0 => {
+                errs.add(format!("{p}.values"), "must be non-empty for In and NotIn")
+            }
+            "Exists" | "DoesNotExist" if n > 0 => errs.add(
+                format!("{p}.values"),
+                "must be empty for Exists and DoesNotExist",
+            ),
             "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            o => errs.add(format!("{p}.operator"), format!("{o:?} is not a valid selector operator")),
+            o => errs.add(
+                format!("{p}.operator"),
+                format!("{o:?} is not a valid selector operator"),
+            ),
         }
         for v in r.values.iter().flatten() {
             if !label_value_ok(v) {
@@ -147,7 +175,10 @@ fn int_or_name(e: &mut Errs, path: &str, p: &IntOrString) {
             if let Ok(n) = s.parse::<i32>() {
                 port_num(e, path, n)
             } else if !is_port_name(s) {
-                e.add(path, format!("{s:?} is neither a port number nor a valid port name"));
+                e.add(
+                    path,
+                    format!("{s:?} is neither a port number nor a valid port name"),
+                );
             }
         }
     }
@@ -189,7 +220,10 @@ pub fn validate(o: &Object, ctx: &Context) -> Vec<FieldError> {
     }
     if let Some(ns) = o.namespace() {
         if !is_dns1123_label(ns) {
-            e.add("metadata.namespace", format!("{ns:?} is not a valid namespace name"));
+            e.add(
+                "metadata.namespace",
+                format!("{ns:?} is not a valid namespace name"),
+            );
         }
     }
     labels(&mut e, "metadata.labels", &o.meta().labels);
@@ -215,7 +249,10 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
         return;
     };
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if !matches!(ty, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
+    if !matches!(
+        ty,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
         e.add("spec.type", format!("unsupported type {ty:?}"));
         return;
     }
@@ -223,9 +260,10 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
     if ty == "ExternalName" {
         match spec.external_name.as_deref() {
             None | Some("") => e.add("spec.externalName", "required for type ExternalName"),
-            Some(n) if !is_dns1123_subdomain(n.trim_end_matches('.')) => {
-                e.add("spec.externalName", format!("{n:?} is not a valid DNS name"))
-            }
+            Some(n) if !is_dns1123_subdomain(n.trim_end_matches('.')) => e.add(
+                "spec.externalName",
+                format!("{n:?} is not a valid DNS name"),
+            ),
             _ => {}
         }
         if !cip.is_empty() {
@@ -236,12 +274,18 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
     }
     if cip == "None" {
         if matches!(ty, "NodePort" | "LoadBalancer") {
-            e.add("spec.clusterIP", format!("may not be None (headless) for type {ty}"));
+            e.add(
+                "spec.clusterIP",
+                format!("may not be None (headless) for type {ty}"),
+            );
         }
     } else if !cip.is_empty() {
         if let Some(a) = ip(e, "spec.clusterIP", cip) {
             if !ctx.service_cidr.contains(&a) {
-                e.add("spec.clusterIP", format!("{a} is not in the service CIDR {}", ctx.service_cidr));
+                e.add(
+                    "spec.clusterIP",
+                    format!("{a} is not in the service CIDR {}", ctx.service_cidr),
+                );
             }
         }
     }
@@ -263,29 +307,44 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
         match &p.name {
             Some(n) if !n.is_empty() => {
                 if !is_dns1123_label(n) {
-                    e.add(format!("{path}.name"), format!("{n:?} is not a valid port name"));
+                    e.add(
+                        format!("{path}.name"),
+                        format!("{n:?} is not a valid port name"),
+                    );
                 }
                 if !names.insert(n.clone()) {
                     e.add(format!("{path}.name"), format!("duplicate port name {n:?}"));
                 }
             }
-            _ if ports.len() > 1 => e.add(format!("{path}.name"), "required when there is more than one port"),
+            _ if ports.len() > 1 => e.add(
+                format!("{path}.name"),
+                "required when there is more than one port",
+            ),
             _ => {}
         }
         let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
         if !seen.insert((p.port, proto.clone())) {
-            e.add(format!("{path}.port"), format!("duplicate port {}/{proto}", p.port));
+            e.add(
+                format!("{path}.port"),
+                format!("duplicate port {}/{proto}", p.port),
+            );
         }
         if let Some(t) = &p.target_port {
             int_or_name(e, &format!("{path}.targetPort"), t);
         }
         if let Some(np) = p.node_port {
             if !matches!(ty, "NodePort" | "LoadBalancer") {
-                e.add(format!("{path}.nodePort"), format!("may not be set for type {ty}"));
+                e.add(
+                    format!("{path}.nodePort"),
+                    format!("may not be set for type {ty}"),
+                );
             } else if np < ctx.node_port_range.0 as i32 || np > ctx.node_port_range.1 as i32 {
                 e.add(
                     format!("{path}.nodePort"),
-                    format!("{np} is outside the node port range {}-{}", ctx.node_port_range.0, ctx.node_port_range.1),
+                    format!(
+                        "{np} is outside the node port range {}-{}",
+                        ctx.node_port_range.0, ctx.node_port_range.1
+                    ),
                 );
             }
         }
@@ -294,7 +353,12 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
     for (i, x) in spec.external_ips.iter().flatten().enumerate() {
         ip(e, &format!("spec.externalIPs[{i}]"), x);
     }
-    for (i, x) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+    for (i, x) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
         cidr(e, &format!("spec.loadBalancerSourceRanges[{i}]"), x);
     }
     match spec.session_affinity.as_deref() {
@@ -307,26 +371,49 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
                 .and_then(|c| c.timeout_seconds);
             if let Some(t) = t {
                 if !(1..=86400).contains(&t) {
-                    e.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", format!("{t} must be between 1 and 86400"));
+                    e.add(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} must be between 1 and 86400"),
+                    );
                 }
             }
         }
-        Some(o) => e.add("spec.sessionAffinity", format!("unsupported value {o:?} (None, ClientIP)")),
+        Some(o) => e.add(
+            "spec.sessionAffinity",
+            format!("unsupported value {o:?} (None, ClientIP)"),
+        ),
     }
     if let Some(p) = spec.external_traffic_policy.as_deref() {
         if !matches!(p, "Cluster" | "Local") {
-            e.add("spec.externalTrafficPolicy", format!("unsupported value {p:?}"));
-        } else if p == "Local" && !matches!(ty, "NodePort" | "LoadBalancer") && spec.external_ips.is_none() {
-            e.add("spec.externalTrafficPolicy", format!("may only be Local for NodePort or LoadBalancer, not {ty}"));
+            e.add(
+                "spec.externalTrafficPolicy",
+                format!("unsupported value {p:?}"),
+            );
+        } else if p == "Local"
+            && !matches!(ty, "NodePort" | "LoadBalancer")
+            && spec.external_ips.is_none()
+        {
+            e.add(
+                "spec.externalTrafficPolicy",
+                format!("may only be Local for NodePort or LoadBalancer, not {ty}"),
+            );
         }
     }
     if let Some(p) = spec.internal_traffic_policy.as_deref() {
         if !matches!(p, "Cluster" | "Local") {
-            e.add("spec.internalTrafficPolicy", format!("unsupported value {p:?}"));
+            e.add(
+                "spec.internalTrafficPolicy",
+                format!("unsupported value {p:?}"),
+            );
         }
     }
     if let Some(st) = &s.status {
-        for (i, ing) in st.load_balancer.iter().flat_map(|l| l.ingress.iter().flatten()).enumerate() {
+        for (i, ing) in st
+            .load_balancer
+            .iter()
+            .flat_map(|l| l.ingress.iter().flatten())
+            .enumerate()
+        {
             if let Some(x) = &ing.ip {
                 ip(e, &format!("status.loadBalancer.ingress[{i}].ip"), x);
             }
@@ -346,7 +433,10 @@ fn pod(e: &mut Errs, p: &Pod) {
                 }
                 if let Some(n) = &port.name {
                     if !is_port_name(n) {
-                        e.add(format!("{path}.name"), format!("{n:?} is not a valid port name"));
+                        e.add(
+                            format!("{path}.name"),
+                            format!("{n:?} is not a valid port name"),
+                        );
                     }
                 }
             }
@@ -371,7 +461,12 @@ fn node(e: &mut Errs, n: &Node) {
             cidr(e, &format!("spec.podCIDRs[{i}]"), c);
         }
     }
-    for (i, a) in n.status.iter().flat_map(|s| s.addresses.iter().flatten()).enumerate() {
+    for (i, a) in n
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .enumerate()
+    {
         if matches!(a.type_.as_str(), "InternalIP" | "ExternalIP") {
             ip(e, &format!("status.addresses[{i}].address"), &a.address);
         }
@@ -381,11 +476,17 @@ fn node(e: &mut Errs, n: &Node) {
 fn endpoint_slice(e: &mut Errs, s: &EndpointSlice) {
     let at = s.address_type.as_str();
     if !matches!(at, "IPv4" | "IPv6" | "FQDN") {
-        e.add("addressType", format!("unsupported value {at:?} (IPv4, IPv6, FQDN)"));
+        e.add(
+            "addressType",
+            format!("unsupported value {at:?} (IPv4, IPv6, FQDN)"),
+        );
     }
     for (i, ep) in s.endpoints.iter().enumerate() {
         if ep.addresses.is_empty() || ep.addresses.len() > 100 {
-            e.add(format!("endpoints[{i}].addresses"), "must have between 1 and 100 addresses");
+            e.add(
+                format!("endpoints[{i}].addresses"),
+                "must have between 1 and 100 addresses",
+            );
         }
         for (j, a) in ep.addresses.iter().enumerate() {
             let path = format!("endpoints[{i}].addresses[{j}]");
@@ -397,7 +498,10 @@ fn endpoint_slice(e: &mut Errs, s: &EndpointSlice) {
         }
         if let Some(h) = &ep.hostname {
             if !is_dns1123_label(h) {
-                e.add(format!("endpoints[{i}].hostname"), format!("{h:?} is not a valid DNS label"));
+                e.add(
+                    format!("endpoints[{i}].hostname"),
+                    format!("{h:?} is not a valid DNS label"),
+                );
             }
         }
     }
@@ -416,8 +520,13 @@ fn policy_port(e: &mut Errs, path: &str, p: &NetworkPolicyPort) {
     }
     if let Some(end) = p.end_port {
         match &p.port {
-            Some(IntOrString::Int(start)) if end >= *start => port_num(e, &format!("{path}.endPort"), end),
-            Some(IntOrString::Int(start)) => e.add(format!("{path}.endPort"), format!("{end} is before port {start}")),
+            Some(IntOrString::Int(start)) if end >= *start => {
+                port_num(e, &format!("{path}.endPort"), end)
+            }
+            Some(IntOrString::Int(start)) => e.add(
+                format!("{path}.endPort"),
+                format!("{end} is before port {start}"),
+            ),
             _ => e.add(format!("{path}.endPort"), "requires a numeric port"),
         }
     }
@@ -434,7 +543,10 @@ fn policy_peer(e: &mut Errs, path: &str, p: &NetworkPolicyPeer) {
     e.0 = inner;
     if let Some(b) = &p.ip_block {
         if p.pod_selector.is_some() || p.namespace_selector.is_some() {
-            e.add(path, "ipBlock may not be combined with podSelector or namespaceSelector");
+            e.add(
+                path,
+                "ipBlock may not be combined with podSelector or namespaceSelector",
+            );
         }
         if let Some(net) = cidr(e, &format!("{path}.ipBlock.cidr"), &b.cidr) {
             for (i, x) in b.except.iter().flatten().enumerate() {
@@ -447,7 +559,10 @@ fn policy_peer(e: &mut Errs, path: &str, p: &NetworkPolicyPeer) {
             }
         }
     } else if p.pod_selector.is_none() && p.namespace_selector.is_none() {
-        e.add(path, "must specify podSelector, namespaceSelector or ipBlock");
+        e.add(
+            path,
+            "must specify podSelector, namespaceSelector or ipBlock",
+        );
     }
 }
 
@@ -457,11 +572,20 @@ fn network_policy(e: &mut Errs, p: &NetworkPolicy) {
         return;
     };
     let mut inner = std::mem::take(&mut e.0);
-    selector(&mut inner, "spec.podSelector", spec.pod_selector.as_ref().unwrap_or(&LabelSelector::default()));
+    selector(
+        &mut inner,
+        "spec.podSelector",
+        spec.pod_selector
+            .as_ref()
+            .unwrap_or(&LabelSelector::default()),
+    );
     e.0 = inner;
     for (i, t) in spec.policy_types.iter().flatten().enumerate() {
         if !matches!(t.as_str(), "Ingress" | "Egress") {
-            e.add(format!("spec.policyTypes[{i}]"), format!("unsupported value {t:?} (Ingress, Egress)"));
+            e.add(
+                format!("spec.policyTypes[{i}]"),
+                format!("unsupported value {t:?} (Ingress, Egress)"),
+            );
         }
     }
     for (i, r) in spec.ingress.iter().flatten().enumerate() {
@@ -489,7 +613,10 @@ mod tests {
 
     fn check(v: serde_json::Value) -> Vec<String> {
         let o = Object::from_value(v).unwrap();
-        validate(&o, &Context::default()).into_iter().map(|e| format!("{}: {}", e.field, e.msg)).collect()
+        validate(&o, &Context::default())
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.msg))
+            .collect()
     }
 
     fn svc(spec: serde_json::Value) -> serde_json::Value {
@@ -498,53 +625,90 @@ mod tests {
 
     #[test]
     fn good_services_pass() {
-        assert!(check(svc(json!({"ports": [{"port": 80, "targetPort": "http"}], "selector": {"app": "web"}}))).is_empty());
-        assert!(check(svc(json!({"clusterIP": "None", "selector": {"app": "web"}}))).is_empty());
-        assert!(check(svc(json!({"type": "ExternalName", "externalName": "example.com"}))).is_empty());
-        assert!(check(svc(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}))).is_empty());
+        assert!(check(svc(
+            json!({"ports": [{"port": 80, "targetPort": "http"}], "selector": {"app": "web"}})
+        ))
+        .is_empty());
+        assert!(check(svc(
+            json!({"clusterIP": "None", "selector": {"app": "web"}})
+        ))
+        .is_empty());
+        assert!(check(svc(
+            json!({"type": "ExternalName", "externalName": "example.com"})
+        ))
+        .is_empty());
+        assert!(check(svc(
+            json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]})
+        ))
+        .is_empty());
     }
 
     #[test]
     fn service_rules() {
-        let e = check(svc(json!({"type": "ExternalName", "externalName": "x.com", "clusterIP": "10.96.0.5"})));
-        assert_eq!(e, vec!["spec.clusterIP: must be empty for type ExternalName"]);
-        let e = check(svc(json!({"type": "NodePort", "clusterIP": "None", "ports": [{"port": 80}]})));
+        let e = check(svc(
+            json!({"type": "ExternalName", "externalName": "x.com", "clusterIP": "10.96.0.5"}),
+        ));
+        assert_eq!(
+            e,
+            vec!["spec.clusterIP: must be empty for type ExternalName"]
+        );
+        let e = check(svc(
+            json!({"type": "NodePort", "clusterIP": "None", "ports": [{"port": 80}]}),
+        ));
         assert!(e[0].contains("headless"), "{e:?}");
-        let e = check(svc(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]})));
-        assert!(e[0].starts_with("spec.ports[0].nodePort: 80 is outside"), "{e:?}");
+        let e = check(svc(
+            json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}),
+        ));
+        assert!(
+            e[0].starts_with("spec.ports[0].nodePort: 80 is outside"),
+            "{e:?}"
+        );
         let e = check(svc(json!({"ports": [{"port": 80, "nodePort": 30001}]})));
         assert!(e[0].contains("may not be set for type ClusterIP"), "{e:?}");
         let e = check(svc(json!({"ports": [{"port": 70000, "protocol": "ICMP"}]})));
         assert_eq!(e.len(), 2, "{e:?}");
-        let e = check(svc(json!({"clusterIP": "10.1.2.3", "ports": [{"port": 80}]})));
+        let e = check(svc(
+            json!({"clusterIP": "10.1.2.3", "ports": [{"port": 80}]}),
+        ));
         assert!(e[0].contains("not in the service CIDR"), "{e:?}");
         let e = check(svc(json!({"clusterIP": "banana", "ports": [{"port": 80}]})));
         assert!(e[0].contains("not a valid IP"), "{e:?}");
         let e = check(svc(json!({"ports": [{"port": 80}, {"port": 81}]})));
-        assert!(e[0].contains("required when there is more than one port"), "{e:?}");
+        assert!(
+            e[0].contains("required when there is more than one port"),
+            "{e:?}"
+        );
     }
 
     #[test]
     fn selectors_and_policies() {
-        let e = check(json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        let e = check(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": "p", "namespace": "x"},
             "spec": {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Equals", "values": ["a"]}]},
                      "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/16"]}}],
-                                  "ports": [{"port": 100, "endPort": 50}]}]}}));
+                                  "ports": [{"port": 100, "endPort": 50}]}]}}),
+        );
         assert_eq!(e.len(), 3, "{e:?}");
         assert!(e[0].starts_with("spec.podSelector.matchExpressions[0].operator"));
-        let ok = check(json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": "p"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}));
+        let ok = check(
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "p"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
+        );
         assert!(ok.is_empty(), "{ok:?}");
     }
 
     #[test]
     fn names_labels_and_cidrs() {
-        let e = check(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "Node_1", "labels": {"a b": "c"}},
-            "spec": {"podCIDR": "10.244.1.0/40"}}));
+        let e = check(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "Node_1", "labels": {"a b": "c"}},
+            "spec": {"podCIDR": "10.244.1.0/40"}}),
+        );
         assert_eq!(e.len(), 3, "{e:?}");
-        let e = check(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
-            "addressType": "IPv4", "endpoints": [{"addresses": ["fd00::1"]}]}));
+        let e = check(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["fd00::1"]}]}),
+        );
         assert!(e[0].contains("not a valid IPv4"), "{e:?}");
     }
 }

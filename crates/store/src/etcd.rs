@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType as EtcdEventType, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType as EtcdEventType,
+    GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 
 use crate::{Event, EventType, KeyValue, Op, Result, Rev, Store, StoreError, Watch, WatchMsg};
@@ -54,9 +54,15 @@ pub fn parse_url(url: &str) -> Result<(Vec<String>, Option<(String, Option<(Stri
     if eps.is_empty() {
         return Err(StoreError::Url(url.to_string()));
     }
-    let q: std::collections::HashMap<&str, &str> = query.split('&').filter_map(|kv| kv.split_once('=')).collect();
+    let q: std::collections::HashMap<&str, &str> = query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
     let tls_opts = if tls {
-        let ca = q.get("ca").map(|s| s.to_string()).ok_or_else(|| StoreError::Url(format!("{url} (etcds:// needs ?ca=PATH)")))?;
+        let ca = q
+            .get("ca")
+            .map(|s| s.to_string())
+            .ok_or_else(|| StoreError::Url(format!("{url} (etcds:// needs ?ca=PATH)")))?;
         let ident = match (q.get("cert"), q.get("key")) {
             (Some(c), Some(k)) => Some((c.to_string(), k.to_string())),
             (None, None) => None,
@@ -102,8 +108,19 @@ impl EtcdStore {
                 (Op::Update { key, .. }, None) | (Op::Delete { key, rev: Some(_) }, None) => {
                     return StoreError::NotFound(key.clone())
                 }
-                (Op::Update { key, rev, .. }, Some(c)) | (Op::Delete { key, rev: Some(rev) }, Some(c)) if c.mod_rev != *rev => {
-                    return StoreError::Conflict { key: key.clone(), want: *rev, have: c.mod_rev }
+                (Op::Update { key, rev, .. }, Some(c))
+                | (
+                    Op::Delete {
+                        key,
+                        rev: Some(rev),
+                    },
+                    Some(c),
+                ) if c.mod_rev != *rev => {
+                    return StoreError::Conflict {
+                        key: key.clone(),
+                        want: *rev,
+                        have: c.mod_rev,
+                    }
                 }
                 _ => {}
             }
@@ -113,7 +130,10 @@ impl EtcdStore {
 }
 
 fn watch_opts(from: Rev) -> WatchOptions {
-    WatchOptions::new().with_prefix().with_start_revision(from).with_prev_key()
+    WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(from)
+        .with_prev_key()
 }
 
 impl Store for EtcdStore {
@@ -139,10 +159,17 @@ impl Store for EtcdStore {
         let mut seen = std::collections::HashSet::new();
         for op in &ops {
             if !seen.insert(op.key().to_string()) {
-                return Err(StoreError::Backend(format!("duplicate key {} in one transaction", op.key())));
+                return Err(StoreError::Backend(format!(
+                    "duplicate key {} in one transaction",
+                    op.key()
+                )));
             }
             let put = |key: &str, value: &[u8], lease: i64| {
-                let o = if lease != 0 { Some(PutOptions::new().with_lease(lease)) } else { None };
+                let o = if lease != 0 {
+                    Some(PutOptions::new().with_lease(lease))
+                } else {
+                    None
+                };
                 TxnOp::put(key, value.to_vec(), o)
             };
             match op {
@@ -150,7 +177,12 @@ impl Store for EtcdStore {
                     cmps.push(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
                     acts.push(put(key, value, *lease));
                 }
-                Op::Update { key, value, rev, lease } => {
+                Op::Update {
+                    key,
+                    value,
+                    rev,
+                    lease,
+                } => {
                     cmps.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev));
                     acts.push(put(key, value, *lease));
                 }
@@ -174,7 +206,13 @@ impl Store for EtcdStore {
                     let lease = ops
                         .iter()
                         .find_map(|o| match o {
-                            Op::Create { lease, .. } | Op::Update { lease, .. } | Op::Put { lease, .. } if *lease != 0 => Some(*lease),
+                            Op::Create { lease, .. }
+                            | Op::Update { lease, .. }
+                            | Op::Put { lease, .. }
+                                if *lease != 0 =>
+                            {
+                                Some(*lease)
+                            }
                             _ => None,
                         })
                         .unwrap_or(0);
@@ -195,7 +233,11 @@ impl Store for EtcdStore {
         let client = self.client.clone();
         let prefix = prefix.to_string();
         // Fail fast on a bad connection, like the sqlite backend.
-        let mut stream = client.clone().watch(prefix.as_str(), Some(watch_opts(from))).await.map_err(be)?;
+        let mut stream = client
+            .clone()
+            .watch(prefix.as_str(), Some(watch_opts(from)))
+            .await
+            .map_err(be)?;
         tokio::spawn(async move {
             let mut next = from;
             loop {
@@ -206,7 +248,9 @@ impl Store for EtcdStore {
                 match msg {
                     Ok(Some(resp)) => {
                         if resp.compact_revision() > 0 {
-                            let _ = tx.send(Ok(WatchMsg::Compacted(resp.compact_revision()))).await;
+                            let _ = tx
+                                .send(Ok(WatchMsg::Compacted(resp.compact_revision())))
+                                .await;
                             return;
                         }
                         if resp.canceled() {
@@ -218,7 +262,14 @@ impl Store for EtcdStore {
                                 let Some(k) = ev.kv() else { continue };
                                 let rev = k.mod_revision();
                                 if rev != batch_rev && !batch.is_empty() {
-                                    if tx.send(Ok(WatchMsg::Events(batch_rev, std::mem::take(&mut batch)))).await.is_err() {
+                                    if tx
+                                        .send(Ok(WatchMsg::Events(
+                                            batch_rev,
+                                            std::mem::take(&mut batch),
+                                        )))
+                                        .await
+                                        .is_err()
+                                    {
                                         return;
                                     }
                                 }
@@ -238,7 +289,12 @@ impl Store for EtcdStore {
                                 batch.push(Event { typ, kv: item });
                                 next = rev + 1;
                             }
-                            if !batch.is_empty() && tx.send(Ok(WatchMsg::Events(batch_rev, batch))).await.is_err() {
+                            if !batch.is_empty()
+                                && tx
+                                    .send(Ok(WatchMsg::Events(batch_rev, batch)))
+                                    .await
+                                    .is_err()
+                            {
                                 return;
                             }
                             continue;
@@ -256,7 +312,11 @@ impl Store for EtcdStore {
                         _ = &mut stop_rx => return,
                         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                     }
-                    match client.clone().watch(prefix.as_str(), Some(watch_opts(next))).await {
+                    match client
+                        .clone()
+                        .watch(prefix.as_str(), Some(watch_opts(next)))
+                        .await
+                    {
                         Ok(s) => {
                             stream = s;
                             break;
@@ -270,7 +330,12 @@ impl Store for EtcdStore {
     }
 
     async fn grant(&self, ttl: i64) -> Result<i64> {
-        let r = self.client.clone().lease_grant(ttl, None).await.map_err(be)?;
+        let r = self
+            .client
+            .clone()
+            .lease_grant(ttl, None)
+            .await
+            .map_err(be)?;
         Ok(r.id())
     }
 
@@ -282,7 +347,12 @@ impl Store for EtcdStore {
                 be(e)
             }
         };
-        let (mut keeper, mut stream) = self.client.clone().lease_keep_alive(lease).await.map_err(gone)?;
+        let (mut keeper, mut stream) = self
+            .client
+            .clone()
+            .lease_keep_alive(lease)
+            .await
+            .map_err(gone)?;
         keeper.keep_alive().await.map_err(gone)?;
         match stream.message().await.map_err(gone)? {
             Some(r) if r.ttl() > 0 => Ok(()),

@@ -11,14 +11,15 @@
 //! The implementation is picked by [`open`] from the URL and held in the
 //! [`AnyStore`] enum: no registry, no trait objects.
 
+pub mod alloc;
 pub mod etcd;
 pub mod objects;
 pub mod sqlite;
 pub mod testing;
 
+pub use objects::Objects;
+
 use std::future::Future;
-
-
 
 /// A revision of the whole key space, as in etcd.
 pub type Rev = i64;
@@ -52,11 +53,24 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Fails with [`StoreError::AlreadyExists`] if the key exists.
-    Create { key: String, value: Vec<u8>, lease: i64 },
+    Create {
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+    },
     /// Fails with [`StoreError::Conflict`] unless the key's mod revision is `rev`.
-    Update { key: String, value: Vec<u8>, rev: Rev, lease: i64 },
+    Update {
+        key: String,
+        value: Vec<u8>,
+        rev: Rev,
+        lease: i64,
+    },
     /// Unconditional write.
-    Put { key: String, value: Vec<u8>, lease: i64 },
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+    },
     /// With `rev`, fails unless the key's mod revision matches; a missing
     /// key fails with NotFound only when `rev` is given.
     Delete { key: String, rev: Option<Rev> },
@@ -65,7 +79,10 @@ pub enum Op {
 impl Op {
     pub fn key(&self) -> &str {
         match self {
-            Op::Create { key, .. } | Op::Update { key, .. } | Op::Put { key, .. } | Op::Delete { key, .. } => key,
+            Op::Create { key, .. }
+            | Op::Update { key, .. }
+            | Op::Put { key, .. }
+            | Op::Delete { key, .. } => key,
         }
     }
 }
@@ -106,8 +123,14 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub(crate) fn new(rx: tokio::sync::mpsc::Receiver<Result<WatchMsg>>, stop: tokio::sync::oneshot::Sender<()>) -> Self {
-        Watch { rx, _stop: Some(stop) }
+    pub(crate) fn new(
+        rx: tokio::sync::mpsc::Receiver<Result<WatchMsg>>,
+        stop: tokio::sync::oneshot::Sender<()>,
+    ) -> Self {
+        Watch {
+            rx,
+            _stop: Some(stop),
+        }
     }
 
     pub async fn next(&mut self) -> Option<Result<WatchMsg>> {
@@ -194,29 +217,55 @@ impl Store for AnyStore {
 
 /// Convenience single-op helpers, for every store.
 pub trait StoreExt: Store {
-    fn create(&self, key: &str, value: Vec<u8>, lease: i64) -> impl Future<Output = Result<Rev>> + Send
+    fn create(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: i64,
+    ) -> impl Future<Output = Result<Rev>> + Send
     where
         Self: Sync,
     {
-        self.txn(vec![Op::Create { key: key.to_string(), value, lease }])
+        self.txn(vec![Op::Create {
+            key: key.to_string(),
+            value,
+            lease,
+        }])
     }
-    fn update(&self, key: &str, value: Vec<u8>, rev: Rev) -> impl Future<Output = Result<Rev>> + Send
+    fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        rev: Rev,
+    ) -> impl Future<Output = Result<Rev>> + Send
     where
         Self: Sync,
     {
-        self.txn(vec![Op::Update { key: key.to_string(), value, rev, lease: 0 }])
+        self.txn(vec![Op::Update {
+            key: key.to_string(),
+            value,
+            rev,
+            lease: 0,
+        }])
     }
     fn put(&self, key: &str, value: Vec<u8>) -> impl Future<Output = Result<Rev>> + Send
     where
         Self: Sync,
     {
-        self.txn(vec![Op::Put { key: key.to_string(), value, lease: 0 }])
+        self.txn(vec![Op::Put {
+            key: key.to_string(),
+            value,
+            lease: 0,
+        }])
     }
     fn delete(&self, key: &str, rev: Option<Rev>) -> impl Future<Output = Result<Rev>> + Send
     where
         Self: Sync,
     {
-        self.txn(vec![Op::Delete { key: key.to_string(), rev }])
+        self.txn(vec![Op::Delete {
+            key: key.to_string(),
+            rev,
+        }])
     }
 }
 

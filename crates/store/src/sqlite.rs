@@ -19,7 +19,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::{prefix_end, Event, EventType, KeyValue, Op, Result, Rev, Store, StoreError, Watch, WatchMsg};
+use crate::{
+    prefix_end, Event, EventType, KeyValue, Op, Result, Rev, Store, StoreError, Watch, WatchMsg,
+};
 
 /// How many revisions of history watches can resume from.
 pub const RETAIN_REVISIONS: i64 = 100_000;
@@ -37,14 +39,19 @@ fn be(e: rusqlite::Error) -> StoreError {
 }
 
 fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 fn connect(path: &str) -> Result<Connection> {
     if let Some(dir) = Path::new(path).parent() {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
     }
-    let c = Connection::open(path).map_err(|e| StoreError::Backend(format!("opening {path}: {e}")))?;
+    let c =
+        Connection::open(path).map_err(|e| StoreError::Backend(format!("opening {path}: {e}")))?;
     c.busy_timeout(Duration::from_secs(30)).map_err(be)?;
     c.pragma_update(None, "journal_mode", "WAL").map_err(be)?;
     c.pragma_update(None, "synchronous", "NORMAL").map_err(be)?;
@@ -65,12 +72,17 @@ fn connect(path: &str) -> Result<Connection> {
 }
 
 fn current_rev(c: &Connection) -> Result<Rev> {
-    c.query_row("SELECT rev FROM meta WHERE id = 0", [], |r| r.get(0)).map_err(be)
+    c.query_row("SELECT rev FROM meta WHERE id = 0", [], |r| r.get(0))
+        .map_err(be)
 }
 
 fn any_expired(c: &Connection) -> Result<bool> {
-    c.query_row("SELECT EXISTS(SELECT 1 FROM leases WHERE expires < ?1)", [now()], |r| r.get(0))
-        .map_err(be)
+    c.query_row(
+        "SELECT EXISTS(SELECT 1 FROM leases WHERE expires < ?1)",
+        [now()],
+        |r| r.get(0),
+    )
+    .map_err(be)
 }
 
 struct Row {
@@ -109,7 +121,14 @@ fn expire_leases(c: &Connection, ids: &[i64]) -> Result<()> {
             .map_err(be)?;
         for id in ids {
             let rows = st
-                .query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?, r.get::<_, i64>(2)?, *id)))
+                .query_map([id], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, i64>(2)?,
+                        *id,
+                    ))
+                })
                 .map_err(be)?;
             for row in rows {
                 doomed.push(row.map_err(be)?);
@@ -119,24 +138,29 @@ fn expire_leases(c: &Connection, ids: &[i64]) -> Result<()> {
     if !doomed.is_empty() {
         let rev = current_rev(c)? + 1;
         for (seq, (key, value, create_rev, lease)) in doomed.iter().enumerate() {
-            c.execute("DELETE FROM kv WHERE key = ?1", [key]).map_err(be)?;
+            c.execute("DELETE FROM kv WHERE key = ?1", [key])
+                .map_err(be)?;
             c.execute(
                 "INSERT INTO log VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
                 params![rev, seq as i64, key, value, create_rev, lease],
             )
             .map_err(be)?;
         }
-        c.execute("UPDATE meta SET rev = ?1 WHERE id = 0", [rev]).map_err(be)?;
+        c.execute("UPDATE meta SET rev = ?1 WHERE id = 0", [rev])
+            .map_err(be)?;
     }
     for id in ids {
-        c.execute("DELETE FROM leases WHERE id = ?1", [id]).map_err(be)?;
+        c.execute("DELETE FROM leases WHERE id = ?1", [id])
+            .map_err(be)?;
     }
     Ok(())
 }
 
 fn sweep(c: &Connection) -> Result<()> {
     let ids: Vec<i64> = {
-        let mut st = c.prepare_cached("SELECT id FROM leases WHERE expires < ?1").map_err(be)?;
+        let mut st = c
+            .prepare_cached("SELECT id FROM leases WHERE expires < ?1")
+            .map_err(be)?;
         let rows = st.query_map([now()], |r| r.get(0)).map_err(be)?;
         rows.collect::<std::result::Result<_, _>>().map_err(be)?
     };
@@ -146,7 +170,9 @@ fn sweep(c: &Connection) -> Result<()> {
 /// Runs a sweep in its own write transaction, only when something expired.
 fn sweep_if_needed(c: &mut Connection) -> Result<()> {
     if any_expired(c)? {
-        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(be)?;
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(be)?;
         sweep(&tx)?;
         tx.commit().map_err(be)?;
     }
@@ -163,28 +189,46 @@ fn lease_alive(c: &Connection, lease: i64) -> Result<bool> {
 }
 
 fn apply_txn(c: &mut Connection, ops: &[Op]) -> Result<Rev> {
-    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(be)?;
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(be)?;
     sweep(&tx)?;
     let mut seen = std::collections::HashSet::new();
     let mut effective = Vec::new();
     for op in ops {
         if !seen.insert(op.key()) {
-            return Err(StoreError::Backend(format!("duplicate key {} in one transaction", op.key())));
+            return Err(StoreError::Backend(format!(
+                "duplicate key {} in one transaction",
+                op.key()
+            )));
         }
         let cur = get_row(&tx, op.key())?;
         match op {
-            Op::Create { key, .. } if cur.is_some() => return Err(StoreError::AlreadyExists(key.clone())),
+            Op::Create { key, .. } if cur.is_some() => {
+                return Err(StoreError::AlreadyExists(key.clone()))
+            }
             Op::Update { key, rev, .. } => match &cur {
                 None => return Err(StoreError::NotFound(key.clone())),
                 Some(r) if r.mod_rev != *rev => {
-                    return Err(StoreError::Conflict { key: key.clone(), want: *rev, have: r.mod_rev })
+                    return Err(StoreError::Conflict {
+                        key: key.clone(),
+                        want: *rev,
+                        have: r.mod_rev,
+                    })
                 }
                 _ => {}
             },
-            Op::Delete { key, rev: Some(rev) } => match &cur {
+            Op::Delete {
+                key,
+                rev: Some(rev),
+            } => match &cur {
                 None => return Err(StoreError::NotFound(key.clone())),
                 Some(r) if r.mod_rev != *rev => {
-                    return Err(StoreError::Conflict { key: key.clone(), want: *rev, have: r.mod_rev })
+                    return Err(StoreError::Conflict {
+                        key: key.clone(),
+                        want: *rev,
+                        have: r.mod_rev,
+                    })
                 }
                 _ => {}
             },
@@ -203,7 +247,11 @@ fn apply_txn(c: &mut Connection, ops: &[Op]) -> Result<Rev> {
         rev += 1;
         for (seq, (op, cur)) in effective.into_iter().enumerate() {
             match op {
-                Op::Create { key, value, lease } | Op::Update { key, value, lease, .. } | Op::Put { key, value, lease } => {
+                Op::Create { key, value, lease }
+                | Op::Update {
+                    key, value, lease, ..
+                }
+                | Op::Put { key, value, lease } => {
                     let create_rev = cur.as_ref().map(|r| r.create_rev).unwrap_or(rev);
                     tx.execute(
                         "INSERT INTO kv VALUES (?1, ?2, ?3, ?4, ?5)
@@ -219,7 +267,8 @@ fn apply_txn(c: &mut Connection, ops: &[Op]) -> Result<Rev> {
                 }
                 Op::Delete { key, .. } => {
                     let r = cur.expect("checked above");
-                    tx.execute("DELETE FROM kv WHERE key = ?1", [key]).map_err(be)?;
+                    tx.execute("DELETE FROM kv WHERE key = ?1", [key])
+                        .map_err(be)?;
                     tx.execute(
                         "INSERT INTO log VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
                         params![rev, seq as i64, key, r.value, r.create_rev, r.lease],
@@ -228,11 +277,14 @@ fn apply_txn(c: &mut Connection, ops: &[Op]) -> Result<Rev> {
                 }
             }
         }
-        tx.execute("UPDATE meta SET rev = ?1 WHERE id = 0", [rev]).map_err(be)?;
+        tx.execute("UPDATE meta SET rev = ?1 WHERE id = 0", [rev])
+            .map_err(be)?;
         if rev % COMPACT_EVERY == 0 && rev > RETAIN_REVISIONS {
             let upto = rev - RETAIN_REVISIONS;
-            tx.execute("DELETE FROM log WHERE rev <= ?1", [upto]).map_err(be)?;
-            tx.execute("UPDATE meta SET compact = ?1 WHERE id = 0", [upto]).map_err(be)?;
+            tx.execute("DELETE FROM log WHERE rev <= ?1", [upto])
+                .map_err(be)?;
+            tx.execute("UPDATE meta SET compact = ?1 WHERE id = 0", [upto])
+                .map_err(be)?;
         }
     }
     tx.commit().map_err(be)?;
@@ -252,13 +304,18 @@ impl SqliteStore {
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut c)
     }
-
 }
 
-fn read_events(c: &mut Connection, prefix: &str, after: Rev) -> Result<(Vec<(Rev, Event)>, Rev, Rev)> {
+fn read_events(
+    c: &mut Connection,
+    prefix: &str,
+    after: Rev,
+) -> Result<(Vec<(Rev, Event)>, Rev, Rev)> {
     let tx = c.transaction().map_err(be)?;
     let (rev, compact): (Rev, Rev) = tx
-        .query_row("SELECT rev, compact FROM meta WHERE id = 0", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row("SELECT rev, compact FROM meta WHERE id = 0", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .map_err(be)?;
     let mut out = Vec::new();
     if rev > after && compact <= after {
@@ -276,7 +333,11 @@ fn read_events(c: &mut Connection, prefix: &str, after: Rev) -> Result<(Vec<(Rev
                 Ok((
                     rev,
                     Event {
-                        typ: if deleted { EventType::Delete } else { EventType::Put },
+                        typ: if deleted {
+                            EventType::Delete
+                        } else {
+                            EventType::Put
+                        },
                         kv: KeyValue {
                             key: r.get(1)?,
                             value: r.get(3)?,
@@ -314,7 +375,12 @@ fn watch_loop(
     let mut version: i64 = -1;
     let mut last_sweep = Instant::now();
     loop {
-        if tx.is_closed() || !matches!(stop.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
+        if tx.is_closed()
+            || !matches!(
+                stop.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            )
+        {
             return;
         }
         let v: i64 = match c.query_row("PRAGMA data_version", [], |r| r.get(0)) {
@@ -336,14 +402,24 @@ fn watch_loop(
                     let mut batch_rev = 0;
                     for (r, ev) in events {
                         if r != batch_rev && !batch.is_empty() {
-                            if tx.blocking_send(Ok(WatchMsg::Events(batch_rev, std::mem::take(&mut batch)))).is_err() {
+                            if tx
+                                .blocking_send(Ok(WatchMsg::Events(
+                                    batch_rev,
+                                    std::mem::take(&mut batch),
+                                )))
+                                .is_err()
+                            {
                                 return;
                             }
                         }
                         batch_rev = r;
                         batch.push(ev);
                     }
-                    if !batch.is_empty() && tx.blocking_send(Ok(WatchMsg::Events(batch_rev, batch))).is_err() {
+                    if !batch.is_empty()
+                        && tx
+                            .blocking_send(Ok(WatchMsg::Events(batch_rev, batch)))
+                            .is_err()
+                    {
                         return;
                     }
                     last = last.max(rev);
@@ -435,8 +511,11 @@ impl Store for SqliteStore {
                 unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 8, 0) };
                 id = i64::from_ne_bytes(b) & 0x7fff_ffff_ffff_ffff;
             }
-            c.execute("INSERT INTO leases VALUES (?1, ?2, ?3)", params![id, ttl, now() + ttl as f64])
-                .map_err(be)?;
+            c.execute(
+                "INSERT INTO leases VALUES (?1, ?2, ?3)",
+                params![id, ttl, now() + ttl as f64],
+            )
+            .map_err(be)?;
             Ok(id)
         })
     }
@@ -459,7 +538,9 @@ impl Store for SqliteStore {
 
     async fn revoke(&self, lease: i64) -> Result<()> {
         self.with(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(be)?;
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(be)?;
             expire_leases(&tx, &[lease])?;
             tx.commit().map_err(be)
         })
@@ -471,9 +552,16 @@ impl Store for SqliteStore {
 
     async fn compact(&self, rev: Rev) -> Result<()> {
         self.with(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(be)?;
-            tx.execute("DELETE FROM log WHERE rev <= ?1", [rev]).map_err(be)?;
-            tx.execute("UPDATE meta SET compact = MAX(compact, ?1) WHERE id = 0", [rev]).map_err(be)?;
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(be)?;
+            tx.execute("DELETE FROM log WHERE rev <= ?1", [rev])
+                .map_err(be)?;
+            tx.execute(
+                "UPDATE meta SET compact = MAX(compact, ?1) WHERE id = 0",
+                [rev],
+            )
+            .map_err(be)?;
             tx.commit().map_err(be)
         })
     }

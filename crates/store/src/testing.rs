@@ -15,14 +15,18 @@ pub struct EtcdServer {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 impl EtcdServer {
     /// Starts etcd and waits until it answers (fails loudly if the
     /// `etcd-server` package is missing: tests never skip silently).
     pub fn start() -> EtcdServer {
-        let dir = std::env::temp_dir().join(format!("pn-etcd-{}-{}", std::process::id(), free_port()));
+        let dir =
+            std::env::temp_dir().join(format!("pn-etcd-{}-{}", std::process::id(), free_port()));
         let mut s = EtcdServer {
             child: None,
             dir,
@@ -45,9 +49,21 @@ impl EtcdServer {
             .args(["--name", "t", "--data-dir"])
             .arg(&self.dir)
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
             .args(["--initial-cluster", &format!("t={p}")])
-            .args(["--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "error"])
+            .args([
+                "--heartbeat-interval",
+                "10",
+                "--election-timeout",
+                "100",
+                "--log-level",
+                "error",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -58,7 +74,11 @@ impl EtcdServer {
             if healthy(self.client_port) {
                 return;
             }
-            assert!(Instant::now() < deadline, "etcd did not become healthy on port {}", self.client_port);
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not become healthy on port {}",
+                self.client_port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -81,7 +101,9 @@ impl EtcdServer {
 /// etcd's own /health endpoint, over plain HTTP on the client port.
 fn healthy(port: u16) -> bool {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     if s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
         return false;

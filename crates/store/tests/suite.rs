@@ -15,15 +15,30 @@ struct Fixture {
 async fn sqlite() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let store = podnet_store::open(&format!("sqlite://{}", path.display())).await.unwrap();
-    Fixture { store, _dir: Some(dir), _etcd: None, path: Some(path) }
+    let store = podnet_store::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    Fixture {
+        store,
+        _dir: Some(dir),
+        _etcd: None,
+        path: Some(path),
+    }
 }
 
 async fn etcd() -> (Fixture, String) {
     let e = EtcdServer::start();
     let url = e.url();
     let store = podnet_store::open(&url).await.unwrap();
-    (Fixture { store, _dir: None, _etcd: Some(e), path: None }, url)
+    (
+        Fixture {
+            store,
+            _dir: None,
+            _etcd: Some(e),
+            path: None,
+        },
+        url,
+    )
 }
 
 /// Collects watch events until `n` arrive or a few seconds pass.
@@ -48,9 +63,15 @@ async fn collect(w: &mut podnet_store::Watch, n: usize) -> Vec<(i64, String, Eve
 
 async fn crud_and_cas(s: &AnyStore) {
     let r1 = s.create("/t/a", b"1".to_vec(), 0).await.unwrap();
-    assert_eq!(s.create("/t/a", b"x".to_vec(), 0).await.unwrap_err(), StoreError::AlreadyExists("/t/a".into()));
+    assert_eq!(
+        s.create("/t/a", b"x".to_vec(), 0).await.unwrap_err(),
+        StoreError::AlreadyExists("/t/a".into())
+    );
     let kv = s.get("/t/a").await.unwrap().unwrap();
-    assert_eq!((kv.value.as_slice(), kv.create_rev, kv.mod_rev), (&b"1"[..], r1, r1));
+    assert_eq!(
+        (kv.value.as_slice(), kv.create_rev, kv.mod_rev),
+        (&b"1"[..], r1, r1)
+    );
     let r2 = s.update("/t/a", b"2".to_vec(), r1).await.unwrap();
     assert!(r2 > r1);
     // A stale resourceVersion is a conflict and changes nothing.
@@ -59,17 +80,31 @@ async fn crud_and_cas(s: &AnyStore) {
         e => panic!("{e}"),
     }
     assert_eq!(s.get("/t/a").await.unwrap().unwrap().value, b"2");
-    assert!(matches!(s.update("/t/zz", b"".to_vec(), 5).await.unwrap_err(), StoreError::NotFound(_)));
+    assert!(matches!(
+        s.update("/t/zz", b"".to_vec(), 5).await.unwrap_err(),
+        StoreError::NotFound(_)
+    ));
     s.create("/t/b", b"b".to_vec(), 0).await.unwrap();
     s.create("/u/c", b"c".to_vec(), 0).await.unwrap();
     let (items, rev) = s.list("/t/").await.unwrap();
-    assert_eq!(items.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(), ["/t/a", "/t/b"]);
+    assert_eq!(
+        items.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(),
+        ["/t/a", "/t/b"]
+    );
     assert!(rev >= r2);
     // Transactions are all-or-nothing.
     let e = s
         .txn(vec![
-            Op::Create { key: "/t/new".into(), value: b"n".to_vec(), lease: 0 },
-            Op::Create { key: "/t/b".into(), value: b"dup".to_vec(), lease: 0 },
+            Op::Create {
+                key: "/t/new".into(),
+                value: b"n".to_vec(),
+                lease: 0,
+            },
+            Op::Create {
+                key: "/t/b".into(),
+                value: b"dup".to_vec(),
+                lease: 0,
+            },
         ])
         .await
         .unwrap_err();
@@ -77,7 +112,10 @@ async fn crud_and_cas(s: &AnyStore) {
     assert!(s.get("/t/new").await.unwrap().is_none());
     // Delete with and without a revision; deleting a missing key is fine.
     let b = s.get("/t/b").await.unwrap().unwrap();
-    assert!(matches!(s.delete("/t/b", Some(b.mod_rev - 1)).await.unwrap_err(), StoreError::Conflict { .. }));
+    assert!(matches!(
+        s.delete("/t/b", Some(b.mod_rev - 1)).await.unwrap_err(),
+        StoreError::Conflict { .. }
+    ));
     s.delete("/t/b", Some(b.mod_rev)).await.unwrap();
     s.delete("/t/b", None).await.unwrap();
     assert!(s.get("/t/b").await.unwrap().is_none());
@@ -93,7 +131,10 @@ async fn watch_in_order_and_resume(s: &AnyStore) {
     s.delete("/w/07", None).await.unwrap();
     let got = collect(&mut w, 51).await;
     assert_eq!(got.len(), 51, "missed events");
-    assert!(got.windows(2).all(|p| p[0].0 < p[1].0), "events out of order or duplicated");
+    assert!(
+        got.windows(2).all(|p| p[0].0 < p[1].0),
+        "events out of order or duplicated"
+    );
     assert!(got.iter().all(|e| e.1.starts_with("/w/")));
     assert_eq!(got[50].2, EventType::Delete);
     // A client that stopped after 20 events resumes from the next revision
@@ -121,8 +162,20 @@ async fn compaction_says_relist(s: &AnyStore) {
 async fn leases_expire_and_renew(s: &AnyStore) {
     let short = s.grant(1).await.unwrap();
     let kept = s.grant(2).await.unwrap();
-    s.txn(vec![Op::Create { key: "/l/short".into(), value: b"s".to_vec(), lease: short }]).await.unwrap();
-    s.txn(vec![Op::Create { key: "/l/kept".into(), value: b"k".to_vec(), lease: kept }]).await.unwrap();
+    s.txn(vec![Op::Create {
+        key: "/l/short".into(),
+        value: b"s".to_vec(),
+        lease: short,
+    }])
+    .await
+    .unwrap();
+    s.txn(vec![Op::Create {
+        key: "/l/kept".into(),
+        value: b"k".to_vec(),
+        lease: kept,
+    }])
+    .await
+    .unwrap();
     let rev = s.revision().await.unwrap();
     let mut w = s.watch("/l/", rev + 1).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(8);
@@ -137,13 +190,22 @@ async fn leases_expire_and_renew(s: &AnyStore) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(s.get("/l/kept").await.unwrap().is_some());
-    assert!(matches!(s.keepalive(short).await.unwrap_err(), StoreError::LeaseNotFound(_)));
+    assert!(matches!(
+        s.keepalive(short).await.unwrap_err(),
+        StoreError::LeaseNotFound(_)
+    ));
     let ev = collect(&mut w, 1).await;
     assert_eq!((ev[0].1.as_str(), ev[0].2), ("/l/short", EventType::Delete));
     s.revoke(kept).await.unwrap();
     assert!(s.get("/l/kept").await.unwrap().is_none());
     assert!(matches!(
-        s.txn(vec![Op::Put { key: "/l/x".into(), value: vec![], lease: short }]).await.unwrap_err(),
+        s.txn(vec![Op::Put {
+            key: "/l/x".into(),
+            value: vec![],
+            lease: short
+        }])
+        .await
+        .unwrap_err(),
         StoreError::LeaseNotFound(_)
     ));
 }
@@ -178,14 +240,23 @@ async fn sqlite_two_processes_write_and_watch() {
     let start = f.store.revision().await.unwrap() + 1;
     let mut w = f.store.watch("/mp/", start).await.unwrap();
     let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_process_writer", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "helper_process_writer",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env("PODNET_STORE_HELPER_DB", &path)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     // Meanwhile this process writes too.
     for i in 0..100 {
-        f.store.put(&format!("/mp/parent-{i:03}"), vec![1]).await.unwrap();
+        f.store
+            .put(&format!("/mp/parent-{i:03}"), vec![1])
+            .await
+            .unwrap();
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -198,7 +269,9 @@ async fn sqlite_two_processes_write_and_watch() {
 /// Not a test on its own: the child half of the test above.
 #[tokio::test]
 async fn helper_process_writer() {
-    let Ok(db) = std::env::var("PODNET_STORE_HELPER_DB") else { return };
+    let Ok(db) = std::env::var("PODNET_STORE_HELPER_DB") else {
+        return;
+    };
     let s = podnet_store::open(&format!("sqlite://{db}")).await.unwrap();
     for i in 0..100 {
         s.put(&format!("/mp/child-{i:03}"), vec![2]).await.unwrap();

@@ -1,0 +1,598 @@
+//! `podnet controller`: the networking duties of an API server in
+//! standalone mode.
+//!
+//! - ClusterIP and NodePort allocation for Services that have none (see
+//!   `podnet_store::alloc`: reservations are keys written in the same
+//!   transaction as the Service, so concurrent allocators never collide);
+//! - EndpointSlices for every Service with a selector, from ready Pods
+//!   ([`endpoints`] is the pure planner);
+//! - release of reservations a deleted Service held.
+//!
+//! The loop: one consistent snapshot of `/registry/`, then a watch from the
+//! snapshot's revision. Events mark Services dirty; a burst of events is
+//! drained and coalesced before reconciling, so work follows what changed.
+//! A compaction or a watch error falls back to a fresh snapshot, and a
+//! periodic resync repairs anything edited behind our back.
+
+pub mod endpoints;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podnet_api::k8s_openapi::api::core::v1::{Pod, Service};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_api::netconfig::{self, Resolved};
+use podnet_api::{Kind, Object};
+use podnet_daemon::Metrics;
+use podnet_store::objects::decode;
+use podnet_store::{alloc, EventType, KeyValue, Objects, Op, Rev, Store, StoreError, WatchMsg};
+
+type Key = (String, String);
+
+fn key_of(o: &Object) -> Key {
+    (
+        o.namespace().unwrap_or_default().to_string(),
+        o.name().to_string(),
+    )
+}
+
+#[derive(Default)]
+struct State {
+    services: BTreeMap<Key, Service>,
+    pods: BTreeMap<Key, Pod>,
+    slices: BTreeMap<Key, EndpointSlice>,
+    ips: HashSet<IpAddr>,
+    ports: HashSet<u16>,
+}
+
+pub struct Controller {
+    objs: Objects,
+    metrics: Arc<Metrics>,
+    cfg: Resolved,
+    state: State,
+    hint: u64,
+}
+
+fn default_cfg() -> Resolved {
+    netconfig::NetworkConfig::default()
+        .resolve()
+        .expect("defaults resolve")
+}
+
+impl Controller {
+    pub fn new(objs: Objects, metrics: Arc<Metrics>) -> Self {
+        Controller {
+            objs,
+            metrics,
+            cfg: default_cfg(),
+            state: State::default(),
+            hint: std::process::id() as u64 * 7919,
+        }
+    }
+
+    /// Runs until `shutdown` resolves. `resync` bounds how long a change
+    /// made behind the controller's back can stay unrepaired.
+    pub async fn run(
+        mut self,
+        resync: Duration,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), StoreError> {
+        tokio::pin!(shutdown);
+        loop {
+            let rev = match self.snapshot().await {
+                Ok(rev) => rev,
+                Err(e) => {
+                    tracing::warn!("snapshot failed: {e}; retrying");
+                    self.metrics.set_ready(false);
+                    tokio::select! {
+                        _ = &mut shutdown => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
+                }
+            };
+            let all: BTreeSet<Key> = self.all_service_keys();
+            self.reconcile(all).await;
+            self.metrics.set_ready(true);
+            let mut w = match self.objs.store.watch("/registry/", rev + 1).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!("watch failed: {e}; relisting");
+                    continue;
+                }
+            };
+            let deadline = Instant::now() + resync;
+            let mut retry: BTreeSet<Key> = BTreeSet::new();
+            loop {
+                let msg = tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = tokio::time::sleep_until(deadline.into()) => None,
+                    _ = tokio::time::sleep(Duration::from_millis(200)), if !retry.is_empty() => Some(Ok(WatchMsg::Events(0, vec![]))),
+                    m = w.next() => Some(m.unwrap_or(Err(StoreError::Backend("watch closed".into())))),
+                };
+                let Some(msg) = msg else { break };
+                let mut dirty = std::mem::take(&mut retry);
+                let mut relist = false;
+                let mut pending = vec![msg];
+                // Coalesce a burst of events into one reconcile pass.
+                while let Ok(m) = w.rx.try_recv() {
+                    pending.push(m);
+                }
+                for m in pending {
+                    match m {
+                        Ok(WatchMsg::Events(_, evs)) => {
+                            for ev in evs {
+                                self.apply_event(ev.typ, &ev.kv, &mut dirty).await;
+                            }
+                        }
+                        Ok(WatchMsg::Compacted(_)) => relist = true,
+                        Err(e) => {
+                            tracing::warn!("watch: {e}; relisting");
+                            relist = true;
+                        }
+                    }
+                }
+                if relist {
+                    break;
+                }
+                retry = self.reconcile(dirty).await;
+            }
+        }
+    }
+
+    fn all_service_keys(&self) -> BTreeSet<Key> {
+        let mut k: BTreeSet<Key> = self.state.services.keys().cloned().collect();
+        for ((ns, _), s) in &self.state.slices {
+            if let Some(svc) = endpoints::managed_service(s) {
+                k.insert((ns.clone(), svc.to_string()));
+            }
+        }
+        k
+    }
+
+    /// Loads everything at one revision and rebuilds the caches.
+    async fn snapshot(&mut self) -> Result<Rev, StoreError> {
+        let (kvs, rev) = self.objs.store.list("/registry/").await?;
+        self.state = State::default();
+        self.cfg = default_cfg();
+        let mut dirty = BTreeSet::new();
+        for kv in &kvs {
+            self.apply_event(EventType::Put, kv, &mut dirty).await;
+        }
+        self.release_orphans().await;
+        self.metrics.inc(
+            "podnet_controller_snapshots_total",
+            "Full snapshots of the store.",
+            "",
+            1.0,
+        );
+        Ok(rev)
+    }
+
+    /// Deletes reservations whose Service is gone or no longer holds them.
+    async fn release_orphans(&mut self) {
+        let (ips, _) = match self.objs.store.list(alloc::IP_PREFIX).await {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        let (ports, _) = match self.objs.store.list(alloc::PORT_PREFIX).await {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        let held: HashSet<String> = self.state.services.values().flat_map(alloc::keys).collect();
+        for kv in ips.iter().chain(ports.iter()) {
+            if !held.contains(&kv.key) {
+                tracing::info!(key = %kv.key, "releasing orphaned reservation");
+                let _ = self
+                    .objs
+                    .store
+                    .txn(vec![Op::Delete {
+                        key: kv.key.clone(),
+                        rev: Some(kv.mod_rev),
+                    }])
+                    .await;
+                self.forget_alloc(&kv.key);
+            }
+        }
+    }
+
+    fn forget_alloc(&mut self, key: &str) {
+        if let Some(ip) = key
+            .strip_prefix(alloc::IP_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            self.state.ips.remove(&ip);
+        }
+        if let Some(p) = key
+            .strip_prefix(alloc::PORT_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            self.state.ports.remove(&p);
+        }
+    }
+
+    async fn apply_event(&mut self, typ: EventType, kv: &KeyValue, dirty: &mut BTreeSet<Key>) {
+        if let Some(ip) = kv
+            .key
+            .strip_prefix(alloc::IP_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            match typ {
+                EventType::Put => self.state.ips.insert(ip),
+                EventType::Delete => self.state.ips.remove(&ip),
+            };
+            return;
+        }
+        if let Some(p) = kv
+            .key
+            .strip_prefix(alloc::PORT_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            match typ {
+                EventType::Put => self.state.ports.insert(p),
+                EventType::Delete => self.state.ports.remove(&p),
+            };
+            return;
+        }
+        let watched = [
+            Kind::Service,
+            Kind::Pod,
+            Kind::EndpointSlice,
+            Kind::NetworkConfig,
+        ];
+        if !watched.iter().any(|k| kv.key.starts_with(&k.prefix(None))) {
+            return;
+        }
+        let obj = match decode(kv) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
+        };
+        let k = key_of(&obj);
+        let ns = k.0.clone();
+        match (typ, obj) {
+            (EventType::Put, Object::Service(s)) => {
+                dirty.insert(k.clone());
+                self.state.services.insert(k, *s);
+            }
+            (EventType::Delete, Object::Service(s)) => {
+                dirty.insert(k.clone());
+                self.state.services.remove(&k);
+                self.release_for(&s).await;
+            }
+            (typ, Object::Pod(p)) => {
+                let empty = BTreeMap::new();
+                let old = self
+                    .state
+                    .pods
+                    .get(&k)
+                    .and_then(|o| o.metadata.labels.clone())
+                    .unwrap_or_default();
+                let new = p.metadata.labels.clone().unwrap_or_default();
+                for labels in [&old, &new, &empty] {
+                    dirty.extend(
+                        endpoints::services_selecting(self.state.services.values(), &ns, labels)
+                            .into_iter()
+                            .map(|n| (ns.clone(), n)),
+                    );
+                }
+                if typ == EventType::Put {
+                    self.state.pods.insert(k, *p);
+                } else {
+                    self.state.pods.remove(&k);
+                }
+            }
+            (typ, Object::EndpointSlice(s)) => {
+                if let Some(svc) = endpoints::managed_service(&s) {
+                    dirty.insert((ns.clone(), svc.to_string()));
+                    if typ == EventType::Put {
+                        self.state.slices.insert(k, *s);
+                    } else {
+                        self.state.slices.remove(&k);
+                    }
+                }
+            }
+            (EventType::Put, Object::NetworkConfig(c))
+                if c.metadata.name.as_deref() == Some(netconfig::DEFAULT_NAME) =>
+            {
+                match c.resolve() {
+                    Ok(r) => self.cfg = r,
+                    Err((f, m)) => {
+                        tracing::warn!("NetworkConfig {f}: {m}; keeping the previous settings")
+                    }
+                }
+            }
+            (EventType::Delete, Object::NetworkConfig(c))
+                if c.metadata.name.as_deref() == Some(netconfig::DEFAULT_NAME) =>
+            {
+                self.cfg = default_cfg();
+            }
+            _ => {}
+        }
+    }
+
+    /// Releases a deleted Service's reservations that still name it.
+    async fn release_for(&mut self, s: &Service) {
+        let owner = alloc::owner(s);
+        for key in alloc::keys(s) {
+            if let Ok(Some(kv)) = self.objs.store.get(&key).await {
+                if kv.value == owner.as_bytes() {
+                    let _ = self
+                        .objs
+                        .store
+                        .txn(vec![Op::Delete {
+                            key: key.clone(),
+                            rev: Some(kv.mod_rev),
+                        }])
+                        .await;
+                    self.forget_alloc(&key);
+                }
+            }
+        }
+    }
+
+    /// Reconciles the given Services; returns those to retry.
+    async fn reconcile(&mut self, dirty: BTreeSet<Key>) -> BTreeSet<Key> {
+        let mut retry = BTreeSet::new();
+        for k in dirty {
+            if let Err(e) = self.reconcile_one(&k).await {
+                tracing::debug!(service = %format!("{}/{}", k.0, k.1), "reconcile: {e}; will retry");
+                self.metrics.inc(
+                    "podnet_controller_errors_total",
+                    "Reconcile errors (retried).",
+                    "",
+                    1.0,
+                );
+                retry.insert(k);
+            }
+        }
+        self.metrics.set(
+            "podnet_controller_services",
+            "Services known to the controller.",
+            "",
+            self.state.services.len() as f64,
+        );
+        self.metrics.set(
+            "podnet_controller_pods",
+            "Pods known to the controller.",
+            "",
+            self.state.pods.len() as f64,
+        );
+        retry
+    }
+
+    async fn reconcile_one(&mut self, k: &Key) -> Result<(), StoreError> {
+        if self
+            .state
+            .services
+            .get(k)
+            .map(alloc::needs_allocation)
+            .unwrap_or(false)
+        {
+            self.allocate(k).await?;
+        }
+        let desired = match self.state.services.get(k) {
+            Some(svc) => {
+                let pods: Vec<&Pod> = self
+                    .state
+                    .pods
+                    .range((k.0.clone(), String::new())..)
+                    .take_while(|((ns, _), _)| *ns == k.0)
+                    .map(|(_, p)| p)
+                    .collect();
+                endpoints::desired(svc, &pods)
+            }
+            None => vec![],
+        };
+        let existing: Vec<EndpointSlice> = self
+            .state
+            .slices
+            .range((k.0.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == k.0)
+            .filter(|(_, s)| endpoints::managed_service(s) == Some(k.1.as_str()))
+            .map(|(_, s)| s.clone())
+            .collect();
+        let names: HashSet<String> = desired
+            .iter()
+            .filter_map(|d| d.metadata.name.clone())
+            .collect();
+        for d in desired {
+            let name = d.metadata.name.clone().unwrap_or_default();
+            match existing
+                .iter()
+                .find(|e| e.metadata.name.as_deref() == Some(&name))
+            {
+                Some(e) if endpoints::same(e, &d) => {}
+                Some(e) => {
+                    let mut upd = d.clone();
+                    upd.metadata.uid = e.metadata.uid.clone();
+                    upd.metadata.creation_timestamp = e.metadata.creation_timestamp.clone();
+                    upd.metadata.resource_version = e.metadata.resource_version.clone();
+                    let o = self
+                        .objs
+                        .update(Object::EndpointSlice(Box::new(upd)), vec![])
+                        .await?;
+                    self.metrics.inc(
+                        "podnet_controller_endpointslice_writes_total",
+                        "EndpointSlice writes.",
+                        "op=\"update\"",
+                        1.0,
+                    );
+                    self.cache_slice(o);
+                }
+                None => {
+                    let o = match self
+                        .objs
+                        .create(Object::EndpointSlice(Box::new(d)), vec![])
+                        .await
+                    {
+                        Err(StoreError::AlreadyExists(_)) => {
+                            // Exists but was not in our cache yet: take it over next pass.
+                            return Err(StoreError::Backend(format!(
+                                "slice {name} appeared concurrently"
+                            )));
+                        }
+                        r => r?,
+                    };
+                    self.metrics.inc(
+                        "podnet_controller_endpointslice_writes_total",
+                        "EndpointSlice writes.",
+                        "op=\"create\"",
+                        1.0,
+                    );
+                    self.cache_slice(o);
+                }
+            }
+        }
+        for e in existing {
+            let name = e.metadata.name.clone().unwrap_or_default();
+            if !names.contains(&name) {
+                let rev = e
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|r| r.parse().ok());
+                match self
+                    .objs
+                    .delete(Kind::EndpointSlice, Some(&k.0), &name, rev, vec![])
+                    .await
+                {
+                    Ok(_) | Err(StoreError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                self.metrics.inc(
+                    "podnet_controller_endpointslice_writes_total",
+                    "EndpointSlice writes.",
+                    "op=\"delete\"",
+                    1.0,
+                );
+                self.state.slices.remove(&(k.0.clone(), name));
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_slice(&mut self, o: Object) {
+        if let Object::EndpointSlice(s) = o {
+            let k = (
+                s.metadata.namespace.clone().unwrap_or_default(),
+                s.metadata.name.clone().unwrap_or_default(),
+            );
+            self.state.slices.insert(k, *s);
+        }
+    }
+
+    /// Gives a Service its ClusterIP and NodePorts, racing safely with any
+    /// other writer: reservation keys and the Service update are one txn.
+    async fn allocate(&mut self, k: &Key) -> Result<(), StoreError> {
+        for _ in 0..50 {
+            let Some(svc) = self.state.services.get(k).cloned() else {
+                return Ok(());
+            };
+            if !alloc::needs_allocation(&svc) {
+                return Ok(());
+            }
+            let mut new = svc.clone();
+            let spec = new.spec.as_mut().expect("needs_allocation implies a spec");
+            let ty = spec.type_.clone().unwrap_or_else(|| "ClusterIP".into());
+            self.hint = self
+                .hint
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if spec
+                .cluster_ip
+                .as_deref()
+                .map(str::is_empty)
+                .unwrap_or(true)
+            {
+                let ip = alloc::pick_ip(&self.cfg.service_cidr, &self.state.ips, self.hint >> 20)
+                    .ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "service CIDR {} is exhausted",
+                        self.cfg.service_cidr
+                    ))
+                })?;
+                spec.cluster_ip = Some(ip.to_string());
+                spec.cluster_ips = Some(vec![ip.to_string()]);
+            }
+            if matches!(ty.as_str(), "NodePort" | "LoadBalancer") {
+                let mut taken = self.state.ports.clone();
+                for p in spec.ports.iter_mut().flatten() {
+                    if p.node_port.is_none() {
+                        let port =
+                            alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 24)
+                                .ok_or_else(|| {
+                                    StoreError::Backend("node port range is exhausted".into())
+                                })?;
+                        taken.insert(port);
+                        p.node_port = Some(port as i32);
+                    }
+                }
+            }
+            let ops = alloc::transition(Some(&svc), Some(&new));
+            match self.objs.update(Object::Service(Box::new(new)), ops).await {
+                Ok(Object::Service(s)) => {
+                    for key in alloc::keys(&s) {
+                        if let Some(ip) = key
+                            .strip_prefix(alloc::IP_PREFIX)
+                            .and_then(|x| x.parse().ok())
+                        {
+                            self.state.ips.insert(ip);
+                        }
+                        if let Some(p) = key
+                            .strip_prefix(alloc::PORT_PREFIX)
+                            .and_then(|x| x.parse().ok())
+                        {
+                            self.state.ports.insert(p);
+                        }
+                    }
+                    self.metrics.inc(
+                        "podnet_controller_allocations_total",
+                        "Services given addresses or ports.",
+                        "",
+                        1.0,
+                    );
+                    self.state.services.insert(k.clone(), *s);
+                    return Ok(());
+                }
+                Ok(_) => return Ok(()),
+                Err(StoreError::AlreadyExists(key)) => {
+                    // Someone else holds it: remember and pick again.
+                    if let Some(ip) = key
+                        .strip_prefix(alloc::IP_PREFIX)
+                        .and_then(|x| x.parse().ok())
+                    {
+                        self.state.ips.insert(ip);
+                    }
+                    if let Some(p) = key
+                        .strip_prefix(alloc::PORT_PREFIX)
+                        .and_then(|x| x.parse().ok())
+                    {
+                        self.state.ports.insert(p);
+                    }
+                }
+                Err(StoreError::Conflict { .. }) => {
+                    match self.objs.get(Kind::Service, Some(&k.0), &k.1).await? {
+                        Some(Object::Service(s)) => {
+                            self.state.services.insert(k.clone(), *s);
+                        }
+                        _ => {
+                            self.state.services.remove(k);
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(StoreError::NotFound(_)) => {
+                    self.state.services.remove(k);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Backend("allocation kept colliding".into()))
+    }
+}

@@ -1,0 +1,182 @@
+//! What every podnet daemon shares: a Prometheus `/metrics` endpoint,
+//! `/healthz` and `/readyz`, and SIGTERM/SIGINT handling.
+//!
+//! The HTTP side is deliberately tiny (one request per connection, GET only):
+//! it serves scrapes and probes, nothing else, so it needs no HTTP stack.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum MetricType {
+    Counter,
+    Gauge,
+}
+
+struct Family {
+    help: &'static str,
+    typ: MetricType,
+    values: BTreeMap<String, f64>,
+}
+
+/// A small metrics registry: families of counters and gauges with labels.
+#[derive(Default)]
+pub struct Metrics {
+    families: Mutex<BTreeMap<&'static str, Family>>,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        Arc::new(Metrics::default())
+    }
+
+    fn with(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        typ: MetricType,
+        labels: &str,
+        f: impl FnOnce(&mut f64),
+    ) {
+        let mut fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let fam = fams.entry(name).or_insert_with(|| Family {
+            help,
+            typ,
+            values: BTreeMap::new(),
+        });
+        f(fam.values.entry(labels.to_string()).or_insert(0.0));
+    }
+
+    /// Adds to a counter; `labels` is Prometheus label text like `kind="svc"`.
+    pub fn inc(&self, name: &'static str, help: &'static str, labels: &str, by: f64) {
+        self.with(name, help, MetricType::Counter, labels, |v| *v += by);
+    }
+
+    pub fn set(&self, name: &'static str, help: &'static str, labels: &str, to: f64) {
+        self.with(name, help, MetricType::Gauge, labels, |v| *v = to);
+    }
+
+    pub fn set_ready(&self, r: bool) {
+        self.ready.store(r, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        for (name, f) in fams.iter() {
+            let t = match f.typ {
+                MetricType::Counter => "counter",
+                MetricType::Gauge => "gauge",
+            };
+            out.push_str(&format!("# HELP {name} {}\n# TYPE {name} {t}\n", f.help));
+            for (labels, v) in &f.values {
+                if labels.is_empty() {
+                    out.push_str(&format!("{name} {v}\n"));
+                } else {
+                    out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Binds the metrics/health listener (so callers learn the port at once).
+pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves /metrics, /healthz and /readyz until the listener is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+                .await
+            {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (code, ctype, body) = match path {
+                "/metrics" => (200, "text/plain; version=0.0.4", m.render()),
+                "/healthz" | "/livez" => (200, "text/plain", "ok\n".to_string()),
+                "/readyz" if m.is_ready() => (200, "text/plain", "ok\n".to_string()),
+                "/readyz" => (503, "text/plain", "not ready\n".to_string()),
+                _ => (404, "text/plain", "not found\n".to_string()),
+            };
+            let reason = match code {
+                200 => "OK",
+                503 => "Service Unavailable",
+                _ => "Not Found",
+            };
+            let resp = format!(
+                "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        });
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Parses a listen address, accepting ":9090" for all interfaces.
+pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    s.parse()
+        .map_err(|_| format!("invalid listen address {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text() {
+        let m = Metrics::new();
+        m.inc("podnet_syncs_total", "Syncs run.", "", 1.0);
+        m.inc("podnet_syncs_total", "Syncs run.", "", 2.0);
+        m.set(
+            "podnet_services",
+            "Services known.",
+            "type=\"ClusterIP\"",
+            5.0,
+        );
+        let t = m.render();
+        assert!(
+            t.contains("# TYPE podnet_syncs_total counter\npodnet_syncs_total 3\n"),
+            "{t}"
+        );
+        assert!(t.contains("podnet_services{type=\"ClusterIP\"} 5"), "{t}");
+    }
+}
