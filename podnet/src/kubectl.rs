@@ -257,6 +257,7 @@ pub async fn delete(
     kind: Option<String>,
     names: Vec<String>,
     ns: Option<String>,
+    ignore_not_found: bool,
 ) -> Result<()> {
     let mut targets: Vec<(Kind, Option<String>, String)> = Vec::new();
     let mut failed = 0;
@@ -295,6 +296,7 @@ pub async fn delete(
         };
         match delete_one(objs, k, ns_eff, &name).await {
             Ok(true) => println!("{} \"{name}\" deleted", short(k)),
+            Ok(false) if ignore_not_found => {}
             Ok(false) => {
                 failed += 1;
                 eprintln!(

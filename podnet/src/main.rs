@@ -71,6 +71,9 @@ enum Cmd {
         names: Vec<String>,
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// Treat "not found" as success.
+        #[arg(long)]
+        ignore_not_found: bool,
     },
     /// Allocate ClusterIPs/NodePorts and maintain EndpointSlices.
     Controller {
@@ -178,9 +181,10 @@ fn main() {
             kind,
             names,
             namespace,
+            ignore_not_found,
         } => block_on(async {
             let objs = cmd::objects(&cli.store).await?;
-            kubectl::delete(&objs, &files, kind, names, namespace).await
+            kubectl::delete(&objs, &files, kind, names, namespace, ignore_not_found).await
         }),
         Cmd::Controller {
             metrics_addr,
