@@ -9,7 +9,7 @@ PKGS=(
   containernetworking-plugins                # reference CNI plugins (differential tests, bench)
   podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
   protobuf-compiler libprotobuf-dev etcd-server  # etcd-client build (protoc + well-known protos), etcd tests
-  dnsutils iperf3                            # DNS and data-plane checks, benchmarks
+  dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
 )
 
 missing=()

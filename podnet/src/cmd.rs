@@ -182,3 +182,150 @@ pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()
     tracing::info!("controller stopped");
     Ok(())
 }
+
+/// `podnet agent`: runs until SIGTERM (leaving the data plane), or with
+/// `--cleanup` removes what it installed.
+pub async fn agent(
+    url: &str,
+    opts: podnet_agent::Options,
+    metrics_addr: &str,
+    cleanup: bool,
+) -> Result<()> {
+    if cleanup {
+        let store = podnet_store::open(url).await.ok();
+        for line in podnet_agent::cleanup(store, &opts).await? {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    let store = podnet_store::open(url)
+        .await
+        .with_context(|| format!("opening store {url}"))?;
+    let metrics = podnet_daemon::Metrics::new();
+    let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
+    match podnet_daemon::bind(&addr.to_string()).await {
+        Ok(l) => {
+            tokio::spawn(podnet_daemon::serve(l, metrics.clone()));
+        }
+        Err(e) => tracing::warn!("metrics address {addr}: {e}; serving no metrics"),
+    }
+    podnet_agent::run(store, opts, metrics, podnet_daemon::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// `podnet serve`.
+pub fn serve(name: &str, ports: &str) -> Result<()> {
+    let ports = podnet_lab::serve::parse_ports(ports).map_err(anyhow::Error::msg)?;
+    podnet_lab::serve::serve(name, &ports)?;
+    Ok(())
+}
+
+fn split_pod(s: &str) -> Result<(String, String)> {
+    match s.split_once('/') {
+        Some((ns, p)) if !ns.is_empty() && !p.is_empty() => Ok((ns.to_string(), p.to_string())),
+        None if !s.is_empty() => Ok(("default".to_string(), s.to_string())),
+        _ => bail!("{s:?}: want NAMESPACE/POD"),
+    }
+}
+
+/// `podnet lab ...`.
+pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result<()> {
+    use crate::LabCmd;
+    let exe = std::fs::canonicalize("/proc/self/exe")?;
+    let lab = podnet_lab::Lab::new(name, exe)?;
+    match command {
+        LabCmd::Up {
+            nodes,
+            backend,
+            resync,
+        } => {
+            // The global --store default points at the machine's store; the
+            // lab keeps its own unless one is given explicitly.
+            let store = (store_flag != podnet_store::DEFAULT_URL).then(|| store_flag.to_string());
+            let st = lab
+                .up(&podnet_lab::UpOptions {
+                    nodes,
+                    backend,
+                    store,
+                    resync_secs: resync,
+                })
+                .await?;
+            println!(
+                "lab {:?} is up: {} nodes, backend {}, store {}",
+                st.name,
+                st.nodes.len(),
+                st.backend,
+                st.store
+            );
+            for n in &st.nodes {
+                println!("  {}  netns {}  underlay {}", n.name, n.netns, n.ip);
+            }
+            println!("try: podnet lab run default/web --node node1 --ports 80/tcp; podnet lab probe default/web2 IP:80");
+        }
+        LabCmd::Run {
+            pod,
+            node,
+            labels,
+            ports,
+        } => {
+            let (ns, p) = split_pod(&pod)?;
+            let mut l = std::collections::BTreeMap::new();
+            for kv in labels
+                .iter()
+                .flat_map(|s| s.split(','))
+                .filter(|s| !s.is_empty())
+            {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("label {kv:?}: want key=value"))?;
+                l.insert(k.to_string(), v.to_string());
+            }
+            l.entry("app".to_string()).or_insert_with(|| p.clone());
+            let ports = podnet_lab::serve::parse_ports(&ports).map_err(anyhow::Error::msg)?;
+            let info = lab.run_pod(&ns, &p, node.as_deref(), l, &ports).await?;
+            println!(
+                "pod {}/{} on {}: {} (netns {})",
+                info.namespace, info.name, info.node, info.ip, info.netns
+            );
+        }
+        LabCmd::Exec { pod, cmd } => {
+            let (ns, p) = split_pod(&pod)?;
+            let info = lab.pod(&ns, &p)?;
+            let err = std::os::unix::process::CommandExt::exec(
+                std::process::Command::new("ip")
+                    .args(["netns", "exec", &info.netns])
+                    .args(&cmd),
+            );
+            bail!("exec ip netns exec: {err}");
+        }
+        LabCmd::Probe { pod, target, ask } => {
+            let (ns, p) = split_pod(&pod)?;
+            let who = lab.probe(&ns, &p, &target, &ask)?;
+            println!("{who}");
+        }
+        LabCmd::Rm { pod } => {
+            let (ns, p) = split_pod(&pod)?;
+            lab.delete_pod(&ns, &p).await?;
+            println!("pod {ns}/{p} deleted");
+        }
+        LabCmd::AddNode => {
+            let n = lab.add_node()?;
+            println!("node {} added ({})", n.name, n.ip);
+        }
+        LabCmd::RemoveNode { node } => {
+            lab.remove_node(&node)?;
+            println!("node {node} removed");
+        }
+        LabCmd::RestartAgent { node } => {
+            lab.restart_agent(&node)?;
+            println!("agent on {node} restarted");
+        }
+        LabCmd::Down => {
+            for line in lab.down()? {
+                println!("{line}");
+            }
+            println!("lab {name:?} is down");
+        }
+    }
+    Ok(())
+}

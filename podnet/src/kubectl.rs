@@ -5,7 +5,6 @@
 //! reservations; a failure names the file, the document and the field, and
 //! leaves that object untouched.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -631,14 +630,10 @@ pub async fn get(
                 kind.plural()
             ),
         },
-        None => {
-            let (mut v, _) = objs.list(kind, ns_eff.as_deref()).await?;
-            if let Some(s) = &sel {
-                let empty = BTreeMap::new();
-                v.retain(|o| selector::matches(s, o.meta().labels.as_ref().unwrap_or(&empty)));
-            }
-            v
-        }
+        None => match &sel {
+            Some(s) => objs.list_selected(kind, ns_eff.as_deref(), s).await?.0,
+            None => objs.list(kind, ns_eff.as_deref()).await?.0,
+        },
     };
     match output.as_deref() {
         Some("json") | Some("yaml") => {

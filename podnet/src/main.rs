@@ -75,6 +75,52 @@ enum Cmd {
         #[arg(long)]
         ignore_not_found: bool,
     },
+    /// The node agent: subnet lease, backend, masquerade, CNI files.
+    Agent {
+        /// This node's name.
+        #[arg(long)]
+        node: String,
+        /// Underlay interface (default: the default route's).
+        #[arg(long)]
+        iface: Option<String>,
+        #[arg(long, default_value = "/run/podnet/subnet.env")]
+        subnet_file: std::path::PathBuf,
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: std::path::PathBuf,
+        /// Where the node's CNI state lives (default: the plugins' defaults).
+        #[arg(long)]
+        cni_data_dir: Option<std::path::PathBuf>,
+        /// Subnet lease TTL in seconds (renewed at a third of it).
+        #[arg(long, default_value_t = 86400)]
+        lease_ttl: i64,
+        /// Resync period in seconds: how fast a deleted route is repaired.
+        #[arg(long, default_value_t = 10)]
+        resync: u64,
+        /// Pod MTU (default: underlay MTU minus the backend's overhead).
+        #[arg(long)]
+        mtu: Option<u32>,
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        metrics_addr: String,
+        /// Remove everything the agent installed on this node, then exit.
+        #[arg(long)]
+        cleanup: bool,
+    },
+    /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
+    Serve {
+        #[arg(long)]
+        name: String,
+        /// Ports, e.g. 80/tcp,81/udp.
+        #[arg(long)]
+        ports: String,
+    },
+    /// A multi-node cluster on this machine, out of network namespaces.
+    Lab {
+        /// Lab name (1-8 lowercase letters or digits), for several labs at once.
+        #[arg(long, global = true, default_value = "lab")]
+        name: String,
+        #[command(subcommand)]
+        command: LabCmd,
+    },
     /// Allocate ClusterIPs/NodePorts and maintain EndpointSlices.
     Controller {
         /// Address for /metrics, /healthz and /readyz.
@@ -84,6 +130,56 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         resync: u64,
     },
+}
+
+#[derive(Subcommand)]
+pub enum LabCmd {
+    /// Start the controller and N nodes, each running a real agent.
+    Up {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value = "vxlan")]
+        backend: String,
+        /// Agents' resync period in seconds.
+        #[arg(long, default_value_t = 5)]
+        resync: u64,
+    },
+    /// Create a pod NS/POD through the real CNI plugins and register it.
+    Run {
+        pod: String,
+        #[arg(long)]
+        node: Option<String>,
+        /// Labels, e.g. app=web,tier=front.
+        #[arg(long)]
+        labels: Option<String>,
+        /// Ports `podnet serve` answers on, e.g. 80/tcp,81/udp.
+        #[arg(long, default_value = "80/tcp")]
+        ports: String,
+    },
+    /// Run a command inside a pod's network namespace.
+    Exec {
+        pod: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Connect from a pod to HOST:PORT[/tcp|/udp]; print who answered.
+    Probe {
+        pod: String,
+        target: String,
+        /// What to ask: hostname (default) or clientip.
+        #[arg(long, default_value = "hostname")]
+        ask: String,
+    },
+    /// Delete a pod.
+    Rm { pod: String },
+    /// Add a node to the running lab.
+    AddNode,
+    /// Remove a node (its agent cleans up and gives its subnet back).
+    RemoveNode { node: String },
+    /// Kill a node's agent (SIGKILL) and start it again.
+    RestartAgent { node: String },
+    /// Remove every namespace, link, file and process the lab made.
+    Down,
 }
 
 #[derive(Subcommand)]
@@ -133,11 +229,8 @@ fn main() {
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();
-    init_logs(if matches!(cli.command, Cmd::Controller { .. }) {
-        "info"
-    } else {
-        "warn"
-    });
+    let daemon = matches!(cli.command, Cmd::Controller { .. } | Cmd::Agent { .. });
+    init_logs(if daemon { "info" } else { "warn" });
     let res = match cli.command {
         Cmd::Cni {
             command: CniCmd::Install { dir },
@@ -186,6 +279,32 @@ fn main() {
             let objs = cmd::objects(&cli.store).await?;
             kubectl::delete(&objs, &files, kind, names, namespace, ignore_not_found).await
         }),
+        Cmd::Agent {
+            node,
+            iface,
+            subnet_file,
+            cni_conf_dir,
+            cni_data_dir,
+            lease_ttl,
+            resync,
+            mtu,
+            metrics_addr,
+            cleanup,
+        } => {
+            let opts = podnet_agent::Options {
+                node,
+                iface,
+                subnet_file,
+                cni_conf_dir,
+                cni_data_dir,
+                lease_ttl,
+                resync: std::time::Duration::from_secs(resync.max(1)),
+                mtu,
+            };
+            block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
+        }
+        Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
+        Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),
         Cmd::Controller {
             metrics_addr,
             resync,

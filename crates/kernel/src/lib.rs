@@ -4,18 +4,24 @@
 //! Layout:
 //! - [`nl`]: the netlink wire format and a blocking socket;
 //! - [`rtnl`]: typed operations ([`Handle`]) on links, addresses and routes;
-//! - [`netns`]: entering, creating and removing network namespaces.
+//! - [`netns`]: entering, creating and removing network namespaces;
+//! - [`detach`]: link deletion that leaves the kernel's reclamation wait
+//!   (an RCU barrier, 10-30 ms) to a helper process.
 //!
 //! Every error names the operation and the object it was applied to, so a
 //! failure deep in a CNI ADD reads as "creating veth vethab12 (peer eth0): File
 //! exists" rather than "EEXIST".
 
+pub mod detach;
+pub mod neigh;
 pub mod netns;
 pub mod nl;
 pub mod rtnl;
+pub mod tun;
 
+pub use neigh::Neigh;
 pub use netns::Netns;
-pub use rtnl::{Addr, Handle, Link, LinkKind, Route};
+pub use rtnl::{Addr, Handle, Link, LinkKind, Route, VxlanOpts};
 
 use std::io;
 

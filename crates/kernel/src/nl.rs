@@ -184,6 +184,12 @@ pub struct Socket {
     buf: Vec<u8>,
 }
 
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 impl Socket {
     pub fn open(protocol: i32) -> io::Result<Self> {
         // SAFETY: plain socket(2) call; the fd is owned immediately.

@@ -65,6 +65,19 @@ pub const RTNH_F_ONLINK: u32 = 4;
 const IFF_UP: u32 = 0x1;
 const IFF_PROMISC: u32 = 0x100;
 
+/// How to build a VXLAN device.
+#[derive(Debug, Clone)]
+pub struct VxlanOpts {
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    pub local: Option<IpAddr>,
+    /// The underlay device's index.
+    pub link: Option<u32>,
+    pub mtu: Option<u32>,
+    pub mac: Option<[u8; 6]>,
+}
+
 /// What kind of link a [`Link`] is, as far as podnet cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkKind {
@@ -214,6 +227,15 @@ impl Handle {
         self.sock.request(m, op)
     }
 
+    /// Sends a raw request on this handle's socket (for sibling modules).
+    pub(crate) fn request(
+        &mut self,
+        m: Msg,
+        op: &dyn Fn() -> String,
+    ) -> Result<Vec<nl::Reply>, KernelError> {
+        self.sock.request(m, op)
+    }
+
     // ---------------------------------------------------------------- links
 
     pub fn links(&mut self) -> Result<Vec<Link>, KernelError> {
@@ -291,8 +313,52 @@ impl Handle {
         Ok(())
     }
 
+    /// Creates a VXLAN device (a VTEP) with learning off: podnet programs
+    /// every neighbour and FDB entry itself.
+    pub fn create_vxlan(&mut self, v: &VxlanOpts) -> Result<(), KernelError> {
+        const IFLA_VXLAN_ID: u16 = 1;
+        const IFLA_VXLAN_LINK: u16 = 3;
+        const IFLA_VXLAN_LOCAL: u16 = 4;
+        const IFLA_VXLAN_LEARNING: u16 = 7;
+        const IFLA_VXLAN_PORT: u16 = 15;
+        let mut m = Msg::new(
+            RTM_NEWLINK,
+            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
+        );
+        m.raw(&ifinfomsg(0, 0, 0, 0));
+        m.str(IFLA_IFNAME, &v.name);
+        if let Some(mtu) = v.mtu {
+            m.u32(IFLA_MTU, mtu);
+        }
+        if let Some(mac) = v.mac {
+            m.attr(IFLA_ADDRESS, &mac);
+        }
+        m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, "vxlan");
+        m.begin(IFLA_INFO_DATA);
+        m.u32(IFLA_VXLAN_ID, v.vni);
+        if let Some(l) = v.link {
+            m.u32(IFLA_VXLAN_LINK, l);
+        }
+        if let Some(IpAddr::V4(a)) = v.local {
+            m.attr(IFLA_VXLAN_LOCAL, &a.octets());
+        }
+        m.u8(IFLA_VXLAN_LEARNING, 0);
+        m.u16_be(IFLA_VXLAN_PORT, v.port);
+        m.end().end();
+        let name = v.name.clone();
+        self.req(m, &|| format!("creating vxlan {name}"))
+            .map_err(|e| unsupported_kind(e, "vxlan"))?;
+        Ok(())
+    }
+
     /// Creates a veth pair whose peer is born directly in `peer_ns`, which
     /// saves the costly move of a link between namespaces.
+    ///
+    /// Both ends get one TX and one RX queue. Left to itself the kernel
+    /// allocates one per possible CPU and at once trims the real count to
+    /// one, which waits for an expedited RCU grace period per device
+    /// (0.7 ms for the call instead of 0.43 ms here). The real count is one
+    /// either way; only raising it later with `ethtool -L` is given up.
     pub fn create_veth(
         &mut self,
         name: &str,
@@ -306,10 +372,13 @@ impl Handle {
             nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
         );
         m.raw(&ifinfomsg(0, 0, 0, 0));
+        const IFLA_NUM_TX_QUEUES: u16 = 31;
+        const IFLA_NUM_RX_QUEUES: u16 = 32;
         m.str(IFLA_IFNAME, name);
         if let Some(mtu) = mtu {
             m.u32(IFLA_MTU, mtu);
         }
+        m.u32(IFLA_NUM_TX_QUEUES, 1).u32(IFLA_NUM_RX_QUEUES, 1);
         m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, "veth");
         m.begin(IFLA_INFO_DATA).begin_plain(VETH_INFO_PEER);
         m.raw(&ifinfomsg(0, 0, 0, 0));
@@ -317,6 +386,7 @@ impl Handle {
         if let Some(mtu) = mtu {
             m.u32(IFLA_MTU, mtu);
         }
+        m.u32(IFLA_NUM_TX_QUEUES, 1).u32(IFLA_NUM_RX_QUEUES, 1);
         if let Some(mac) = peer_mac {
             m.attr(IFLA_ADDRESS, &mac);
         }

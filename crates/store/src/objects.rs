@@ -74,6 +74,21 @@ impl Objects {
         Ok((objs, rev))
     }
 
+    /// Like [`Objects::list`], keeping only objects whose labels match.
+    pub async fn list_selected(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        sel: &podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<(Vec<Object>, Rev)> {
+        let (mut v, rev) = self.list(kind, ns).await?;
+        let empty = std::collections::BTreeMap::new();
+        v.retain(|o| {
+            podnet_api::selector::matches(sel, o.meta().labels.as_ref().unwrap_or(&empty))
+        });
+        Ok((v, rev))
+    }
+
     /// Fills in what the server owns on create: namespace, uid, timestamp.
     pub fn prepare_create(o: &mut Object) {
         let ns = o.namespace().map(String::from);

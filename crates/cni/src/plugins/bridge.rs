@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use podnet_kernel::detach::LinkRef;
 use podnet_kernel::{Handle, KernelError, Link, LinkKind, Netns, Route};
 use serde::Deserialize;
 use serde_json::Value;
@@ -94,6 +95,27 @@ impl BridgeConf {
             .filter(|s| !s.is_empty())
             .map(String::from)
     }
+}
+
+/// Deletes link `index` (in `ns`, or the plugin's own namespace) and, with
+/// it, a veth's peer `host_peer` in the plugin's namespace. DEL returns as
+/// soon as the kernel has removed both from view (their RTM_DELLINK): the
+/// kernel's reclamation after that, an RCU barrier of 10-30 ms that would
+/// otherwise block the netlink call, is waited out by a helper process (see
+/// `podnet_kernel::detach`). `PODNET_CNI_SYNC_DEL=1` makes DEL wait for it.
+fn remove_link(ns: Option<&Netns>, index: u32, host_peer: Option<u32>) -> Result<(), KernelError> {
+    if std::env::var_os("PODNET_CNI_SYNC_DEL").is_some_and(|v| v == "1") {
+        let mut h = match ns {
+            Some(ns) => Handle::in_netns(ns)?,
+            None => Handle::new()?,
+        };
+        return h.delete_link(index);
+    }
+    let also: Vec<LinkRef<'_>> = host_peer
+        .map(|i| LinkRef { ns: None, index: i })
+        .into_iter()
+        .collect();
+    podnet_kernel::detach::delete_link_detached(LinkRef { ns, index }, &also)
 }
 
 /// A random host-side veth name, as the reference plugin makes them.
@@ -466,7 +488,8 @@ impl Plugin for Bridge {
                                 }
                                 pod_mac = Some(l.mac_string());
                                 host_veth.get_or_insert(hv.name);
-                                pod.delete_link(l.index)?;
+                                // Returns once both ends are gone from view.
+                                remove_link(Some(&ns), l.index, Some(hv.index))?;
                             }
                         }
                         Ok(())
@@ -489,7 +512,7 @@ impl Plugin for Bridge {
                 if let Ok(Some(l)) = host.link(v) {
                     let br = host.link(&c.bridge).ok().flatten().map(|b| b.index);
                     if l.kind == LinkKind::Veth && l.master.is_some() && l.master == br {
-                        if let Err(e) = host.delete_link(l.index) {
+                        if let Err(e) = remove_link(None, l.index, None) {
                             if !e.is_not_found() {
                                 errors.push(e.to_string());
                             }

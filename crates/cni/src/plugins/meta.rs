@@ -32,6 +32,9 @@ struct Conf {
     subnet_file: Option<String>,
     #[serde(rename = "dataDir", default)]
     data_dir: Option<String>,
+    /// podnet extension: host-local's dataDir for the delegate.
+    #[serde(rename = "ipamDataDir", default)]
+    ipam_data_dir: Option<String>,
     #[serde(default)]
     delegate: Option<Map<String, Value>>,
     #[serde(rename = "runtimeConfig", default)]
@@ -139,6 +142,9 @@ impl Conf {
                 "routes": [{"dst": env.network.trunc().to_string()}],
             }),
         );
+        if let Some(dir) = &self.ipam_data_dir {
+            d["ipam"]["dataDir"] = json!(dir);
+        }
         if let Some(rc) = &self.runtime_config {
             d.insert("runtimeConfig".into(), rc.clone());
         }

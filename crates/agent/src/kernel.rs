@@ -1,0 +1,319 @@
+//! The agent's kernel edge: the underlay, the backend device, observing the
+//! routes/neighbours/FDB entries podnet owns, and applying a [`Diff`].
+//!
+//! podnet's routes carry their own protocol number ([`RTPROT_PODNET`]) so
+//! they are told apart from everyone else's without any local bookkeeping;
+//! neighbour and FDB entries are ours if they are permanent and on our VTEP.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use podnet_api::netconfig::{BackendType, Resolved};
+use podnet_kernel::neigh::NUD_PERMANENT;
+use podnet_kernel::{Handle, KernelError, LinkKind, Neigh, Route, VxlanOpts};
+
+use crate::plan::{Desired, Dev, Diff, FdbSpec, NeighSpec, RouteSpec};
+
+/// The rtnetlink protocol number marking podnet's routes.
+pub const RTPROT_PODNET: u8 = 112;
+pub const VXLAN_DEV: &str = "podnet.1";
+pub const TUN_DEV: &str = "podnet.tun";
+
+#[derive(Debug, Clone)]
+pub struct Underlay {
+    pub index: u32,
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub net: Ipv4Net,
+    pub mtu: u32,
+}
+
+/// Finds the node's underlay: `--iface`, else the default route's device,
+/// else the first non-loopback interface with an IPv4 address.
+pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, KernelError> {
+    let links = h.links()?;
+    let addrs = h.addrs(0)?;
+    let v4 = |idx: u32| {
+        addrs.iter().find_map(|a| match a.net {
+            IpNet::V4(n) if a.index == idx && a.scope == 0 => Some(n),
+            _ => None,
+        })
+    };
+    let pick = |idx: u32| -> Option<Underlay> {
+        let l = links.iter().find(|l| l.index == idx)?;
+        let n = v4(idx)?;
+        Some(Underlay {
+            index: idx,
+            name: l.name.clone(),
+            ip: n.addr(),
+            net: n.trunc(),
+            mtu: l.mtu,
+        })
+    };
+    if let Some(name) = iface {
+        let l = links
+            .iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| KernelError::Other(format!("--iface {name}: no such interface")))?;
+        return pick(l.index)
+            .ok_or_else(|| KernelError::Other(format!("--iface {name}: has no IPv4 address")));
+    }
+    let default = h
+        .routes(false, None)?
+        .into_iter()
+        .find(|r| r.dst.is_none())
+        .and_then(|r| r.oif);
+    if let Some(u) = default.and_then(pick) {
+        return Ok(u);
+    }
+    links
+        .iter()
+        .filter(|l| l.name != "lo" && !l.name.starts_with("podnet") && l.kind != LinkKind::Bridge)
+        .find_map(|l| pick(l.index))
+        .ok_or_else(|| {
+            KernelError::Other("no interface with an IPv4 address found; pass --iface".into())
+        })
+}
+
+/// Creates (or adopts) the backend device; returns its index and MAC.
+pub fn ensure_device(
+    h: &mut Handle,
+    backend: BackendType,
+    cfg: &Resolved,
+    underlay: &Underlay,
+    mtu: u32,
+) -> Result<Option<(u32, Option<[u8; 6]>)>, KernelError> {
+    match backend {
+        BackendType::HostGw => Ok(None),
+        BackendType::Vxlan => {
+            let existing = h.link(VXLAN_DEV)?;
+            let link = match existing {
+                Some(l) if l.kind == LinkKind::Vxlan => l,
+                Some(l) => {
+                    // Something else by our name: replace it.
+                    h.delete_link(l.index)?;
+                    create_vxlan(h, cfg, underlay, mtu)?
+                }
+                None => create_vxlan(h, cfg, underlay, mtu)?,
+            };
+            if link.mtu != mtu {
+                h.set_mtu(link.index, mtu)?;
+            }
+            if !link.is_up() {
+                h.set_up(link.index)?;
+            }
+            Ok(Some((link.index, link.mac)))
+        }
+        BackendType::Udp => {
+            let l = h.require_link(TUN_DEV)?;
+            if l.mtu != mtu {
+                h.set_mtu(l.index, mtu)?;
+            }
+            if !l.is_up() {
+                h.set_up(l.index)?;
+            }
+            Ok(Some((l.index, None)))
+        }
+    }
+}
+
+fn create_vxlan(
+    h: &mut Handle,
+    cfg: &Resolved,
+    u: &Underlay,
+    mtu: u32,
+) -> Result<podnet_kernel::Link, KernelError> {
+    h.create_vxlan(&VxlanOpts {
+        name: VXLAN_DEV.into(),
+        vni: cfg.vni,
+        port: cfg.port,
+        local: Some(IpAddr::V4(u.ip)),
+        link: Some(u.index),
+        mtu: Some(mtu),
+        mac: None,
+    })?;
+    h.require_link(VXLAN_DEV)
+}
+
+/// Gives the overlay device exactly one address: the subnet's network
+/// address as a /32 (flannel's layout), so node-originated traffic has a
+/// source inside the cluster network.
+pub fn ensure_overlay_addr(h: &mut Handle, index: u32, subnet: Ipv4Net) -> Result<(), KernelError> {
+    let want = IpNet::V4(Ipv4Net::new(subnet.network(), 32).expect("/32"));
+    let have = h.addrs(index)?;
+    for a in have
+        .iter()
+        .filter(|a| a.net != want && a.net.addr().is_ipv4())
+    {
+        h.del_addr(index, a.net)?;
+    }
+    if !have.iter().any(|a| a.net == want) {
+        h.add_addr(index, want, true)?;
+    }
+    Ok(())
+}
+
+/// What podnet currently has in the kernel.
+pub fn observe(
+    h: &mut Handle,
+    overlay: Option<u32>,
+    underlay: &Underlay,
+) -> Result<Desired, KernelError> {
+    let mut d = Desired::default();
+    for r in h.routes(false, None)? {
+        if r.protocol != Some(RTPROT_PODNET) {
+            continue;
+        }
+        let Some(IpNet::V4(dst)) = r.dst else {
+            continue;
+        };
+        let dev = if r.oif.is_some() && r.oif == overlay {
+            Dev::Overlay
+        } else if r.oif == Some(underlay.index) {
+            Dev::Underlay
+        } else {
+            // Ours, but on a device we do not use any more: it must go.
+            Dev::Underlay
+        };
+        let gw = match r.gateway {
+            Some(IpAddr::V4(g)) => Some(g),
+            _ => None,
+        };
+        d.routes.insert(RouteSpec {
+            dst,
+            gw,
+            dev,
+            onlink: r.onlink,
+        });
+    }
+    if let Some(ov) = overlay {
+        for n in h.neighbours(ov, false)? {
+            if n.state & NUD_PERMANENT != 0 {
+                if let Some(IpAddr::V4(ip)) = n.dst {
+                    d.neighs.insert(NeighSpec { ip, mac: n.mac });
+                }
+            }
+        }
+        for n in h.neighbours(ov, true)? {
+            if n.state & NUD_PERMANENT != 0 && n.mac != [0; 6] {
+                if let Some(IpAddr::V4(ip)) = n.dst {
+                    d.fdbs.insert(FdbSpec {
+                        mac: n.mac,
+                        dst: ip,
+                    });
+                }
+            }
+        }
+    }
+    Ok(d)
+}
+
+fn kroute(r: &RouteSpec, overlay: Option<u32>, underlay: &Underlay) -> Route {
+    Route {
+        dst: Some(IpNet::V4(r.dst)),
+        gateway: r.gw.map(IpAddr::V4),
+        oif: Some(match r.dev {
+            Dev::Overlay => overlay.unwrap_or(underlay.index),
+            Dev::Underlay => underlay.index,
+        }),
+        protocol: Some(RTPROT_PODNET),
+        onlink: r.onlink,
+        scope: Some(if r.gw.is_some() { 0 } else { 253 }),
+        ..Default::default()
+    }
+}
+
+/// Applies a diff; returns how many operations succeeded and the failures.
+pub fn apply(
+    h: &mut Handle,
+    diff: &Diff,
+    overlay: Option<u32>,
+    underlay: &Underlay,
+) -> (usize, Vec<String>) {
+    let mut done = 0;
+    let mut errs = Vec::new();
+    let mut run = |r: Result<(), KernelError>| match r {
+        Ok(()) => done += 1,
+        Err(e) if e.is_not_found() => done += 1,
+        Err(e) => errs.push(e.to_string()),
+    };
+    for r in &diff.del_routes {
+        let mut kr = kroute(r, overlay, underlay);
+        kr.oif = None;
+        kr.scope = None;
+        run(h.del_route(&kr));
+    }
+    let ov = overlay.unwrap_or(0);
+    for f in &diff.del_fdbs {
+        run(h.del_neighbour(&Neigh {
+            ifindex: ov,
+            dst: Some(IpAddr::V4(f.dst)),
+            mac: f.mac,
+            state: NUD_PERMANENT,
+            fdb: true,
+        }));
+    }
+    for n in &diff.del_neighs {
+        run(h.del_neighbour(&Neigh {
+            ifindex: ov,
+            dst: Some(IpAddr::V4(n.ip)),
+            mac: n.mac,
+            state: NUD_PERMANENT,
+            fdb: false,
+        }));
+    }
+    for f in &diff.add_fdbs {
+        run(h.set_neighbour(&Neigh {
+            ifindex: ov,
+            dst: Some(IpAddr::V4(f.dst)),
+            mac: f.mac,
+            state: NUD_PERMANENT,
+            fdb: true,
+        }));
+    }
+    for n in &diff.add_neighs {
+        run(h.set_neighbour(&Neigh {
+            ifindex: ov,
+            dst: Some(IpAddr::V4(n.ip)),
+            mac: n.mac,
+            state: NUD_PERMANENT,
+            fdb: false,
+        }));
+    }
+    for r in &diff.add_routes {
+        run(h.replace_route(&kroute(r, overlay, underlay)));
+    }
+    (done, errs)
+}
+
+/// Removes every route podnet owns (for --cleanup).
+pub fn remove_all(h: &mut Handle, underlay: &Underlay) -> Result<usize, KernelError> {
+    let overlay = h.link(VXLAN_DEV)?.or(h.link(TUN_DEV)?).map(|l| l.index);
+    let have = observe(h, overlay, underlay)?;
+    let d = crate::plan::diff(&Desired::default(), &have);
+    let (n, errs) = apply(h, &d, overlay, underlay);
+    if let Some(e) = errs.first() {
+        return Err(KernelError::Other(e.clone()));
+    }
+    for dev in [VXLAN_DEV, TUN_DEV] {
+        h.delete_link_by_name(dev)?;
+    }
+    Ok(n)
+}
+
+/// The set of cluster-network routes, for tests that compare kernel state.
+pub fn snapshot(h: &mut Handle) -> Result<BTreeSet<String>, KernelError> {
+    let mut out = BTreeSet::new();
+    for r in h
+        .routes(false, None)?
+        .into_iter()
+        .filter(|r| r.protocol == Some(RTPROT_PODNET))
+    {
+        out.insert(format!(
+            "{:?} via {:?} dev {:?} onlink {}",
+            r.dst, r.gateway, r.oif, r.onlink
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,913 @@
+//! The lab: a multi-node cluster on one machine, built from network
+//! namespaces, running the real binaries.
+//!
+//! - an underlay namespace `pn-<lab>-net` holds a bridge; every node is a
+//!   namespace `pn-<lab>-<node>` whose `eth0` is plugged into it;
+//! - each node runs a real `podnet agent`; the controller runs beside them;
+//! - `lab run` makes a pod: a namespace wired through the real CNI plugins
+//!   (the node's conflist, run with the node as host), registered as a Pod
+//!   object, with `podnet serve` answering inside it;
+//! - everything the lab makes is recorded under `/run/podnet-lab/<lab>/`, so
+//!   `lab down` removes it all, also after a crash.
+
+pub mod serve;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use podnet_api::k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Namespace, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+};
+use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_api::netconfig::{self, NetworkConfig, NetworkSpec};
+use podnet_api::{Kind, Object};
+use podnet_cni::runtime::{Attach, Runtime};
+use podnet_kernel::{Handle, Netns};
+use podnet_store::{Objects, StoreError};
+use serde::{Deserialize, Serialize};
+
+pub const RUN_DIR: &str = "/run/podnet-lab";
+const UNDERLAY_PREFIX: [u8; 3] = [192, 168, 200];
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("{0}")]
+    Msg(String),
+    #[error("kernel: {0}")]
+    Kernel(#[from] podnet_kernel::KernelError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("CNI: {0}")]
+    Cni(#[from] podnet_cni::CniError),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+fn msg(s: impl Into<String>) -> LabError {
+    LabError::Msg(s.into())
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub netns: String,
+    pub node: String,
+    pub ip: String,
+    pub container_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LabState {
+    pub name: String,
+    pub backend: String,
+    pub store: String,
+    pub underlay_ns: String,
+    pub nodes: Vec<NodeInfo>,
+    pub resync_secs: u64,
+}
+
+/// A lab by name: where its state lives.
+#[derive(Debug, Clone)]
+pub struct Lab {
+    pub name: String,
+    pub dir: PathBuf,
+    pub exe: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub nodes: usize,
+    pub backend: String,
+    pub store: Option<String>,
+    pub resync_secs: u64,
+}
+
+fn io(what: impl Into<String>, e: std::io::Error) -> LabError {
+    LabError::Io(what.into(), e)
+}
+
+impl Lab {
+    pub fn new(name: &str, exe: PathBuf) -> Result<Lab, LabError> {
+        let ok = !name.is_empty()
+            && name.len() <= 8
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !ok {
+            return Err(msg(format!(
+                "invalid lab name {name:?}: 1-8 lowercase letters or digits"
+            )));
+        }
+        Ok(Lab {
+            name: name.to_string(),
+            dir: Path::new(RUN_DIR).join(name),
+            exe,
+        })
+    }
+
+    fn ns_name(&self, what: &str) -> String {
+        format!("pn-{}-{what}", self.name)
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.dir.join("lab.json")
+    }
+
+    pub fn state(&self) -> Result<LabState, LabError> {
+        let b = std::fs::read(self.state_path())
+            .map_err(|_| msg(format!("lab {:?} is not up (podnet lab up)", self.name)))?;
+        serde_json::from_slice(&b)
+            .map_err(|e| msg(format!("corrupt {}: {e}", self.state_path().display())))
+    }
+
+    fn save(&self, s: &LabState) -> Result<(), LabError> {
+        std::fs::write(
+            self.state_path(),
+            serde_json::to_vec_pretty(s).expect("json"),
+        )
+        .map_err(|e| io("writing lab state", e))
+    }
+
+    fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
+    }
+
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    /// Starts a detached process (optionally inside a namespace), logging to
+    /// the lab directory and recording its pid under `pids/<role>`.
+    fn spawn(
+        &self,
+        role: &str,
+        ns: Option<&str>,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Result<u32, LabError> {
+        let log = std::fs::File::create(self.dir.join("logs").join(format!("{role}.log")))
+            .map_err(|e| io("creating log", e))?;
+        let log2 = log.try_clone().map_err(|e| io("log", e))?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = match ns {
+            Some(ns) => Netns::named(ns)?.run(|| cmd.spawn())?,
+            None => cmd.spawn(),
+        }
+        .map_err(|e| io(format!("starting {role}"), e))?;
+        let pid = child.id();
+        std::fs::write(self.dir.join("pids").join(role), pid.to_string())
+            .map_err(|e| io("writing pid", e))?;
+        // The child is a daemon: reap it in the background if we outlive it.
+        std::thread::spawn(move || {
+            let mut c = child;
+            let _ = c.wait();
+        });
+        Ok(pid)
+    }
+
+    fn kill_role(&self, role: &str) {
+        let p = self.dir.join("pids").join(role);
+        if let Some(pid) = std::fs::read_to_string(&p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            kill_wait(pid);
+        }
+        let _ = std::fs::remove_file(p);
+    }
+
+    fn agent_args(&self, st: &LabState, node: &NodeInfo) -> Vec<String> {
+        let d = self.node_dir(&node.name);
+        vec![
+            "--store".into(),
+            st.store.clone(),
+            "agent".into(),
+            "--node".into(),
+            node.name.clone(),
+            "--iface".into(),
+            "eth0".into(),
+            "--subnet-file".into(),
+            d.join("subnet.env").display().to_string(),
+            "--cni-conf-dir".into(),
+            d.join("net.d").display().to_string(),
+            "--cni-data-dir".into(),
+            d.join("cni").display().to_string(),
+            "--resync".into(),
+            st.resync_secs.to_string(),
+            "--metrics-addr".into(),
+            "127.0.0.1:10249".into(),
+        ]
+    }
+
+    fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
+        self.spawn(
+            &format!("agent-{}", node.name),
+            Some(&node.netns),
+            &self.agent_args(st, node),
+            &[],
+        )?;
+        Ok(())
+    }
+
+    /// Adds one node: its namespace, its underlay link, its agent.
+    fn add_node_ns(&self, st: &mut LabState, index: usize) -> Result<NodeInfo, LabError> {
+        let name = format!("node{index}");
+        let netns = self.ns_name(&name);
+        let ip = Ipv4Addr::new(
+            UNDERLAY_PREFIX[0],
+            UNDERLAY_PREFIX[1],
+            UNDERLAY_PREFIX[2],
+            10 + index as u8,
+        );
+        let ns = Netns::create_named(&netns)?;
+        let under = Netns::named(&st.underlay_ns)?;
+        let mut uh = Handle::in_netns(&under)?;
+        let port = format!("to-{name}");
+        uh.create_veth(&port, "eth0", Some(ns.fd()), None, None)?;
+        let br = uh.require_link("br0")?;
+        let p = uh.require_link(&port)?;
+        uh.set_master(p.index, br.index)?;
+        uh.set_up(p.index)?;
+        let mut nh = Handle::in_netns(&ns)?;
+        let e = nh.require_link("eth0")?;
+        nh.add_addr(
+            e.index,
+            ipnet::IpNet::V4(ipnet::Ipv4Net::new(ip, 24).expect("prefix")),
+            true,
+        )?;
+        nh.set_up(e.index)?;
+        std::fs::create_dir_all(self.node_dir(&name)).map_err(|e| io("creating node dir", e))?;
+        let info = NodeInfo { name, netns, ip };
+        st.nodes.push(info.clone());
+        Ok(info)
+    }
+
+    async fn objects(&self, st: &LabState) -> Result<Objects, LabError> {
+        Ok(Objects::new(podnet_store::open(&st.store).await?))
+    }
+
+    /// Waits until `node` has its subnet.env and routes to every other node.
+    fn wait_node_ready(
+        &self,
+        st: &LabState,
+        node: &NodeInfo,
+        deadline: Instant,
+    ) -> Result<(), LabError> {
+        let want = if st.backend == "udp" {
+            1
+        } else {
+            st.nodes.len().saturating_sub(1)
+        };
+        loop {
+            let env_ok = self.node_dir(&node.name).join("subnet.env").exists();
+            let routes = Netns::named(&node.netns)?.run(
+                || -> Result<usize, podnet_kernel::KernelError> {
+                    let mut h = Handle::new()?;
+                    Ok(h.routes(false, None)?
+                        .into_iter()
+                        .filter(|r| r.protocol == Some(112))
+                        .count())
+                },
+            )??;
+            if env_ok && routes >= want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(msg(format!(
+                    "node {} not ready after waiting (subnet.env: {env_ok}, routes {routes}/{want}); see {}",
+                    node.name,
+                    self.dir.join("logs").join(format!("agent-{}.log", node.name)).display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub async fn up(&self, o: &UpOptions) -> Result<LabState, LabError> {
+        if self.state_path().exists() {
+            return Err(msg(format!(
+                "lab {:?} is already up; run `podnet lab down` first",
+                self.name
+            )));
+        }
+        if !(1..=50).contains(&o.nodes) {
+            return Err(msg(format!("--nodes {}: between 1 and 50", o.nodes)));
+        }
+        let bt = netconfig::BackendType::parse(&o.backend).ok_or_else(|| {
+            msg(format!(
+                "unknown backend {:?} (vxlan, host-gw, udp)",
+                o.backend
+            ))
+        })?;
+        let _ = bt;
+        // Leftovers of a crashed lab of the same name go first.
+        self.down()?;
+        for d in ["logs", "pids", "nodes", "pods"] {
+            std::fs::create_dir_all(self.dir.join(d))
+                .map_err(|e| io(format!("creating {}", self.dir.display()), e))?;
+        }
+        let r = self.up_inner(o).await;
+        if r.is_err() {
+            let _ = self.down();
+        }
+        r
+    }
+
+    async fn up_inner(&self, o: &UpOptions) -> Result<LabState, LabError> {
+        let store = o
+            .store
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.dir.join("state.db").display()));
+        let mut st = LabState {
+            name: self.name.clone(),
+            backend: o.backend.clone(),
+            store,
+            underlay_ns: self.ns_name("net"),
+            nodes: vec![],
+            resync_secs: o.resync_secs,
+        };
+        // The underlay: one bridge in its own namespace.
+        let under = Netns::create_named(&st.underlay_ns)?;
+        let mut uh = Handle::in_netns(&under)?;
+        uh.create_bridge("br0", None)?;
+        uh.set_up_by_name("br0")?;
+        let _ = under
+            .run(|| podnet_kernel::netns::write_sysctl("net.bridge.bridge-nf-call-iptables", "0"));
+        self.save(&st)?;
+
+        // Cluster config and plugins.
+        let objs = self.objects(&st).await?;
+        let cfg = NetworkConfig {
+            api_version: netconfig::API_VERSION.into(),
+            kind: "NetworkConfig".into(),
+            metadata: ObjectMeta {
+                name: Some(netconfig::DEFAULT_NAME.into()),
+                ..Default::default()
+            },
+            spec: NetworkSpec {
+                network: Some(netconfig::DEFAULT_NETWORK.into()),
+                subnet_len: Some(24),
+                backend: netconfig::Backend {
+                    backend_type: Some(o.backend.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        };
+        upsert(&objs, Object::NetworkConfig(Box::new(cfg))).await?;
+        let bin = self.bin_dir();
+        std::fs::create_dir_all(&bin).map_err(|e| io("creating bin dir", e))?;
+        for name in podnet_cni::plugins::NAMES {
+            let dst = bin.join(name);
+            let _ = std::fs::remove_file(&dst);
+            std::os::unix::fs::symlink(&self.exe, &dst)
+                .map_err(|e| io(format!("linking {}", dst.display()), e))?;
+        }
+
+        // The controller, then the nodes and their agents.
+        self.spawn(
+            "controller",
+            None,
+            &[
+                "--store".into(),
+                st.store.clone(),
+                "controller".into(),
+                "--metrics-addr".into(),
+                "127.0.0.1:0".into(),
+            ],
+            &[],
+        )?;
+        for i in 1..=o.nodes {
+            self.add_node_ns(&mut st, i)?;
+        }
+        self.save(&st)?;
+        for n in &st.nodes {
+            self.start_agent(&st, n)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &st.nodes {
+            self.wait_node_ready(&st, n, deadline)?;
+        }
+        Ok(st)
+    }
+
+    /// Adds a node to a running lab.
+    pub fn add_node(&self) -> Result<NodeInfo, LabError> {
+        let mut st = self.state()?;
+        let next = st
+            .nodes
+            .iter()
+            .filter_map(|n| n.name.strip_prefix("node")?.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let n = self.add_node_ns(&mut st, next)?;
+        self.save(&st)?;
+        self.start_agent(&st, &n)?;
+        self.wait_node_ready(&st, &n, Instant::now() + Duration::from_secs(30))?;
+        Ok(n)
+    }
+
+    /// Removes a node: stops its agent, runs `agent --cleanup` (which gives
+    /// its subnet back), and deletes its namespace.
+    pub fn remove_node(&self, node: &str) -> Result<(), LabError> {
+        let mut st = self.state()?;
+        let n = st
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .cloned()
+            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))?;
+        self.kill_role(&format!("agent-{node}"));
+        let mut args = self.agent_args(&st, &n);
+        args.push("--cleanup".into());
+        let out = Netns::named(&n.netns)?
+            .run(|| Command::new(&self.exe).args(&args).output())?
+            .map_err(|e| io("running agent --cleanup", e))?;
+        if !out.status.success() {
+            return Err(msg(format!(
+                "agent --cleanup on {node}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Netns::delete_named(&n.netns)?;
+        if let Ok(u) = Netns::named(&st.underlay_ns) {
+            if let Ok(mut h) = Handle::in_netns(&u) {
+                let _ = h.delete_link_by_name(&format!("to-{node}"));
+            }
+        }
+        st.nodes.retain(|x| x.name != node);
+        self.save(&st)
+    }
+
+    /// Kills a node's agent hard (SIGKILL) and starts it again.
+    pub fn restart_agent(&self, node: &str) -> Result<(), LabError> {
+        let st = self.state()?;
+        let n = st
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .cloned()
+            .ok_or_else(|| msg(format!("no node {node:?}")))?;
+        let p = self.dir.join("pids").join(format!("agent-{node}"));
+        if let Some(pid) = std::fs::read_to_string(&p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            wait_gone(pid);
+        }
+        self.start_agent(&st, &n)
+    }
+
+    fn pod_file(&self, ns: &str, pod: &str) -> PathBuf {
+        self.dir.join("pods").join(format!("{ns}_{pod}.json"))
+    }
+
+    pub fn pod(&self, ns: &str, pod: &str) -> Result<PodInfo, LabError> {
+        let b = std::fs::read(self.pod_file(ns, pod))
+            .map_err(|_| msg(format!("no pod {ns}/{pod} in lab {}", self.name)))?;
+        serde_json::from_slice(&b).map_err(|e| msg(format!("corrupt pod record: {e}")))
+    }
+
+    /// Creates a pod on a node through the real CNI plugins.
+    pub async fn run_pod(
+        &self,
+        ns: &str,
+        pod: &str,
+        node: Option<&str>,
+        labels: BTreeMap<String, String>,
+        ports: &[serve::PortSpec],
+    ) -> Result<PodInfo, LabError> {
+        let st = self.state()?;
+        if self.pod_file(ns, pod).exists() {
+            return Err(msg(format!("pod {ns}/{pod} already exists")));
+        }
+        let n = match node {
+            Some(want) => st
+                .nodes
+                .iter()
+                .find(|n| n.name == want)
+                .cloned()
+                .ok_or_else(|| msg(format!("no node {want:?}")))?,
+            None => {
+                let count = std::fs::read_dir(self.dir.join("pods"))
+                    .map(|r| r.count())
+                    .unwrap_or(0);
+                st.nodes
+                    .get(count % st.nodes.len().max(1))
+                    .cloned()
+                    .ok_or_else(|| msg("the lab has no nodes"))?
+            }
+        };
+        let netns = format!("pn-{}-p{}", self.name, short_hash(&format!("{ns}/{pod}")));
+        let pns = Netns::create_named(&netns)?;
+        let container_id = format!("lab-{}-{ns}-{pod}", self.name);
+        let list_path = self
+            .node_dir(&n.name)
+            .join("net.d")
+            .join("10-podnet.conflist");
+        let list: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&list_path)
+                .map_err(|e| io(format!("reading {}", list_path.display()), e))?,
+        )
+        .map_err(|e| msg(format!("{}: {e}", list_path.display())))?;
+        let rt = Runtime::new(self.bin_dir()).in_netns(Path::new("/run/netns").join(&n.netns));
+        let attach = Attach {
+            container_id: container_id.clone(),
+            netns: pns.path().display().to_string(),
+            ifname: "eth0".into(),
+            args: format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}"),
+            ..Default::default()
+        };
+        let res = match rt.add_list(&list, &attach) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = Netns::delete_named(&netns);
+                return Err(e.into());
+            }
+        };
+        let ip = res["ips"][0]["address"]
+            .as_str()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let info = PodInfo {
+            namespace: ns.into(),
+            name: pod.into(),
+            netns: netns.clone(),
+            node: n.name.clone(),
+            ip: ip.clone(),
+            container_id,
+        };
+        std::fs::write(
+            self.pod_file(ns, pod),
+            serde_json::to_vec_pretty(&info).expect("json"),
+        )
+        .map_err(|e| io("writing pod record", e))?;
+
+        // Cluster DNS for `lab exec` (ip netns exec bind-mounts this file).
+        let objs = self.objects(&st).await?;
+        let (dns_ip, zone) = match objs
+            .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+            .await?
+        {
+            Some(Object::NetworkConfig(c)) => c
+                .resolve()
+                .map(|r| (r.dns_service_ip.to_string(), r.cluster_domain))
+                .unwrap_or_default(),
+            _ => (
+                netconfig::DEFAULT_DNS_IP.into(),
+                netconfig::DEFAULT_ZONE.into(),
+            ),
+        };
+        let etc = Path::new("/etc/netns").join(&netns);
+        std::fs::create_dir_all(&etc).map_err(|e| io("creating /etc/netns", e))?;
+        std::fs::write(
+            etc.join("resolv.conf"),
+            format!(
+                "nameserver {dns_ip}\nsearch {ns}.svc.{zone} svc.{zone} {zone}\noptions ndots:5\n"
+            ),
+        )
+        .map_err(|e| io("writing resolv.conf", e))?;
+
+        if !ports.is_empty() {
+            let spec = ports
+                .iter()
+                .map(|p| format!("{}/{}", p.port, if p.udp { "udp" } else { "tcp" }))
+                .collect::<Vec<_>>()
+                .join(",");
+            self.spawn(
+                &format!("pod-{ns}_{pod}"),
+                Some(&netns),
+                &[
+                    "serve".into(),
+                    "--name".into(),
+                    pod.into(),
+                    "--ports".into(),
+                    spec,
+                ],
+                &[],
+            )?;
+            // Ready when the first TCP port answers (bounded).
+            if let Some(p) = ports.iter().find(|p| !p.udp) {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let addr: SocketAddr = format!("127.0.0.1:{}", p.port).parse().expect("addr");
+                while pns
+                    .run(|| serve::ask(addr, false, "hostname", Duration::from_millis(200)))?
+                    .is_err()
+                {
+                    if Instant::now() > deadline {
+                        return Err(msg(format!("pod {ns}/{pod}: server did not start")));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+
+        if objs.get(Kind::Namespace, None, ns).await?.is_none() {
+            let nso = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let _ = objs.create(Object::Namespace(Box::new(nso)), vec![]).await;
+        }
+        let pod_obj = Pod {
+            metadata: ObjectMeta {
+                name: Some(pod.into()),
+                namespace: Some(ns.into()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(n.name.clone()),
+                containers: vec![Container {
+                    name: "serve".into(),
+                    image: Some("podnet".into()),
+                    ports: Some(
+                        ports
+                            .iter()
+                            .map(|p| ContainerPort {
+                                container_port: p.port as i32,
+                                protocol: Some(if p.udp { "UDP" } else { "TCP" }.into()),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(ip.clone()),
+                pod_ips: Some(vec![PodIP { ip: ip.clone() }]),
+                host_ip: Some(n.ip.to_string()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        };
+        upsert(&objs, Object::Pod(Box::new(pod_obj))).await?;
+        Ok(info)
+    }
+
+    /// Asks `target` from inside a pod; returns who answered.
+    pub fn probe(
+        &self,
+        ns: &str,
+        pod: &str,
+        target: &str,
+        request: &str,
+    ) -> Result<String, LabError> {
+        let p = self.pod(ns, pod)?;
+        let (hostport, proto) = match target.rsplit_once('/') {
+            Some((h, pr)) if pr.eq_ignore_ascii_case("tcp") || pr.eq_ignore_ascii_case("udp") => {
+                (h, pr.to_ascii_lowercase())
+            }
+            _ => (target, "tcp".to_string()),
+        };
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .ok_or_else(|| msg(format!("{target:?}: want HOST:PORT[/tcp|/udp]")))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| msg(format!("{target:?}: bad port")))?;
+        let ns_handle = Netns::named(&p.netns)?;
+        let ip: IpAddr = match host.trim_matches(['[', ']']).parse() {
+            Ok(ip) => ip,
+            Err(_) => ns_handle
+                .run(|| std::net::ToSocketAddrs::to_socket_addrs(&(host, port)))?
+                .map_err(|e| io(format!("resolving {host}"), e))?
+                .next()
+                .ok_or_else(|| msg(format!("{host}: no address")))?
+                .ip(),
+        };
+        let addr = SocketAddr::new(ip, port);
+        ns_handle
+            .run(|| serve::ask(addr, proto == "udp", request, Duration::from_secs(3)))?
+            .map_err(|e| io(format!("{proto} {addr} from {ns}/{pod}"), e))
+    }
+
+    /// Removes one pod (CNI DEL, namespace, record, Pod object).
+    pub async fn delete_pod(&self, ns: &str, pod: &str) -> Result<(), LabError> {
+        let st = self.state()?;
+        let p = self.pod(ns, pod)?;
+        self.kill_role(&format!("pod-{ns}_{pod}"));
+        let list_path = self
+            .node_dir(&p.node)
+            .join("net.d")
+            .join("10-podnet.conflist");
+        if let Ok(b) = std::fs::read(&list_path) {
+            if let Ok(list) = serde_json::from_slice::<serde_json::Value>(&b) {
+                if let Some(n) = st.nodes.iter().find(|n| n.name == p.node) {
+                    let rt = Runtime::new(self.bin_dir())
+                        .in_netns(Path::new("/run/netns").join(&n.netns));
+                    let a = Attach {
+                        container_id: p.container_id.clone(),
+                        netns: format!("/run/netns/{}", p.netns),
+                        ifname: "eth0".into(),
+                        ..Default::default()
+                    };
+                    rt.del_list(&list, &a, None)?;
+                }
+            }
+        }
+        Netns::delete_named(&p.netns)?;
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.netns));
+        let _ = std::fs::remove_file(self.pod_file(ns, pod));
+        let objs = self.objects(&st).await?;
+        let _ = objs.delete(Kind::Pod, Some(ns), pod, None, vec![]).await;
+        Ok(())
+    }
+
+    /// Removes everything the lab made: processes, namespaces, files.
+    pub fn down(&self) -> Result<Vec<String>, LabError> {
+        let mut done = Vec::new();
+        // Processes: recorded pids, plus any process still using our files.
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("pids")) {
+            for e in rd.flatten() {
+                if let Some(pid) = std::fs::read_to_string(e.path())
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i32>().ok())
+                {
+                    if kill_wait(pid) {
+                        done.push(format!(
+                            "stopped {} (pid {pid})",
+                            e.file_name().to_string_lossy()
+                        ));
+                    }
+                }
+            }
+        }
+        let marker = self.dir.display().to_string();
+        for pid in processes_mentioning(&marker) {
+            if kill_wait(pid) {
+                done.push(format!("stopped stray pid {pid}"));
+            }
+        }
+        // Namespaces: every pn-<lab>-*.
+        let prefix = format!("pn-{}-", self.name);
+        if let Ok(rd) = std::fs::read_dir(podnet_kernel::netns::NETNS_RUN_DIR) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(&prefix) {
+                    for pid in processes_in_netns(&e.path()) {
+                        kill_wait(pid);
+                    }
+                    Netns::delete_named(&n)?;
+                    let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&n));
+                    done.push(format!("deleted netns {n}"));
+                }
+            }
+        }
+        if self.dir.exists() {
+            std::fs::remove_dir_all(&self.dir)
+                .map_err(|e| io(format!("removing {}", self.dir.display()), e))?;
+            done.push(format!("removed {}", self.dir.display()));
+        }
+        Ok(done)
+    }
+}
+
+async fn upsert(objs: &Objects, o: Object) -> Result<(), LabError> {
+    for _ in 0..5 {
+        let r = match objs.get(o.kind(), o.namespace(), o.name()).await? {
+            Some(old) => {
+                let mut n = o.clone();
+                n.meta_mut().resource_version = old.meta().resource_version.clone();
+                n.meta_mut().uid = old.meta().uid.clone();
+                n.meta_mut().creation_timestamp = old.meta().creation_timestamp.clone();
+                objs.update(n, vec![]).await
+            }
+            None => objs.create(o.clone(), vec![]).await,
+        };
+        match r {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(msg(format!("{} keeps changing", o.describe())))
+}
+
+fn short_hash(s: &str) -> String {
+    let mut h: u32 = 0x811c9dc5;
+    for b in s.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x01000193);
+    }
+    format!("{h:08x}")
+}
+
+/// SIGTERM, then SIGKILL after a grace period; true if it was running.
+fn kill_wait(pid: i32) -> bool {
+    // SAFETY: plain kill(2) calls.
+    if pid <= 1 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if alive(pid) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_gone(pid);
+    }
+    true
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited: treat it as gone.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .map(|r| r.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+fn wait_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn processes_mentioning(marker: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+                if String::from_utf8_lossy(&c).contains(marker) {
+                    out.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(target) = std::fs::metadata(ns_path) else {
+        return vec![];
+    };
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {
+                if m.ino() == target.ino() && m.dev() == target.dev() {
+                    out.push(pid);
+                }
+            }
+        }
+    }
+    out
+}

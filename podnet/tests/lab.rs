@@ -1,0 +1,345 @@
+//! End-to-end tests in the lab: real agents on real namespaces, per backend.
+
+use std::io::{Read, Write};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use podnet_kernel::Netns;
+
+struct Lab {
+    name: String,
+}
+
+fn podnet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(args)
+        .output()
+        .expect("run podnet")
+}
+
+impl Lab {
+    fn up(tag: &str, backend: &str, nodes: usize) -> Lab {
+        let name = format!("{tag}{}", std::process::id() % 100_000);
+        let lab = Lab { name };
+        let n = nodes.to_string();
+        lab.ok(&["up", "--nodes", &n, "--backend", backend, "--resync", "1"]);
+        lab
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut a = vec!["lab", "--name", &self.name];
+        a.extend_from_slice(args);
+        podnet(&a)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "lab {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    fn pod(&self, name: &str, node: &str) -> String {
+        self.ok(&[
+            "run",
+            &format!("default/{name}"),
+            "--node",
+            node,
+            "--ports",
+            "8080/tcp,8081/udp",
+        ]);
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(format!(
+                "/run/podnet-lab/{}/pods/default_{name}.json",
+                self.name
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        rec["ip"].as_str().unwrap().to_string()
+    }
+
+    fn pod_netns(&self, name: &str) -> String {
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(format!(
+                "/run/podnet-lab/{}/pods/default_{name}.json",
+                self.name
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        rec["netns"].as_str().unwrap().to_string()
+    }
+
+    fn node_ns(&self, node: &str) -> String {
+        format!("pn-{}-{node}", self.name)
+    }
+
+    fn sh(&self, ns: &str, cmd: &str) -> (bool, String) {
+        let o = Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+        )
+    }
+
+    fn mtu(&self) -> u32 {
+        let env = std::fs::read_to_string(format!(
+            "/run/podnet-lab/{}/nodes/node1/subnet.env",
+            self.name
+        ))
+        .unwrap();
+        env.lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_MTU="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Routes, neighbours and FDB entries podnet owns on a node.
+    fn kernel_state(&self, node: &str) -> String {
+        let ns = self.node_ns(node);
+        let (_, r) = self.sh(&ns, "ip route show proto 112; ip neigh show nud permanent; bridge fdb show dev podnet.1 2>/dev/null | grep dst || true");
+        r
+    }
+
+    fn eventually(&self, what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+/// Every pod reaches every other on TCP and UDP by pod IP, sees the real
+/// client address, and full-MTU packets cross without fragmentation.
+fn full_mesh(backend: &str, tag: &str) {
+    let lab = Lab::up(tag, backend, 3);
+    let ips: Vec<String> = (1..=3)
+        .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
+        .collect();
+    for i in 0..3 {
+        for j in 0..3 {
+            if i == j {
+                continue;
+            }
+            let from = format!("default/p{}", i + 1);
+            assert_eq!(
+                lab.ok(&["probe", &from, &format!("{}:8080", ips[j])]),
+                format!("p{}", j + 1),
+                "tcp p{i}->p{j}"
+            );
+            assert_eq!(
+                lab.ok(&["probe", &from, &format!("{}:8081/udp", ips[j])]),
+                format!("p{}", j + 1),
+                "udp p{i}->p{j}"
+            );
+            assert_eq!(
+                lab.ok(&[
+                    "probe",
+                    &from,
+                    &format!("{}:8080", ips[j]),
+                    "--ask",
+                    "clientip"
+                ]),
+                ips[i],
+                "NAT between pods"
+            );
+            assert_eq!(
+                lab.ok(&[
+                    "probe",
+                    &from,
+                    &format!("{}:8081/udp", ips[j]),
+                    "--ask",
+                    "clientip"
+                ]),
+                ips[i],
+                "NAT between pods (udp)"
+            );
+        }
+    }
+    // The path MTU is exactly the pod MTU: full-size packets with DF pass,
+    // one byte more does not.
+    let mtu = lab.mtu();
+    let p1 = lab.pod_netns("p1");
+    let (ok, out) = lab.sh(
+        &p1,
+        &format!("ping -M do -c 1 -W 2 -s {} {}", mtu - 28, ips[1]),
+    );
+    assert!(ok, "DF ping at MTU {mtu} failed: {out}");
+    let (ok, _) = lab.sh(
+        &p1,
+        &format!("ping -M do -c 1 -W 2 -s {} {}", mtu - 27, ips[1]),
+    );
+    assert!(!ok, "a packet above the MTU went through");
+    // Pods reach the outside (the underlay) masqueraded as their node.
+    let (ok, out) = lab.sh(&p1, "ping -c 1 -W 2 192.168.200.12");
+    assert!(
+        ok,
+        "pod cannot reach another node's underlay address: {out}"
+    );
+}
+
+#[test]
+fn vxlan_full_mesh() {
+    full_mesh("vxlan", "vx");
+}
+
+#[test]
+fn host_gw_full_mesh() {
+    full_mesh("host-gw", "hg");
+}
+
+#[test]
+fn udp_full_mesh() {
+    full_mesh("udp", "ud");
+}
+
+#[test]
+fn nodes_leave_and_join_and_agents_restart() {
+    let lab = Lab::up("ch", "vxlan", 3);
+    let ip1 = lab.pod("p1", "node1");
+    let ip2 = lab.pod("p2", "node2");
+    let _ip3 = lab.pod("p3", "node3");
+
+    // A long-lived TCP connection from p1 to p2.
+    let p2 = Netns::named(&lab.pod_netns("p2")).unwrap();
+    let listener = p2
+        .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
+        .unwrap()
+        .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 64];
+        for _ in 0..2 {
+            let n = s.read(&mut buf).unwrap();
+            s.write_all(&buf[..n]).unwrap();
+        }
+    });
+    let p1 = Netns::named(&lab.pod_netns("p1")).unwrap();
+    let mut conn = p1
+        .run(|| std::net::TcpStream::connect((ip2.as_str(), 9000)))
+        .unwrap()
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    conn.write_all(b"before").unwrap();
+    let n = conn.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"before");
+
+    // Agents killed and restarted: kernel state unchanged, connection alive.
+    let before: Vec<String> = ["node1", "node2"]
+        .iter()
+        .map(|n| lab.kernel_state(n))
+        .collect();
+    lab.ok(&["restart-agent", "node1"]);
+    lab.ok(&["restart-agent", "node2"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let after: Vec<String> = ["node1", "node2"]
+        .iter()
+        .map(|n| lab.kernel_state(n))
+        .collect();
+    assert_eq!(before, after, "an agent restart changed kernel state");
+    conn.write_all(b"after").unwrap();
+    let n = conn.read(&mut buf).unwrap();
+    assert_eq!(
+        &buf[..n],
+        b"after",
+        "connection broke across agent restarts"
+    );
+    server.join().unwrap();
+
+    // A route deleted by hand comes back within the resync period.
+    let n1 = lab.node_ns("node1");
+    let subnet2 = {
+        let (_, r) = lab.sh(
+            &n1,
+            &format!(
+                "ip route show proto 112 | grep '{}'",
+                ip2.rsplit_once('.').unwrap().0
+            ),
+        );
+        r.split_whitespace().next().unwrap().to_string()
+    };
+    lab.sh(&n1, &format!("ip route del {subnet2}"));
+    lab.eventually("route restored", || {
+        lab.sh(&n1, "ip route show proto 112").1.contains(&subnet2)
+    });
+    assert_eq!(
+        lab.ok(&["probe", "default/p1", &format!("{ip2}:8080")]),
+        "p2"
+    );
+
+    // A node leaves: the others drop its routes, neighbour and FDB entries.
+    let st3 = lab.kernel_state("node1");
+    assert_eq!(st3.matches("onlink").count(), 2, "{st3}");
+    lab.ok(&["remove-node", "node3"]);
+    lab.eventually("node3 gone from node1", || {
+        let s = lab.kernel_state("node1");
+        s.matches("onlink").count() == 1
+            && s.matches("PERMANENT").count() == 1
+            && s.matches(" dst ").count() == 1
+    });
+    // A node joins: reachable without restarting anyone.
+    let added = lab.ok(&["add-node"]);
+    let new_node = added.split_whitespace().nth(1).unwrap().to_string();
+    let ip4 = lab.pod("p4", &new_node);
+    assert_eq!(
+        lab.ok(&["probe", "default/p1", &format!("{ip4}:8080")]),
+        "p4"
+    );
+    assert_eq!(
+        lab.ok(&["probe", "default/p4", &format!("{ip1}:8081/udp")]),
+        "p1"
+    );
+}
+
+#[test]
+fn lab_down_after_a_crash_leaves_nothing() {
+    let lab = Lab::up("cr", "host-gw", 2);
+    lab.pod("p1", "node1");
+    // Crash: kill every lab process hard.
+    let pids = std::fs::read_dir(format!("/run/podnet-lab/{}/pids", lab.name)).unwrap();
+    for p in pids.flatten() {
+        let pid: i32 = std::fs::read_to_string(p.path())
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    lab.ok(&["down"]);
+    let left: Vec<String> = std::fs::read_dir("/run/netns")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("pn-{}-", lab.name)))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!std::path::Path::new(&format!("/run/podnet-lab/{}", lab.name)).exists());
+    let marker = format!("podnet-lab/{}/", lab.name);
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| {
+            c.contains(&marker) && c.split(' ').next().unwrap_or_default().ends_with("podnet")
+        })
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+}
