@@ -197,25 +197,62 @@ pub async fn apply_one(objs: &Objects, ctx: &VCtx, mut o: Object) -> Result<Outc
     ))
 }
 
+/// How many documents are written at once. Documents are independent, so
+/// overlapping their round trips (etcd) changes nothing but the time; output
+/// stays in document order.
+const APPLY_WINDOW: usize = 64;
+
 pub async fn apply(objs: &Objects, files: &[PathBuf]) -> Result<()> {
     let ctx = context(objs).await?;
     let mut failed = 0;
     for (src, text) in sources(files)? {
-        for doc in manifest::parse(&text) {
-            let res = match doc.result {
-                Ok(o) => {
-                    let what = format!("{}/{}", short(o.kind()), o.name());
-                    apply_one(objs, &ctx, o).await.map(|out| (what, out))
+        let docs = manifest::parse(&text);
+        let mut it = docs.into_iter().peekable();
+        while it.peek().is_some() {
+            let window: Vec<manifest::Doc> = it.by_ref().take(APPLY_WINDOW).collect();
+            // The same object twice in one window must be applied in order.
+            let mut keys = std::collections::HashSet::new();
+            let distinct = window.iter().all(|d| {
+                d.result
+                    .as_ref()
+                    .map(|o| keys.insert(o.key()))
+                    .unwrap_or(true)
+            });
+            let mut results = Vec::with_capacity(window.len());
+            let mut tasks = tokio::task::JoinSet::new();
+            for (i, doc) in window.iter().enumerate() {
+                let Ok(o) = &doc.result else { continue };
+                let (objs, ctx, o) = (objs.clone(), ctx.clone(), o.clone());
+                let what = format!("{}/{}", short(o.kind()), o.name());
+                if distinct {
+                    tasks.spawn(async move {
+                        (i, apply_one(&objs, &ctx, o).await.map(|out| (what, out)))
+                    });
+                } else {
+                    results.push((i, apply_one(&objs, &ctx, o).await.map(|out| (what, out))));
                 }
-                Err(e) => Err(e.to_string()),
-            };
-            match res {
-                Ok((what, Outcome::Created)) => println!("{what} created"),
-                Ok((what, Outcome::Configured)) => println!("{what} configured"),
-                Ok((what, Outcome::Unchanged)) => println!("{what} unchanged"),
-                Err(e) => {
-                    failed += 1;
-                    eprintln!("error: {src}: document {} ({}): {e}", doc.index, doc.label);
+            }
+            while let Some(r) = tasks.join_next().await {
+                results.push(r.map_err(|e| anyhow::anyhow!("apply task: {e}"))?);
+            }
+            results.sort_by_key(|(i, _)| *i);
+            let mut res_iter = results.into_iter().peekable();
+            for (i, doc) in window.iter().enumerate() {
+                let res = match &doc.result {
+                    Err(e) => Err(e.to_string()),
+                    Ok(_) => match res_iter.next() {
+                        Some((j, r)) if j == i => r,
+                        _ => Err("internal: result missing".to_string()),
+                    },
+                };
+                match res {
+                    Ok((what, Outcome::Created)) => println!("{what} created"),
+                    Ok((what, Outcome::Configured)) => println!("{what} configured"),
+                    Ok((what, Outcome::Unchanged)) => println!("{what} unchanged"),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("error: {src}: document {} ({}): {e}", doc.index, doc.label);
+                    }
                 }
             }
         }

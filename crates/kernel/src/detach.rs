@@ -24,7 +24,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::nl::{Msg, Socket, NLM_F_ACK};
-use crate::{KernelError, Netns};
+use crate::{Handle, KernelError, Netns};
 
 const RTM_DELLINK: u16 = 17;
 const NLMSG_ERROR: u16 = 2;
@@ -212,7 +212,28 @@ pub fn delete_link_detached(target: LinkRef<'_>, also: &[LinkRef<'_>]) -> Result
     // we exit and reaped by init (or the runtime's subreaper).
     // SAFETY: plain waitpid on our own child.
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
-    res
+    match res? {
+        Outcome::Gone => Ok(()),
+        // The helper died without reporting (killed, say): judge by the link.
+        Outcome::HelperLost => {
+            let mut h = match target.ns {
+                Some(ns) => Handle::in_netns(ns)?,
+                None => Handle::new()?,
+            };
+            match h.link_by_index(target.index)? {
+                None => Ok(()),
+                Some(_) => Err(KernelError::Other(format!(
+                    "{}: helper exited without a result and the link is still there",
+                    op()
+                ))),
+            }
+        }
+    }
+}
+
+enum Outcome {
+    Gone,
+    HelperLost,
 }
 
 fn delete_sync(sock: &mut Socket, index: u32) -> Result<(), KernelError> {
@@ -229,7 +250,7 @@ fn wait(
     watches: &mut [(OwnedFd, u32, bool)],
     report: &OwnedFd,
     op: &dyn Fn() -> String,
-) -> Result<(), KernelError> {
+) -> Result<Outcome, KernelError> {
     let mut buf = vec![0u8; 1 << 16];
     let mut trust_notifications = true;
     let deadline = Instant::now() + NOTIFY_TIMEOUT;
@@ -280,14 +301,11 @@ fn wait(
             let n =
                 unsafe { libc::read(report.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 4) };
             if n != 4 {
-                return Err(KernelError::Other(format!(
-                    "{}: helper exited without a result",
-                    op()
-                )));
+                return Ok(Outcome::HelperLost);
             }
             let errno = i32::from_ne_bytes(b);
             if errno == 0 {
-                return Ok(());
+                return Ok(Outcome::Gone);
             }
             return Err(KernelError::Netlink {
                 op: op(),
@@ -326,7 +344,7 @@ fn wait(
                 }
             }
             if trust_notifications && watches.iter().all(|w| w.2) {
-                return Ok(());
+                return Ok(Outcome::Gone);
             }
         }
     }
@@ -343,6 +361,63 @@ mod tests {
         b[16] = family;
         b[20..24].copy_from_slice(&index.to_ne_bytes());
         b
+    }
+
+    /// Needs root: builds a veth pair between two private namespaces.
+    #[test]
+    fn detached_delete_removes_both_ends() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let names = [
+            format!("pn-detach-host-{}", std::process::id()),
+            format!("pn-detach-pod-{}", std::process::id()),
+        ];
+        struct Cleanup<'a>(&'a [String; 2]);
+        impl Drop for Cleanup<'_> {
+            fn drop(&mut self) {
+                for n in self.0 {
+                    let _ = Netns::delete_named(n);
+                }
+            }
+        }
+        let _c = Cleanup(&names);
+        let host = Netns::create_named(&names[0]).unwrap();
+        let pod = Netns::create_named(&names[1]).unwrap();
+        let mut h = Handle::in_netns(&host).unwrap();
+        let mut p = Handle::in_netns(&pod).unwrap();
+        h.create_veth("vdt0", "eth0", Some(pod.fd()), None, None)
+            .unwrap();
+        let hv = h.require_link("vdt0").unwrap();
+        let pv = p.require_link("eth0").unwrap();
+        h.set_up(hv.index).unwrap();
+        p.set_up(pv.index).unwrap();
+        delete_link_detached(
+            LinkRef {
+                ns: Some(&pod),
+                index: pv.index,
+            },
+            &[LinkRef {
+                ns: Some(&host),
+                index: hv.index,
+            }],
+        )
+        .unwrap();
+        // Gone from both namespaces the moment the call returns.
+        assert!(p.link_by_index(pv.index).unwrap().is_none());
+        assert!(h.link("vdt0").unwrap().is_none());
+        // A link that is not there is reported as such.
+        let e = delete_link_detached(
+            LinkRef {
+                ns: Some(&pod),
+                index: 4242,
+            },
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.is_not_found(), "{e}");
     }
 
     #[test]
