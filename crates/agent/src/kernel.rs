@@ -76,6 +76,9 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
         })
 }
 
+/// The backend device: its index and (for a VTEP) its MAC.
+pub type Overlay = (u32, Option<[u8; 6]>);
+
 /// Creates (or adopts) the backend device; returns its index and MAC.
 pub fn ensure_device(
     h: &mut Handle,
@@ -83,7 +86,7 @@ pub fn ensure_device(
     cfg: &Resolved,
     underlay: &Underlay,
     mtu: u32,
-) -> Result<Option<(u32, Option<[u8; 6]>)>, KernelError> {
+) -> Result<Option<Overlay>, KernelError> {
     match backend {
         BackendType::HostGw => Ok(None),
         BackendType::Vxlan => {

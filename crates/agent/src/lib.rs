@@ -155,7 +155,7 @@ struct Runtime {
     opts: Options,
     cfg: Resolved,
     underlay: kernel::Underlay,
-    overlay: Option<(u32, Option<[u8; 6]>)>,
+    overlay: Option<kernel::Overlay>,
     mine: lease::SubnetLease,
     leases: BTreeMap<Ipv4Net, lease::SubnetLease>,
     udp: Option<udp::UdpTunnel>,

@@ -35,7 +35,10 @@ fn kv(k: &etcd_client::KeyValue) -> KeyValue {
 }
 
 /// Endpoints and connection options from an etcd URL.
-pub fn parse_url(url: &str) -> Result<(Vec<String>, Option<(String, Option<(String, String)>)>)> {
+/// TLS files from an etcds:// URL: the CA, and the client cert and key.
+pub type TlsFiles = (String, Option<(String, String)>);
+
+pub fn parse_url(url: &str) -> Result<(Vec<String>, Option<TlsFiles>)> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("etcd://") {
@@ -245,62 +248,58 @@ impl Store for EtcdStore {
                     _ = &mut stop_rx => return,
                     m = stream.message() => m,
                 };
-                match msg {
-                    Ok(Some(resp)) => {
-                        if resp.compact_revision() > 0 {
-                            let _ = tx
-                                .send(Ok(WatchMsg::Compacted(resp.compact_revision())))
-                                .await;
-                            return;
-                        }
-                        if resp.canceled() {
-                            // Treat like a dropped connection: resume.
-                        } else {
-                            let mut batch: Vec<Event> = Vec::new();
-                            let mut batch_rev = 0;
-                            for ev in resp.events() {
-                                let Some(k) = ev.kv() else { continue };
-                                let rev = k.mod_revision();
-                                if rev != batch_rev && !batch.is_empty() {
-                                    if tx
-                                        .send(Ok(WatchMsg::Events(
-                                            batch_rev,
-                                            std::mem::take(&mut batch),
-                                        )))
-                                        .await
-                                        .is_err()
-                                    {
-                                        return;
-                                    }
-                                }
-                                batch_rev = rev;
-                                let mut item = kv(k);
-                                let typ = match ev.event_type() {
-                                    EtcdEventType::Put => EventType::Put,
-                                    EtcdEventType::Delete => {
-                                        if let Some(p) = ev.prev_kv() {
-                                            item.value = p.value().to_vec();
-                                            item.create_rev = p.create_revision();
-                                            item.lease = p.lease();
-                                        }
-                                        EventType::Delete
-                                    }
-                                };
-                                batch.push(Event { typ, kv: item });
-                                next = rev + 1;
-                            }
-                            if !batch.is_empty()
+                if let Ok(Some(resp)) = msg {
+                    if resp.compact_revision() > 0 {
+                        let _ = tx
+                            .send(Ok(WatchMsg::Compacted(resp.compact_revision())))
+                            .await;
+                        return;
+                    }
+                    // A cancelled watch is treated like a dropped connection: resume.
+                    if !resp.canceled() {
+                        let mut batch: Vec<Event> = Vec::new();
+                        let mut batch_rev = 0;
+                        for ev in resp.events() {
+                            let Some(k) = ev.kv() else { continue };
+                            let rev = k.mod_revision();
+                            if rev != batch_rev
+                                && !batch.is_empty()
                                 && tx
-                                    .send(Ok(WatchMsg::Events(batch_rev, batch)))
+                                    .send(Ok(WatchMsg::Events(
+                                        batch_rev,
+                                        std::mem::take(&mut batch),
+                                    )))
                                     .await
                                     .is_err()
                             {
                                 return;
                             }
-                            continue;
+                            batch_rev = rev;
+                            let mut item = kv(k);
+                            let typ = match ev.event_type() {
+                                EtcdEventType::Put => EventType::Put,
+                                EtcdEventType::Delete => {
+                                    if let Some(p) = ev.prev_kv() {
+                                        item.value = p.value().to_vec();
+                                        item.create_rev = p.create_revision();
+                                        item.lease = p.lease();
+                                    }
+                                    EventType::Delete
+                                }
+                            };
+                            batch.push(Event { typ, kv: item });
+                            next = rev + 1;
                         }
+                        if !batch.is_empty()
+                            && tx
+                                .send(Ok(WatchMsg::Events(batch_rev, batch)))
+                                .await
+                                .is_err()
+                        {
+                            return;
+                        }
+                        continue;
                     }
-                    Ok(None) | Err(_) => {}
                 }
                 // The stream ended (etcd restarted or the connection broke):
                 // reconnect and resume from the next unseen revision.

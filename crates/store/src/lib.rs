@@ -159,7 +159,7 @@ pub trait Store {
 #[derive(Clone)]
 pub enum AnyStore {
     Sqlite(sqlite::SqliteStore),
-    Etcd(etcd::EtcdStore),
+    Etcd(Box<etcd::EtcdStore>),
 }
 
 /// Opens a store from its URL (`sqlite:///path.db` or `etcd://h:p,...`).
@@ -171,7 +171,9 @@ pub async fn open(url: &str) -> Result<AnyStore> {
         return Ok(AnyStore::Sqlite(sqlite::SqliteStore::open(path)?));
     }
     if url.starts_with("etcd://") || url.starts_with("etcds://") {
-        return Ok(AnyStore::Etcd(etcd::EtcdStore::connect(url).await?));
+        return Ok(AnyStore::Etcd(Box::new(
+            etcd::EtcdStore::connect(url).await?,
+        )));
     }
     Err(StoreError::Url(url.to_string()))
 }

@@ -306,11 +306,10 @@ impl SqliteStore {
     }
 }
 
-fn read_events(
-    c: &mut Connection,
-    prefix: &str,
-    after: Rev,
-) -> Result<(Vec<(Rev, Event)>, Rev, Rev)> {
+/// Events after a revision, with the current and compacted revisions.
+type EventBatch = (Vec<(Rev, Event)>, Rev, Rev);
+
+fn read_events(c: &mut Connection, prefix: &str, after: Rev) -> Result<EventBatch> {
     let tx = c.transaction().map_err(be)?;
     let (rev, compact): (Rev, Rev) = tx
         .query_row("SELECT rev, compact FROM meta WHERE id = 0", [], |r| {
@@ -401,16 +400,16 @@ fn watch_loop(
                     let mut batch: Vec<Event> = Vec::new();
                     let mut batch_rev = 0;
                     for (r, ev) in events {
-                        if r != batch_rev && !batch.is_empty() {
-                            if tx
+                        if r != batch_rev
+                            && !batch.is_empty()
+                            && tx
                                 .blocking_send(Ok(WatchMsg::Events(
                                     batch_rev,
                                     std::mem::take(&mut batch),
                                 )))
                                 .is_err()
-                            {
-                                return;
-                            }
+                        {
+                            return;
                         }
                         batch_rev = r;
                         batch.push(ev);
