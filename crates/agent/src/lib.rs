@@ -19,6 +19,7 @@ pub mod files;
 pub mod kernel;
 pub mod lease;
 pub mod plan;
+pub mod proxy;
 pub mod udp;
 
 use std::collections::BTreeMap;

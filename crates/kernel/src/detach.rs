@@ -12,12 +12,17 @@
 //! [`delete_link_detached`] forks a helper that sends the request and sits
 //! out that wait, while the caller waits only for the RTM_DELLINK
 //! notifications of the links it names (subscribed before the request, so
-//! none can be missed) and then returns. The helper closes every descriptor
-//! it inherited, stdio included, so a runtime reading a plugin's output sees
-//! EOF as soon as the plugin exits; it exits by itself once the kernel is
-//! done. If the helper cannot be forked, the deletion is done synchronously;
-//! if notifications may have been lost (listener overrun), the caller waits
-//! for the helper's own result instead.
+//! none can be missed) and then returns: both veth ends are gone from every
+//! view, the bridge port with them. The helper is double-forked, so it
+//! belongs to init (or the nearest subreaper) from the start and never
+//! becomes a zombie of the caller; it closes every descriptor it inherited,
+//! stdio included, so a runtime reading a plugin's output sees EOF as soon
+//! as the plugin exits; it exits by itself once the kernel is done.
+//!
+//! Fallbacks keep the result exact: if the helper cannot be forked, the
+//! deletion is done synchronously; if notifications may have been lost
+//! (listener overrun) or do not come, the caller waits for the helper's own
+//! result; if the helper dies without one, the link's presence decides.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -196,23 +201,35 @@ pub fn delete_link_detached(target: LinkRef<'_>, also: &[LinkRef<'_>]) -> Result
     }
     // SAFETY: both descriptors were just created and are ours.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-    // SAFETY: the child only runs `helper`, which is async-signal-safe and
-    // touches memory prepared above.
+    // Fork twice: the middle process exits at once, so the helper is
+    // init's (or the nearest subreaper's) child from the start and never
+    // lingers as a zombie of a long-lived caller.
+    // SAFETY: the children only run async-signal-safe code (`fork`,
+    // `_exit`, `helper`) on memory prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return delete_sync(&mut sock, target.index);
     }
     if pid == 0 {
-        // SAFETY: in the child, see above.
-        unsafe { helper(sock.as_raw_fd(), wr.as_raw_fd(), &req, &mut ackbuf) }
+        // SAFETY: in the middle child, see above.
+        unsafe {
+            match libc::fork() {
+                0 => helper(sock.as_raw_fd(), wr.as_raw_fd(), &req, &mut ackbuf),
+                g => libc::_exit(if g < 0 { 1 } else { 0 }),
+            }
+        }
     }
     drop(wr);
-    let res = wait(&mut watches, &rd, &op);
-    // Reap the helper if it is already done; otherwise it is reparented when
-    // we exit and reaped by init (or the runtime's subreaper).
-    // SAFETY: plain waitpid on our own child.
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
-    match res? {
+    let mut status = 0;
+    // SAFETY: waiting for our own child, which exits right away.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        // The helper was never born: nothing was sent, do it here.
+        return delete_sync(&mut sock, target.index);
+    }
+    match wait(&mut watches, &rd, &op)? {
         Outcome::Gone => Ok(()),
         // The helper died without reporting (killed, say): judge by the link.
         Outcome::HelperLost => {

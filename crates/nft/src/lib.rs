@@ -1,10 +1,19 @@
 //! podnet's nftables edge.
 //!
-//! Today this applies rule scripts atomically through `nft -f -` (one
-//! transaction per call: all or nothing) and reads state back as JSON. The
-//! CNI plugins change a handful of set elements per call, where that is
-//! cheap. The service proxy, which changes thousands, will speak nf_tables
-//! netlink batches directly; that typed model will live here too.
+//! - [`model`]: a typed model of one table (sets, maps, chains, rules);
+//! - [`diff`]: the ordered change list from the applied table to the wanted
+//!   one (empty when nothing changed), renderable as one `nft -f` transaction;
+//! - [`trace`]: a packet tracer over the model, for tests without root;
+//! - [`apply`]/[`query`]: atomic `nft -f -` transactions and reads.
+//!
+//! The CNI plugins change a handful of set elements per call, where the
+//! `nft` tool is cheap enough. The service proxy needs nf_tables netlink
+//! batches (the `nft` tool re-reads the whole table on every call); that
+//! encoder is the next piece to land here.
+
+pub mod diff;
+pub mod model;
+pub mod trace;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -1,0 +1,873 @@
+//! The service proxy's pure core: Services and EndpointSlices in, the
+//! nftables table `ip podnet` out (as a [`podnet_nft::model::Table`]).
+//!
+//! Dispatch is data, as in kube-proxy's nftables mode: one verdict map keyed
+//! by `address . protocol . port` for ClusterIPs, externalIPs and
+//! LoadBalancer IPs, one keyed by `protocol . port` for NodePorts, each
+//! element a `goto` into the Service port's chain; a packet costs one hash
+//! lookup whatever the number of Services. Endpoint choice is a short run of
+//! `numgen random mod k == 0` rules (no per-Service anonymous map, which the
+//! kernel is slow to load); session affinity uses one timeout set per
+//! endpoint. Services without usable endpoints are in a filter map that
+//! rejects, so clients fail at once instead of timing out.
+//!
+//! Masquerade: traffic to a Service from outside the cluster CIDR, traffic
+//! arriving through a NodePort/externalIP/LB with the Cluster policy, and
+//! hairpin traffic (an endpoint reaching itself through its Service) are
+//! marked and masqueraded in postrouting; pod-to-Service traffic from inside
+//! the cluster keeps its source address.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use podnet_api::k8s_openapi::api::core::v1::{Service, ServicePort};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_nft::model::{
+    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
+    Table, Value, Verdict,
+};
+
+pub const TABLE: &str = "podnet";
+pub const MASQ_MARK: u32 = 0x4000;
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// What the planner needs to know about this node and cluster.
+#[derive(Debug, Clone)]
+pub struct ProxyInput<'a> {
+    pub node: &'a str,
+    pub cluster_cidr: Ipv4Net,
+    pub services: &'a [Service],
+    pub slices: &'a [EndpointSlice],
+}
+
+/// One usable endpoint of one Service port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Ep {
+    ip: Ipv4Addr,
+    port: u16,
+    local: bool,
+}
+
+fn hash8(s: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{:08x}", (h ^ (h >> 32)) as u32)
+}
+
+fn proto_of(p: &Option<String>) -> Option<Proto> {
+    match p.as_deref().unwrap_or("TCP") {
+        "TCP" => Some(Proto::Tcp),
+        "UDP" => Some(Proto::Udp),
+        "SCTP" => Some(Proto::Sctp),
+        _ => None,
+    }
+}
+
+/// The endpoints a Service port may use, by Kubernetes rules: ready ones;
+/// if none is ready, serving-and-terminating ones.
+fn endpoints(svc: &Service, port: &ServicePort, slices: &[EndpointSlice], node: &str) -> Vec<Ep> {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = svc.metadata.name.as_deref().unwrap_or_default();
+    let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
+    let mut ready = Vec::new();
+    let mut terminating = Vec::new();
+    for s in slices {
+        if s.metadata.namespace.as_deref().unwrap_or("default") != ns
+            || s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .map(String::as_str)
+                != Some(name)
+            || s.address_type != "IPv4"
+        {
+            continue;
+        }
+        let Some(sp) = s.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == port.name.as_deref().unwrap_or("")
+                && p.protocol.as_deref().unwrap_or("TCP") == proto
+        }) else {
+            continue;
+        };
+        let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()) else {
+            continue;
+        };
+        for e in &s.endpoints {
+            let c = e.conditions.clone().unwrap_or_default();
+            let is_ready = c.ready.unwrap_or(true);
+            let serving = c.serving.unwrap_or(is_ready);
+            let term = c.terminating.unwrap_or(false);
+            for a in &e.addresses {
+                let Ok(ip) = a.parse::<Ipv4Addr>() else {
+                    continue;
+                };
+                let ep = Ep {
+                    ip,
+                    port: target,
+                    local: e.node_name.as_deref() == Some(node),
+                };
+                if is_ready {
+                    ready.push(ep);
+                } else if serving && term {
+                    terminating.push(ep);
+                }
+            }
+        }
+    }
+    let mut v = if ready.is_empty() { terminating } else { ready };
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn base(kind: ChainType, hook: Hook, priority: i32) -> Chain {
+    Chain {
+        base: Some(BaseChain {
+            kind,
+            hook,
+            priority,
+        }),
+        rules: vec![],
+    }
+}
+
+fn goto(c: &str) -> Expr {
+    Expr::Verdict(Verdict::Goto(c.to_string()))
+}
+
+fn svc_key(ip: Ipv4Addr, proto: Proto, port: u16) -> Vec<Value> {
+    vec![
+        Value::Addr(IpAddr::V4(ip)),
+        Value::Proto(proto),
+        Value::Port(port),
+    ]
+}
+
+/// Rules that pick one of `eps` uniformly (numgen cascade), with affinity.
+fn pick_rules(eps: &[(String, &Ep)], affinity: bool) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    if affinity {
+        for (chain, _) in eps {
+            rules.push(Rule::new(vec![
+                Expr::InSet {
+                    keys: vec![Field::IpSaddr],
+                    set: format!("aff-{}", &chain[3..]),
+                    neg: false,
+                },
+                goto(chain),
+            ]));
+        }
+    }
+    let n = eps.len() as u32;
+    for (i, (chain, _)) in eps.iter().enumerate() {
+        let left = n - i as u32;
+        if left > 1 {
+            rules.push(Rule::new(vec![
+                Expr::Numgen {
+                    modulus: left,
+                    value: 0,
+                },
+                goto(chain),
+            ]));
+        } else {
+            rules.push(Rule::new(vec![goto(chain)]));
+        }
+    }
+    rules
+}
+
+/// Plans the whole table.
+pub fn plan(input: &ProxyInput<'_>) -> Table {
+    let mut t = Table::new(Family::Ip, TABLE);
+    let cidr = Value::Net(IpNet::V4(input.cluster_cidr));
+    let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+    let two = vec![KeyType::InetProto, KeyType::InetService];
+    t.sets.insert("service-ips".into(), Set::map(three.clone()));
+    t.sets
+        .insert("service-nodeports".into(), Set::map(two.clone()));
+    t.sets
+        .insert("no-endpoint-services".into(), Set::map(three));
+    t.sets.insert("no-endpoint-nodeports".into(), Set::map(two));
+
+    let dispatch = vec![
+        Rule::new(vec![Expr::VMap {
+            keys: vec![Field::IpDaddr, Field::L4Proto, Field::Dport],
+            map: "service-ips".into(),
+        }]),
+        Rule::new(vec![
+            Expr::FibDaddrLocal,
+            Expr::Cmp {
+                field: Field::IpDaddr,
+                neg: true,
+                value: Value::Net("127.0.0.0/8".parse().expect("static")),
+            },
+            Expr::VMap {
+                keys: vec![Field::L4Proto, Field::Dport],
+                map: "service-nodeports".into(),
+            },
+        ]),
+    ];
+    t.chains.insert(
+        "services".into(),
+        Chain {
+            base: None,
+            rules: dispatch,
+        },
+    );
+    let mut nat_pre = base(ChainType::Nat, Hook::Prerouting, -100);
+    nat_pre
+        .rules
+        .push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
+            "services".into(),
+        ))]));
+    t.chains.insert("nat-prerouting".into(), nat_pre);
+    let mut nat_out = base(ChainType::Nat, Hook::Output, -100);
+    nat_out
+        .rules
+        .push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
+            "services".into(),
+        ))]));
+    t.chains.insert("nat-output".into(), nat_out);
+    let mut nat_post = base(ChainType::Nat, Hook::Postrouting, 100);
+    nat_post.rules.push(Rule::new(vec![
+        Expr::MarkSet { mask: MASQ_MARK },
+        Expr::Masquerade { fully_random: true },
+    ]));
+    t.chains.insert("nat-postrouting".into(), nat_post);
+    t.chains.insert(
+        "mark-for-masquerade".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(vec![Expr::SetMark { bits: MASQ_MARK }])],
+        },
+    );
+    // Services without endpoints are rejected in the filter hooks.
+    let check = vec![
+        Rule::new(vec![Expr::VMap {
+            keys: vec![Field::IpDaddr, Field::L4Proto, Field::Dport],
+            map: "no-endpoint-services".into(),
+        }]),
+        Rule::new(vec![
+            Expr::FibDaddrLocal,
+            Expr::VMap {
+                keys: vec![Field::L4Proto, Field::Dport],
+                map: "no-endpoint-nodeports".into(),
+            },
+        ]),
+    ];
+    t.chains.insert(
+        "endpoints-check".into(),
+        Chain {
+            base: None,
+            rules: check,
+        },
+    );
+    t.chains.insert(
+        "reject-chain".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(vec![Expr::Reject { tcp_reset: true }])],
+        },
+    );
+    for (name, hook) in [
+        ("filter-input", Hook::Input),
+        ("filter-forward", Hook::Forward),
+        ("filter-output", Hook::Output),
+    ] {
+        let mut c = base(ChainType::Filter, hook, -110);
+        c.rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
+            "endpoints-check".into(),
+        ))]));
+        t.chains.insert(name.into(), c);
+    }
+
+    for svc in input.services {
+        let Some(spec) = &svc.spec else { continue };
+        let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+        if ty == "ExternalName" {
+            continue;
+        }
+        let Some(cip) = spec
+            .cluster_ip
+            .as_deref()
+            .and_then(|c| c.parse::<Ipv4Addr>().ok())
+        else {
+            continue;
+        };
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        let name = svc.metadata.name.as_deref().unwrap_or_default();
+        let affinity = spec.session_affinity.as_deref() == Some("ClientIP");
+        let timeout = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .map(|t| t as u32)
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT);
+        let ext_local = spec.external_traffic_policy.as_deref() == Some("Local");
+        let int_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let external_ips: Vec<Ipv4Addr> = spec
+            .external_ips
+            .iter()
+            .flatten()
+            .filter_map(|a| a.parse().ok())
+            .chain(
+                svc.status
+                    .iter()
+                    .flat_map(|s| s.load_balancer.iter())
+                    .flat_map(|l| l.ingress.iter().flatten())
+                    .filter_map(|i| i.ip.as_deref()?.parse().ok()),
+            )
+            .collect();
+        let lb_ips: Vec<Ipv4Addr> = svc
+            .status
+            .iter()
+            .flat_map(|s| s.load_balancer.iter())
+            .flat_map(|l| l.ingress.iter().flatten())
+            .filter_map(|i| i.ip.as_deref()?.parse().ok())
+            .collect();
+        let ranges: Vec<Ipv4Net> = spec
+            .load_balancer_source_ranges
+            .iter()
+            .flatten()
+            .filter_map(|r| r.parse().ok())
+            .collect();
+        for port in spec.ports.iter().flatten() {
+            let Some(proto) = proto_of(&port.protocol) else {
+                continue;
+            };
+            let Ok(sport) = u16::try_from(port.port) else {
+                continue;
+            };
+            let id = hash8(&format!(
+                "{ns}/{name}/{}/{}",
+                port.name.as_deref().unwrap_or(""),
+                proto.name()
+            ));
+            let all = endpoints(svc, port, input.slices, input.node);
+            let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
+            let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
+            let node_port = port
+                .node_port
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|_| matches!(ty, "NodePort" | "LoadBalancer"));
+
+            // Endpoint chains, shared by the cluster and external paths.
+            let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();
+            for e in all.iter() {
+                let ec = format!("ep-{}", hash8(&format!("{id}/{}:{}", e.ip, e.port)));
+                let mut rules = vec![Rule::new(vec![
+                    Expr::Cmp {
+                        field: Field::IpSaddr,
+                        neg: false,
+                        value: Value::Addr(IpAddr::V4(e.ip)),
+                    },
+                    Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+                ])];
+                let mut dnat = Vec::new();
+                if affinity {
+                    let set = format!("aff-{}", &ec[3..]);
+                    let mut s = Set::new(vec![KeyType::Ipv4Addr]);
+                    s.timeout = Some(timeout);
+                    t.sets.insert(set.clone(), s);
+                    dnat.push(Expr::UpdateSet {
+                        keys: vec![Field::IpSaddr],
+                        set,
+                    });
+                }
+                dnat.push(Expr::Cmp {
+                    field: Field::L4Proto,
+                    neg: false,
+                    value: Value::Proto(proto),
+                });
+                dnat.push(Expr::Dnat {
+                    addr: IpAddr::V4(e.ip),
+                    port: Some(e.port),
+                });
+                rules.push(Rule::new(dnat));
+                t.chains.insert(ec.clone(), Chain { base: None, rules });
+                ep_chains.insert(e, ec);
+            }
+            let named = |eps: &[&Ep]| -> Vec<(String, Ep)> {
+                eps.iter()
+                    .map(|e| (ep_chains[*e].clone(), (*e).clone()))
+                    .collect()
+            };
+
+            // The cluster path: ClusterIP.
+            let svc_chain = format!("svc-{id}");
+            if cluster_eps.is_empty() {
+                t.sets
+                    .get_mut("no-endpoint-services")
+                    .expect("declared")
+                    .elements
+                    .insert(
+                        svc_key(cip, proto, sport),
+                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
+                    );
+            } else {
+                let mut rules = vec![Rule::new(vec![
+                    Expr::Cmp {
+                        field: Field::IpSaddr,
+                        neg: true,
+                        value: cidr.clone(),
+                    },
+                    Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+                ])];
+                let eps = named(&cluster_eps);
+                let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
+                rules.extend(pick_rules(&refs, affinity));
+                t.chains
+                    .insert(svc_chain.clone(), Chain { base: None, rules });
+                t.sets
+                    .get_mut("service-ips")
+                    .expect("declared")
+                    .elements
+                    .insert(
+                        svc_key(cip, proto, sport),
+                        Some(ElemData::Verdict(Verdict::Goto(svc_chain.clone()))),
+                    );
+            }
+
+            // The external path: NodePort, externalIPs, LoadBalancer IPs.
+            if node_port.is_none() && external_ips.is_empty() {
+                continue;
+            }
+            let ext_chain = format!("ext-{id}");
+            if ext_eps.is_empty() {
+                for ip in &external_ips {
+                    t.sets
+                        .get_mut("no-endpoint-services")
+                        .expect("declared")
+                        .elements
+                        .insert(
+                            svc_key(*ip, proto, sport),
+                            Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
+                        );
+                }
+                if let Some(np) = node_port {
+                    t.sets
+                        .get_mut("no-endpoint-nodeports")
+                        .expect("declared")
+                        .elements
+                        .insert(
+                            vec![Value::Proto(proto), Value::Port(np)],
+                            Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
+                        );
+                }
+                continue;
+            }
+            let mut rules = Vec::new();
+            if !ext_local {
+                rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
+                    "mark-for-masquerade".into(),
+                ))]));
+            }
+            let eps = named(&ext_eps);
+            let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
+            rules.extend(pick_rules(&refs, affinity));
+            t.chains
+                .insert(ext_chain.clone(), Chain { base: None, rules });
+            for ip in &external_ips {
+                let target = if lb_ips.contains(ip) && !ranges.is_empty() {
+                    // loadBalancerSourceRanges: only listed sources get in.
+                    let fw = format!("fw-{id}");
+                    let mut r: Vec<Rule> = ranges
+                        .iter()
+                        .map(|n| {
+                            Rule::new(vec![
+                                Expr::Cmp {
+                                    field: Field::IpSaddr,
+                                    neg: false,
+                                    value: Value::Net(IpNet::V4(*n)),
+                                },
+                                goto(&ext_chain),
+                            ])
+                        })
+                        .collect();
+                    r.push(Rule::new(vec![Expr::Verdict(Verdict::Drop)]));
+                    t.chains.insert(
+                        fw.clone(),
+                        Chain {
+                            base: None,
+                            rules: r,
+                        },
+                    );
+                    fw
+                } else {
+                    ext_chain.clone()
+                };
+                t.sets
+                    .get_mut("service-ips")
+                    .expect("declared")
+                    .elements
+                    .insert(
+                        svc_key(*ip, proto, sport),
+                        Some(ElemData::Verdict(Verdict::Goto(target))),
+                    );
+            }
+            if let Some(np) = node_port {
+                t.sets
+                    .get_mut("service-nodeports")
+                    .expect("declared")
+                    .elements
+                    .insert(
+                        vec![Value::Proto(proto), Value::Port(np)],
+                        Some(ElemData::Verdict(Verdict::Goto(ext_chain.clone()))),
+                    );
+            }
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podnet_nft::diff::{diff, ops};
+    use podnet_nft::trace::{Fate, Packet, Tracer};
+    use serde_json::json;
+    use std::collections::BTreeSet;
+
+    const NODE_IP: &str = "192.168.200.11";
+
+    fn svc(name: &str, spec: serde_json::Value) -> Service {
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+        )
+        .unwrap()
+    }
+
+    fn slice(svc: &str, eps: &[(&str, bool, bool, &str)], port: i32) -> EndpointSlice {
+        let endpoints: Vec<serde_json::Value> = eps
+            .iter()
+            .map(|(ip, ready, term, node)| {
+                json!({"addresses": [ip], "nodeName": node,
+                "conditions": {"ready": ready, "serving": *ready || *term, "terminating": term}})
+            })
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": format!("{svc}-x"), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "protocol": "TCP", "port": port}]}))
+        .unwrap()
+    }
+
+    fn web(extra: serde_json::Value) -> Service {
+        let mut spec = json!({"clusterIP": "10.96.0.50", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}], "selector": {"app": "web"}});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        svc("web", spec)
+    }
+
+    fn two_eps() -> EndpointSlice {
+        slice(
+            "web",
+            &[
+                ("10.244.1.5", true, false, "node1"),
+                ("10.244.2.5", true, false, "node2"),
+            ],
+            8080,
+        )
+    }
+
+    fn plan_for(services: &[Service], slices: &[EndpointSlice]) -> Table {
+        plan(&ProxyInput {
+            node: "node1",
+            cluster_cidr: "10.244.0.0/16".parse().unwrap(),
+            services,
+            slices,
+        })
+    }
+
+    fn targets(t: &Table, p: &Packet) -> BTreeSet<String> {
+        Tracer::new(t)
+            .with_local(&[NODE_IP])
+            .incoming_targets(p, 12)
+            .into_iter()
+            .map(|d| {
+                d.map(|(a, p)| format!("{a}:{}", p.unwrap_or(0)))
+                    .unwrap_or_else(|| "none".into())
+            })
+            .collect()
+    }
+
+    /// The packet tracer table: (flow) -> (verdict, DNAT targets, masquerade).
+    #[test]
+    fn cluster_ip_distributes_over_ready_endpoints_without_masquerade_from_pods() {
+        let t = plan_for(&[web(json!({}))], &[two_eps()]);
+        let from_pod = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        assert_eq!(
+            targets(&t, &from_pod),
+            BTreeSet::from(["10.244.1.5:8080".to_string(), "10.244.2.5:8080".to_string()])
+        );
+        let o = Tracer::new(&t).incoming(&from_pod, &mut |_| 0);
+        assert_eq!(o.fate, Fate::Accept);
+        assert!(!o.masquerade, "pod-to-Service keeps the pod's source");
+        // From outside the cluster CIDR: masqueraded.
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("192.168.200.50", "10.96.0.50", Proto::Tcp, 80),
+            &mut |_| 1,
+        );
+        assert_eq!(o.dnat, Some(("10.244.2.5".parse().unwrap(), Some(8080))));
+        assert!(o.masquerade);
+        // Wrong port or protocol: untouched.
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("10.244.3.9", "10.96.0.50", Proto::Udp, 80),
+            &mut |_| 0,
+        );
+        assert_eq!((o.fate, o.dnat), (Fate::Accept, None));
+    }
+
+    #[test]
+    fn hairpin_is_masqueraded() {
+        let t = plan_for(&[web(json!({}))], &[two_eps()]);
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("10.244.1.5", "10.96.0.50", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert_eq!(o.dnat, Some(("10.244.1.5".parse().unwrap(), Some(8080))));
+        assert!(
+            o.masquerade,
+            "an endpoint reaching itself must be masqueraded"
+        );
+    }
+
+    #[test]
+    fn no_usable_endpoints_rejects_and_terminating_are_a_fallback() {
+        let t = plan_for(&[web(json!({}))], &[]);
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert_eq!(o.fate, Fate::Reject);
+        let only_term = slice(
+            "web",
+            &[
+                ("10.244.1.5", false, true, "node1"),
+                ("10.244.1.6", false, false, "node1"),
+            ],
+            8080,
+        );
+        let t = plan_for(&[web(json!({}))], &[only_term]);
+        assert_eq!(
+            targets(&t, &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80)),
+            BTreeSet::from(["10.244.1.5:8080".to_string()])
+        );
+        let mixed = slice(
+            "web",
+            &[
+                ("10.244.1.5", false, true, "node1"),
+                ("10.244.1.7", true, false, "node1"),
+            ],
+            8080,
+        );
+        let t = plan_for(&[web(json!({}))], &[mixed]);
+        assert_eq!(
+            targets(&t, &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80)),
+            BTreeSet::from(["10.244.1.7:8080".to_string()])
+        );
+    }
+
+    #[test]
+    fn node_ports_external_ips_and_lb_ips() {
+        let s = web(
+            json!({"type": "LoadBalancer", "externalIPs": ["203.0.113.7"],
+            "ports": [{"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"}],
+            "loadBalancerSourceRanges": ["198.51.100.0/24"]}),
+        );
+        let mut s = s;
+        s.status =
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "198.18.0.9"}]}}))
+                .unwrap();
+        let t = plan_for(&[s], &[two_eps()]);
+        let np = Packet::new("198.51.100.20", NODE_IP, Proto::Tcp, 30080);
+        let o = Tracer::new(&t)
+            .with_local(&[NODE_IP])
+            .incoming(&np, &mut |_| 0);
+        assert!(
+            o.dnat.is_some() && o.masquerade,
+            "NodePort with Cluster policy: DNAT + masquerade ({o:?})"
+        );
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("198.51.100.20", "203.0.113.7", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert!(o.dnat.is_some(), "externalIP");
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("198.51.100.20", "198.18.0.9", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert!(o.dnat.is_some(), "LB IP from an allowed range");
+        let o = Tracer::new(&t).incoming(
+            &Packet::new("192.0.2.1", "198.18.0.9", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert_eq!(
+            o.fate,
+            Fate::Drop,
+            "LB IP from outside loadBalancerSourceRanges"
+        );
+        // A NodePort on a non-local address is not ours.
+        let o = Tracer::new(&t).with_local(&[NODE_IP]).incoming(
+            &Packet::new("198.51.100.20", "192.168.200.99", Proto::Tcp, 30080),
+            &mut |_| 0,
+        );
+        assert_eq!(o.dnat, None);
+    }
+
+    #[test]
+    fn external_traffic_policy_local_keeps_source_and_uses_local_endpoints() {
+        let s = web(json!({"type": "NodePort", "externalTrafficPolicy": "Local",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30081, "protocol": "TCP"}]}));
+        let t = plan_for(std::slice::from_ref(&s), &[two_eps()]);
+        let np = Packet::new("198.51.100.20", NODE_IP, Proto::Tcp, 30081);
+        let mut tr = Tracer::new(&t).with_local(&[NODE_IP]);
+        assert_eq!(
+            tr.incoming_targets(&np, 6).len(),
+            1,
+            "only node1's endpoint"
+        );
+        let o = tr.incoming(&np, &mut |_| 0);
+        assert_eq!(o.dnat, Some(("10.244.1.5".parse().unwrap(), Some(8080))));
+        assert!(!o.masquerade, "client source preserved");
+        // No local endpoint: rejected.
+        let remote_only = slice("web", &[("10.244.2.5", true, false, "node2")], 8080);
+        let t = plan_for(&[s], &[remote_only]);
+        let o = Tracer::new(&t)
+            .with_local(&[NODE_IP])
+            .incoming(&np, &mut |_| 0);
+        assert_eq!(o.fate, Fate::Reject);
+    }
+
+    #[test]
+    fn internal_traffic_policy_local() {
+        let t = plan_for(
+            &[web(json!({"internalTrafficPolicy": "Local"}))],
+            &[two_eps()],
+        );
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        assert_eq!(
+            targets(&t, &p),
+            BTreeSet::from(["10.244.1.5:8080".to_string()])
+        );
+    }
+
+    #[test]
+    fn session_affinity_sticks() {
+        let t = plan_for(&[web(json!({"sessionAffinity": "ClientIP"}))], &[two_eps()]);
+        assert!(t
+            .sets
+            .values()
+            .any(|s| s.timeout == Some(DEFAULT_AFFINITY_TIMEOUT)));
+        let mut tr = Tracer::new(&t);
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        let first = tr.incoming(&p, &mut |_| 1).dnat;
+        for draw in [0, 0, 1, 0] {
+            assert_eq!(
+                tr.incoming(&p, &mut |_| draw).dnat,
+                first,
+                "affinity must stick"
+            );
+        }
+        let other = tr
+            .incoming(
+                &Packet::new("10.244.3.10", "10.96.0.50", Proto::Tcp, 80),
+                &mut |_| 0,
+            )
+            .dnat;
+        assert_ne!(other, first);
+    }
+
+    #[test]
+    fn external_name_and_headless_get_no_rules() {
+        let en = svc(
+            "ext",
+            json!({"type": "ExternalName", "externalName": "example.com"}),
+        );
+        let hl = svc("hl", json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        let t = plan_for(&[en, hl], &[]);
+        assert!(t.sets.values().all(|s| s.elements.is_empty()));
+        assert!(!t.chains.keys().any(|c| c.starts_with("svc-")));
+    }
+
+    #[test]
+    fn repeated_sync_is_zero_ops_and_one_endpoint_change_is_small() {
+        let mut svcs = Vec::new();
+        let mut slices = Vec::new();
+        for i in 0..200 {
+            svcs.push(svc(
+                &format!("s{i}"),
+                json!({"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                "ports": [{"name": "http", "port": 80}], "selector": {"a": "b"}}),
+            ));
+            slices.push(slice(
+                &format!("s{i}"),
+                &[
+                    (
+                        &format!("10.244.{}.{}", i / 250 + 1, i % 250 + 1),
+                        true,
+                        false,
+                        "node2",
+                    ),
+                    ("10.244.9.9", true, false, "node3"),
+                ],
+                8080,
+            ));
+        }
+        let t1 = plan_for(&svcs, &slices);
+        assert_eq!(ops(&diff(Some(&t1), &plan_for(&svcs, &slices))), 0);
+        slices[7] = slice(
+            "s7",
+            &[
+                ("10.244.1.8", true, false, "node2"),
+                ("10.244.9.10", true, false, "node3"),
+            ],
+            8080,
+        );
+        let t2 = plan_for(&svcs, &slices);
+        let d = diff(Some(&t1), &t2);
+        assert!(
+            ops(&d) <= 10,
+            "one endpoint change cost {} ops: {d:?}",
+            ops(&d)
+        );
+        // A Service added: its element plus its chains.
+        svcs.push(svc(
+            "new",
+            json!({"clusterIP": "10.96.5.5", "ports": [{"name": "http", "port": 80}]}),
+        ));
+        slices.push(slice("new", &[("10.244.5.5", true, false, "node2")], 80));
+        let d = diff(Some(&t2), &plan_for(&svcs, &slices));
+        assert_eq!(
+            ops(&d),
+            7,
+            "element + svc chain (1+2 rules) + ep chain (1+2 rules): {d:?}"
+        );
+    }
+
+    #[test]
+    fn golden_render_of_a_small_service_set() {
+        let t = plan_for(
+            &[web(json!({}))],
+            &[slice("web", &[("10.244.1.5", true, false, "node1")], 8080)],
+        );
+        let r = t.render();
+        for want in [
+            "map service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict;",
+            "10.96.0.50 . tcp . 80 : goto svc-",
+            "\t\tip daddr . meta l4proto . th dport vmap @service-ips\n",
+            "\t\tfib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports\n",
+            "\t\tip saddr != 10.244.0.0/16 jump mark-for-masquerade\n",
+            "\t\tmeta l4proto tcp dnat ip to 10.244.1.5:8080\n",
+            "\t\tmeta mark & 0x00004000 != 0 masquerade fully-random\n",
+            "type nat hook prerouting priority -100; policy accept;",
+        ] {
+            assert!(r.contains(want), "missing {want:?} in\n{r}");
+        }
+    }
+}

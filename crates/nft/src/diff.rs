@@ -1,0 +1,384 @@
+//! The difference between the table last applied and the table wanted, as
+//! an ordered list of changes that form one valid transaction: things are
+//! created before they are referenced and unreferenced before they are
+//! deleted. An identical table yields no change at all.
+//!
+//! Chains are replaced whole (flush, then add its rules) when any rule
+//! differs; per-Service chains are small, so this keeps rule handles out of
+//! the picture. Set and map elements are added and removed one by one, which
+//! is where the volume is.
+
+use crate::model::{BaseChain, Chain, ElemData, Rule, Set, Table, Value};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    AddTable,
+    AddSet {
+        name: String,
+        set: Set,
+    },
+    DelSet {
+        name: String,
+    },
+    AddChain {
+        name: String,
+        base: Option<BaseChain>,
+    },
+    DelChain {
+        name: String,
+    },
+    FlushChain {
+        name: String,
+    },
+    AddRules {
+        chain: String,
+        rules: Vec<Rule>,
+    },
+    AddElems {
+        set: String,
+        elems: Vec<(Vec<Value>, Option<ElemData>)>,
+    },
+    DelElems {
+        set: String,
+        keys: Vec<Vec<Value>>,
+    },
+}
+
+impl Change {
+    /// How many kernel objects this change touches (for op counting).
+    pub fn ops(&self) -> usize {
+        match self {
+            Change::AddRules { rules, .. } => rules.len(),
+            Change::AddElems { elems, .. } => elems.len(),
+            Change::DelElems { keys, .. } => keys.len(),
+            _ => 1,
+        }
+    }
+}
+
+/// Total operations in a change list.
+pub fn ops(changes: &[Change]) -> usize {
+    changes.iter().map(Change::ops).sum()
+}
+
+fn same_decl(a: &Set, b: &Set) -> bool {
+    a.key == b.key && a.data == b.data && a.interval == b.interval && a.timeout == b.timeout
+}
+
+/// Plans the transaction from `old` (None: nothing applied yet) to `new`.
+pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
+    let empty = Table::new(new.family, &new.name);
+    let (old, fresh) = match old {
+        Some(o) => (o, false),
+        None => (&empty, true),
+    };
+    let mut out = Vec::new();
+    if fresh {
+        out.push(Change::AddTable);
+    }
+    // 1. New sets and chains (and sets whose declaration changed).
+    let mut recreated = Vec::new();
+    for (name, s) in &new.sets {
+        match old.sets.get(name) {
+            None => out.push(Change::AddSet {
+                name: name.clone(),
+                set: Set {
+                    elements: Default::default(),
+                    ..s.clone()
+                },
+            }),
+            Some(o) if !same_decl(o, s) => recreated.push(name.clone()),
+            _ => {}
+        }
+    }
+    for (name, c) in &new.chains {
+        match old.chains.get(name) {
+            None => out.push(Change::AddChain {
+                name: name.clone(),
+                base: c.base,
+            }),
+            Some(o) if o.base != c.base => {
+                // A chain cannot change its hook in place: rebuild it.
+                out.push(Change::FlushChain { name: name.clone() });
+                out.push(Change::DelChain { name: name.clone() });
+                out.push(Change::AddChain {
+                    name: name.clone(),
+                    base: c.base,
+                });
+            }
+            _ => {}
+        }
+    }
+    // 2. Element removals (they may reference chains about to go).
+    for (name, s) in &old.sets {
+        let keys: Vec<Vec<Value>> = match new.sets.get(name) {
+            Some(n) if same_decl(s, n) => s
+                .elements
+                .iter()
+                .filter(|(k, d)| n.elements.get(*k) != Some(d))
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => continue,
+        };
+        if !keys.is_empty() {
+            out.push(Change::DelElems {
+                set: name.clone(),
+                keys,
+            });
+        }
+    }
+    // 3. Rules of changed chains (and emptying chains that will be deleted).
+    for (name, c) in &new.chains {
+        let prev: Option<&Chain> = old.chains.get(name).filter(|o| o.base == c.base);
+        if prev
+            .map(|p| p.rules != c.rules)
+            .unwrap_or(!c.rules.is_empty())
+        {
+            if prev.map(|p| !p.rules.is_empty()).unwrap_or(false) {
+                out.push(Change::FlushChain { name: name.clone() });
+            }
+            if !c.rules.is_empty() {
+                out.push(Change::AddRules {
+                    chain: name.clone(),
+                    rules: c.rules.clone(),
+                });
+            }
+        }
+    }
+    for (name, c) in &old.chains {
+        if !new.chains.contains_key(name) && !c.rules.is_empty() {
+            out.push(Change::FlushChain { name: name.clone() });
+        }
+    }
+    // 4. Sets whose declaration changed are rebuilt (rules referencing
+    //    them were rewritten above only if they changed too; a redeclared
+    //    set keeps its name, so references stay valid after re-adding).
+    for name in &recreated {
+        out.push(Change::DelSet { name: name.clone() });
+        let s = &new.sets[name];
+        out.push(Change::AddSet {
+            name: name.clone(),
+            set: Set {
+                elements: Default::default(),
+                ..s.clone()
+            },
+        });
+    }
+    // 5. Chains that are gone.
+    for name in old.chains.keys() {
+        if !new.chains.contains_key(name) {
+            out.push(Change::DelChain { name: name.clone() });
+        }
+    }
+    // 6. Element additions (their target chains exist now).
+    for (name, s) in &new.sets {
+        let prev = old
+            .sets
+            .get(name)
+            .filter(|o| same_decl(o, s) && !recreated.contains(name));
+        let elems: Vec<(Vec<Value>, Option<ElemData>)> = s
+            .elements
+            .iter()
+            .filter(|(k, d)| prev.map(|p| p.elements.get(*k) != Some(d)).unwrap_or(true))
+            .map(|(k, d)| (k.clone(), d.clone()))
+            .collect();
+        if !elems.is_empty() {
+            out.push(Change::AddElems {
+                set: name.clone(),
+                elems,
+            });
+        }
+    }
+    // 7. Sets that are gone (nothing references them any more).
+    for name in old.sets.keys() {
+        if !new.sets.contains_key(name) {
+            out.push(Change::DelSet { name: name.clone() });
+        }
+    }
+    out
+}
+
+/// The change list as an `nft -f` script (one atomic transaction).
+pub fn render(t: &Table, changes: &[Change]) -> String {
+    let (f, n) = (t.family.name(), &t.name);
+    let mut s = String::new();
+    for c in changes {
+        match c {
+            Change::AddTable => s.push_str(&format!("add table {f} {n}\n")),
+            Change::AddSet { name, set } => {
+                let kw = if set.data.is_some() { "map" } else { "set" };
+                s.push_str(&format!(
+                    "add {kw} {f} {n} {name} {{ {} }}\n",
+                    set.decl_text()
+                ));
+            }
+            Change::DelSet { name } => s.push_str(&format!("delete set {f} {n} {name}\n")),
+            Change::AddChain { name, base } => match base {
+                Some(b) => {
+                    let kind = match b.kind {
+                        crate::model::ChainType::Filter => "filter",
+                        crate::model::ChainType::Nat => "nat",
+                    };
+                    let hook = format!("{:?}", b.hook).to_ascii_lowercase();
+                    s.push_str(&format!(
+                        "add chain {f} {n} {name} {{ type {kind} hook {hook} priority {}; policy accept; }}\n",
+                        b.priority
+                    ));
+                }
+                None => s.push_str(&format!("add chain {f} {n} {name}\n")),
+            },
+            Change::DelChain { name } => s.push_str(&format!("delete chain {f} {n} {name}\n")),
+            Change::FlushChain { name } => s.push_str(&format!("flush chain {f} {n} {name}\n")),
+            Change::AddRules { chain, rules } => {
+                for r in rules {
+                    s.push_str(&format!("add rule {f} {n} {chain} {}\n", r.text()));
+                }
+            }
+            Change::AddElems { set, elems } => {
+                for chunk in elems.chunks(1000) {
+                    let els: Vec<String> =
+                        chunk.iter().map(|(k, d)| Set::element_text(k, d)).collect();
+                    s.push_str(&format!(
+                        "add element {f} {n} {set} {{ {} }}\n",
+                        els.join(", ")
+                    ));
+                }
+            }
+            Change::DelElems { set, keys } => {
+                for chunk in keys.chunks(1000) {
+                    let els: Vec<String> =
+                        chunk.iter().map(|k| Set::element_text(k, &None)).collect();
+                    s.push_str(&format!(
+                        "delete element {f} {n} {set} {{ {} }}\n",
+                        els.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+
+    fn table(extra_elem: bool, rule_port: u16) -> Table {
+        let mut t = Table::new(Family::Ip, "podnet");
+        let mut m = Set::map(vec![
+            KeyType::Ipv4Addr,
+            KeyType::InetProto,
+            KeyType::InetService,
+        ]);
+        m.elements.insert(
+            vec![
+                Value::Addr("10.96.0.1".parse().unwrap()),
+                Value::Proto(Proto::Tcp),
+                Value::Port(443),
+            ],
+            Some(ElemData::Verdict(Verdict::Goto("svc-a".into()))),
+        );
+        if extra_elem {
+            m.elements.insert(
+                vec![
+                    Value::Addr("10.96.0.2".parse().unwrap()),
+                    Value::Proto(Proto::Udp),
+                    Value::Port(53),
+                ],
+                Some(ElemData::Verdict(Verdict::Goto("svc-b".into()))),
+            );
+        }
+        t.sets.insert("service-ips".into(), m);
+        t.chains.insert(
+            "svc-a".into(),
+            Chain {
+                base: None,
+                rules: vec![Rule::new(vec![Expr::Dnat {
+                    addr: "10.244.1.5".parse().unwrap(),
+                    port: Some(rule_port),
+                }])],
+            },
+        );
+        if extra_elem {
+            t.chains.insert(
+                "svc-b".into(),
+                Chain {
+                    base: None,
+                    rules: vec![Rule::new(vec![Expr::Reject { tcp_reset: false }])],
+                },
+            );
+        }
+        t
+    }
+
+    #[test]
+    fn identical_tables_need_no_change() {
+        let t = table(true, 80);
+        assert!(diff(Some(&t), &t).is_empty());
+    }
+
+    #[test]
+    fn first_sync_creates_everything_in_order() {
+        let t = table(true, 80);
+        let d = diff(None, &t);
+        assert_eq!(d[0], Change::AddTable);
+        let pos = |f: &dyn Fn(&Change) -> bool| d.iter().position(f).unwrap();
+        assert!(
+            pos(&|c| matches!(c, Change::AddChain { name, .. } if name == "svc-b"))
+                < pos(&|c| matches!(c, Change::AddElems { .. }))
+        );
+        assert_eq!(ops(&d), 1 + 1 + 2 + 2 + 2);
+    }
+
+    #[test]
+    fn small_changes_are_small() {
+        let old = table(true, 80);
+        // one endpoint port changes: one chain rewritten
+        let d = diff(Some(&old), &table(true, 8080));
+        assert_eq!(
+            d,
+            vec![
+                Change::FlushChain {
+                    name: "svc-a".into()
+                },
+                Change::AddRules {
+                    chain: "svc-a".into(),
+                    rules: table(true, 8080).chains["svc-a"].rules.clone()
+                }
+            ]
+        );
+        // a Service removed: its element, its chain
+        let d = diff(Some(&old), &table(false, 80));
+        assert_eq!(ops(&d), 3, "{d:?}");
+        let del_el = d
+            .iter()
+            .position(|c| matches!(c, Change::DelElems { .. }))
+            .unwrap();
+        let del_ch = d
+            .iter()
+            .position(|c| matches!(c, Change::DelChain { .. }))
+            .unwrap();
+        assert!(del_el < del_ch, "unreference before delete");
+        let text = render(&old, &d);
+        assert!(
+            text.contains("delete element ip podnet service-ips { 10.96.0.2 . udp . 53 }"),
+            "{text}"
+        );
+        assert!(text.contains("delete chain ip podnet svc-b"));
+    }
+
+    #[test]
+    fn render_is_stable() {
+        let t = table(false, 80);
+        let r = t.render();
+        assert!(
+            r.contains(
+                "map service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict;"
+            ),
+            "{r}"
+        );
+        assert!(r.contains("10.96.0.1 . tcp . 443 : goto svc-a"));
+        assert!(r.contains("dnat ip to 10.244.1.5:80"));
+    }
+}

@@ -1,0 +1,476 @@
+//! A typed model of the nftables state podnet owns: one table, its sets and
+//! maps, its chains and their rules, expressed in the handful of
+//! expressions a service proxy and a policy engine need.
+//!
+//! The model is plain data: it is planned by pure code, diffed against the
+//! last applied model ([`crate::diff`]), rendered as `nft` text for humans and
+//! golden tests ([`Table::render`]), and evaluated by the packet tracer
+//! ([`crate::trace`]) in unit tests without root.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    Ip,
+    Ip6,
+    Inet,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+            Family::Inet => "inet",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+}
+
+/// A packet field a rule can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    IpSaddr,
+    IpDaddr,
+    Ip6Saddr,
+    Ip6Daddr,
+    /// meta l4proto
+    L4Proto,
+    /// th dport (TCP, UDP or SCTP destination port)
+    Dport,
+    /// meta mark
+    Mark,
+}
+
+impl Field {
+    pub fn text(self) -> &'static str {
+        match self {
+            Field::IpSaddr => "ip saddr",
+            Field::IpDaddr => "ip daddr",
+            Field::Ip6Saddr => "ip6 saddr",
+            Field::Ip6Daddr => "ip6 daddr",
+            Field::L4Proto => "meta l4proto",
+            Field::Dport => "th dport",
+            Field::Mark => "meta mark",
+        }
+    }
+
+    /// The set key type this field is looked up as.
+    pub fn key_type(self) -> KeyType {
+        match self {
+            Field::IpSaddr | Field::IpDaddr => KeyType::Ipv4Addr,
+            Field::Ip6Saddr | Field::Ip6Daddr => KeyType::Ipv6Addr,
+            Field::L4Proto => KeyType::InetProto,
+            Field::Dport => KeyType::InetService,
+            Field::Mark => KeyType::Mark,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeyType {
+    Ipv4Addr,
+    Ipv6Addr,
+    InetProto,
+    InetService,
+    Mark,
+}
+
+impl KeyType {
+    pub fn text(self) -> &'static str {
+        match self {
+            KeyType::Ipv4Addr => "ipv4_addr",
+            KeyType::Ipv6Addr => "ipv6_addr",
+            KeyType::InetProto => "inet_proto",
+            KeyType::InetService => "inet_service",
+            KeyType::Mark => "mark",
+        }
+    }
+}
+
+/// A value of one key field.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    Addr(IpAddr),
+    Net(IpNet),
+    Proto(Proto),
+    Port(u16),
+    U32(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Proto {
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Sctp => 132,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
+        }
+    }
+}
+
+impl Value {
+    fn text(&self) -> String {
+        match self {
+            Value::Addr(a) => a.to_string(),
+            Value::Net(n) => n.to_string(),
+            Value::Proto(p) => p.name().to_string(),
+            Value::Port(p) => p.to_string(),
+            Value::U32(v) => format!("0x{v:08x}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+}
+
+impl Verdict {
+    pub fn text(&self) -> String {
+        match self {
+            Verdict::Accept => "accept".into(),
+            Verdict::Drop => "drop".into(),
+            Verdict::Return => "return".into(),
+            Verdict::Jump(c) => format!("jump {c}"),
+            Verdict::Goto(c) => format!("goto {c}"),
+        }
+    }
+}
+
+/// One statement of a rule. Matches come first, then at most one terminal
+/// action (or a verdict).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Expr {
+    /// `field == value` (or `!=`); an address field against a `Net` is a
+    /// prefix match.
+    Cmp {
+        field: Field,
+        neg: bool,
+        value: Value,
+    },
+    /// `keys @set` (or `!= @set`): the concatenation is in the set.
+    InSet {
+        keys: Vec<Field>,
+        set: String,
+        neg: bool,
+    },
+    /// `keys vmap @map`: jump/goto/accept/drop by lookup; no match falls through.
+    VMap {
+        keys: Vec<Field>,
+        map: String,
+    },
+    /// `numgen random mod modulus == value`: one in `modulus` matches.
+    Numgen {
+        modulus: u32,
+        value: u32,
+    },
+    /// `fib daddr type local`
+    FibDaddrLocal,
+    /// `ct status dnat`
+    CtDnat,
+    /// `meta mark & mask != 0`
+    MarkSet {
+        mask: u32,
+    },
+    /// `meta mark set meta mark | bits`
+    SetMark {
+        bits: u32,
+    },
+    /// `update @set { key }`: add or refresh the key (with the set's timeout).
+    UpdateSet {
+        keys: Vec<Field>,
+        set: String,
+    },
+    Counter,
+    Dnat {
+        addr: IpAddr,
+        port: Option<u16>,
+    },
+    Masquerade {
+        fully_random: bool,
+    },
+    /// `reject` (ICMP port unreachable; TCP reset for TCP when `tcp_reset`).
+    Reject {
+        tcp_reset: bool,
+    },
+    Verdict(Verdict),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Rule {
+    pub exprs: Vec<Expr>,
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    pub fn new(exprs: Vec<Expr>) -> Rule {
+        Rule {
+            exprs,
+            comment: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+}
+
+/// What a map maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MapData {
+    Verdict,
+}
+
+/// One element's data (for maps).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ElemData {
+    Verdict(Verdict),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub key: Vec<KeyType>,
+    pub data: Option<MapData>,
+    pub interval: bool,
+    /// Element timeout in seconds (dynamic sets, e.g. session affinity).
+    pub timeout: Option<u32>,
+    /// Elements, keyed by their concatenated key.
+    pub elements: BTreeMap<Vec<Value>, Option<ElemData>>,
+}
+
+impl Set {
+    pub fn new(key: Vec<KeyType>) -> Set {
+        Set {
+            key,
+            data: None,
+            interval: false,
+            timeout: None,
+            elements: BTreeMap::new(),
+        }
+    }
+    pub fn map(key: Vec<KeyType>) -> Set {
+        Set {
+            data: Some(MapData::Verdict),
+            ..Set::new(key)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+    pub sets: BTreeMap<String, Set>,
+    pub chains: BTreeMap<String, Chain>,
+}
+
+fn keys_text(keys: &[Field]) -> String {
+    keys.iter()
+        .map(|k| k.text())
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+impl Expr {
+    pub fn text(&self) -> String {
+        match self {
+            Expr::Cmp { field, neg, value } => format!(
+                "{} {}{}",
+                field.text(),
+                if *neg { "!= " } else { "" },
+                value.text()
+            ),
+            Expr::InSet { keys, set, neg } => format!(
+                "{} {}@{set}",
+                keys_text(keys),
+                if *neg { "!= " } else { "" }
+            ),
+            Expr::VMap { keys, map } => format!("{} vmap @{map}", keys_text(keys)),
+            Expr::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
+            Expr::FibDaddrLocal => "fib daddr type local".into(),
+            Expr::CtDnat => "ct status dnat".into(),
+            Expr::MarkSet { mask } => format!("meta mark & 0x{mask:08x} != 0"),
+            Expr::SetMark { bits } => format!("meta mark set meta mark | 0x{bits:08x}"),
+            Expr::UpdateSet { keys, set } => format!("update @{set} {{ {} }}", keys_text(keys)),
+            Expr::Counter => "counter".into(),
+            Expr::Dnat {
+                addr: IpAddr::V4(a),
+                port,
+            } => match port {
+                Some(p) => format!("dnat ip to {a}:{p}"),
+                None => format!("dnat ip to {a}"),
+            },
+            Expr::Dnat {
+                addr: IpAddr::V6(a),
+                port,
+            } => match port {
+                Some(p) => format!("dnat ip6 to [{a}]:{p}"),
+                None => format!("dnat ip6 to {a}"),
+            },
+            Expr::Masquerade { fully_random } => {
+                if *fully_random {
+                    "masquerade fully-random".into()
+                } else {
+                    "masquerade".into()
+                }
+            }
+            Expr::Reject { tcp_reset: true } => "reject with tcp reset".into(),
+            Expr::Reject { tcp_reset: false } => "reject".into(),
+            Expr::Verdict(v) => v.text(),
+        }
+    }
+}
+
+impl Rule {
+    pub fn text(&self) -> String {
+        let mut s = self
+            .exprs
+            .iter()
+            .map(|e| e.text())
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Some(c) = &self.comment {
+            let _ = write!(s, " comment \"{}\"", c.replace('"', "'"));
+        }
+        s
+    }
+}
+
+fn elem_text(key: &[Value], data: &Option<ElemData>) -> String {
+    let k = key.iter().map(|v| v.text()).collect::<Vec<_>>().join(" . ");
+    match data {
+        Some(ElemData::Verdict(v)) => format!("{k} : {}", v.text()),
+        None => k,
+    }
+}
+
+impl Set {
+    /// The declaration (`type ... ; flags ...`) without elements.
+    pub fn decl_text(&self) -> String {
+        let key = self
+            .key
+            .iter()
+            .map(|k| k.text())
+            .collect::<Vec<_>>()
+            .join(" . ");
+        let mut s = match self.data {
+            Some(MapData::Verdict) => format!("type {key} : verdict;"),
+            None => format!("type {key};"),
+        };
+        let mut flags = Vec::new();
+        if self.interval {
+            flags.push("interval");
+        }
+        if self.timeout.is_some() {
+            flags.push("timeout");
+        }
+        if !flags.is_empty() {
+            let _ = write!(s, " flags {};", flags.join(","));
+        }
+        if let Some(t) = self.timeout {
+            let _ = write!(s, " timeout {t}s;");
+        }
+        s
+    }
+
+    pub fn element_text(key: &[Value], data: &Option<ElemData>) -> String {
+        elem_text(key, data)
+    }
+}
+
+impl Table {
+    pub fn new(family: Family, name: &str) -> Table {
+        Table {
+            family,
+            name: name.to_string(),
+            sets: BTreeMap::new(),
+            chains: BTreeMap::new(),
+        }
+    }
+
+    /// The whole table as `nft -f` input (deterministic: for golden tests).
+    pub fn render(&self) -> String {
+        let mut s = format!("table {} {} {{\n", self.family.name(), self.name);
+        for (name, set) in &self.sets {
+            let kw = if set.data.is_some() { "map" } else { "set" };
+            let _ = writeln!(s, "\t{kw} {name} {{\n\t\t{}", set.decl_text());
+            if !set.elements.is_empty() {
+                let els: Vec<String> = set.elements.iter().map(|(k, d)| elem_text(k, d)).collect();
+                let _ = writeln!(s, "\t\telements = {{ {} }}", els.join(",\n\t\t\t     "));
+            }
+            s.push_str("\t}\n");
+        }
+        for (name, c) in &self.chains {
+            let _ = writeln!(s, "\tchain {name} {{");
+            if let Some(b) = &c.base {
+                let kind = match b.kind {
+                    ChainType::Filter => "filter",
+                    ChainType::Nat => "nat",
+                };
+                let hook = match b.hook {
+                    Hook::Prerouting => "prerouting",
+                    Hook::Input => "input",
+                    Hook::Forward => "forward",
+                    Hook::Output => "output",
+                    Hook::Postrouting => "postrouting",
+                };
+                let _ = writeln!(
+                    s,
+                    "\t\ttype {kind} hook {hook} priority {}; policy accept;",
+                    b.priority
+                );
+            }
+            for r in &c.rules {
+                let _ = writeln!(s, "\t\t{}", r.text());
+            }
+            s.push_str("\t}\n");
+        }
+        s.push_str("}\n");
+        s
+    }
+}
