@@ -104,6 +104,9 @@ enum Cmd {
         /// Remove everything the agent installed on this node, then exit.
         #[arg(long)]
         cleanup: bool,
+        /// Do not run the service proxy.
+        #[arg(long)]
+        no_proxy: bool,
     },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
@@ -290,6 +293,7 @@ fn main() {
             mtu,
             metrics_addr,
             cleanup,
+            no_proxy,
         } => {
             let opts = podnet_agent::Options {
                 node,
@@ -300,6 +304,7 @@ fn main() {
                 lease_ttl,
                 resync: std::time::Duration::from_secs(resync.max(1)),
                 mtu,
+                proxy: !no_proxy,
             };
             block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
         }

@@ -343,3 +343,116 @@ fn lab_down_after_a_crash_leaves_nothing() {
         .collect();
     assert!(left.is_empty(), "processes left: {left:?}");
 }
+
+#[test]
+fn services_through_the_proxy() {
+    let lab = Lab::up("sv", "vxlan", 2);
+    let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+    lab.ok(&[
+        "run",
+        "default/w1",
+        "--node",
+        "node1",
+        "--labels",
+        "app=web",
+        "--ports",
+        "8080/tcp,8081/udp",
+    ]);
+    lab.ok(&[
+        "run",
+        "default/w2",
+        "--node",
+        "node2",
+        "--labels",
+        "app=web",
+        "--ports",
+        "8080/tcp,8081/udp",
+    ]);
+    lab.ok(&[
+        "run",
+        "default/c",
+        "--node",
+        "node1",
+        "--labels",
+        "app=client",
+        "--ports",
+        "80/tcp",
+    ]);
+    let c_ip = lab.pod("c2", "node2");
+    let manifest = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  type: NodePort\n  \
+        ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}, {name: dns, port: 53, targetPort: 8081, protocol: UDP}]\n\
+        ---\napiVersion: v1\nkind: Service\nmetadata: {name: empty}\nspec: {clusterIP: 10.96.0.99, selector: {app: none}, ports: [{port: 80}]}\n";
+    let mut p = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["--store", &store, "apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin
+        .take()
+        .unwrap()
+        .write_all(manifest.as_bytes())
+        .unwrap();
+    assert!(p.wait().unwrap().success());
+    let cip = {
+        let mut ip = String::new();
+        lab.eventually("a ClusterIP", || {
+            let o = podnet(&["--store", &store, "get", "svc", "web", "-o", "json"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            ip = v["spec"]["clusterIP"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            !ip.is_empty()
+        });
+        ip
+    };
+    // Both endpoints answer through the ClusterIP, over TCP and UDP.
+    let mut seen = std::collections::BTreeSet::new();
+    lab.eventually("both endpoints behind the ClusterIP", || {
+        if let Ok(who) = String::from_utf8(
+            lab.run(&["probe", "default/c", &format!("{cip}:80")])
+                .stdout,
+        ) {
+            seen.insert(who.trim().to_string());
+        }
+        seen.contains("w1") && seen.contains("w2")
+    });
+    lab.eventually("udp through the ClusterIP", || {
+        let o = lab.run(&["probe", "default/c", &format!("{cip}:53/udp")]);
+        o.status.success() && String::from_utf8_lossy(&o.stdout).trim().starts_with('w')
+    });
+    // Pod-to-Service keeps the pod's source address.
+    assert_eq!(
+        lab.ok(&[
+            "probe",
+            "default/c2",
+            &format!("{cip}:80"),
+            "--ask",
+            "clientip"
+        ]),
+        c_ip
+    );
+    // A Service without endpoints is rejected at once, not timed out.
+    let t0 = Instant::now();
+    assert!(!lab
+        .run(&["probe", "default/c", "10.96.0.99:80"])
+        .status
+        .success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "no-endpoint Service must be rejected immediately"
+    );
+    // NodePort from another node's namespace reaches an endpoint.
+    let (ok, out) = lab.sh(
+        &lab.node_ns("node2"),
+        "bash -c 'exec 3<>/dev/tcp/192.168.200.11/30080; echo hostname >&3; cat <&3'",
+    );
+    assert!(ok && out.trim().starts_with('w'), "{out}");
+    // The rules are data: one map element per Service port.
+    let n1 = lab.node_ns("node1");
+    let (ok, table) = lab.sh(&n1, "nft list map ip podnet service-ips");
+    assert!(
+        ok && table.contains(&format!("{cip} . tcp . 80")),
+        "{table}"
+    );
+}

@@ -19,6 +19,7 @@ pub mod files;
 pub mod kernel;
 pub mod lease;
 pub mod plan;
+pub mod proxier;
 pub mod proxy;
 pub mod udp;
 
@@ -61,6 +62,8 @@ pub struct Options {
     pub lease_ttl: i64,
     pub resync: Duration,
     pub mtu: Option<u32>,
+    /// Run the service proxy (nftables) too.
+    pub proxy: bool,
 }
 
 pub const MASQ_TABLE: &str = "podnet-masq";
@@ -371,6 +374,22 @@ pub async fn run(
     rt.write_files()?;
     register_node(&objs, &opts.node, underlay.ip, rt.mine.subnet).await?;
 
+    // The service proxy runs beside the network loop; its rules stay when
+    // the agent stops.
+    let _proxy = opts.proxy.then(|| {
+        let (store, node, net, m) = (
+            store.clone(),
+            opts.node.clone(),
+            cfg.network,
+            metrics.clone(),
+        );
+        AbortOnDrop(tokio::spawn(async move {
+            if let Err(e) = proxier::run(store, node, net, m, std::future::pending()).await {
+                tracing::error!("service proxy stopped: {e}");
+            }
+        }))
+    });
+
     let mut next_renew = Instant::now() + Duration::from_secs((opts.lease_ttl / 3).max(1) as u64);
     'relist: loop {
         let (kvs, rev) = store.list(lease::PREFIX).await?;
@@ -459,6 +478,14 @@ pub async fn run(
     }
 }
 
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Removes everything the agent installed on this node and gives the
 /// subnet back.
 pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<String>, AgentError> {
@@ -473,6 +500,9 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
         for dev in [kernel::VXLAN_DEV, kernel::TUN_DEV] {
             h.delete_link_by_name(dev)?;
         }
+    }
+    if proxier::cleanup()? {
+        done.push(format!("removed nft table ip {}", proxy::TABLE));
     }
     if podnet_nft::table_exists("ip", MASQ_TABLE).unwrap_or(false) {
         podnet_nft::apply(

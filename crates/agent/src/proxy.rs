@@ -270,7 +270,7 @@ pub fn plan(input: &ProxyInput<'_>) -> Table {
         "reject-chain".into(),
         Chain {
             base: None,
-            rules: vec![Rule::new(vec![Expr::Reject { tcp_reset: true }])],
+            rules: vec![Rule::new(vec![Expr::Reject { tcp_reset: false }])],
         },
     );
     for (name, hook) in [
