@@ -9,9 +9,8 @@
 //! removed endpoints are flushed, so clients do not keep sending into the
 //! void (the classic 5-second DNS delay).
 //!
-//! Applying goes through `nft -f` today; the nf_tables netlink encoder that
-//! makes a one-Service change cost milliseconds at 10k Services is the next
-//! step (issue 5).
+//! Changes go to the kernel as one nf_tables netlink batch
+//! ([`podnet_nft::netlink`]): no `nft` process, no re-reading of the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -23,8 +22,9 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_nft::diff::{diff, ops, render};
+use podnet_nft::diff::{diff, ops, replace};
 use podnet_nft::model::{Table, Value};
+use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, Store, WatchMsg};
 
@@ -87,6 +87,7 @@ struct Proxier {
     services: BTreeMap<String, Service>,
     slices: BTreeMap<String, EndpointSlice>,
     applied: Option<Table>,
+    conn: Option<Conn>,
     metrics: Arc<Metrics>,
 }
 
@@ -125,24 +126,18 @@ impl Proxier {
             slices: &slices,
         });
         let full = self.applied.is_none();
-        let changes = diff(self.applied.as_ref(), &want);
+        let changes = match &self.applied {
+            Some(old) => diff(Some(old), &want),
+            None => replace(&want),
+        };
         let n = ops(&changes);
         if n == 0 {
             return Ok(0);
         }
-        let mut script = String::new();
-        if full && podnet_nft::table_exists("ip", TABLE).unwrap_or(false) {
-            script.push_str(&format!("delete table ip {TABLE}\n"));
-        }
-        script.push_str(&render(&want, &changes));
-        let res = podnet_nft::apply(
-            if full {
-                "full service sync"
-            } else {
-                "service sync"
-            },
-            &script,
-        );
+        let res = match &mut self.conn {
+            Some(c) => c.apply(&want, &changes).map_err(|e| e.to_string()),
+            None => Err("no nfnetlink socket".to_string()),
+        };
         let kind = if full { "full" } else { "partial" };
         match res {
             Ok(()) => {
@@ -202,6 +197,7 @@ impl Proxier {
             }
             Err(e) => {
                 self.applied = None;
+                self.conn = Conn::open().ok();
                 self.metrics.inc(
                     "podnet_proxy_sync_failures_total",
                     "Syncs that failed.",
@@ -229,6 +225,7 @@ pub async fn run(
         services: BTreeMap::new(),
         slices: BTreeMap::new(),
         applied: None,
+        conn: Some(Conn::open()?),
         metrics,
     };
     loop {
@@ -283,13 +280,5 @@ pub async fn run(
 
 /// Removes the proxy's table (for --cleanup).
 pub fn cleanup() -> Result<bool, AgentError> {
-    if podnet_nft::table_exists("ip", TABLE).unwrap_or(false) {
-        podnet_nft::apply(
-            "removing service rules",
-            &format!("delete table ip {TABLE}\n"),
-        )
-        .map_err(|e| AgentError::Other(e.to_string()))?;
-        return Ok(true);
-    }
-    Ok(false)
+    Ok(Conn::open()?.delete_table(podnet_nft::model::Family::Ip, TABLE)?)
 }

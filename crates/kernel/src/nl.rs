@@ -308,6 +308,69 @@ impl Socket {
         }
     }
 
+    /// Sends several messages as one write and waits for an ack for each
+    /// message that asked for one (nfnetlink batches). The first error wins;
+    /// `describe(i)` names message `i` for the error text.
+    pub fn batch(
+        &mut self,
+        msgs: Vec<Msg>,
+        describe: &dyn Fn(usize) -> String,
+    ) -> Result<(), KernelError> {
+        let mut bytes = Vec::new();
+        let mut pending: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        for (i, m) in msgs.into_iter().enumerate() {
+            self.seq = self.seq.wrapping_add(1);
+            let b = m.finish(self.seq);
+            let flags = u16::from_ne_bytes([b[6], b[7]]);
+            if flags & NLM_F_ACK != 0 {
+                pending.insert(self.seq, i);
+            }
+            bytes.extend_from_slice(&b);
+        }
+        let bufsize: i32 = (bytes.len() as i32).saturating_mul(2).max(1 << 20);
+        // SAFETY: valid fd and a pointer to a live i32 (SO_SNDBUFFORCE needs root; fall back quietly).
+        unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                &bufsize as *const i32 as *const libc::c_void,
+                4,
+            );
+        }
+        self.send(&bytes)
+            .map_err(|e| KernelError::io(describe(0), e))?;
+        while !pending.is_empty() {
+            let n = self.recv().map_err(|e| KernelError::io(describe(0), e))?;
+            let mut off = 0;
+            while off + 16 <= n {
+                let b = &self.buf[off..n];
+                let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                if len < 16 || len > b.len() {
+                    break;
+                }
+                let ty = u16::from_ne_bytes([b[4], b[5]]);
+                let mflags = u16::from_ne_bytes([b[6], b[7]]);
+                let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+                let body = &b[16..len];
+                off += align4(len);
+                if ty != NLMSG_ERROR {
+                    continue;
+                }
+                let errno = -(get_u32(body) as i32);
+                let idx = pending.remove(&mseq);
+                if errno != 0 {
+                    return Err(KernelError::Netlink {
+                        op: describe(idx.unwrap_or(0)),
+                        source: io::Error::from_raw_os_error(errno),
+                        detail: extack_msg(body, mflags),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sends a request and collects replies until the ack (or DONE for dumps).
     /// `op` names the operation for error messages.
     pub fn request(

@@ -12,6 +12,8 @@ use crate::model::{BaseChain, Chain, ElemData, Rule, Set, Table, Value};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
+    /// Removes the table if it exists (first step of a full replace).
+    ResetTable,
     AddTable,
     AddSet {
         name: String,
@@ -198,12 +200,21 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
     out
 }
 
+/// A full replace: whatever table of that name exists is swapped for
+/// `new` in one transaction (connections keep their conntrack state).
+pub fn replace(new: &Table) -> Vec<Change> {
+    let mut v = vec![Change::ResetTable];
+    v.extend(diff(None, new));
+    v
+}
+
 /// The change list as an `nft -f` script (one atomic transaction).
 pub fn render(t: &Table, changes: &[Change]) -> String {
     let (f, n) = (t.family.name(), &t.name);
     let mut s = String::new();
     for c in changes {
         match c {
+            Change::ResetTable => s.push_str(&format!("add table {f} {n}\ndelete table {f} {n}\n")),
             Change::AddTable => s.push_str(&format!("add table {f} {n}\n")),
             Change::AddSet { name, set } => {
                 let kw = if set.data.is_some() { "map" } else { "set" };

@@ -13,6 +13,7 @@
 
 pub mod diff;
 pub mod model;
+pub mod netlink;
 pub mod trace;
 
 use std::io::Write;

@@ -1,0 +1,646 @@
+//! nf_tables over netlink: a change list ([`crate::diff::Change`]) encoded as
+//! one nfnetlink batch, applied as one kernel transaction (all or nothing),
+//! without the `nft` tool re-reading the table on every call.
+//!
+//! Registers: single values go in the 16-byte `NFT_REG_1`/`NFT_REG_2`;
+//! concatenated keys are laid out in consecutive 32-bit registers from
+//! `NFT_REG32_00`, each field padded to four bytes, which is also how set
+//! keys are laid out in elements.
+
+use std::net::IpAddr;
+
+use podnet_kernel::nl::{Msg, Socket, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
+use podnet_kernel::KernelError;
+
+use crate::diff::Change;
+use crate::model::{
+    BaseChain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, MapData, Rule, Set, Table,
+    Value, Verdict,
+};
+
+const NETLINK_NETFILTER: i32 = 12;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
+const NFT_REG_2: u32 = 2;
+const NFT_REG32_00: u32 = 8;
+
+const NF_DROP: i32 = 0;
+const NF_ACCEPT: i32 = 1;
+const NFT_JUMP: i32 = -3;
+const NFT_GOTO: i32 = -4;
+const NFT_RETURN: i32 = -5;
+
+fn family_num(f: Family) -> u8 {
+    match f {
+        Family::Ip => 2,
+        Family::Ip6 => 10,
+        Family::Inet => 1,
+    }
+}
+
+fn msg(t: &Table, cmd: u16, flags: u16) -> Msg {
+    let mut m = Msg::new((NFNL_SUBSYS_NFTABLES << 8) | cmd, flags | NLM_F_ACK);
+    m.raw(&[family_num(t.family), 0, 0, 0]);
+    m
+}
+
+fn field_len(k: KeyType) -> usize {
+    match k {
+        KeyType::Ipv4Addr => 4,
+        KeyType::Ipv6Addr => 16,
+        KeyType::InetProto => 1,
+        KeyType::InetService => 2,
+        KeyType::Mark => 4,
+    }
+}
+
+fn padded(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// nft's own datatype ids, so `nft list` shows our sets readably.
+fn type_id(k: KeyType) -> u32 {
+    match k {
+        KeyType::Ipv4Addr => 7,
+        KeyType::Ipv6Addr => 8,
+        KeyType::InetProto => 12,
+        KeyType::InetService => 13,
+        KeyType::Mark => 19,
+    }
+}
+
+fn value_bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::Addr(IpAddr::V4(a)) => a.octets().to_vec(),
+        Value::Addr(IpAddr::V6(a)) => a.octets().to_vec(),
+        Value::Net(n) => match n.network() {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        },
+        Value::Proto(p) => vec![p.number()],
+        Value::Port(p) => p.to_be_bytes().to_vec(),
+        Value::U32(x) => x.to_ne_bytes().to_vec(),
+    }
+}
+
+/// A concatenated key, each field padded to a 4-byte boundary.
+fn key_bytes(vals: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in vals {
+        let b = value_bytes(v);
+        let l = padded(b.len());
+        out.extend_from_slice(&b);
+        out.resize(out.len() + (l - b.len()), 0);
+    }
+    out
+}
+
+fn verdict(m: &mut Msg, v: &Verdict) {
+    let (code, chain) = match v {
+        Verdict::Accept => (NF_ACCEPT, None),
+        Verdict::Drop => (NF_DROP, None),
+        Verdict::Return => (NFT_RETURN, None),
+        Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+        Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+    };
+    m.begin(NFTA_DATA_VERDICT);
+    m.u32_be(NFTA_VERDICT_CODE, code as u32);
+    if let Some(c) = chain {
+        m.str(NFTA_VERDICT_CHAIN, c);
+    }
+    m.end();
+}
+
+struct Ex<'a> {
+    m: &'a mut Msg,
+}
+
+impl Ex<'_> {
+    fn expr(&mut self, name: &str, body: impl FnOnce(&mut Msg)) {
+        self.m.begin(NFTA_LIST_ELEM);
+        self.m.str(1, name); // NFTA_EXPR_NAME
+        self.m.begin(2); // NFTA_EXPR_DATA
+        body(self.m);
+        self.m.end().end();
+    }
+
+    fn payload(&mut self, base: u32, offset: u32, len: u32, dreg: u32) {
+        self.expr("payload", |m| {
+            m.u32_be(1, dreg)
+                .u32_be(2, base)
+                .u32_be(3, offset)
+                .u32_be(4, len);
+        });
+    }
+
+    fn meta(&mut self, key: u32, dreg: u32) {
+        self.expr("meta", |m| {
+            m.u32_be(2, key).u32_be(1, dreg);
+        });
+    }
+
+    fn cmp(&mut self, sreg: u32, neq: bool, data: &[u8]) {
+        self.expr("cmp", |m| {
+            m.u32_be(1, sreg).u32_be(2, neq as u32);
+            m.begin(3).attr(NFTA_DATA_VALUE, data).end();
+        });
+    }
+
+    fn bitwise(&mut self, reg: u32, mask: &[u8], xor: &[u8]) {
+        self.expr("bitwise", |m| {
+            m.u32_be(1, reg).u32_be(2, reg).u32_be(3, mask.len() as u32);
+            m.begin(4).attr(NFTA_DATA_VALUE, mask).end();
+            m.begin(5).attr(NFTA_DATA_VALUE, xor).end();
+        });
+    }
+
+    fn immediate_data(&mut self, dreg: u32, data: &[u8]) {
+        self.expr("immediate", |m| {
+            m.u32_be(1, dreg);
+            m.begin(2).attr(NFTA_DATA_VALUE, data).end();
+        });
+    }
+
+    fn verdict(&mut self, v: &Verdict) {
+        self.expr("immediate", |m| {
+            m.u32_be(1, NFT_REG_VERDICT);
+            m.begin(2);
+            verdict(m, v);
+            m.end();
+        });
+    }
+
+    /// Loads a field into `reg`; returns its length in bytes.
+    fn load(&mut self, f: Field, reg: u32) -> usize {
+        match f {
+            Field::IpSaddr => self.payload(1, 12, 4, reg),
+            Field::IpDaddr => self.payload(1, 16, 4, reg),
+            Field::Ip6Saddr => self.payload(1, 8, 16, reg),
+            Field::Ip6Daddr => self.payload(1, 24, 16, reg),
+            Field::L4Proto => self.meta(16, reg),
+            Field::Dport => self.payload(2, 2, 2, reg),
+            Field::Mark => self.meta(3, reg),
+        }
+        field_len(f.key_type())
+    }
+
+    /// Loads a concatenation into 32-bit registers from NFT_REG32_00.
+    fn load_keys(&mut self, keys: &[Field]) -> u32 {
+        let mut reg = NFT_REG32_00;
+        for k in keys {
+            let len = self.load(*k, reg);
+            reg += (padded(len) / 4) as u32;
+        }
+        NFT_REG32_00
+    }
+
+    fn lookup(&mut self, set: &str, sreg: u32, dreg: Option<u32>, neg: bool) {
+        self.expr("lookup", |m| {
+            m.str(1, set).u32_be(2, sreg);
+            if let Some(d) = dreg {
+                m.u32_be(3, d);
+            }
+            if neg {
+                m.u32_be(5, 1);
+            }
+        });
+    }
+}
+
+fn prefix_mask(len: u8, bytes: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes];
+    for (i, b) in out.iter_mut().enumerate() {
+        let bits = (len as usize).saturating_sub(i * 8).min(8);
+        *b = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+    }
+    out
+}
+
+fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
+    match e {
+        Expr::Cmp { field, neg, value } => {
+            let len = x.load(*field, NFT_REG_1);
+            match value {
+                Value::Net(n) if n.prefix_len() < n.max_prefix_len() => {
+                    let mask = prefix_mask(n.prefix_len(), len);
+                    x.bitwise(NFT_REG_1, &mask, &vec![0; len]);
+                    x.cmp(NFT_REG_1, *neg, &value_bytes(value));
+                }
+                v => x.cmp(NFT_REG_1, *neg, &value_bytes(v)),
+            }
+        }
+        Expr::InSet { keys, set, neg } => {
+            let r = if keys.len() == 1 {
+                x.load(keys[0], NFT_REG_1);
+                NFT_REG_1
+            } else {
+                x.load_keys(keys)
+            };
+            x.lookup(set, r, None, *neg);
+        }
+        Expr::VMap { keys, map } => {
+            let r = if keys.len() == 1 {
+                x.load(keys[0], NFT_REG_1);
+                NFT_REG_1
+            } else {
+                x.load_keys(keys)
+            };
+            x.lookup(map, r, Some(NFT_REG_VERDICT), false);
+        }
+        Expr::Numgen { modulus, value } => {
+            x.expr("numgen", |m| {
+                m.u32_be(1, NFT_REG_1).u32_be(2, *modulus).u32_be(3, 1);
+            });
+            x.cmp(NFT_REG_1, false, &value.to_ne_bytes());
+        }
+        Expr::FibDaddrLocal => {
+            x.expr("fib", |m| {
+                // result: address type; flags: daddr
+                m.u32_be(1, NFT_REG_1).u32_be(2, 3).u32_be(3, 2);
+            });
+            x.cmp(NFT_REG_1, false, &2u32.to_ne_bytes()); // RTN_LOCAL
+        }
+        Expr::CtDnat => {
+            x.expr("ct", |m| {
+                m.u32_be(2, 2).u32_be(1, NFT_REG_1); // NFT_CT_STATUS
+            });
+            x.bitwise(NFT_REG_1, &0x20u32.to_ne_bytes(), &[0; 4]); // IPS_DST_NAT
+            x.cmp(NFT_REG_1, true, &[0; 4]);
+        }
+        Expr::MarkSet { mask } => {
+            x.meta(3, NFT_REG_1);
+            x.bitwise(NFT_REG_1, &mask.to_ne_bytes(), &[0; 4]);
+            x.cmp(NFT_REG_1, true, &[0; 4]);
+        }
+        Expr::SetMark { bits } => {
+            x.meta(3, NFT_REG_1);
+            x.bitwise(NFT_REG_1, &(!bits).to_ne_bytes(), &bits.to_ne_bytes());
+            x.expr("meta", |m| {
+                m.u32_be(2, 3).u32_be(3, NFT_REG_1);
+            });
+        }
+        Expr::UpdateSet { keys, set } => {
+            let r = if keys.len() == 1 {
+                x.load(keys[0], NFT_REG_1);
+                NFT_REG_1
+            } else {
+                x.load_keys(keys)
+            };
+            x.expr("dynset", |m| {
+                m.str(1, set).u32_be(3, 1).u32_be(4, r);
+            });
+        }
+        Expr::Counter => x.expr("counter", |m| {
+            m.u64_be(1, 0).u64_be(2, 0);
+        }),
+        Expr::Dnat { addr, port } => {
+            x.immediate_data(NFT_REG_1, &value_bytes(&Value::Addr(*addr)));
+            if let Some(p) = port {
+                x.immediate_data(NFT_REG_2, &p.to_be_bytes());
+            }
+            let fam = if addr.is_ipv4() { 2 } else { 10 };
+            let _ = family;
+            x.expr("nat", |m| {
+                m.u32_be(1, 1).u32_be(2, fam).u32_be(3, NFT_REG_1);
+                let mut flags = 1; // NF_NAT_RANGE_MAP_IPS
+                if port.is_some() {
+                    m.u32_be(5, NFT_REG_2);
+                    flags |= 2; // NF_NAT_RANGE_PROTO_SPECIFIED
+                }
+                m.u32_be(7, flags);
+            });
+        }
+        Expr::Masquerade { fully_random } => x.expr("masq", |m| {
+            if *fully_random {
+                m.u32_be(1, 0x10);
+            }
+        }),
+        Expr::Reject { tcp_reset } => {
+            if *tcp_reset {
+                x.meta(16, NFT_REG_1);
+                x.cmp(NFT_REG_1, false, &[6]);
+                x.expr("reject", |m| {
+                    m.u32_be(1, 1);
+                });
+            } else {
+                // icmpx port-unreachable: right for IPv4 and IPv6 alike.
+                x.expr("reject", |m| {
+                    m.u32_be(1, 2).u8(2, 1);
+                });
+            }
+        }
+        Expr::Verdict(v) => x.verdict(v),
+    }
+}
+
+fn rule_msg(t: &Table, chain: &str, r: &Rule) -> Msg {
+    let mut m = msg(t, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
+    m.str(1, &t.name).str(2, chain);
+    m.begin(4);
+    {
+        let mut x = Ex { m: &mut m };
+        for e in &r.exprs {
+            encode_expr(&mut x, e, t.family);
+        }
+    }
+    m.end();
+    if let Some(c) = &r.comment {
+        // libnftnl udata: type 0 (comment), length, NUL-terminated text.
+        let mut ud = vec![0u8, (c.len() + 1).min(255) as u8];
+        ud.extend_from_slice(&c.as_bytes()[..c.len().min(254)]);
+        ud.push(0);
+        m.attr(7, &ud);
+    }
+    m
+}
+
+fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
+    let mut m = msg(t, NFT_MSG_NEWSET, NLM_F_CREATE);
+    let key_len: usize = s.key.iter().map(|k| padded(field_len(*k))).sum();
+    let mut flags = 0u32;
+    if s.interval {
+        flags |= 0x4;
+    }
+    if s.data.is_some() {
+        flags |= 0x8;
+    }
+    if s.timeout.is_some() {
+        flags |= 0x10;
+    }
+    if s.key.len() > 1 {
+        flags |= 0x80; // NFT_SET_CONCAT
+    }
+    let ty = s.key.iter().fold(0u32, |acc, k| (acc << 6) | type_id(*k));
+    m.str(1, &t.name)
+        .str(2, name)
+        .u32_be(3, flags)
+        .u32_be(4, ty)
+        .u32_be(5, key_len as u32);
+    if let Some(MapData::Verdict) = s.data {
+        m.u32_be(6, 0xffff_ff00).u32_be(7, 0);
+    }
+    if let Some(secs) = s.timeout {
+        m.u64_be(11, secs as u64 * 1000);
+    }
+    m.u32_be(10, 1); // NFTA_SET_ID
+    if s.key.len() > 1 {
+        m.begin(9).begin(2);
+        for k in &s.key {
+            m.begin(NFTA_LIST_ELEM)
+                .u32_be(1, field_len(*k) as u32)
+                .end();
+        }
+        m.end().end();
+    }
+    m
+}
+
+fn elems_msgs(
+    t: &Table,
+    set: &str,
+    elems: &[(Vec<Value>, Option<ElemData>)],
+    add: bool,
+) -> Vec<Msg> {
+    let mut out = Vec::new();
+    // Keep every message's nested element list under the 64 KiB attribute limit.
+    for chunk in elems.chunks(256) {
+        let mut m = msg(
+            t,
+            if add {
+                NFT_MSG_NEWSETELEM
+            } else {
+                NFT_MSG_DELSETELEM
+            },
+            if add { NLM_F_CREATE } else { 0 },
+        );
+        m.str(1, &t.name).str(2, set);
+        m.begin(3);
+        for (k, d) in chunk {
+            m.begin(NFTA_LIST_ELEM);
+            m.begin(1).attr(NFTA_DATA_VALUE, &key_bytes(k)).end();
+            if add {
+                if let Some(ElemData::Verdict(v)) = d {
+                    m.begin(2);
+                    verdict(&mut m, v);
+                    m.end();
+                }
+            }
+            m.end();
+        }
+        m.end();
+        out.push(m);
+    }
+    out
+}
+
+fn hook_num(h: Hook) -> u32 {
+    match h {
+        Hook::Prerouting => 0,
+        Hook::Input => 1,
+        Hook::Forward => 2,
+        Hook::Output => 3,
+        Hook::Postrouting => 4,
+    }
+}
+
+fn chain_msg(t: &Table, name: &str, base: &Option<BaseChain>) -> Msg {
+    let mut m = msg(t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
+    m.str(1, &t.name).str(3, name);
+    if let Some(b) = base {
+        m.begin(4)
+            .u32_be(1, hook_num(b.hook))
+            .u32_be(2, b.priority as u32)
+            .end();
+        m.u32_be(5, NF_ACCEPT as u32);
+        m.str(
+            7,
+            if b.kind == ChainType::Nat {
+                "nat"
+            } else {
+                "filter"
+            },
+        );
+    }
+    m
+}
+
+fn name_msg_table(t: &Table) -> Msg {
+    let mut m = msg(t, NFT_MSG_DELTABLE, 0);
+    m.str(1, &t.name);
+    m
+}
+
+fn name_msg(t: &Table, cmd: u16, attr: u16, name: &str) -> Msg {
+    let mut m = msg(t, cmd, 0);
+    m.str(1, &t.name).str(attr, name);
+    m
+}
+
+/// Encodes a change list as the messages of one batch.
+pub fn encode(t: &Table, changes: &[Change]) -> (Vec<Msg>, Vec<String>) {
+    let mut msgs = Vec::new();
+    let mut what = Vec::new();
+    let mut push = |m: Msg, w: String, msgs: &mut Vec<Msg>| {
+        msgs.push(m);
+        what.push(w);
+    };
+    for c in changes {
+        match c {
+            Change::ResetTable => {
+                // add-then-delete: no error whether or not it existed.
+                let mut m = msg(t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
+                m.str(1, &t.name);
+                push(m, format!("adding table {}", t.name), &mut msgs);
+                push(
+                    name_msg_table(t),
+                    format!("deleting table {}", t.name),
+                    &mut msgs,
+                );
+            }
+            Change::AddTable => {
+                let mut m = msg(t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
+                m.str(1, &t.name);
+                push(m, format!("adding table {}", t.name), &mut msgs);
+            }
+            Change::AddSet { name, set } => push(
+                set_msg(t, name, set),
+                format!("adding set {name}"),
+                &mut msgs,
+            ),
+            Change::DelSet { name } => push(
+                name_msg(t, NFT_MSG_DELSET, 2, name),
+                format!("deleting set {name}"),
+                &mut msgs,
+            ),
+            Change::AddChain { name, base } => push(
+                chain_msg(t, name, base),
+                format!("adding chain {name}"),
+                &mut msgs,
+            ),
+            Change::DelChain { name } => push(
+                name_msg(t, NFT_MSG_DELCHAIN, 3, name),
+                format!("deleting chain {name}"),
+                &mut msgs,
+            ),
+            Change::FlushChain { name } => push(
+                name_msg(t, NFT_MSG_DELRULE, 2, name),
+                format!("flushing chain {name}"),
+                &mut msgs,
+            ),
+            Change::AddRules { chain, rules } => {
+                for r in rules {
+                    push(
+                        rule_msg(t, chain, r),
+                        format!("adding rule to {chain}: {}", r.text()),
+                        &mut msgs,
+                    );
+                }
+            }
+            Change::AddElems { set, elems } => {
+                for m in elems_msgs(t, set, elems, true) {
+                    push(m, format!("adding elements to {set}"), &mut msgs);
+                }
+            }
+            Change::DelElems { set, keys } => {
+                let e: Vec<(Vec<Value>, Option<ElemData>)> =
+                    keys.iter().map(|k| (k.clone(), None)).collect();
+                for m in elems_msgs(t, set, &e, false) {
+                    push(m, format!("deleting elements from {set}"), &mut msgs);
+                }
+            }
+        }
+    }
+    (msgs, what)
+}
+
+/// An nfnetlink socket for applying batches (reuse it: opening costs).
+pub struct Conn {
+    sock: Socket,
+}
+
+impl Conn {
+    pub fn open() -> Result<Conn, KernelError> {
+        Ok(Conn {
+            sock: Socket::open(NETLINK_NETFILTER)
+                .map_err(|e| KernelError::io("opening nfnetlink socket", e))?,
+        })
+    }
+
+    /// Applies the changes as one transaction.
+    pub fn apply(&mut self, t: &Table, changes: &[Change]) -> Result<(), KernelError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let (inner, what) = encode(t, changes);
+        let mut msgs = Vec::with_capacity(inner.len() + 2);
+        let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
+        begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+        msgs.push(begin);
+        msgs.extend(inner);
+        let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
+        end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+        msgs.push(end);
+        self.sock.batch(msgs, &|i| {
+            what.get(i.saturating_sub(1))
+                .cloned()
+                .unwrap_or_else(|| "nf_tables batch".into())
+        })
+    }
+
+    /// Deletes a whole table (missing is fine).
+    pub fn delete_table(&mut self, family: Family, name: &str) -> Result<bool, KernelError> {
+        let t = Table::new(family, name);
+        let mut m = msg(&t, NFT_MSG_DELTABLE, 0);
+        m.str(1, name);
+        let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
+        begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+        let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
+        end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+        match self
+            .sock
+            .batch(vec![begin, m, end], &|_| format!("deleting table {name}"))
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_padded_per_field() {
+        let k = key_bytes(&[
+            Value::Addr("10.96.0.1".parse().unwrap()),
+            Value::Proto(crate::model::Proto::Tcp),
+            Value::Port(443),
+        ]);
+        assert_eq!(k, vec![10, 96, 0, 1, 6, 0, 0, 0, 1, 187, 0, 0]);
+        assert_eq!(prefix_mask(20, 4), vec![255, 255, 240, 0]);
+        assert_eq!(prefix_mask(0, 4), vec![0, 0, 0, 0]);
+    }
+}
