@@ -1,16 +1,20 @@
-//! The service proxy loop: watch Services and EndpointSlices, plan the table
-//! ([`crate::proxy::plan`]), diff it against what was applied last, and apply
-//! only the difference as one atomic transaction.
+//! The service proxy loop: watch Services and EndpointSlices, and keep the
+//! kernel's `ip podnet` table equal to the plan, doing work proportional to
+//! what changed.
+//!
+//! Each Service owns a fragment of the table ([`crate::proxy::fragment`]):
+//! its map elements, chains and affinity sets. An event marks its Service
+//! dirty; a sync recomputes only dirty fragments, diffs each against what was
+//! applied, and sends all the changes as one nf_tables netlink batch
+//! ([`podnet_nft::netlink`]): atomic, no `nft` process, no table re-read.
+//! Events that arrive together are coalesced into one sync; an identical
+//! sync sends nothing.
 //!
 //! The first sync (and any sync after a failure) replaces the whole table in
 //! one transaction, so a restarted agent never leaves a half-built table and
-//! established connections keep their conntrack NAT state. Events arriving
-//! together are coalesced into one sync. Stale UDP conntrack entries towards
-//! removed endpoints are flushed, so clients do not keep sending into the
-//! void (the classic 5-second DNS delay).
-//!
-//! Changes go to the kernel as one nf_tables netlink batch
-//! ([`podnet_nft::netlink`]): no `nft` process, no re-reading of the table.
+//! established connections keep their conntrack NAT state. Stale UDP
+//! conntrack entries towards removed endpoints are flushed, so clients do not
+//! keep sending into the void (the classic 5-second DNS delay).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -22,16 +26,16 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_nft::diff::{diff, ops, replace};
-use podnet_nft::model::{Table, Value};
+use podnet_nft::diff::{diff, ops, replace, Change};
+use podnet_nft::model::{Expr, Proto, Table, Value};
 use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
-use podnet_store::{AnyStore, EventType, Store, WatchMsg};
+use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
-use crate::proxy::{plan, ProxyInput, TABLE};
+use crate::proxy::{base_table, fragment, merge, TABLE};
 use crate::AgentError;
 
-/// UDP endpoints (ip, port) per Service chain, for conntrack flushing.
+/// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
 fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
     let mut out = BTreeSet::new();
     for c in t.chains.values() {
@@ -39,14 +43,14 @@ fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
             let udp = r.exprs.iter().any(|e| {
                 matches!(
                     e,
-                    podnet_nft::model::Expr::Cmp {
-                        value: Value::Proto(podnet_nft::model::Proto::Udp),
+                    Expr::Cmp {
+                        value: Value::Proto(Proto::Udp),
                         ..
                     }
                 )
             });
             for e in &r.exprs {
-                if let podnet_nft::model::Expr::Dnat {
+                if let Expr::Dnat {
                     addr,
                     port: Some(p),
                 } = e
@@ -81,72 +85,196 @@ fn flush_conntrack(gone: &BTreeSet<(IpAddr, u16)>) {
     }
 }
 
-struct Proxier {
+/// "ns/name" of the Service an object belongs to.
+fn service_id(o: &Object) -> Option<String> {
+    let ns = o.namespace().unwrap_or("default");
+    match o {
+        Object::Service(_) => Some(format!("{ns}/{}", o.name())),
+        Object::EndpointSlice(s) => s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+            .map(|n| format!("{ns}/{n}")),
+        _ => None,
+    }
+}
+
+pub struct Proxier {
     node: String,
     cluster_cidr: Ipv4Net,
     services: BTreeMap<String, Service>,
-    slices: BTreeMap<String, EndpointSlice>,
-    applied: Option<Table>,
+    /// Slices by store key, with the Service they belong to.
+    slices: BTreeMap<String, (String, EndpointSlice)>,
+    by_service: BTreeMap<String, BTreeSet<String>>,
+    dirty: BTreeSet<String>,
+    /// What the kernel holds, per Service; None: unknown (full sync next).
+    applied: Option<BTreeMap<String, Table>>,
     conn: Option<Conn>,
     metrics: Arc<Metrics>,
 }
 
 impl Proxier {
-    fn observe(&mut self, typ: EventType, key: &str, kv: &podnet_store::KeyValue) -> bool {
-        let is_svc = key.starts_with(&Kind::Service.prefix(None));
-        let is_eps = key.starts_with(&Kind::EndpointSlice.prefix(None));
+    pub fn new(
+        node: String,
+        cluster_cidr: Ipv4Net,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, AgentError> {
+        Ok(Proxier {
+            node,
+            cluster_cidr,
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            by_service: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            applied: None,
+            conn: Some(Conn::open()?),
+            metrics,
+        })
+    }
+
+    /// Records a store event; true if it concerns the proxy.
+    pub fn observe(&mut self, typ: EventType, kv: &KeyValue) -> bool {
+        let is_svc = kv.key.starts_with(&Kind::Service.prefix(None));
+        let is_eps = kv.key.starts_with(&Kind::EndpointSlice.prefix(None));
         if !is_svc && !is_eps {
             return false;
         }
-        match (typ, decode(kv)) {
-            (EventType::Put, Ok(Object::Service(s))) => {
-                self.services.insert(key.to_string(), *s);
+        let Ok(obj) = decode(kv) else { return false };
+        let Some(id) = service_id(&obj) else {
+            return false;
+        };
+        self.dirty.insert(id.clone());
+        match (typ, obj) {
+            (EventType::Put, Object::Service(s)) => {
+                self.services.insert(id, *s);
             }
-            (EventType::Put, Ok(Object::EndpointSlice(s))) => {
-                self.slices.insert(key.to_string(), *s);
+            (EventType::Delete, Object::Service(_)) => {
+                self.services.remove(&id);
             }
-            (EventType::Delete, _) => {
-                self.services.remove(key);
-                self.slices.remove(key);
+            (typ, Object::EndpointSlice(s)) => {
+                if let Some((old, _)) = self.slices.remove(&kv.key) {
+                    if let Some(set) = self.by_service.get_mut(&old) {
+                        set.remove(&kv.key);
+                    }
+                    self.dirty.insert(old);
+                }
+                if typ == EventType::Put {
+                    self.by_service
+                        .entry(id.clone())
+                        .or_default()
+                        .insert(kv.key.clone());
+                    self.slices.insert(kv.key.clone(), (id, *s));
+                }
             }
             _ => return false,
         }
         true
     }
 
-    /// One sync: full when nothing is known to be applied, partial otherwise.
-    fn sync(&mut self) -> Result<usize, AgentError> {
+    fn fragment_of(&self, id: &str) -> Table {
+        let slices: Vec<EndpointSlice> = self
+            .by_service
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.get(k).map(|(_, s)| s.clone()))
+            .collect();
+        fragment(
+            self.services.get(id),
+            &slices,
+            &self.node,
+            self.cluster_cidr,
+        )
+    }
+
+    /// Forgets what is applied: the next sync replaces the whole table.
+    pub fn reset(&mut self) {
+        self.applied = None;
+        self.services.clear();
+        self.slices.clear();
+        self.by_service.clear();
+        self.dirty.clear();
+    }
+
+    /// One sync; returns the number of operations sent.
+    pub fn sync(&mut self) -> Result<usize, AgentError> {
         let t0 = Instant::now();
-        let services: Vec<Service> = self.services.values().cloned().collect();
-        let slices: Vec<EndpointSlice> = self.slices.values().cloned().collect();
-        let want = plan(&ProxyInput {
-            node: &self.node,
-            cluster_cidr: self.cluster_cidr,
-            services: &services,
-            slices: &slices,
-        });
         let full = self.applied.is_none();
-        let changes = match &self.applied {
-            Some(old) => diff(Some(old), &want),
-            None => replace(&want),
+        let dirty = std::mem::take(&mut self.dirty);
+        let (changes, table, frags, gone_udp) = match &self.applied {
+            None => {
+                let ids: BTreeSet<String> = self
+                    .services
+                    .keys()
+                    .cloned()
+                    .chain(self.by_service.keys().cloned())
+                    .collect();
+                let frags: BTreeMap<String, Table> = ids
+                    .into_iter()
+                    .map(|id| {
+                        let f = self.fragment_of(&id);
+                        (id, f)
+                    })
+                    .collect();
+                let mut table = base_table();
+                for f in frags.values() {
+                    merge(&mut table, f);
+                }
+                (replace(&table), table, frags, BTreeSet::new())
+            }
+            Some(applied) => {
+                let mut changes: Vec<Change> = Vec::new();
+                let mut frags = BTreeMap::new();
+                let mut gone = BTreeSet::new();
+                let empty = fragment(None, &[], &self.node, self.cluster_cidr);
+                for id in &dirty {
+                    let new = self.fragment_of(id);
+                    let old = applied.get(id).unwrap_or(&empty);
+                    changes.extend(diff(Some(old), &new));
+                    gone.extend(udp_endpoints(old).difference(&udp_endpoints(&new)).cloned());
+                    frags.insert(id.clone(), new);
+                }
+                (
+                    changes,
+                    Table::new(podnet_nft::model::Family::Ip, TABLE),
+                    frags,
+                    gone,
+                )
+            }
         };
         let n = ops(&changes);
         if n == 0 {
+            if full {
+                self.applied = Some(frags);
+            }
             return Ok(0);
         }
         let res = match &mut self.conn {
-            Some(c) => c.apply(&want, &changes).map_err(|e| e.to_string()),
+            Some(c) => c.apply(&table, &changes).map_err(|e| e.to_string()),
             None => Err("no nfnetlink socket".to_string()),
         };
         let kind = if full { "full" } else { "partial" };
         match res {
             Ok(()) => {
-                if let Some(old) = &self.applied {
-                    let gone: BTreeSet<_> = udp_endpoints(old)
-                        .difference(&udp_endpoints(&want))
-                        .cloned()
-                        .collect();
-                    flush_conntrack(&gone);
+                flush_conntrack(&gone_udp);
+                match &mut self.applied {
+                    Some(a) => {
+                        for (id, f) in frags {
+                            if self.services.contains_key(&id)
+                                || self
+                                    .by_service
+                                    .get(&id)
+                                    .map(|s| !s.is_empty())
+                                    .unwrap_or(false)
+                            {
+                                a.insert(id, f);
+                            } else {
+                                a.remove(&id);
+                            }
+                        }
+                    }
+                    None => self.applied = Some(frags),
                 }
                 let secs = t0.elapsed().as_secs_f64();
                 let labels = format!("kind=\"{kind}\"");
@@ -174,24 +302,12 @@ impl Proxier {
                     "",
                     podnet_store::objects::now().as_second() as f64,
                 );
-                let eps = want
-                    .sets
-                    .get("service-ips")
-                    .map(|s| s.elements.len())
-                    .unwrap_or(0);
                 self.metrics.set(
-                    "podnet_proxy_service_ports",
-                    "Service addresses programmed.",
+                    "podnet_proxy_services",
+                    "Services programmed.",
                     "",
-                    eps as f64,
+                    self.services.len() as f64,
                 );
-                self.metrics.set(
-                    "podnet_proxy_endpoints",
-                    "Endpoint chains programmed.",
-                    "",
-                    want.chains.keys().filter(|c| c.starts_with("ep-")).count() as f64,
-                );
-                self.applied = Some(want);
                 tracing::debug!(kind, ops = n, ms = secs * 1000.0, "service sync");
                 Ok(n)
             }
@@ -219,23 +335,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
-    let mut p = Proxier {
-        node,
-        cluster_cidr,
-        services: BTreeMap::new(),
-        slices: BTreeMap::new(),
-        applied: None,
-        conn: Some(Conn::open()?),
-        metrics,
-    };
+    let mut p = Proxier::new(node, cluster_cidr, metrics)?;
     loop {
         let (kvs, rev) = store.list("/registry/").await?;
-        p.services.clear();
-        p.slices.clear();
+        p.reset();
         for kv in &kvs {
-            p.observe(EventType::Put, &kv.key, kv);
+            p.observe(EventType::Put, kv);
         }
-        p.applied = None;
         if let Err(e) = p.sync() {
             tracing::warn!("{e}");
         }
@@ -248,7 +354,6 @@ pub async fn run(
                 m = w.next() => Some(m),
             };
             let mut relist = false;
-            let mut changed = retry;
             let mut msgs = vec![];
             if let Some(m) = m {
                 msgs.push(m);
@@ -260,7 +365,7 @@ pub async fn run(
                 match m {
                     Some(Ok(WatchMsg::Events(_, evs))) => {
                         for ev in evs {
-                            changed |= p.observe(ev.typ, &ev.kv.key.clone(), &ev.kv);
+                            p.observe(ev.typ, &ev.kv);
                         }
                     }
                     _ => relist = true,
@@ -269,7 +374,7 @@ pub async fn run(
             if relist {
                 break;
             }
-            if changed {
+            if retry || !p.dirty.is_empty() {
                 if let Err(e) = p.sync() {
                     tracing::warn!("{e}");
                 }

@@ -181,9 +181,10 @@ fn pick_rules(eps: &[(String, &Ep)], affinity: bool) -> Vec<Rule> {
 }
 
 /// Plans the whole table.
-pub fn plan(input: &ProxyInput<'_>) -> Table {
+/// The parts of the table every Service shares: base chains and the
+/// dispatch maps (empty).
+pub fn base_table() -> Table {
     let mut t = Table::new(Family::Ip, TABLE);
-    let cidr = Value::Net(IpNet::V4(input.cluster_cidr));
     let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
     let two = vec![KeyType::InetProto, KeyType::InetService];
     t.sets.insert("service-ips".into(), Set::map(three.clone()));
@@ -285,244 +286,308 @@ pub fn plan(input: &ProxyInput<'_>) -> Table {
         t.chains.insert(name.into(), c);
     }
 
-    for svc in input.services {
-        let Some(spec) = &svc.spec else { continue };
-        let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
-        if ty == "ExternalName" {
-            continue;
+    t
+}
+
+/// The empty shared maps a Service fragment writes its elements into.
+fn shell() -> Table {
+    let mut t = Table::new(Family::Ip, TABLE);
+    let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+    let two = vec![KeyType::InetProto, KeyType::InetService];
+    t.sets.insert("service-ips".into(), Set::map(three.clone()));
+    t.sets
+        .insert("service-nodeports".into(), Set::map(two.clone()));
+    t.sets
+        .insert("no-endpoint-services".into(), Set::map(three));
+    t.sets.insert("no-endpoint-nodeports".into(), Set::map(two));
+    t
+}
+
+/// One Service's contribution: its map elements, chains and affinity sets.
+/// Diffing old and new fragments is how a change to one Service costs work
+/// proportional to that Service alone.
+pub fn fragment(
+    svc: Option<&Service>,
+    slices: &[EndpointSlice],
+    node: &str,
+    cluster_cidr: Ipv4Net,
+) -> Table {
+    let mut t = shell();
+    if let Some(svc) = svc {
+        add_service(
+            &mut t,
+            svc,
+            slices,
+            node,
+            &Value::Net(IpNet::V4(cluster_cidr)),
+        );
+    }
+    t
+}
+
+/// Adds a fragment's elements, sets and chains to a table.
+pub fn merge(t: &mut Table, f: &Table) {
+    for (name, set) in &f.sets {
+        match t.sets.get_mut(name) {
+            Some(s) => s
+                .elements
+                .extend(set.elements.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            None => {
+                t.sets.insert(name.clone(), set.clone());
+            }
         }
-        let Some(cip) = spec
-            .cluster_ip
-            .as_deref()
-            .and_then(|c| c.parse::<Ipv4Addr>().ok())
-        else {
+    }
+    for (name, c) in &f.chains {
+        t.chains.insert(name.clone(), c.clone());
+    }
+}
+
+/// Plans the whole table (full syncs and tests).
+pub fn plan(input: &ProxyInput<'_>) -> Table {
+    let mut t = base_table();
+    let cidr = Value::Net(IpNet::V4(input.cluster_cidr));
+    for svc in input.services {
+        add_service(&mut t, svc, input.slices, input.node, &cidr);
+    }
+    t
+}
+
+fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &str, cidr: &Value) {
+    let Some(spec) = &svc.spec else { return };
+    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if ty == "ExternalName" {
+        return;
+    }
+    let Some(cip) = spec
+        .cluster_ip
+        .as_deref()
+        .and_then(|c| c.parse::<Ipv4Addr>().ok())
+    else {
+        return;
+    };
+    let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = svc.metadata.name.as_deref().unwrap_or_default();
+    let affinity = spec.session_affinity.as_deref() == Some("ClientIP");
+    let timeout = spec
+        .session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds)
+        .map(|t| t as u32)
+        .unwrap_or(DEFAULT_AFFINITY_TIMEOUT);
+    let ext_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let int_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_ips: Vec<Ipv4Addr> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|a| a.parse().ok())
+        .chain(
+            svc.status
+                .iter()
+                .flat_map(|s| s.load_balancer.iter())
+                .flat_map(|l| l.ingress.iter().flatten())
+                .filter_map(|i| i.ip.as_deref()?.parse().ok()),
+        )
+        .collect();
+    let lb_ips: Vec<Ipv4Addr> = svc
+        .status
+        .iter()
+        .flat_map(|s| s.load_balancer.iter())
+        .flat_map(|l| l.ingress.iter().flatten())
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect();
+    let ranges: Vec<Ipv4Net> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .filter_map(|r| r.parse().ok())
+        .collect();
+    for port in spec.ports.iter().flatten() {
+        let Some(proto) = proto_of(&port.protocol) else {
             continue;
         };
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        let name = svc.metadata.name.as_deref().unwrap_or_default();
-        let affinity = spec.session_affinity.as_deref() == Some("ClientIP");
-        let timeout = spec
-            .session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
-            .map(|t| t as u32)
-            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT);
-        let ext_local = spec.external_traffic_policy.as_deref() == Some("Local");
-        let int_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-        let external_ips: Vec<Ipv4Addr> = spec
-            .external_ips
-            .iter()
-            .flatten()
-            .filter_map(|a| a.parse().ok())
-            .chain(
-                svc.status
-                    .iter()
-                    .flat_map(|s| s.load_balancer.iter())
-                    .flat_map(|l| l.ingress.iter().flatten())
-                    .filter_map(|i| i.ip.as_deref()?.parse().ok()),
-            )
-            .collect();
-        let lb_ips: Vec<Ipv4Addr> = svc
-            .status
-            .iter()
-            .flat_map(|s| s.load_balancer.iter())
-            .flat_map(|l| l.ingress.iter().flatten())
-            .filter_map(|i| i.ip.as_deref()?.parse().ok())
-            .collect();
-        let ranges: Vec<Ipv4Net> = spec
-            .load_balancer_source_ranges
-            .iter()
-            .flatten()
-            .filter_map(|r| r.parse().ok())
-            .collect();
-        for port in spec.ports.iter().flatten() {
-            let Some(proto) = proto_of(&port.protocol) else {
-                continue;
-            };
-            let Ok(sport) = u16::try_from(port.port) else {
-                continue;
-            };
-            let id = hash8(&format!(
-                "{ns}/{name}/{}/{}",
-                port.name.as_deref().unwrap_or(""),
-                proto.name()
-            ));
-            let all = endpoints(svc, port, input.slices, input.node);
-            let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
-            let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
-            let node_port = port
-                .node_port
-                .and_then(|p| u16::try_from(p).ok())
-                .filter(|_| matches!(ty, "NodePort" | "LoadBalancer"));
+        let Ok(sport) = u16::try_from(port.port) else {
+            continue;
+        };
+        let id = hash8(&format!(
+            "{ns}/{name}/{}/{}",
+            port.name.as_deref().unwrap_or(""),
+            proto.name()
+        ));
+        let all = endpoints(svc, port, slices, node);
+        let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
+        let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
+        let node_port = port
+            .node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|_| matches!(ty, "NodePort" | "LoadBalancer"));
 
-            // Endpoint chains, shared by the cluster and external paths.
-            let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();
-            for e in all.iter() {
-                let ec = format!("ep-{}", hash8(&format!("{id}/{}:{}", e.ip, e.port)));
-                let mut rules = vec![Rule::new(vec![
-                    Expr::Cmp {
-                        field: Field::IpSaddr,
-                        neg: false,
-                        value: Value::Addr(IpAddr::V4(e.ip)),
-                    },
-                    Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
-                ])];
-                let mut dnat = Vec::new();
-                if affinity {
-                    let set = format!("aff-{}", &ec[3..]);
-                    let mut s = Set::new(vec![KeyType::Ipv4Addr]);
-                    s.timeout = Some(timeout);
-                    t.sets.insert(set.clone(), s);
-                    dnat.push(Expr::UpdateSet {
-                        keys: vec![Field::IpSaddr],
-                        set,
-                    });
-                }
-                dnat.push(Expr::Cmp {
-                    field: Field::L4Proto,
+        // Endpoint chains, shared by the cluster and external paths.
+        let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();
+        for e in all.iter() {
+            let ec = format!("ep-{}", hash8(&format!("{id}/{}:{}", e.ip, e.port)));
+            let mut rules = vec![Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::IpSaddr,
                     neg: false,
-                    value: Value::Proto(proto),
+                    value: Value::Addr(IpAddr::V4(e.ip)),
+                },
+                Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+            ])];
+            let mut dnat = Vec::new();
+            if affinity {
+                let set = format!("aff-{}", &ec[3..]);
+                let mut s = Set::new(vec![KeyType::Ipv4Addr]);
+                s.timeout = Some(timeout);
+                t.sets.insert(set.clone(), s);
+                dnat.push(Expr::UpdateSet {
+                    keys: vec![Field::IpSaddr],
+                    set,
                 });
-                dnat.push(Expr::Dnat {
-                    addr: IpAddr::V4(e.ip),
-                    port: Some(e.port),
-                });
-                rules.push(Rule::new(dnat));
-                t.chains.insert(ec.clone(), Chain { base: None, rules });
-                ep_chains.insert(e, ec);
             }
-            let named = |eps: &[&Ep]| -> Vec<(String, Ep)> {
-                eps.iter()
-                    .map(|e| (ep_chains[*e].clone(), (*e).clone()))
-                    .collect()
-            };
+            dnat.push(Expr::Cmp {
+                field: Field::L4Proto,
+                neg: false,
+                value: Value::Proto(proto),
+            });
+            dnat.push(Expr::Dnat {
+                addr: IpAddr::V4(e.ip),
+                port: Some(e.port),
+            });
+            rules.push(Rule::new(dnat));
+            t.chains.insert(ec.clone(), Chain { base: None, rules });
+            ep_chains.insert(e, ec);
+        }
+        let named = |eps: &[&Ep]| -> Vec<(String, Ep)> {
+            eps.iter()
+                .map(|e| (ep_chains[*e].clone(), (*e).clone()))
+                .collect()
+        };
 
-            // The cluster path: ClusterIP.
-            let svc_chain = format!("svc-{id}");
-            if cluster_eps.is_empty() {
+        // The cluster path: ClusterIP.
+        let svc_chain = format!("svc-{id}");
+        if cluster_eps.is_empty() {
+            t.sets
+                .get_mut("no-endpoint-services")
+                .expect("declared")
+                .elements
+                .insert(
+                    svc_key(cip, proto, sport),
+                    Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
+                );
+        } else {
+            let mut rules = vec![Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::IpSaddr,
+                    neg: true,
+                    value: cidr.clone(),
+                },
+                Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+            ])];
+            let eps = named(&cluster_eps);
+            let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
+            rules.extend(pick_rules(&refs, affinity));
+            t.chains
+                .insert(svc_chain.clone(), Chain { base: None, rules });
+            t.sets
+                .get_mut("service-ips")
+                .expect("declared")
+                .elements
+                .insert(
+                    svc_key(cip, proto, sport),
+                    Some(ElemData::Verdict(Verdict::Goto(svc_chain.clone()))),
+                );
+        }
+
+        // The external path: NodePort, externalIPs, LoadBalancer IPs.
+        if node_port.is_none() && external_ips.is_empty() {
+            continue;
+        }
+        let ext_chain = format!("ext-{id}");
+        if ext_eps.is_empty() {
+            for ip in &external_ips {
                 t.sets
                     .get_mut("no-endpoint-services")
                     .expect("declared")
                     .elements
                     .insert(
-                        svc_key(cip, proto, sport),
-                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                    );
-            } else {
-                let mut rules = vec![Rule::new(vec![
-                    Expr::Cmp {
-                        field: Field::IpSaddr,
-                        neg: true,
-                        value: cidr.clone(),
-                    },
-                    Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
-                ])];
-                let eps = named(&cluster_eps);
-                let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-                rules.extend(pick_rules(&refs, affinity));
-                t.chains
-                    .insert(svc_chain.clone(), Chain { base: None, rules });
-                t.sets
-                    .get_mut("service-ips")
-                    .expect("declared")
-                    .elements
-                    .insert(
-                        svc_key(cip, proto, sport),
-                        Some(ElemData::Verdict(Verdict::Goto(svc_chain.clone()))),
-                    );
-            }
-
-            // The external path: NodePort, externalIPs, LoadBalancer IPs.
-            if node_port.is_none() && external_ips.is_empty() {
-                continue;
-            }
-            let ext_chain = format!("ext-{id}");
-            if ext_eps.is_empty() {
-                for ip in &external_ips {
-                    t.sets
-                        .get_mut("no-endpoint-services")
-                        .expect("declared")
-                        .elements
-                        .insert(
-                            svc_key(*ip, proto, sport),
-                            Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                        );
-                }
-                if let Some(np) = node_port {
-                    t.sets
-                        .get_mut("no-endpoint-nodeports")
-                        .expect("declared")
-                        .elements
-                        .insert(
-                            vec![Value::Proto(proto), Value::Port(np)],
-                            Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                        );
-                }
-                continue;
-            }
-            let mut rules = Vec::new();
-            if !ext_local {
-                rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
-                    "mark-for-masquerade".into(),
-                ))]));
-            }
-            let eps = named(&ext_eps);
-            let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-            rules.extend(pick_rules(&refs, affinity));
-            t.chains
-                .insert(ext_chain.clone(), Chain { base: None, rules });
-            for ip in &external_ips {
-                let target = if lb_ips.contains(ip) && !ranges.is_empty() {
-                    // loadBalancerSourceRanges: only listed sources get in.
-                    let fw = format!("fw-{id}");
-                    let mut r: Vec<Rule> = ranges
-                        .iter()
-                        .map(|n| {
-                            Rule::new(vec![
-                                Expr::Cmp {
-                                    field: Field::IpSaddr,
-                                    neg: false,
-                                    value: Value::Net(IpNet::V4(*n)),
-                                },
-                                goto(&ext_chain),
-                            ])
-                        })
-                        .collect();
-                    r.push(Rule::new(vec![Expr::Verdict(Verdict::Drop)]));
-                    t.chains.insert(
-                        fw.clone(),
-                        Chain {
-                            base: None,
-                            rules: r,
-                        },
-                    );
-                    fw
-                } else {
-                    ext_chain.clone()
-                };
-                t.sets
-                    .get_mut("service-ips")
-                    .expect("declared")
-                    .elements
-                    .insert(
                         svc_key(*ip, proto, sport),
-                        Some(ElemData::Verdict(Verdict::Goto(target))),
+                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
                     );
             }
             if let Some(np) = node_port {
                 t.sets
-                    .get_mut("service-nodeports")
+                    .get_mut("no-endpoint-nodeports")
                     .expect("declared")
                     .elements
                     .insert(
                         vec![Value::Proto(proto), Value::Port(np)],
-                        Some(ElemData::Verdict(Verdict::Goto(ext_chain.clone()))),
+                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
                     );
             }
+            continue;
+        }
+        let mut rules = Vec::new();
+        if !ext_local {
+            rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
+                "mark-for-masquerade".into(),
+            ))]));
+        }
+        let eps = named(&ext_eps);
+        let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
+        rules.extend(pick_rules(&refs, affinity));
+        t.chains
+            .insert(ext_chain.clone(), Chain { base: None, rules });
+        for ip in &external_ips {
+            let target = if lb_ips.contains(ip) && !ranges.is_empty() {
+                // loadBalancerSourceRanges: only listed sources get in.
+                let fw = format!("fw-{id}");
+                let mut r: Vec<Rule> = ranges
+                    .iter()
+                    .map(|n| {
+                        Rule::new(vec![
+                            Expr::Cmp {
+                                field: Field::IpSaddr,
+                                neg: false,
+                                value: Value::Net(IpNet::V4(*n)),
+                            },
+                            goto(&ext_chain),
+                        ])
+                    })
+                    .collect();
+                r.push(Rule::new(vec![Expr::Verdict(Verdict::Drop)]));
+                t.chains.insert(
+                    fw.clone(),
+                    Chain {
+                        base: None,
+                        rules: r,
+                    },
+                );
+                fw
+            } else {
+                ext_chain.clone()
+            };
+            t.sets
+                .get_mut("service-ips")
+                .expect("declared")
+                .elements
+                .insert(
+                    svc_key(*ip, proto, sport),
+                    Some(ElemData::Verdict(Verdict::Goto(target))),
+                );
+        }
+        if let Some(np) = node_port {
+            t.sets
+                .get_mut("service-nodeports")
+                .expect("declared")
+                .elements
+                .insert(
+                    vec![Value::Proto(proto), Value::Port(np)],
+                    Some(ElemData::Verdict(Verdict::Goto(ext_chain.clone()))),
+                );
         }
     }
-    t
 }
 
 #[cfg(test)]
@@ -848,6 +913,44 @@ mod tests {
             7,
             "element + svc chain (1+2 rules) + ep chain (1+2 rules): {d:?}"
         );
+    }
+
+    #[test]
+    fn fragments_merge_into_the_full_plan() {
+        let services = [
+            web(json!({"sessionAffinity": "ClientIP"})),
+            svc(
+                "other",
+                json!({"clusterIP": "10.96.0.60", "ports": [{"name": "http", "port": 81}]}),
+            ),
+        ];
+        let slices = [two_eps()];
+        let full = plan_for(&services, &slices);
+        let mut merged = base_table();
+        for s in &services {
+            merge(
+                &mut merged,
+                &fragment(Some(s), &slices, "node1", "10.244.0.0/16".parse().unwrap()),
+            );
+        }
+        assert_eq!(merged, full);
+        // Removing a Service is the diff from its fragment to an empty one.
+        let f = fragment(
+            Some(&services[0]),
+            &slices,
+            "node1",
+            "10.244.0.0/16".parse().unwrap(),
+        );
+        let gone = fragment(None, &[], "node1", "10.244.0.0/16".parse().unwrap());
+        let d = diff(Some(&f), &gone);
+        assert!(
+            d.iter()
+                .any(|c| matches!(c, podnet_nft::diff::Change::DelSet { .. })),
+            "affinity sets go too"
+        );
+        assert!(!d.iter().any(
+            |c| matches!(c, podnet_nft::diff::Change::DelSet { name } if name == "service-ips")
+        ));
     }
 
     #[test]

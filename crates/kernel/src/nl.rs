@@ -316,16 +316,31 @@ impl Socket {
         msgs: Vec<Msg>,
         describe: &dyn Fn(usize) -> String,
     ) -> Result<(), KernelError> {
-        let mut bytes = Vec::new();
+        // Only the last message that wants an ack keeps the flag: errors
+        // are reported for any message anyway, and one ack per message would
+        // overflow the receive buffer on large batches.
+        let mut encoded: Vec<(u32, Vec<u8>)> = msgs
+            .into_iter()
+            .map(|m| {
+                self.seq = self.seq.wrapping_add(1);
+                (self.seq, m.finish(self.seq))
+            })
+            .collect();
+        let last_ack = encoded
+            .iter()
+            .rposition(|(_, b)| u16::from_ne_bytes([b[6], b[7]]) & NLM_F_ACK != 0);
+        let mut seq_index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         let mut pending: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
-        for (i, m) in msgs.into_iter().enumerate() {
-            self.seq = self.seq.wrapping_add(1);
-            let b = m.finish(self.seq);
-            let flags = u16::from_ne_bytes([b[6], b[7]]);
-            if flags & NLM_F_ACK != 0 {
-                pending.insert(self.seq, i);
+        let mut bytes = Vec::new();
+        for (i, (seq, b)) in encoded.iter_mut().enumerate() {
+            seq_index.insert(*seq, i);
+            if Some(i) == last_ack {
+                pending.insert(*seq, i);
+            } else {
+                let f = u16::from_ne_bytes([b[6], b[7]]) & !NLM_F_ACK;
+                b[6..8].copy_from_slice(&f.to_ne_bytes());
             }
-            bytes.extend_from_slice(&b);
+            bytes.extend_from_slice(b);
         }
         let bufsize: i32 = (bytes.len() as i32).saturating_mul(2).max(1 << 20);
         // SAFETY: valid fd and a pointer to a live i32 (SO_SNDBUFFORCE needs root; fall back quietly).
@@ -358,10 +373,10 @@ impl Socket {
                     continue;
                 }
                 let errno = -(get_u32(body) as i32);
-                let idx = pending.remove(&mseq);
+                pending.remove(&mseq);
                 if errno != 0 {
                     return Err(KernelError::Netlink {
-                        op: describe(idx.unwrap_or(0)),
+                        op: describe(seq_index.get(&mseq).copied().unwrap_or(0)),
                         source: io::Error::from_raw_os_error(errno),
                         detail: extack_msg(body, mflags),
                     });

@@ -1,0 +1,220 @@
+//! Shared pieces of podnet's benchmarks: guards that clean up whatever a run
+//! created (even on panic or Ctrl-C), finding the release binary, and the
+//! statistics.
+//!
+//! Binaries:
+//! - `cni-bench`: ADD/DEL latency of bridge + host-local, podnet's plugins
+//!   against the reference ones, executed as real binaries;
+//! - `veth-cost`: the kernel-level experiment behind the DEL numbers
+//!   (what a veth deletion costs in the netlink call, and why).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use podnet_kernel::Netns;
+
+/// Every namespace a benchmark creates starts with this, followed by the
+/// creating process id, so leftovers of a killed run can be recognised.
+pub const NS_PREFIX: &str = "pn-bench-";
+
+/// A named network namespace that is removed when the guard drops.
+pub struct NsGuard {
+    name: String,
+    ns: Option<Netns>,
+}
+
+impl NsGuard {
+    pub fn create(name: String) -> Result<NsGuard> {
+        let ns =
+            Netns::create_named(&name).with_context(|| format!("creating namespace {name}"))?;
+        Ok(NsGuard { name, ns: Some(ns) })
+    }
+
+    /// Closes our handle and removes the namespace now, reporting failure.
+    pub fn delete(mut self) -> Result<()> {
+        self.ns = None;
+        Netns::delete_named(&self.name).with_context(|| format!("removing namespace {}", self.name))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ns(&self) -> &Netns {
+        self.ns.as_ref().expect("namespace open until deleted")
+    }
+
+    pub fn path(&self) -> &Path {
+        self.ns().path()
+    }
+}
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        if self.ns.take().is_none() {
+            return; // already deleted by `delete`
+        }
+        if let Err(e) = Netns::delete_named(&self.name) {
+            eprintln!("warning: removing namespace {}: {e}", self.name);
+        }
+    }
+}
+
+/// A unique namespace name: `pn-bench-<pid>-<what>`.
+pub fn ns_name(what: &str) -> String {
+    format!("{NS_PREFIX}{}-{what}", std::process::id())
+}
+
+/// Removes `pn-bench-<pid>-*` namespaces whose process is gone (left by a
+/// run that was killed with SIGKILL, the one case guards cannot cover).
+pub fn remove_stale_namespaces() -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(podnet_kernel::netns::NETNS_RUN_DIR) else {
+        return removed;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() && Netns::delete_named(&name).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT and SIGTERM into a flag, so the run stops between steps and
+/// the guards on the stack clean up.
+pub fn catch_interrupts() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+pub fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("this benchmark creates network namespaces and links: run it as root");
+    }
+    Ok(())
+}
+
+/// Finds the release `podnet` binary: `--podnet`, else next to this
+/// executable (cargo puts both in target/release), else the workspace's
+/// target/release.
+pub fn locate_podnet(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if !p.is_file() {
+            bail!("--podnet {}: no such file", p.display());
+        }
+        return std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
+    }
+    let mut candidates = Vec::new();
+    if let Ok(me) = std::env::current_exe() {
+        if let Some(dir) = me.parent() {
+            candidates.push(dir.join("podnet"));
+        }
+    }
+    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/podnet"));
+    candidates.push(PathBuf::from("target/release/podnet"));
+    for c in &candidates {
+        if c.is_file() {
+            return std::fs::canonicalize(c).with_context(|| format!("resolving {}", c.display()));
+        }
+    }
+    bail!(
+        "podnet binary not found (looked at {}); run `cargo build --release` first or pass --podnet PATH",
+        candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// Order statistics over a set of durations.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub n: usize,
+    pub median: Duration,
+    pub p90: Duration,
+    pub mean: Duration,
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Stats {
+    /// `None` for an empty sample.
+    pub fn of(samples: &[Duration]) -> Option<Stats> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut s = samples.to_vec();
+        s.sort();
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2
+        };
+        // Nearest rank: the smallest value with at least 90% of samples at or below it.
+        let p90 = s[(n * 9).div_ceil(10).max(1) - 1];
+        let mean = s.iter().sum::<Duration>() / n as u32;
+        Some(Stats {
+            n,
+            median,
+            p90,
+            mean,
+            min: s[0],
+            max: s[n - 1],
+        })
+    }
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(v: &[u64]) -> Vec<Duration> {
+        v.iter().map(|&x| Duration::from_millis(x)).collect()
+    }
+
+    #[test]
+    fn median_and_p90() {
+        let s = Stats::of(&d(&[5, 1, 3, 2, 4])).unwrap();
+        assert_eq!(s.median, Duration::from_millis(3));
+        assert_eq!(s.p90, Duration::from_millis(5));
+        assert_eq!(s.min, Duration::from_millis(1));
+        let s = Stats::of(&d(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])).unwrap();
+        assert_eq!(s.median, Duration::from_micros(5500));
+        assert_eq!(s.p90, Duration::from_millis(9));
+        assert_eq!(s.mean, Duration::from_micros(5500));
+        assert!(Stats::of(&[]).is_none());
+        let s = Stats::of(&d(&[7])).unwrap();
+        assert_eq!(
+            (s.median, s.p90),
+            (Duration::from_millis(7), Duration::from_millis(7))
+        );
+    }
+}
