@@ -228,7 +228,15 @@ fn main() {
     let as_plugin = called_as != "podnet"
         || (std::env::var_os("CNI_COMMAND").is_some() && std::env::args().len() == 1);
     if as_plugin && podnet_cni::plugins::by_name(&called_as).is_some() {
-        init_logs("warn");
+        // A plugin lives for milliseconds: skip the filter parser unless asked.
+        if std::env::var_os("PODNET_LOG").is_some() {
+            init_logs("warn");
+        } else {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();

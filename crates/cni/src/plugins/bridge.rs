@@ -139,7 +139,8 @@ fn open_netns(path: &str) -> Result<Netns, CniError> {
 }
 
 /// Creates the bridge if needed, or checks that the existing link is one.
-fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<Link, CniError> {
+fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<(Link, bool), CniError> {
+    let mut created = false;
     let link = match h.link(&c.bridge)? {
         Some(l) if l.kind != LinkKind::Bridge => {
             return Err(CniError::internal(format!(
@@ -150,7 +151,7 @@ fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<Link, CniError> {
         Some(l) => l,
         None => {
             match h.create_bridge(&c.bridge, c.mtu) {
-                Ok(()) => {}
+                Ok(()) => created = true,
                 // Another ADD created it at the same moment.
                 Err(e) if e.is_exists() => {}
                 Err(e) => return Err(e.into()),
@@ -164,7 +165,7 @@ fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<Link, CniError> {
     if !link.is_up() {
         h.set_up(link.index)?;
     }
-    Ok(link)
+    Ok((link, created))
 }
 
 /// The first address of a subnet, used as gateway when IPAM gives none.
@@ -306,12 +307,6 @@ impl Plugin for Bridge {
         let ns = open_netns(&args.netns)?;
         let mut host = Handle::new()?;
         let mut pod = Handle::in_netns(&ns)?;
-        if pod.link(&args.ifname)?.is_some() {
-            return Err(CniError::internal(format!(
-                "bridge: container veth name {:?} already exists",
-                args.ifname
-            )));
-        }
         let mut undo = Undo {
             args,
             ipam: None,
@@ -335,9 +330,8 @@ impl Plugin for Bridge {
             }
             None => CniResult::default(),
         };
-        let existed = host.link(&c.bridge)?.is_some();
-        let br = ensure_bridge(&mut host, &c)?;
-        if !existed {
+        let (br, created) = ensure_bridge(&mut host, &c)?;
+        if created {
             undo.bridge = Some(br.index);
         }
 
@@ -351,21 +345,41 @@ impl Plugin for Bridge {
         let mtu = c.mtu.or(Some(br.mtu)).filter(|m| *m > 0);
         let mut host_name = random_veth_name();
         for _ in 0..4 {
-            match host.create_veth(&host_name, &args.ifname, Some(ns.fd()), mtu, mac) {
+            match host.create_veth_port(
+                &host_name,
+                &args.ifname,
+                Some(ns.fd()),
+                mtu,
+                mac,
+                Some(br.index),
+            ) {
                 Ok(()) => break,
                 Err(e) if e.is_exists() && host.link(&host_name)?.is_some() => {
                     host_name = random_veth_name()
+                }
+                // The name is taken inside the pod (checked here, not before,
+                // to save a round trip on the common path).
+                Err(e) if e.is_exists() => {
+                    return Err(CniError::internal(format!(
+                        "bridge: container veth name {:?} already exists",
+                        args.ifname
+                    )))
                 }
                 Err(e) => return Err(e.into()),
             }
         }
         undo.host_veth = Some(host_name.clone());
+        // Born enslaved and up (one round trip); checked, not assumed.
         let hv = host.require_link(&host_name)?;
-        host.set_master(hv.index, br.index)?;
+        if hv.master != Some(br.index) {
+            host.set_master(hv.index, br.index)?;
+        }
         if c.hairpin_mode {
             host.set_hairpin(hv.index, true)?;
         }
-        host.set_up(hv.index)?;
+        if !hv.is_up() {
+            host.set_up(hv.index)?;
+        }
         let cv = pod.require_link(&args.ifname)?;
 
         // Gateways and the default route.
