@@ -320,6 +320,9 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             lab.restart_agent(&node)?;
             println!("agent on {node} restarted");
         }
+        LabCmd::Forward { netns, addrs } => {
+            podnet_lab::forward::forward(&netns, &addrs)?;
+        }
         LabCmd::Down => {
             for line in lab.down()? {
                 println!("{line}");

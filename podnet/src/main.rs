@@ -183,6 +183,9 @@ pub enum LabCmd {
     RestartAgent { node: String },
     /// Remove every namespace, link, file and process the lab made.
     Down,
+    /// (internal) Forward ADDR connections from inside NETNS to this namespace.
+    #[command(hide = true)]
+    Forward { netns: String, addrs: Vec<String> },
 }
 
 #[derive(Subcommand)]

@@ -456,3 +456,31 @@ fn services_through_the_proxy() {
         "{table}"
     );
 }
+
+#[test]
+fn lab_on_etcd() {
+    let etcd = podnet_store::testing::EtcdServer::start();
+    let lab = Lab {
+        name: format!("et{}", std::process::id() % 100_000),
+    };
+    let o = podnet(&[
+        "--store",
+        &etcd.url(),
+        "lab",
+        "--name",
+        &lab.name,
+        "up",
+        "--nodes",
+        "2",
+        "--backend",
+        "host-gw",
+        "--resync",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _a = lab.pod("a", "node1");
+    let b = lab.pod("b", "node2");
+    assert_eq!(lab.ok(&["probe", "default/a", &format!("{b}:8080")]), "b");
+    let pods = podnet(&["--store", &etcd.url(), "get", "po", "-o", "name"]);
+    assert!(String::from_utf8_lossy(&pods.stdout).contains("pod/b"));
+}

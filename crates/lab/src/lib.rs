@@ -10,6 +10,7 @@
 //! - everything the lab makes is recorded under `/run/podnet-lab/<lab>/`, so
 //!   `lab down` removes it all, also after a crash.
 
+pub mod forward;
 pub mod serve;
 
 use std::collections::BTreeMap;
@@ -220,6 +221,40 @@ impl Lab {
     }
 
     fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
+        // An etcd on this machine's loopback is reached through a forwarder.
+        let eps = forward::etcd_endpoints(&st.store);
+        if !eps.is_empty()
+            && !self
+                .dir
+                .join("pids")
+                .join(format!("forward-{}", node.name))
+                .exists()
+        {
+            let mut args = vec![
+                "lab".to_string(),
+                "--name".into(),
+                self.name.clone(),
+                "forward".into(),
+                node.netns.clone(),
+            ];
+            args.extend(eps.iter().cloned());
+            self.spawn(&format!("forward-{}", node.name), None, &args, &[])?;
+            // Ready when the listener answers inside the node.
+            let ns = Netns::named(&node.netns)?;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while ns
+                .run(|| std::net::TcpStream::connect(eps[0].as_str()))?
+                .is_err()
+            {
+                if Instant::now() > deadline {
+                    return Err(msg(format!(
+                        "store forwarder for {} did not start",
+                        node.name
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         self.spawn(
             &format!("agent-{}", node.name),
             Some(&node.netns),
@@ -450,6 +485,7 @@ impl Lab {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
+        self.kill_role(&format!("forward-{node}"));
         Netns::delete_named(&n.netns)?;
         if let Ok(u) = Netns::named(&st.underlay_ns) {
             if let Ok(mut h) = Handle::in_netns(&u) {
