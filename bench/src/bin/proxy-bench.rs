@@ -101,7 +101,11 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
     let _g = Ns(name);
     ns.run(|| -> Result<(f64, f64, f64)> {
         let metrics = podnet_daemon::Metrics::new();
-        let mut p = Proxier::new("n1".into(), "10.244.0.0/16".parse().unwrap(), metrics)?;
+        let mut p = Proxier::new(
+            "n1".into(),
+            podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            metrics,
+        )?;
         for i in 0..n {
             p.observe(EventType::Put, &kv(Object::Service(Box::new(svc(i))), 1));
             p.observe(

@@ -377,14 +377,13 @@ pub async fn run(
     // The service proxy runs beside the network loop; its rules stay when
     // the agent stops.
     let _proxy = opts.proxy.then(|| {
-        let (store, node, net, m) = (
-            store.clone(),
-            opts.node.clone(),
-            cfg.network,
-            metrics.clone(),
-        );
+        let (store, node, m) = (store.clone(), opts.node.clone(), metrics.clone());
+        let stacks = vec![
+            proxy::Stack::v4(cfg.network),
+            proxy::Stack::v6(cfg.ipv6_network),
+        ];
         AbortOnDrop(tokio::spawn(async move {
-            if let Err(e) = proxier::run(store, node, net, m, std::future::pending()).await {
+            if let Err(e) = proxier::run(store, node, stacks, m, std::future::pending()).await {
                 tracing::error!("service proxy stopped: {e}");
             }
         }))
@@ -501,8 +500,8 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
             h.delete_link_by_name(dev)?;
         }
     }
-    if proxier::cleanup()? {
-        done.push(format!("removed nft table ip {}", proxy::TABLE));
+    for t in proxier::cleanup()? {
+        done.push(format!("removed nft table {t}"));
     }
     if podnet_nft::table_exists("ip", MASQ_TABLE).unwrap_or(false) {
         podnet_nft::apply(

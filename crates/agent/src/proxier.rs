@@ -15,13 +15,15 @@
 //! established connections keep their conntrack NAT state. Stale UDP
 //! conntrack entries towards removed endpoints are flushed, so clients do not
 //! keep sending into the void (the classic 5-second DNS delay).
+//!
+//! There is one [`Proxier`] per address family (`ip podnet`, `ip6 podnet`);
+//! [`run`] feeds both from one watch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
@@ -32,7 +34,7 @@ use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
-use crate::proxy::{base_table, fragment, merge, TABLE};
+use crate::proxy::{base_table, fragment, merge, Stack, TABLE};
 use crate::AgentError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
@@ -70,6 +72,8 @@ fn flush_conntrack(gone: &BTreeSet<(IpAddr, u16)>) {
         let r = std::process::Command::new("conntrack")
             .args([
                 "-D",
+                "-f",
+                if ip.is_ipv6() { "ipv6" } else { "ipv4" },
                 "-p",
                 "udp",
                 "--reply-src",
@@ -102,7 +106,7 @@ fn service_id(o: &Object) -> Option<String> {
 
 pub struct Proxier {
     node: String,
-    cluster_cidr: Ipv4Net,
+    stack: Stack,
     services: BTreeMap<String, Service>,
     /// Slices by store key, with the Service they belong to.
     slices: BTreeMap<String, (String, EndpointSlice)>,
@@ -112,17 +116,22 @@ pub struct Proxier {
     applied: Option<BTreeMap<String, Table>>,
     conn: Option<Conn>,
     metrics: Arc<Metrics>,
+    /// Endpoints programmed, kept up to date per change (not recounted).
+    endpoints: usize,
+    /// When a sync last succeeded (a zero-op sync counts).
+    last_ok: Option<Instant>,
+}
+
+/// Endpoint chains in a fragment.
+fn endpoint_count(t: &Table) -> usize {
+    t.chains.keys().filter(|c| c.starts_with("ep-")).count()
 }
 
 impl Proxier {
-    pub fn new(
-        node: String,
-        cluster_cidr: Ipv4Net,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, AgentError> {
+    pub fn new(node: String, stack: Stack, metrics: Arc<Metrics>) -> Result<Self, AgentError> {
         Ok(Proxier {
             node,
-            cluster_cidr,
+            stack,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
             by_service: BTreeMap::new(),
@@ -130,6 +139,8 @@ impl Proxier {
             applied: None,
             conn: Some(Conn::open()?),
             metrics,
+            endpoints: 0,
+            last_ok: None,
         })
     }
 
@@ -180,12 +191,7 @@ impl Proxier {
             .flatten()
             .filter_map(|k| self.slices.get(k).map(|(_, s)| s.clone()))
             .collect();
-        fragment(
-            self.services.get(id),
-            &slices,
-            &self.node,
-            self.cluster_cidr,
-        )
+        fragment(self.services.get(id), &slices, &self.node, &self.stack)
     }
 
     /// Forgets what is applied: the next sync replaces the whole table.
@@ -217,7 +223,7 @@ impl Proxier {
                         (id, f)
                     })
                     .collect();
-                let mut table = base_table();
+                let mut table = base_table(&self.stack);
                 for f in frags.values() {
                     merge(&mut table, f);
                 }
@@ -227,7 +233,7 @@ impl Proxier {
                 let mut changes: Vec<Change> = Vec::new();
                 let mut frags = BTreeMap::new();
                 let mut gone = BTreeSet::new();
-                let empty = fragment(None, &[], &self.node, self.cluster_cidr);
+                let empty = fragment(None, &[], &self.node, &self.stack);
                 for id in &dirty {
                     let new = self.fragment_of(id);
                     let old = applied.get(id).unwrap_or(&empty);
@@ -235,19 +241,17 @@ impl Proxier {
                     gone.extend(udp_endpoints(old).difference(&udp_endpoints(&new)).cloned());
                     frags.insert(id.clone(), new);
                 }
-                (
-                    changes,
-                    Table::new(podnet_nft::model::Family::Ip, TABLE),
-                    frags,
-                    gone,
-                )
+                (changes, Table::new(self.stack.family, TABLE), frags, gone)
             }
         };
         let n = ops(&changes);
+        let fam = self.stack.label();
         if n == 0 {
             if full {
+                self.endpoints = frags.values().map(endpoint_count).sum();
                 self.applied = Some(frags);
             }
+            self.last_ok = Some(Instant::now());
             return Ok(0);
         }
         let res = match &mut self.conn {
@@ -261,54 +265,74 @@ impl Proxier {
                 match &mut self.applied {
                     Some(a) => {
                         for (id, f) in frags {
-                            if self.services.contains_key(&id)
+                            let live = self.services.contains_key(&id)
                                 || self
                                     .by_service
                                     .get(&id)
                                     .map(|s| !s.is_empty())
-                                    .unwrap_or(false)
-                            {
+                                    .unwrap_or(false);
+                            let before = a.get(&id).map(endpoint_count).unwrap_or(0);
+                            let after = if live { endpoint_count(&f) } else { 0 };
+                            self.endpoints = (self.endpoints + after).saturating_sub(before);
+                            if live {
                                 a.insert(id, f);
                             } else {
                                 a.remove(&id);
                             }
                         }
                     }
-                    None => self.applied = Some(frags),
+                    None => {
+                        self.endpoints = frags.values().map(endpoint_count).sum();
+                        self.applied = Some(frags);
+                    }
                 }
+                self.last_ok = Some(Instant::now());
                 let secs = t0.elapsed().as_secs_f64();
-                let labels = format!("kind=\"{kind}\"");
-                self.metrics.inc(
-                    "podnet_proxy_sync_duration_seconds_sum",
-                    "Total time spent in syncs.",
+                let labels = format!("kind=\"{kind}\",family=\"{fam}\"");
+                let fam_label = format!("family=\"{fam}\"");
+                self.metrics.observe(
+                    "podnet_proxy_sync_duration_seconds",
+                    "Time to plan, diff and apply one sync (full or partial).",
                     &labels,
                     secs,
                 );
-                self.metrics.inc(
-                    "podnet_proxy_sync_duration_seconds_count",
-                    "Syncs applied.",
+                self.metrics.observe(
+                    "podnet_proxy_sync_operations",
+                    "nf_tables operations per applied sync (as a histogram of counts).",
                     &labels,
-                    1.0,
+                    n as f64,
                 );
                 self.metrics.inc(
                     "podnet_proxy_sync_operations_total",
                     "nf_tables operations applied.",
-                    "",
+                    &fam_label,
                     n as f64,
                 );
                 self.metrics.set(
                     "podnet_proxy_last_sync_timestamp_seconds",
                     "When the last sync succeeded.",
-                    "",
+                    &fam_label,
                     podnet_store::objects::now().as_second() as f64,
                 );
                 self.metrics.set(
                     "podnet_proxy_services",
-                    "Services programmed.",
-                    "",
+                    "Services known to the proxy.",
+                    &fam_label,
                     self.services.len() as f64,
                 );
-                tracing::debug!(kind, ops = n, ms = secs * 1000.0, "service sync");
+                self.metrics.set(
+                    "podnet_proxy_endpoints",
+                    "Endpoints programmed (DNAT targets).",
+                    &fam_label,
+                    self.endpoints as f64,
+                );
+                tracing::debug!(
+                    kind,
+                    family = fam,
+                    ops = n,
+                    ms = secs * 1000.0,
+                    "service sync"
+                );
                 Ok(n)
             }
             Err(e) => {
@@ -317,37 +341,67 @@ impl Proxier {
                 self.metrics.inc(
                     "podnet_proxy_sync_failures_total",
                     "Syncs that failed.",
-                    "",
+                    &format!("family=\"{fam}\""),
                     1.0,
                 );
-                Err(AgentError::Other(format!("service sync: {e}")))
+                Err(AgentError::Other(format!("service sync ({fam}): {e}")))
             }
         }
     }
 }
 
-/// Runs the proxy until `shutdown`; the rules stay in place afterwards.
+/// How long syncs may keep failing (or not happen while changes wait)
+/// before `/healthz` reports the proxy unhealthy.
+const STALL: Duration = Duration::from_secs(30);
+
+/// Runs the proxy until `shutdown`, one [`Proxier`] per stack fed from one
+/// watch; the rules stay in place afterwards.
 pub async fn run(
     store: AnyStore,
     node: String,
-    cluster_cidr: Ipv4Net,
+    stacks: Vec<Stack>,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
-    let mut p = Proxier::new(node, cluster_cidr, metrics)?;
+    let mut ps = stacks
+        .into_iter()
+        .map(|st| Proxier::new(node.clone(), st, metrics.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    // Syncs every proxier with pending work; reports health.
+    let sync_all = |ps: &mut Vec<Proxier>| {
+        for p in ps.iter_mut() {
+            if p.applied.is_some() && p.dirty.is_empty() {
+                continue;
+            }
+            if let Err(e) = p.sync() {
+                tracing::warn!("{e}");
+            }
+        }
+        let stalled = ps
+            .iter()
+            .find(|p| p.applied.is_none() && p.last_ok.unwrap_or(started).elapsed() > STALL);
+        metrics.set_unhealthy(stalled.map(|p| {
+            format!(
+                "service proxy ({}) has not synced for {}s",
+                p.stack.label(),
+                p.last_ok.unwrap_or(started).elapsed().as_secs()
+            )
+        }));
+    };
     loop {
         let (kvs, rev) = store.list("/registry/").await?;
-        p.reset();
-        for kv in &kvs {
-            p.observe(EventType::Put, kv);
+        for p in ps.iter_mut() {
+            p.reset();
+            for kv in &kvs {
+                p.observe(EventType::Put, kv);
+            }
         }
-        if let Err(e) = p.sync() {
-            tracing::warn!("{e}");
-        }
+        sync_all(&mut ps);
         let mut w = store.watch("/registry/", rev + 1).await?;
         loop {
-            let retry = p.applied.is_none();
+            let retry = ps.iter().any(|p| p.applied.is_none());
             let m = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 _ = tokio::time::sleep(Duration::from_secs(1)), if retry => None,
@@ -365,7 +419,9 @@ pub async fn run(
                 match m {
                     Some(Ok(WatchMsg::Events(_, evs))) => {
                         for ev in evs {
-                            p.observe(ev.typ, &ev.kv);
+                            for p in ps.iter_mut() {
+                                p.observe(ev.typ, &ev.kv);
+                            }
                         }
                     }
                     _ => relist = true,
@@ -374,16 +430,24 @@ pub async fn run(
             if relist {
                 break;
             }
-            if retry || !p.dirty.is_empty() {
-                if let Err(e) = p.sync() {
-                    tracing::warn!("{e}");
-                }
+            if retry || ps.iter().any(|p| !p.dirty.is_empty()) {
+                sync_all(&mut ps);
             }
         }
     }
 }
 
-/// Removes the proxy's table (for --cleanup).
-pub fn cleanup() -> Result<bool, AgentError> {
-    Ok(Conn::open()?.delete_table(podnet_nft::model::Family::Ip, TABLE)?)
+/// Removes the proxy's tables (for --cleanup); returns the ones removed.
+pub fn cleanup() -> Result<Vec<String>, AgentError> {
+    let mut c = Conn::open()?;
+    let mut gone = Vec::new();
+    for fam in [
+        podnet_nft::model::Family::Ip,
+        podnet_nft::model::Family::Ip6,
+    ] {
+        if c.delete_table(fam, TABLE)? {
+            gone.push(format!("{} {TABLE}", fam.name()));
+        }
+    }
+    Ok(gone)
 }

@@ -16,11 +16,16 @@
 //! hairpin traffic (an endpoint reaching itself through its Service) are
 //! marked and masqueraded in postrouting; pod-to-Service traffic from inside
 //! the cluster keeps its source address.
+//!
+//! Each address family has its own table, `ip podnet` and `ip6 podnet`,
+//! planned by the same code for a [`Stack`] (as kube-proxy runs one proxier
+//! per family): a dual-stack Service contributes its IPv4 ClusterIP and
+//! endpoints to one and its IPv6 ones to the other.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_api::k8s_openapi::api::core::v1::{Service, ServicePort};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_nft::model::{
@@ -32,11 +37,96 @@ pub const TABLE: &str = "podnet";
 pub const MASQ_MARK: u32 = 0x4000;
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
+/// One address family's table and the cluster's pod network in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stack {
+    /// `Family::Ip` or `Family::Ip6`.
+    pub family: Family,
+    /// Pod traffic (from inside this range) keeps its source address; with
+    /// no pod network in this family every client is external.
+    pub cluster_cidr: Option<IpNet>,
+}
+
+impl Stack {
+    pub fn v4(cluster_cidr: Ipv4Net) -> Stack {
+        Stack {
+            family: Family::Ip,
+            cluster_cidr: Some(IpNet::V4(cluster_cidr)),
+        }
+    }
+
+    pub fn v6(cluster_cidr: Option<Ipv6Net>) -> Stack {
+        Stack {
+            family: Family::Ip6,
+            cluster_cidr: cluster_cidr.map(IpNet::V6),
+        }
+    }
+
+    fn is_v6(&self) -> bool {
+        self.family == Family::Ip6
+    }
+
+    fn saddr(&self) -> Field {
+        if self.is_v6() {
+            Field::Ip6Saddr
+        } else {
+            Field::IpSaddr
+        }
+    }
+
+    fn daddr(&self) -> Field {
+        if self.is_v6() {
+            Field::Ip6Daddr
+        } else {
+            Field::IpDaddr
+        }
+    }
+
+    fn addr_key(&self) -> KeyType {
+        if self.is_v6() {
+            KeyType::Ipv6Addr
+        } else {
+            KeyType::Ipv4Addr
+        }
+    }
+
+    /// Whether an address belongs to this family.
+    pub fn holds(&self, ip: &IpAddr) -> bool {
+        ip.is_ipv6() == self.is_v6()
+    }
+
+    /// The EndpointSlice `addressType` this family reads.
+    fn address_type(&self) -> &'static str {
+        if self.is_v6() {
+            "IPv6"
+        } else {
+            "IPv4"
+        }
+    }
+
+    fn loopback(&self) -> IpNet {
+        if self.is_v6() {
+            "::1/128".parse().expect("static")
+        } else {
+            "127.0.0.0/8".parse().expect("static")
+        }
+    }
+
+    /// Short name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        if self.is_v6() {
+            "ipv6"
+        } else {
+            "ipv4"
+        }
+    }
+}
+
 /// What the planner needs to know about this node and cluster.
 #[derive(Debug, Clone)]
 pub struct ProxyInput<'a> {
     pub node: &'a str,
-    pub cluster_cidr: Ipv4Net,
+    pub stack: Stack,
     pub services: &'a [Service],
     pub slices: &'a [EndpointSlice],
 }
@@ -44,7 +134,7 @@ pub struct ProxyInput<'a> {
 /// One usable endpoint of one Service port.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Ep {
-    ip: Ipv4Addr,
+    ip: IpAddr,
     port: u16,
     local: bool,
 }
@@ -69,7 +159,13 @@ fn proto_of(p: &Option<String>) -> Option<Proto> {
 
 /// The endpoints a Service port may use, by Kubernetes rules: ready ones;
 /// if none is ready, serving-and-terminating ones.
-fn endpoints(svc: &Service, port: &ServicePort, slices: &[EndpointSlice], node: &str) -> Vec<Ep> {
+fn endpoints(
+    svc: &Service,
+    port: &ServicePort,
+    slices: &[EndpointSlice],
+    node: &str,
+    stack: &Stack,
+) -> Vec<Ep> {
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
@@ -83,7 +179,7 @@ fn endpoints(svc: &Service, port: &ServicePort, slices: &[EndpointSlice], node: 
                 .and_then(|l| l.get("kubernetes.io/service-name"))
                 .map(String::as_str)
                 != Some(name)
-            || s.address_type != "IPv4"
+            || s.address_type != stack.address_type()
         {
             continue;
         }
@@ -102,9 +198,12 @@ fn endpoints(svc: &Service, port: &ServicePort, slices: &[EndpointSlice], node: 
             let serving = c.serving.unwrap_or(is_ready);
             let term = c.terminating.unwrap_or(false);
             for a in &e.addresses {
-                let Ok(ip) = a.parse::<Ipv4Addr>() else {
+                let Ok(ip) = a.parse::<IpAddr>() else {
                     continue;
                 };
+                if !stack.holds(&ip) {
+                    continue;
+                }
                 let ep = Ep {
                     ip,
                     port: target,
@@ -139,22 +238,18 @@ fn goto(c: &str) -> Expr {
     Expr::Verdict(Verdict::Goto(c.to_string()))
 }
 
-fn svc_key(ip: Ipv4Addr, proto: Proto, port: u16) -> Vec<Value> {
-    vec![
-        Value::Addr(IpAddr::V4(ip)),
-        Value::Proto(proto),
-        Value::Port(port),
-    ]
+fn svc_key(ip: IpAddr, proto: Proto, port: u16) -> Vec<Value> {
+    vec![Value::Addr(ip), Value::Proto(proto), Value::Port(port)]
 }
 
 /// Rules that pick one of `eps` uniformly (numgen cascade), with affinity.
-fn pick_rules(eps: &[(String, &Ep)], affinity: bool) -> Vec<Rule> {
+fn pick_rules(eps: &[(String, &Ep)], affinity: bool, stack: &Stack) -> Vec<Rule> {
     let mut rules = Vec::new();
     if affinity {
         for (chain, _) in eps {
             rules.push(Rule::new(vec![
                 Expr::InSet {
-                    keys: vec![Field::IpSaddr],
+                    keys: vec![stack.saddr()],
                     set: format!("aff-{}", &chain[3..]),
                     neg: false,
                 },
@@ -183,28 +278,19 @@ fn pick_rules(eps: &[(String, &Ep)], affinity: bool) -> Vec<Rule> {
 /// Plans the whole table.
 /// The parts of the table every Service shares: base chains and the
 /// dispatch maps (empty).
-pub fn base_table() -> Table {
-    let mut t = Table::new(Family::Ip, TABLE);
-    let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
-    let two = vec![KeyType::InetProto, KeyType::InetService];
-    t.sets.insert("service-ips".into(), Set::map(three.clone()));
-    t.sets
-        .insert("service-nodeports".into(), Set::map(two.clone()));
-    t.sets
-        .insert("no-endpoint-services".into(), Set::map(three));
-    t.sets.insert("no-endpoint-nodeports".into(), Set::map(two));
-
+pub fn base_table(stack: &Stack) -> Table {
+    let mut t = shell(stack);
     let dispatch = vec![
         Rule::new(vec![Expr::VMap {
-            keys: vec![Field::IpDaddr, Field::L4Proto, Field::Dport],
+            keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
             map: "service-ips".into(),
         }]),
         Rule::new(vec![
             Expr::FibDaddrLocal,
             Expr::Cmp {
-                field: Field::IpDaddr,
+                field: stack.daddr(),
                 neg: true,
-                value: Value::Net("127.0.0.0/8".parse().expect("static")),
+                value: Value::Net(stack.loopback()),
             },
             Expr::VMap {
                 keys: vec![Field::L4Proto, Field::Dport],
@@ -249,7 +335,7 @@ pub fn base_table() -> Table {
     // Services without endpoints are rejected in the filter hooks.
     let check = vec![
         Rule::new(vec![Expr::VMap {
-            keys: vec![Field::IpDaddr, Field::L4Proto, Field::Dport],
+            keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
             map: "no-endpoint-services".into(),
         }]),
         Rule::new(vec![
@@ -290,9 +376,9 @@ pub fn base_table() -> Table {
 }
 
 /// The empty shared maps a Service fragment writes its elements into.
-fn shell() -> Table {
-    let mut t = Table::new(Family::Ip, TABLE);
-    let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+fn shell(stack: &Stack) -> Table {
+    let mut t = Table::new(stack.family, TABLE);
+    let three = vec![stack.addr_key(), KeyType::InetProto, KeyType::InetService];
     let two = vec![KeyType::InetProto, KeyType::InetService];
     t.sets.insert("service-ips".into(), Set::map(three.clone()));
     t.sets
@@ -310,17 +396,11 @@ pub fn fragment(
     svc: Option<&Service>,
     slices: &[EndpointSlice],
     node: &str,
-    cluster_cidr: Ipv4Net,
+    stack: &Stack,
 ) -> Table {
-    let mut t = shell();
+    let mut t = shell(stack);
     if let Some(svc) = svc {
-        add_service(
-            &mut t,
-            svc,
-            slices,
-            node,
-            &Value::Net(IpNet::V4(cluster_cidr)),
-        );
+        add_service(&mut t, svc, slices, node, stack);
     }
     t
 }
@@ -344,25 +424,49 @@ pub fn merge(t: &mut Table, f: &Table) {
 
 /// Plans the whole table (full syncs and tests).
 pub fn plan(input: &ProxyInput<'_>) -> Table {
-    let mut t = base_table();
-    let cidr = Value::Net(IpNet::V4(input.cluster_cidr));
+    let mut t = base_table(&input.stack);
     for svc in input.services {
-        add_service(&mut t, svc, input.slices, input.node, &cidr);
+        add_service(&mut t, svc, input.slices, input.node, &input.stack);
     }
     t
 }
 
-fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &str, cidr: &Value) {
+/// Rules that send traffic from outside the cluster's pod network to be
+/// masqueraded (all traffic, when the family has no pod network).
+fn mark_external(stack: &Stack) -> Rule {
+    let mut exprs = Vec::new();
+    if let Some(c) = stack.cluster_cidr {
+        exprs.push(Expr::Cmp {
+            field: stack.saddr(),
+            neg: true,
+            value: Value::Net(c),
+        });
+    }
+    exprs.push(Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())));
+    Rule::new(exprs)
+}
+
+/// The Service's ClusterIP in this family: `clusterIPs` (dual-stack) or
+/// `clusterIP`.
+fn cluster_ip_of(
+    spec: &podnet_api::k8s_openapi::api::core::v1::ServiceSpec,
+    stack: &Stack,
+) -> Option<IpAddr> {
+    spec.cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .filter_map(|c| c.parse::<IpAddr>().ok())
+        .find(|ip| stack.holds(ip))
+}
+
+fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &str, stack: &Stack) {
     let Some(spec) = &svc.spec else { return };
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
     if ty == "ExternalName" {
         return;
     }
-    let Some(cip) = spec
-        .cluster_ip
-        .as_deref()
-        .and_then(|c| c.parse::<Ipv4Addr>().ok())
-    else {
+    let Some(cip) = cluster_ip_of(spec, stack) else {
         return;
     };
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
@@ -377,31 +481,28 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         .unwrap_or(DEFAULT_AFFINITY_TIMEOUT);
     let ext_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let int_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let external_ips: Vec<Ipv4Addr> = spec
-        .external_ips
-        .iter()
-        .flatten()
-        .filter_map(|a| a.parse().ok())
-        .chain(
-            svc.status
-                .iter()
-                .flat_map(|s| s.load_balancer.iter())
-                .flat_map(|l| l.ingress.iter().flatten())
-                .filter_map(|i| i.ip.as_deref()?.parse().ok()),
-        )
-        .collect();
-    let lb_ips: Vec<Ipv4Addr> = svc
+    let lb_ips: Vec<IpAddr> = svc
         .status
         .iter()
         .flat_map(|s| s.load_balancer.iter())
         .flat_map(|l| l.ingress.iter().flatten())
         .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .filter(|ip| stack.holds(ip))
         .collect();
-    let ranges: Vec<Ipv4Net> = spec
+    let external_ips: Vec<IpAddr> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|a| a.parse().ok())
+        .filter(|ip| stack.holds(ip))
+        .chain(lb_ips.iter().copied())
+        .collect();
+    let ranges: Vec<IpNet> = spec
         .load_balancer_source_ranges
         .iter()
         .flatten()
-        .filter_map(|r| r.parse().ok())
+        .filter_map(|r| r.trim().parse::<IpNet>().ok())
+        .filter(|n| stack.holds(&n.addr()))
         .collect();
     for port in spec.ports.iter().flatten() {
         let Some(proto) = proto_of(&port.protocol) else {
@@ -415,7 +516,7 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
             port.name.as_deref().unwrap_or(""),
             proto.name()
         ));
-        let all = endpoints(svc, port, slices, node);
+        let all = endpoints(svc, port, slices, node, stack);
         let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
         let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
         let node_port = port
@@ -429,20 +530,20 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
             let ec = format!("ep-{}", hash8(&format!("{id}/{}:{}", e.ip, e.port)));
             let mut rules = vec![Rule::new(vec![
                 Expr::Cmp {
-                    field: Field::IpSaddr,
+                    field: stack.saddr(),
                     neg: false,
-                    value: Value::Addr(IpAddr::V4(e.ip)),
+                    value: Value::Addr(e.ip),
                 },
                 Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
             ])];
             let mut dnat = Vec::new();
             if affinity {
                 let set = format!("aff-{}", &ec[3..]);
-                let mut s = Set::new(vec![KeyType::Ipv4Addr]);
+                let mut s = Set::new(vec![stack.addr_key()]);
                 s.timeout = Some(timeout);
                 t.sets.insert(set.clone(), s);
                 dnat.push(Expr::UpdateSet {
-                    keys: vec![Field::IpSaddr],
+                    keys: vec![stack.saddr()],
                     set,
                 });
             }
@@ -452,7 +553,7 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
                 value: Value::Proto(proto),
             });
             dnat.push(Expr::Dnat {
-                addr: IpAddr::V4(e.ip),
+                addr: e.ip,
                 port: Some(e.port),
             });
             rules.push(Rule::new(dnat));
@@ -477,17 +578,10 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
                     Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
                 );
         } else {
-            let mut rules = vec![Rule::new(vec![
-                Expr::Cmp {
-                    field: Field::IpSaddr,
-                    neg: true,
-                    value: cidr.clone(),
-                },
-                Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
-            ])];
+            let mut rules = vec![mark_external(stack)];
             let eps = named(&cluster_eps);
             let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-            rules.extend(pick_rules(&refs, affinity));
+            rules.extend(pick_rules(&refs, affinity, stack));
             t.chains
                 .insert(svc_chain.clone(), Chain { base: None, rules });
             t.sets
@@ -536,7 +630,7 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         }
         let eps = named(&ext_eps);
         let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-        rules.extend(pick_rules(&refs, affinity));
+        rules.extend(pick_rules(&refs, affinity, stack));
         t.chains
             .insert(ext_chain.clone(), Chain { base: None, rules });
         for ip in &external_ips {
@@ -548,9 +642,9 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
                     .map(|n| {
                         Rule::new(vec![
                             Expr::Cmp {
-                                field: Field::IpSaddr,
+                                field: stack.saddr(),
                                 neg: false,
-                                value: Value::Net(IpNet::V4(*n)),
+                                value: Value::Net(*n),
                             },
                             goto(&ext_chain),
                         ])
@@ -640,10 +734,14 @@ mod tests {
         )
     }
 
+    fn v4() -> Stack {
+        Stack::v4("10.244.0.0/16".parse().unwrap())
+    }
+
     fn plan_for(services: &[Service], slices: &[EndpointSlice]) -> Table {
         plan(&ProxyInput {
             node: "node1",
-            cluster_cidr: "10.244.0.0/16".parse().unwrap(),
+            stack: v4(),
             services,
             slices,
         })
@@ -926,22 +1024,14 @@ mod tests {
         ];
         let slices = [two_eps()];
         let full = plan_for(&services, &slices);
-        let mut merged = base_table();
+        let mut merged = base_table(&v4());
         for s in &services {
-            merge(
-                &mut merged,
-                &fragment(Some(s), &slices, "node1", "10.244.0.0/16".parse().unwrap()),
-            );
+            merge(&mut merged, &fragment(Some(s), &slices, "node1", &v4()));
         }
         assert_eq!(merged, full);
         // Removing a Service is the diff from its fragment to an empty one.
-        let f = fragment(
-            Some(&services[0]),
-            &slices,
-            "node1",
-            "10.244.0.0/16".parse().unwrap(),
-        );
-        let gone = fragment(None, &[], "node1", "10.244.0.0/16".parse().unwrap());
+        let f = fragment(Some(&services[0]), &slices, "node1", &v4());
+        let gone = fragment(None, &[], "node1", &v4());
         let d = diff(Some(&f), &gone);
         assert!(
             d.iter()
@@ -951,6 +1041,82 @@ mod tests {
         assert!(!d.iter().any(
             |c| matches!(c, podnet_nft::diff::Change::DelSet { name } if name == "service-ips")
         ));
+    }
+
+    #[test]
+    fn ipv6_and_dual_stack() {
+        let s = svc(
+            "web",
+            json!({"clusterIP": "10.96.0.50", "clusterIPs": ["10.96.0.50", "fd00:96::50"],
+                "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
+                "type": "NodePort", "externalIPs": ["2001:db8::7"],
+                "ports": [{"name": "http", "port": 80, "nodePort": 30090, "protocol": "TCP"}]}),
+        );
+        let v6_slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": "web-v6", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv6",
+            "endpoints": [{"addresses": ["fd00:244:0:1::5"], "nodeName": "node1",
+                "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}))
+        .unwrap();
+        let slices = [two_eps(), v6_slice];
+        let v6 = Stack::v6(Some("fd00:244::/48".parse().unwrap()));
+        let t6 = plan(&ProxyInput {
+            node: "node1",
+            stack: v6,
+            services: std::slice::from_ref(&s),
+            slices: &slices,
+        });
+        assert_eq!(t6.family, Family::Ip6);
+        let from_pod = Packet::new("fd00:244:0:2::9", "fd00:96::50", Proto::Tcp, 80);
+        let o = Tracer::new(&t6).incoming(&from_pod, &mut |_| 0);
+        assert_eq!(
+            o.dnat,
+            Some(("fd00:244:0:1::5".parse().unwrap(), Some(8080)))
+        );
+        assert!(!o.masquerade, "pod source kept over IPv6 too");
+        let o = Tracer::new(&t6).incoming(
+            &Packet::new("2001:db8:1::1", "2001:db8::7", Proto::Tcp, 80),
+            &mut |_| 0,
+        );
+        assert!(o.dnat.is_some() && o.masquerade, "IPv6 externalIP: {o:?}");
+        let o = Tracer::new(&t6).with_local(&["fd00:200::11"]).incoming(
+            &Packet::new("2001:db8:1::1", "fd00:200::11", Proto::Tcp, 30090),
+            &mut |_| 0,
+        );
+        assert!(o.dnat.is_some(), "NodePort on the node's IPv6 address");
+        // The IPv4 table carries only the IPv4 half, and vice versa.
+        let t4 = plan_for(std::slice::from_ref(&s), &slices);
+        let targets4 = targets(
+            &t4,
+            &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80),
+        );
+        assert_eq!(
+            targets4,
+            BTreeSet::from(["10.244.1.5:8080".to_string(), "10.244.2.5:8080".to_string()])
+        );
+        assert!(!t4.render().contains("fd00"), "{}", t4.render());
+        let r6 = t6.render();
+        assert!(!r6.contains("10.96.0.50"), "{r6}");
+        for want in [
+            "table ip6 podnet",
+            "type ipv6_addr . inet_proto . inet_service : verdict;",
+            "ip6 daddr . meta l4proto . th dport vmap @service-ips",
+            "ip6 saddr != fd00:244::/48 jump mark-for-masquerade",
+            "dnat ip6 to [fd00:244:0:1::5]:8080",
+        ] {
+            assert!(r6.contains(want), "missing {want:?} in\n{r6}");
+        }
+        // A family without a pod network treats every client as external.
+        let bare = plan(&ProxyInput {
+            node: "node1",
+            stack: Stack::v6(None),
+            services: std::slice::from_ref(&s),
+            slices: &slices,
+        });
+        let o = Tracer::new(&bare).incoming(&from_pod, &mut |_| 0);
+        assert!(o.dnat.is_some() && o.masquerade);
     }
 
     #[test]

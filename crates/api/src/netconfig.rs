@@ -32,6 +32,14 @@ pub struct NetworkConfig {
 pub struct NetworkSpec {
     #[serde(rename = "Network", default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// flannel's `IPv6Network`: the pods' IPv6 range. podnet's pod network is
+    /// IPv4; this tells the IPv6 service proxy which sources are pods.
+    #[serde(
+        rename = "IPv6Network",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ipv6_network: Option<String>,
     #[serde(rename = "SubnetLen", default, skip_serializing_if = "Option::is_none")]
     pub subnet_len: Option<u8>,
     #[serde(rename = "SubnetMin", default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +119,7 @@ pub struct Resolved {
     pub cluster_domain: String,
     pub dns_service_ip: std::net::IpAddr,
     pub network: Ipv4Net,
+    pub ipv6_network: Option<ipnet::Ipv6Net>,
     pub subnet_len: u8,
     pub subnet_min: Ipv4Net,
     pub subnet_max: Ipv4Net,
@@ -264,6 +273,18 @@ impl NetworkConfig {
                 format!("{dns_service_ip} is outside ServiceCIDR {service_cidr}"),
             ));
         }
+        let ipv6_network = match &s.ipv6_network {
+            None => None,
+            Some(t) => match t.parse::<IpNet>() {
+                Ok(IpNet::V6(n)) => Some(n.trunc()),
+                _ => {
+                    return Err((
+                        "spec.IPv6Network".into(),
+                        format!("{t:?} is not an IPv6 CIDR"),
+                    ))
+                }
+            },
+        };
         Ok(Resolved {
             service_cidr,
             node_port_range,
@@ -273,6 +294,7 @@ impl NetworkConfig {
                 .unwrap_or_else(|| DEFAULT_ZONE.to_string()),
             dns_service_ip,
             network,
+            ipv6_network,
             subnet_len,
             subnet_min,
             subnet_max,

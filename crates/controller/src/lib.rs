@@ -161,7 +161,7 @@ impl Controller {
         for kv in &kvs {
             self.apply_event(EventType::Put, kv, &mut dirty).await;
         }
-        self.release_orphans().await;
+        self.release_orphans(&kvs).await;
         self.metrics.inc(
             "podnet_controller_snapshots_total",
             "Full snapshots of the store.",
@@ -172,27 +172,32 @@ impl Controller {
     }
 
     /// Deletes reservations whose Service is gone or no longer holds them.
-    async fn release_orphans(&mut self) {
-        let (ips, _) = match self.objs.store.list(alloc::IP_PREFIX).await {
-            Ok(v) => v,
-            Err(_) => return,
-        };
-        let (ports, _) = match self.objs.store.list(alloc::PORT_PREFIX).await {
-            Ok(v) => v,
-            Err(_) => return,
-        };
+    ///
+    /// Judged on the snapshot itself (`kvs`, one revision): reservations
+    /// listed later could belong to a Service another allocator updated
+    /// after the snapshot, and deleting those would free a held address.
+    /// Each delete is guarded by the key's revision, so a reservation that
+    /// changed since the snapshot is left alone.
+    async fn release_orphans(&mut self, kvs: &[KeyValue]) {
         let held: HashSet<String> = self.state.services.values().flat_map(alloc::keys).collect();
-        for kv in ips.iter().chain(ports.iter()) {
-            if !held.contains(&kv.key) {
-                tracing::info!(key = %kv.key, "releasing orphaned reservation");
-                let _ = self
-                    .objs
-                    .store
-                    .txn(vec![Op::Delete {
-                        key: kv.key.clone(),
-                        rev: Some(kv.mod_rev),
-                    }])
-                    .await;
+        let orphans: Vec<&KeyValue> = kvs
+            .iter()
+            .filter(|kv| {
+                (kv.key.starts_with(alloc::IP_PREFIX) || kv.key.starts_with(alloc::PORT_PREFIX))
+                    && !held.contains(&kv.key)
+            })
+            .collect();
+        for kv in orphans {
+            tracing::info!(key = %kv.key, "releasing orphaned reservation");
+            let released = self
+                .objs
+                .store
+                .txn(vec![Op::Delete {
+                    key: kv.key.clone(),
+                    rev: Some(kv.mod_rev),
+                }])
+                .await;
+            if released.is_ok() {
                 self.forget_alloc(&kv.key);
             }
         }

@@ -16,19 +16,37 @@ use tokio::net::TcpListener;
 pub enum MetricType {
     Counter,
     Gauge,
+    Histogram,
+}
+
+/// Upper bounds (seconds) of histogram buckets: 50 µs to 10 s, fine enough
+/// to tell a millisecond sync or a sub-millisecond DNS answer from a slow one.
+pub const BUCKETS: [f64; 16] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
+];
+
+#[derive(Default, Clone)]
+struct Hist {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
 }
 
 struct Family {
     help: &'static str,
     typ: MetricType,
     values: BTreeMap<String, f64>,
+    hists: BTreeMap<String, Hist>,
 }
 
-/// A small metrics registry: families of counters and gauges with labels.
+/// A small metrics registry: families of counters, gauges and histograms
+/// with labels.
 #[derive(Default)]
 pub struct Metrics {
     families: Mutex<BTreeMap<&'static str, Family>>,
     ready: AtomicBool,
+    unhealthy: Mutex<Option<String>>,
 }
 
 impl Metrics {
@@ -49,8 +67,40 @@ impl Metrics {
             help,
             typ,
             values: BTreeMap::new(),
+            hists: BTreeMap::new(),
         });
         f(fam.values.entry(labels.to_string()).or_insert(0.0));
+    }
+
+    /// Records one observation (in seconds) in a histogram.
+    pub fn observe(&self, name: &'static str, help: &'static str, labels: &str, secs: f64) {
+        let mut fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let fam = fams.entry(name).or_insert_with(|| Family {
+            help,
+            typ: MetricType::Histogram,
+            values: BTreeMap::new(),
+            hists: BTreeMap::new(),
+        });
+        let h = fam.hists.entry(labels.to_string()).or_default();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            h.counts[i] += 1;
+        }
+        h.sum += secs;
+        h.count += 1;
+    }
+
+    /// Marks the daemon unhealthy (with the reason `/healthz` shows) or
+    /// healthy again (`None`).
+    pub fn set_unhealthy(&self, why: Option<String>) {
+        *self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// Why `/healthz` fails, if it does.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.unhealthy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Adds to a counter; `labels` is Prometheus label text like `kind="svc"`.
@@ -78,8 +128,28 @@ impl Metrics {
             let t = match f.typ {
                 MetricType::Counter => "counter",
                 MetricType::Gauge => "gauge",
+                MetricType::Histogram => "histogram",
             };
             out.push_str(&format!("# HELP {name} {}\n# TYPE {name} {t}\n", f.help));
+            for (labels, h) in &f.hists {
+                let sep = if labels.is_empty() { "" } else { "," };
+                let mut cum = 0;
+                for (b, c) in BUCKETS.iter().zip(h.counts.iter()) {
+                    cum += c;
+                    out.push_str(&format!("{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}\n"));
+                }
+                out.push_str(&format!(
+                    "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}\n",
+                    h.count
+                ));
+                let braces = if labels.is_empty() {
+                    String::new()
+                } else {
+                    format!("{{{labels}}}")
+                };
+                out.push_str(&format!("{name}_sum{braces} {}\n", h.sum));
+                out.push_str(&format!("{name}_count{braces} {}\n", h.count));
+            }
             for (labels, v) in &f.values {
                 if labels.is_empty() {
                     out.push_str(&format!("{name} {v}\n"));
@@ -116,7 +186,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (code, ctype, body) = match path {
                 "/metrics" => (200, "text/plain; version=0.0.4", m.render()),
-                "/healthz" | "/livez" => (200, "text/plain", "ok\n".to_string()),
+                "/healthz" | "/livez" => match m.unhealthy() {
+                    None => (200, "text/plain", "ok\n".to_string()),
+                    Some(why) => (503, "text/plain", format!("unhealthy: {why}\n")),
+                },
                 "/readyz" if m.is_ready() => (200, "text/plain", "ok\n".to_string()),
                 "/readyz" => (503, "text/plain", "not ready\n".to_string()),
                 _ => (404, "text/plain", "not found\n".to_string()),
@@ -178,5 +251,25 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("podnet_services{type=\"ClusterIP\"} 5"), "{t}");
+        m.observe("podnet_sync_seconds", "Sync time.", "mode=\"full\"", 0.003);
+        m.observe("podnet_sync_seconds", "Sync time.", "mode=\"full\"", 20.0);
+        let t = m.render();
+        assert!(t.contains("# TYPE podnet_sync_seconds histogram"), "{t}");
+        assert!(
+            t.contains("podnet_sync_seconds_bucket{mode=\"full\",le=\"0.0025\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_sync_seconds_bucket{mode=\"full\",le=\"0.005\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_sync_seconds_bucket{mode=\"full\",le=\"+Inf\"} 2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_sync_seconds_count{mode=\"full\"} 2\n"),
+            "{t}"
+        );
     }
 }
