@@ -316,6 +316,12 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             lab.remove_node(&node)?;
             println!("node {node} removed");
         }
+        LabCmd::StopAgent { node, cleanup } => {
+            for line in lab.stop_agent(&node, cleanup)? {
+                println!("{line}");
+            }
+            println!("agent on {node} stopped");
+        }
         LabCmd::RestartAgent { node } => {
             lab.restart_agent(&node)?;
             println!("agent on {node} restarted");

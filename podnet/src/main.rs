@@ -181,6 +181,13 @@ pub enum LabCmd {
     RemoveNode { node: String },
     /// Kill a node's agent (SIGKILL) and start it again.
     RestartAgent { node: String },
+    /// Stop a node's agent (its data plane stays); `--cleanup` then removes
+    /// everything it installed. `restart-agent` starts it again.
+    StopAgent {
+        node: String,
+        #[arg(long)]
+        cleanup: bool,
+    },
     /// Remove every namespace, link, file and process the lab made.
     Down,
     /// (internal) Forward ADDR connections from inside NETNS to this namespace.

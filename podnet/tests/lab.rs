@@ -484,3 +484,242 @@ fn lab_on_etcd() {
     let pods = podnet(&["--store", &etcd.url(), "get", "po", "-o", "name"]);
     assert!(String::from_utf8_lossy(&pods.stdout).contains("pod/b"));
 }
+
+impl Lab {
+    fn pod_labelled(&self, name: &str, node: &str, labels: &str) -> String {
+        self.ok(&[
+            "run",
+            &format!("default/{name}"),
+            "--node",
+            node,
+            "--labels",
+            labels,
+            "--ports",
+            "8080/tcp,8081/udp",
+        ]);
+        self.pod_ip(name)
+    }
+
+    fn pod_ip(&self, name: &str) -> String {
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(format!(
+                "/run/podnet-lab/{}/pods/default_{name}.json",
+                self.name
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        rec["ip"].as_str().unwrap().to_string()
+    }
+
+    fn store(&self) -> String {
+        format!("sqlite:///run/podnet-lab/{}/state.db", self.name)
+    }
+
+    fn apply(&self, manifest: &str) {
+        let mut p = Command::new(env!("CARGO_BIN_EXE_podnet"))
+            .args(["--store", &self.store(), "apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        p.stdin
+            .take()
+            .unwrap()
+            .write_all(manifest.as_bytes())
+            .unwrap();
+        assert!(p.wait().unwrap().success(), "apply failed:\n{manifest}");
+    }
+
+    /// A Service's spec once the controller has filled it in.
+    fn spec(&self, svc: &str, field: &str) -> serde_json::Value {
+        let mut v = serde_json::Value::Null;
+        self.eventually(&format!("{svc} spec.{field}"), || {
+            let o = podnet(&["--store", &self.store(), "get", "svc", svc, "-o", "json"]);
+            let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            v = s["spec"][field].clone();
+            !v.is_null()
+        });
+        v
+    }
+}
+
+/// One TCP request from a namespace with bash: `ask` sent, the answer back.
+fn ask_from(lab: &Lab, ns: &str, addr: &str, port: u16, ask: &str) -> (bool, String) {
+    lab.sh(
+        ns,
+        &format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{addr}/{port}; echo {ask} >&3; cat <&3'"),
+    )
+}
+
+/// Every Service type through real agents: externalIPs and LB IPs from
+/// outside the cluster, `externalTrafficPolicy: Local` with its health
+/// check and preserved client IP, affinity, hairpin, a connection that
+/// outlives agent restarts, a deleted table rebuilt, and `--cleanup`.
+#[test]
+fn service_types_from_outside_and_inside() {
+    let lab = Lab::up("st", "vxlan", 2);
+    lab.pod_labelled("w1", "node1", "app=web");
+    lab.pod_labelled("w2", "node2", "app=web");
+    lab.pod_labelled("c", "node2", "app=client");
+    let l1_ip = lab.pod_labelled("l1", "node1", "app=loc");
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: sticky}\n\
+         spec: {selector: {app: web}, sessionAffinity: ClientIP, ports: [{port: 80, targetPort: 8080}]}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: ext}\n\
+         spec: {selector: {app: web}, externalIPs: [203.0.113.10], ports: [{port: 80, targetPort: 8080}]}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: loc}\n\
+         spec:\n  selector: {app: loc}\n  type: LoadBalancer\n  externalTrafficPolicy: Local\n  \
+         ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30081}, {name: long, port: 9000, targetPort: 9000}]\n\
+         status: {loadBalancer: {ingress: [{ip: 203.0.113.20}]}}\n",
+    );
+    // A client outside the cluster: an address on the underlay bridge, with
+    // the external and LB IPs routed to node1.
+    let out = format!("pn-{}-net", lab.name);
+    let (ok, msg) = lab.sh(
+        &out,
+        "ip addr add 192.168.200.250/24 dev br0 && \
+         ip route add 203.0.113.10/32 via 192.168.200.11 && \
+         ip route add 203.0.113.20/32 via 192.168.200.11",
+    );
+    assert!(ok, "{msg}");
+    let (n1, n2) = ("192.168.200.11", "192.168.200.12");
+    let hc = lab.spec("loc", "healthCheckNodePort").as_u64().unwrap() as u16;
+    let loc_ip = lab.spec("loc", "clusterIP").as_str().unwrap().to_string();
+    let sticky_ip = lab
+        .spec("sticky", "clusterIP")
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // externalIP from outside reaches an endpoint (masqueraded: either node).
+    lab.eventually("externalIP from outside", || {
+        let (ok, o) = ask_from(&lab, &out, "203.0.113.10", 80, "hostname");
+        ok && o.trim().starts_with('w')
+    });
+    // LB IP with Local: the endpoint sees the real client address.
+    lab.eventually("LB IP from outside, client IP kept", || {
+        ask_from(&lab, &out, "203.0.113.20", 80, "clientip")
+            .1
+            .trim()
+            == "192.168.200.250"
+    });
+    // NodePort with Local: the node with the endpoint answers with the
+    // client address; the other node has none and does not forward.
+    assert_eq!(
+        ask_from(&lab, &out, n1, 30081, "clientip").1.trim(),
+        "192.168.200.250"
+    );
+    assert!(!ask_from(&lab, &out, n2, 30081, "hostname").0);
+    // The health-check node port tells a load balancer which node to use.
+    let health = |node: &str| {
+        lab.sh(
+            &out,
+            &format!(
+                "timeout 3 bash -c 'exec 3<>/dev/tcp/{node}/{hc}; printf \"GET /healthz HTTP/1.0\\r\\n\\r\\n\" >&3; cat <&3'"
+            ),
+        )
+        .1
+    };
+    lab.eventually("health check 200 on node1", || {
+        let h = health(n1);
+        h.starts_with("HTTP/1.1 200") && h.contains("\"localEndpoints\":1")
+    });
+    let h2 = health(n2);
+    assert!(
+        h2.starts_with("HTTP/1.1 503") && h2.contains("\"localEndpoints\":0"),
+        "{h2}"
+    );
+    // ClientIP affinity: one client always lands on the same endpoint.
+    lab.eventually("sticky reachable", || {
+        lab.run(&["probe", "default/c", &format!("{sticky_ip}:80")])
+            .status
+            .success()
+    });
+    let answers: std::collections::BTreeSet<String> = (0..8)
+        .map(|_| lab.ok(&["probe", "default/c", &format!("{sticky_ip}:80")]))
+        .collect();
+    assert_eq!(answers.len(), 1, "affinity broken: {answers:?}");
+    // Hairpin: a pod reaches itself through its own Service, masqueraded.
+    assert_eq!(
+        lab.ok(&["probe", "default/l1", &format!("{loc_ip}:80")]),
+        "l1"
+    );
+    assert_ne!(
+        lab.ok(&[
+            "probe",
+            "default/l1",
+            &format!("{loc_ip}:80"),
+            "--ask",
+            "clientip"
+        ]),
+        l1_ip,
+        "hairpin traffic must be masqueraded"
+    );
+
+    // A connection through the ClusterIP survives both agents restarting.
+    let l1 = Netns::named(&lab.pod_netns("l1")).unwrap();
+    let listener = l1
+        .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
+        .unwrap()
+        .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 64];
+        for _ in 0..2 {
+            let n = s.read(&mut buf).unwrap();
+            s.write_all(&buf[..n]).unwrap();
+        }
+    });
+    let c = Netns::named(&lab.pod_netns("c")).unwrap();
+    let mut conn = c
+        .run(|| std::net::TcpStream::connect((loc_ip.as_str(), 9000)))
+        .unwrap()
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    conn.write_all(b"before").unwrap();
+    let n = conn.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"before");
+    let map = |node: &str| {
+        lab.sh(
+            &lab.node_ns(node),
+            "nft list map ip podnet service-ips; nft list map ip podnet service-nodeports",
+        )
+        .1
+    };
+    let before = (map("node1"), map("node2"));
+    lab.ok(&["restart-agent", "node1"]);
+    lab.ok(&["restart-agent", "node2"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        before,
+        (map("node1"), map("node2")),
+        "restart changed the maps"
+    );
+    conn.write_all(b"after").unwrap();
+    let n = conn.read(&mut buf).unwrap();
+    assert_eq!(
+        &buf[..n],
+        b"after",
+        "connection broke across agent restarts"
+    );
+    server.join().unwrap();
+
+    // Someone deletes the table: the agent rebuilds it.
+    let ns1 = lab.node_ns("node1");
+    assert!(lab.sh(&ns1, "nft delete table ip podnet").0);
+    lab.eventually("table rebuilt", || {
+        lab.sh(&ns1, "nft list map ip podnet service-ips")
+            .1
+            .contains(&format!("{sticky_ip} . tcp . 80"))
+    });
+
+    // `--cleanup` (run by remove-node) leaves no proxy table behind.
+    let ns2 = lab.node_ns("node2");
+    let tables_before = lab.sh(&ns2, "nft list tables").1;
+    assert!(tables_before.contains("table ip podnet"), "{tables_before}");
+    let removed = lab.ok(&["stop-agent", "node2", "--cleanup"]);
+    assert!(removed.contains("ip podnet"), "{removed}");
+    let tables = lab.sh(&ns2, "nft list tables").1;
+    assert!(!tables.contains("podnet"), "{tables}");
+}

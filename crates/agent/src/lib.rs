@@ -16,6 +16,7 @@
 //! restart; `--cleanup` removes everything.
 
 pub mod files;
+pub mod healthcheck;
 pub mod kernel;
 pub mod lease;
 pub mod plan;
@@ -382,9 +383,23 @@ pub async fn run(
             proxy::Stack::v4(cfg.network),
             proxy::Stack::v6(cfg.ipv6_network),
         ];
+        let resync = opts.resync;
         AbortOnDrop(tokio::spawn(async move {
-            if let Err(e) = proxier::run(store, node, stacks, m, std::future::pending()).await {
-                tracing::error!("service proxy stopped: {e}");
+            // A store outage ends one run; the next starts with a full sync.
+            loop {
+                let run = proxier::run(
+                    store.clone(),
+                    node.clone(),
+                    stacks.clone(),
+                    resync,
+                    m.clone(),
+                    std::future::pending(),
+                );
+                if let Err(e) = run.await {
+                    tracing::error!("service proxy: {e}; restarting in 1s");
+                    m.set_unhealthy(Some(format!("service proxy: {e}")));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }))
     });

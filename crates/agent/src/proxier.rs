@@ -34,6 +34,7 @@ use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
+use crate::healthcheck;
 use crate::proxy::{base_table, fragment, merge, Stack, TABLE};
 use crate::AgentError;
 
@@ -120,6 +121,10 @@ pub struct Proxier {
     endpoints: usize,
     /// When a sync last succeeded (a zero-op sync counts).
     last_ok: Option<Instant>,
+    /// Services changed since [`Proxier::take_touched`] (for health checks).
+    touched: BTreeSet<String>,
+    /// The table's use count (chains + sets) after our last apply.
+    expect_use: Option<u32>,
 }
 
 /// Endpoint chains in a fragment.
@@ -141,6 +146,8 @@ impl Proxier {
             metrics,
             endpoints: 0,
             last_ok: None,
+            touched: BTreeSet::new(),
+            expect_use: None,
         })
     }
 
@@ -156,6 +163,7 @@ impl Proxier {
             return false;
         };
         self.dirty.insert(id.clone());
+        self.touched.insert(id.clone());
         match (typ, obj) {
             (EventType::Put, Object::Service(s)) => {
                 self.services.insert(id, *s);
@@ -168,6 +176,7 @@ impl Proxier {
                     if let Some(set) = self.by_service.get_mut(&old) {
                         set.remove(&kv.key);
                     }
+                    self.touched.insert(old.clone());
                     self.dirty.insert(old);
                 }
                 if typ == EventType::Put {
@@ -192,6 +201,62 @@ impl Proxier {
             .filter_map(|k| self.slices.get(k).map(|(_, s)| s.clone()))
             .collect();
         fragment(self.services.get(id), &slices, &self.node, &self.stack)
+    }
+
+    /// Checks that nobody deleted the table or its chains and sets since
+    /// our last apply; if someone did, forgets the applied state so the
+    /// next sync rebuilds the table. Costs one netlink round trip.
+    pub fn verify(&mut self) {
+        if self.applied.is_none() {
+            return;
+        }
+        let now = self
+            .conn
+            .as_mut()
+            .and_then(|c| c.table_use(self.stack.family, TABLE).ok());
+        if now.is_none() || now != self.expect_use.map(Some) {
+            tracing::warn!(
+                "table {} {TABLE} changed outside podnet (use {:?}, expected {:?}); rebuilding it",
+                self.stack.family.name(),
+                now.flatten(),
+                self.expect_use
+            );
+            self.applied = None;
+        }
+    }
+
+    fn record_use(&mut self) {
+        self.expect_use = self
+            .conn
+            .as_mut()
+            .and_then(|c| c.table_use(self.stack.family, TABLE).ok())
+            .flatten();
+    }
+
+    /// Services changed since the last call.
+    pub fn take_touched(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// What Service `id`'s health-check node port should report here.
+    pub fn health_target(&self, id: &str) -> Option<(u16, healthcheck::Target)> {
+        let svc = self.services.get(id)?;
+        let slices: Vec<&EndpointSlice> = self
+            .by_service
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.get(k).map(|(_, s)| s))
+            .collect();
+        healthcheck::target(svc, &slices, &self.node)
+    }
+
+    /// Every known Service's health-check target (after a relist).
+    pub fn health_targets(&self) -> BTreeMap<String, Option<(u16, healthcheck::Target)>> {
+        self.services
+            .keys()
+            .map(|id| (id.clone(), self.health_target(id)))
+            .collect()
     }
 
     /// Forgets what is applied: the next sync replaces the whole table.
@@ -250,6 +315,7 @@ impl Proxier {
             if full {
                 self.endpoints = frags.values().map(endpoint_count).sum();
                 self.applied = Some(frags);
+                self.record_use();
             }
             self.last_ok = Some(Instant::now());
             return Ok(0);
@@ -262,6 +328,7 @@ impl Proxier {
         match res {
             Ok(()) => {
                 flush_conntrack(&gone_udp);
+                self.record_use();
                 match &mut self.applied {
                     Some(a) => {
                         for (id, f) in frags {
@@ -360,6 +427,7 @@ pub async fn run(
     store: AnyStore,
     node: String,
     stacks: Vec<Stack>,
+    resync: Duration,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
@@ -369,6 +437,9 @@ pub async fn run(
         .map(|st| Proxier::new(node.clone(), st, metrics.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
+    // Health-check node ports follow the first family's view of Services
+    // (every proxier sees the same Services and slices).
+    let mut health = healthcheck::Server::new();
     // Syncs every proxier with pending work; reports health.
     let sync_all = |ps: &mut Vec<Proxier>| {
         for p in ps.iter_mut() {
@@ -399,12 +470,24 @@ pub async fn run(
             }
         }
         sync_all(&mut ps);
+        if let Some(p) = ps.first_mut() {
+            p.take_touched();
+            health.resync(p.health_targets());
+        }
         let mut w = store.watch("/registry/", rev + 1).await?;
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
         loop {
             let retry = ps.iter().any(|p| p.applied.is_none());
             let m = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 _ = tokio::time::sleep(Duration::from_secs(1)), if retry => None,
+                _ = check.tick() => {
+                    // Repair what someone else deleted.
+                    for p in ps.iter_mut() {
+                        p.verify();
+                    }
+                    None
+                }
                 m = w.next() => Some(m),
             };
             let mut relist = false;
@@ -432,6 +515,11 @@ pub async fn run(
             }
             if retry || ps.iter().any(|p| !p.dirty.is_empty()) {
                 sync_all(&mut ps);
+            }
+            if let Some(p) = ps.first_mut() {
+                for id in p.take_touched() {
+                    health.update(&id, p.health_target(&id));
+                }
             }
         }
     }

@@ -537,6 +537,13 @@ impl Controller {
                         p.node_port = Some(port as i32);
                     }
                 }
+                if alloc::needs_health_check_port(spec) {
+                    let port = alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 28)
+                        .ok_or_else(|| {
+                            StoreError::Backend("node port range is exhausted".into())
+                        })?;
+                    spec.health_check_node_port = Some(port as i32);
+                }
             }
             let ops = alloc::transition(Some(&svc), Some(&new));
             match self.objs.update(Object::Service(Box::new(new)), ops).await {

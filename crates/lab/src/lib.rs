@@ -466,6 +466,7 @@ impl Lab {
     /// Removes a node: stops its agent, runs `agent --cleanup` (which gives
     /// its subnet back), and deletes its namespace.
     pub fn remove_node(&self, node: &str) -> Result<(), LabError> {
+        self.stop_agent(node, true)?;
         let mut st = self.state()?;
         let n = st
             .nodes
@@ -473,7 +474,33 @@ impl Lab {
             .find(|n| n.name == node)
             .cloned()
             .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))?;
+        self.kill_role(&format!("forward-{node}"));
+        Netns::delete_named(&n.netns)?;
+        if let Ok(u) = Netns::named(&st.underlay_ns) {
+            if let Ok(mut h) = Handle::in_netns(&u) {
+                let _ = h.delete_link_by_name(&format!("to-{node}"));
+            }
+        }
+        st.nodes.retain(|x| x.name != node);
+        self.save(&st)
+    }
+
+    /// Stops a node's agent (SIGTERM: the data plane stays) and, with
+    /// `cleanup`, runs `agent --cleanup` there, which removes everything
+    /// the agent installed and gives the node's subnet back. The node's
+    /// namespace stays, so what is left can be inspected.
+    pub fn stop_agent(&self, node: &str, cleanup: bool) -> Result<Vec<String>, LabError> {
+        let st = self.state()?;
+        let n = st
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .cloned()
+            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))?;
         self.kill_role(&format!("agent-{node}"));
+        if !cleanup {
+            return Ok(vec![]);
+        }
         let mut args = self.agent_args(&st, &n);
         args.push("--cleanup".into());
         let out = Netns::named(&n.netns)?
@@ -485,15 +512,10 @@ impl Lab {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
-        self.kill_role(&format!("forward-{node}"));
-        Netns::delete_named(&n.netns)?;
-        if let Ok(u) = Netns::named(&st.underlay_ns) {
-            if let Ok(mut h) = Handle::in_netns(&u) {
-                let _ = h.delete_link_by_name(&format!("to-{node}"));
-            }
-        }
-        st.nodes.retain(|x| x.name != node);
-        self.save(&st)
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect())
     }
 
     /// Kills a node's agent hard (SIGKILL) and starts it again.

@@ -24,6 +24,7 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 
 const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_DELCHAIN: u16 = 5;
@@ -606,6 +607,33 @@ impl Conn {
                 .cloned()
                 .unwrap_or_else(|| "nf_tables batch".into())
         })
+    }
+
+    /// The table's use count (its chains, sets and objects), or None when
+    /// it does not exist: a cheap way to notice that someone else deleted
+    /// the table or part of it, without reading its contents.
+    pub fn table_use(&mut self, family: Family, name: &str) -> Result<Option<u32>, KernelError> {
+        const NFTA_TABLE_USE: u16 = 3;
+        let t = Table::new(family, name);
+        let mut m = msg(&t, NFT_MSG_GETTABLE, 0);
+        m.str(1, name);
+        let replies = match self
+            .sock
+            .request(m, &|| format!("reading table {} {name}", family.name()))
+        {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for r in replies {
+            let attrs = r.body.get(4..).unwrap_or_default();
+            for (ty, v) in podnet_kernel::nl::Attrs::new(attrs) {
+                if ty == NFTA_TABLE_USE && v.len() >= 4 {
+                    return Ok(Some(u32::from_be_bytes([v[0], v[1], v[2], v[3]])));
+                }
+            }
+        }
+        Ok(Some(0))
     }
 
     /// Deletes a whole table (missing is fine).

@@ -269,9 +269,30 @@ fn every_expression_reads_back_as_written() {
     .unwrap()
     .unwrap();
     assert!(list(&name).contains("10.96.0.1 . tcp . 443"));
+    // The use count follows chains others add or delete.
+    let use_of = || {
+        ns.run(|| Conn::open().unwrap().table_use(Family::Ip, "pntest"))
+            .unwrap()
+            .unwrap()
+    };
+    let full = use_of().expect("table exists");
+    assert_eq!(full as usize, t.chains.len() + t.sets.len());
+    let sh = |cmd: &str| {
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "exec", &name, "nft", cmd])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "nft {cmd}");
+    };
+    sh("add chain ip pntest stray");
+    assert_eq!(use_of(), Some(full + 1));
+    sh("delete chain ip pntest stray");
+    assert_eq!(use_of(), Some(full));
     assert!(ns
         .run(|| Conn::open().unwrap().delete_table(Family::Ip, "pntest"))
         .unwrap()
         .unwrap());
     assert!(!list(&name).contains("pntest"));
+    assert_eq!(use_of(), None);
 }

@@ -164,7 +164,16 @@ pub fn needs_allocation(svc: &Service) -> bool {
         .unwrap_or(true);
     let no_ports = matches!(ty, "NodePort" | "LoadBalancer")
         && spec.ports.iter().flatten().any(|p| p.node_port.is_none());
-    no_ip || no_ports
+    no_ip || no_ports || needs_health_check_port(spec)
+}
+
+/// A LoadBalancer Service with `externalTrafficPolicy: Local` gets a
+/// health-check node port, as the API server allocates one: cloud load
+/// balancers probe it to learn which nodes have local endpoints.
+pub fn needs_health_check_port(spec: &podnet_api::k8s_openapi::api::core::v1::ServiceSpec) -> bool {
+    spec.type_.as_deref() == Some("LoadBalancer")
+        && spec.external_traffic_policy.as_deref() == Some("Local")
+        && spec.health_check_node_port.is_none()
 }
 
 /// Helper for callers holding an [`Object`].
