@@ -6,8 +6,12 @@
 //!   load and a one-element change) and as kube-proxy-style iptables via
 //!   `iptables-legacy-restore` (full load).
 //!
+//! - the new-connection rate from a pod through a ClusterIP, with 10k
+//!   Services programmed, against the rate to the pod IP directly.
+//!
 //! Targets (issue 5): one-Service change <= 5 ms at 10k and 50k; full sync
-//! of 10k <= 0.5 s; memory at 50k <= 150 MB.
+//! of 10k <= 0.5 s; memory at 50k <= 150 MB; connection rate through the
+//! ClusterIP >= 0.9x direct.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -32,6 +36,12 @@ struct Args {
     nft_max: usize,
     #[arg(long, default_value_t = 20)]
     repeats: usize,
+    /// Services programmed for the connection-rate run (0 skips it).
+    #[arg(long, default_value_t = 10000)]
+    conn_services: usize,
+    /// Seconds per connection-rate sample (3 samples per path).
+    #[arg(long, default_value_t = 2.0)]
+    conn_seconds: f64,
 }
 
 fn svc(i: usize) -> Service {
@@ -231,6 +241,171 @@ fn kube_proxy_iptables(n: usize) -> Result<f64> {
     run_in(&name, &["iptables-legacy-restore"], &s)
 }
 
+fn sh(ns: &str, cmd: &str) -> Result<()> {
+    let o = Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c", cmd])
+        .output()?;
+    if !o.status.success() {
+        bail!("{ns}: {cmd}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}
+
+fn reset_on_close(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own, with a correctly sized value.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// New TCP connections per second from `client` to `addr` for `secs`, with
+/// two client threads; each connection completes the handshake and is
+/// reset at once (SO_LINGER 0) so ports and TIME_WAIT never run out.
+fn conn_rate(client: &str, addr: std::net::SocketAddr, secs: f64) -> Result<f64> {
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let client = client.to_string();
+            std::thread::spawn(move || -> Result<u64> {
+                let ns = Netns::named(&client)?;
+                ns.run(|| {
+                    let (mut n, mut failed) = (0u64, 0u64);
+                    while Instant::now() < deadline {
+                        // A lost SYN costs its retransmission time, as it
+                        // would for a real client; only persistent
+                        // failure ends the run.
+                        match std::net::TcpStream::connect_timeout(
+                            &addr,
+                            std::time::Duration::from_secs(3),
+                        ) {
+                            Ok(s) => {
+                                reset_on_close(&s);
+                                drop(s);
+                                n += 1;
+                            }
+                            Err(e) => {
+                                failed += 1;
+                                if failed > 10 + n / 100 {
+                                    bail!("connecting to {addr}: {e} ({failed} failures, {n} ok)");
+                                }
+                            }
+                        }
+                    }
+                    Ok(n)
+                })?
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut total = 0;
+    for t in threads {
+        total += t.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+    }
+    Ok(total as f64 / t0.elapsed().as_secs_f64().max(secs))
+}
+
+/// A client pod, a node running the proxy with `n` Services, a server pod:
+/// connections/s (direct with no rules, direct with only conntrack on,
+/// direct with the rules, via ClusterIP).
+fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
+    let id = std::process::id();
+    let (cli, node, srv) = (
+        format!("pn-pbc-{id}-cli"),
+        format!("pn-pbc-{id}-node"),
+        format!("pn-pbc-{id}-srv"),
+    );
+    let mut guards = Vec::new();
+    for ns in [&cli, &node, &srv] {
+        Netns::create_named(ns)?;
+        guards.push(Ns(ns.clone()));
+    }
+    sh(&node, &format!(
+        "ip link add c0 type veth peer name eth0 netns {cli} && ip link add s0 type veth peer name eth0 netns {srv} && \
+         ip addr add 10.244.200.1/24 dev c0 && ip addr add 10.244.201.1/24 dev s0 && \
+         ip link set c0 up && ip link set s0 up && ip link set lo up && sysctl -qw net.ipv4.ip_forward=1"
+    ))?;
+    for (ns, a) in [(&cli, "10.244.200"), (&srv, "10.244.201")] {
+        sh(ns, &format!(
+            "ip addr add {a}.2/24 dev eth0 && ip link set eth0 up && ip link set lo up && ip route add default via {a}.1"
+        ))?;
+    }
+    // The server: accept and let go, on two threads.
+    let listener = Netns::named(&srv)?.run(|| std::net::TcpListener::bind("0.0.0.0:8080"))??;
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: listen(2) again on our socket only raises its backlog.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+    }
+    for _ in 0..2 {
+        let l = listener.try_clone()?;
+        std::thread::spawn(move || {
+            while let Ok((s, _)) = l.accept() {
+                drop(s);
+            }
+        });
+    }
+    let direct: std::net::SocketAddr = "10.244.201.2:8080".parse()?;
+    let vip: std::net::SocketAddr = "10.96.250.1:80".parse()?;
+    let (mut bare, mut ct_only) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        bare.push(conn_rate(&cli, direct, secs)?);
+        // An empty nat chain: what connection tracking alone costs.
+        sh(&node, "nft 'add table ip ctonly; add chain ip ctonly pre { type nat hook prerouting priority -100; }'")?;
+        ct_only.push(conn_rate(&cli, direct, secs)?);
+        sh(&node, "nft delete table ip ctonly")?;
+    }
+    // The proxy's table: n Services plus the one in front of the server.
+    Netns::named(&node)?.run(|| -> Result<()> {
+        let mut p = Proxier::new(
+            "n1".into(),
+            podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            podnet_daemon::Metrics::new(),
+        )?;
+        for i in 0..n {
+            p.observe(EventType::Put, &kv(Object::Service(Box::new(svc(i))), 1));
+            p.observe(EventType::Put, &kv(Object::EndpointSlice(Box::new(slice(i, 0))), 1));
+        }
+        let target: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "target", "namespace": "bench"},
+            "spec": {"clusterIP": "10.96.250.1", "selector": {"app": "t"},
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}))?;
+        let eps: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "target-x", "namespace": "bench",
+                "labels": {"kubernetes.io/service-name": "target"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.201.2"], "conditions": {"ready": true}, "nodeName": "n1"}],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}))?;
+        p.observe(EventType::Put, &kv(Object::Service(Box::new(target)), 1));
+        p.observe(EventType::Put, &kv(Object::EndpointSlice(Box::new(eps)), 1));
+        p.sync()?;
+        Ok(())
+    })??;
+    // Alternate the two paths so noise falls on both.
+    let (mut with_rules, mut via) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        with_rules.push(conn_rate(&cli, direct, secs)?);
+        via.push(conn_rate(&cli, vip, secs)?);
+    }
+    drop(listener);
+    Ok((
+        median(bare),
+        median(ct_only),
+        median(with_rules),
+        median(via),
+    ))
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     let sizes: Vec<usize> = a
@@ -265,5 +440,19 @@ fn main() -> Result<()> {
         "podnet peak RSS: {:.0} MB (target <= 150 MB at 50k)",
         peak_rss_mb()
     );
+    if a.conn_services > 0 {
+        let (bare, ct, direct, via) = connection_rate(a.conn_services, a.conn_seconds)?;
+        println!(
+            "new connections/s with {} Services (median of 3): direct, no rules {bare:.0}; \
+             direct, conntrack only {ct:.0}; direct, rules loaded {direct:.0}; via ClusterIP {via:.0}",
+            a.conn_services
+        );
+        println!("ClusterIP / direct (conntrack only) = {:.2}x", via / ct);
+        println!(
+            "ClusterIP / direct (rules loaded) = {:.2}x, ClusterIP / direct (no rules) = {:.2}x (target >= 0.9x)",
+            via / direct,
+            via / bare
+        );
+    }
     Ok(())
 }

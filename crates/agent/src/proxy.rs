@@ -366,9 +366,12 @@ pub fn base_table(stack: &Stack) -> Table {
         ("filter-output", Hook::Output),
     ] {
         let mut c = base(ChainType::Filter, hook, -110);
-        c.rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
-            "endpoints-check".into(),
-        ))]));
+        // Only a connection's first packet can be for a Service without
+        // endpoints; later packets skip the lookups.
+        c.rules.push(Rule::new(vec![
+            Expr::CtStateNew,
+            Expr::Verdict(Verdict::Jump("endpoints-check".into())),
+        ]));
         t.chains.insert(name.into(), c);
     }
 

@@ -211,6 +211,9 @@ pub enum Expr {
     FibDaddrLocal,
     /// `ct status dnat`
     CtDnat,
+    /// `ct state new`: the first packet of a connection. Checks that only
+    /// matter when a connection starts stay off every later packet.
+    CtStateNew,
     /// `meta mark & mask != 0`
     MarkSet {
         mask: u32,
@@ -334,6 +337,7 @@ impl Expr {
             Expr::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
             Expr::FibDaddrLocal => "fib daddr type local".into(),
             Expr::CtDnat => "ct status dnat".into(),
+            Expr::CtStateNew => "ct state new".into(),
             Expr::MarkSet { mask } => format!("meta mark & 0x{mask:08x} != 0"),
             Expr::SetMark { bits } => format!("meta mark set meta mark | 0x{bits:08x}"),
             Expr::UpdateSet { keys, set } => format!("update @{set} {{ {} }}", keys_text(keys)),

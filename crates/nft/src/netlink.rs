@@ -289,6 +289,13 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
             x.bitwise(NFT_REG_1, &0x20u32.to_ne_bytes(), &[0; 4]); // IPS_DST_NAT
             x.cmp(NFT_REG_1, true, &[0; 4]);
         }
+        Expr::CtStateNew => {
+            x.expr("ct", |m| {
+                m.u32_be(2, 0).u32_be(1, NFT_REG_1); // NFT_CT_STATE
+            });
+            x.bitwise(NFT_REG_1, &8u32.to_ne_bytes(), &[0; 4]); // NF_CT_STATE_BIT(IP_CT_NEW)
+            x.cmp(NFT_REG_1, true, &[0; 4]);
+        }
         Expr::MarkSet { mask } => {
             x.meta(3, NFT_REG_1);
             x.bitwise(NFT_REG_1, &mask.to_ne_bytes(), &[0; 4]);

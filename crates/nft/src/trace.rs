@@ -213,6 +213,8 @@ impl<'a> Tracer<'a> {
                             continue 'rules;
                         }
                     }
+                    // The tracer follows the first packet of a flow.
+                    Expr::CtStateNew => {}
                     Expr::MarkSet { mask } => {
                         if run.pkt.mark & mask == 0 {
                             continue 'rules;

@@ -89,6 +89,7 @@ fn every_expression() -> Table {
                     Expr::Masquerade { fully_random: true },
                 ]),
                 Rule::new(vec![Expr::CtDnat, Expr::Counter]),
+                Rule::new(vec![Expr::CtStateNew, Expr::Counter]),
             ],
         },
     );
@@ -195,6 +196,7 @@ fn every_expression_reads_back_as_written() {
         "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports",
         "meta mark & 0x00004000 != 0x00000000 masquerade fully-random",
         "ct status dnat",
+        "ct state new counter",
         "meta mark set meta mark | 0x00004000",
         "ip saddr != 10.244.0.0/16 jump mark",
         "ip saddr @aff-a goto ep-a",
