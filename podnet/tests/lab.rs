@@ -713,6 +713,13 @@ fn service_types_from_outside_and_inside() {
             .1
             .contains(&format!("{sticky_ip} . tcp . 80"))
     });
+    // So is the pod masquerade table.
+    assert!(lab.sh(&ns1, "nft delete table ip podnet-masq").0);
+    lab.eventually("masquerade table rebuilt", || {
+        lab.sh(&ns1, "nft list table ip podnet-masq")
+            .1
+            .contains("masquerade")
+    });
 
     // `--cleanup` (run by remove-node) leaves no proxy table behind.
     let ns2 = lab.node_ns("node2");

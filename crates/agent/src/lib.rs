@@ -84,6 +84,21 @@ pub fn masq_rules(network: Ipv4Net, subnet: Ipv4Net) -> String {
     )
 }
 
+/// Puts the masquerade table back if someone deleted it or its chain (one
+/// netlink round trip when all is well).
+fn repair_masq(network: Ipv4Net, subnet: Ipv4Net) {
+    let present = podnet_nft::netlink::Conn::open()
+        .and_then(|mut c| c.table_use(podnet_nft::model::Family::Ip, MASQ_TABLE))
+        .map(|u| u == Some(1));
+    if let Ok(false) = present {
+        tracing::warn!("table ip {MASQ_TABLE} was removed; restoring it");
+        if let Err(e) = podnet_nft::apply("restoring pod masquerade", &masq_rules(network, subnet))
+        {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
 async fn load_config(objs: &Objects) -> Result<Resolved, AgentError> {
     let cfg = match objs
         .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
@@ -449,6 +464,7 @@ pub async fn run(
                         if let Err(e) = rt.sync() {
                             tracing::warn!("resync: {e}");
                         }
+                        repair_masq(cfg.network, rt.mine.subnet);
                     }
                 }
                 m = w.next() => {
