@@ -10,6 +10,7 @@ PKGS=(
   podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
   protobuf-compiler libprotobuf-dev etcd-server  # etcd-client build (protoc + well-known protos), etcd tests
   dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
+  dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
 )
 
 missing=()

@@ -5,6 +5,7 @@
 //! one function per command.
 
 mod cmd;
+mod dns;
 mod kubectl;
 
 use clap::{Parser, Subcommand};
@@ -133,6 +134,8 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         resync: u64,
     },
+    /// Cluster DNS: Services and endpoints from the store, other names forwarded.
+    Dns(dns::DnsArgs),
 }
 
 #[derive(Subcommand)]
@@ -250,7 +253,10 @@ fn main() {
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();
-    let daemon = matches!(cli.command, Cmd::Controller { .. } | Cmd::Agent { .. });
+    let daemon = matches!(
+        cli.command,
+        Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_)
+    );
     init_logs(if daemon { "info" } else { "warn" });
     let res = match cli.command {
         Cmd::Cni {
@@ -332,6 +338,7 @@ fn main() {
             metrics_addr,
             resync,
         } => block_on(cmd::controller(&cli.store, &metrics_addr, resync)),
+        Cmd::Dns(args) => block_on(dns::run(&cli.store, args)),
     };
     if let Err(e) = res {
         eprintln!("podnet: {e:#}");

@@ -89,6 +89,35 @@ impl Metrics {
         h.count += 1;
     }
 
+    /// Adds pre-aggregated observations to a histogram: `counts[i]` values
+    /// fell in bucket `i` (`counts[BUCKETS.len()]`, if given, above the last),
+    /// summing to `sum` seconds. For hot paths that count locally (DNS) and
+    /// cannot take a lock per observation.
+    pub fn observe_buckets(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &str,
+        counts: &[u64],
+        sum: f64,
+    ) {
+        let mut fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let fam = fams.entry(name).or_insert_with(|| Family {
+            help,
+            typ: MetricType::Histogram,
+            values: BTreeMap::new(),
+            hists: BTreeMap::new(),
+        });
+        let h = fam.hists.entry(labels.to_string()).or_default();
+        for (i, c) in counts.iter().enumerate() {
+            if let Some(slot) = h.counts.get_mut(i) {
+                *slot += c;
+            }
+            h.count += c;
+        }
+        h.sum += sum;
+    }
+
     /// Marks the daemon unhealthy (with the reason `/healthz` shows) or
     /// healthy again (`None`).
     pub fn set_unhealthy(&self, why: Option<String>) {

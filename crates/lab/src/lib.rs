@@ -21,9 +21,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use podnet_api::k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Namespace, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+    Container, ContainerPort, Namespace, Pod, PodCondition, PodIP, PodSpec, PodStatus, Service,
+    ServicePort, ServiceSpec,
 };
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use podnet_api::netconfig::{self, NetworkConfig, NetworkSpec};
 use podnet_api::{Kind, Object};
 use podnet_cni::runtime::{Attach, Runtime};
@@ -32,6 +34,10 @@ use podnet_store::{Objects, StoreError};
 use serde::{Deserialize, Serialize};
 
 pub const RUN_DIR: &str = "/run/podnet-lab";
+/// Where the lab's cluster DNS lives, as in kubeadm clusters.
+pub const DNS_NAMESPACE: &str = "kube-system";
+pub const DNS_POD: &str = "podnet-dns";
+pub const DNS_SERVICE: &str = "kube-dns";
 const UNDERLAY_PREFIX: [u8; 3] = [192, 168, 200];
 
 #[derive(Debug, thiserror::Error)]
@@ -222,39 +228,7 @@ impl Lab {
 
     fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
         // An etcd on this machine's loopback is reached through a forwarder.
-        let eps = forward::etcd_endpoints(&st.store);
-        if !eps.is_empty()
-            && !self
-                .dir
-                .join("pids")
-                .join(format!("forward-{}", node.name))
-                .exists()
-        {
-            let mut args = vec![
-                "lab".to_string(),
-                "--name".into(),
-                self.name.clone(),
-                "forward".into(),
-                node.netns.clone(),
-            ];
-            args.extend(eps.iter().cloned());
-            self.spawn(&format!("forward-{}", node.name), None, &args, &[])?;
-            // Ready when the listener answers inside the node.
-            let ns = Netns::named(&node.netns)?;
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while ns
-                .run(|| std::net::TcpStream::connect(eps[0].as_str()))?
-                .is_err()
-            {
-                if Instant::now() > deadline {
-                    return Err(msg(format!(
-                        "store forwarder for {} did not start",
-                        node.name
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
+        self.ensure_forwarder(st, &format!("forward-{}", node.name), &node.netns)?;
         self.spawn(
             &format!("agent-{}", node.name),
             Some(&node.netns),
@@ -443,7 +417,141 @@ impl Lab {
         for n in &st.nodes {
             self.wait_node_ready(&st, n, deadline)?;
         }
+        self.start_dns(&st).await?;
         Ok(st)
+    }
+
+    /// Starts an etcd forwarder into `netns` when the store is an etcd on
+    /// this machine's loopback (recorded as role `role`).
+    fn ensure_forwarder(&self, st: &LabState, role: &str, netns: &str) -> Result<(), LabError> {
+        let eps = forward::etcd_endpoints(&st.store);
+        if eps.is_empty() || self.dir.join("pids").join(role).exists() {
+            return Ok(());
+        }
+        let mut args = vec![
+            "lab".to_string(),
+            "--name".into(),
+            self.name.clone(),
+            "forward".into(),
+            netns.to_string(),
+        ];
+        args.extend(eps.iter().cloned());
+        self.spawn(role, None, &args, &[])?;
+        // Ready when the listener answers inside the namespace.
+        let ns = Netns::named(netns)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ns
+            .run(|| std::net::TcpStream::connect(eps[0].as_str()))?
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                return Err(msg(format!("store forwarder into {netns} did not start")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Cluster DNS the way clusters run CoreDNS: a `podnet dns` process in
+    /// a pod (`kube-system/podnet-dns`, labelled `k8s-app=kube-dns`) on the
+    /// first node, and the Service `kube-system/kube-dns` at the DNS service
+    /// IP selecting it, so pods reach it through the agents' service proxy.
+    async fn start_dns(&self, st: &LabState) -> Result<(), LabError> {
+        let Some(node) = st.nodes.first() else {
+            return Ok(());
+        };
+        let labels = BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())]);
+        let pod = self
+            .run_pod(
+                DNS_NAMESPACE,
+                DNS_POD,
+                Some(&node.name),
+                labels.clone(),
+                &[],
+            )
+            .await?;
+        self.ensure_forwarder(st, "forward-dns", &pod.netns)?;
+        // Upstreams: the machine's nameservers, minus loopback ones (a
+        // pod's loopback is its own).
+        let upstreams: Vec<String> = std::fs::read_to_string("/etc/resolv.conf")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix("nameserver"))
+            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+            .filter(|ip| !ip.is_loopback())
+            .map(|ip| ip.to_string())
+            .collect();
+        self.spawn(
+            "dns",
+            Some(&pod.netns),
+            &[
+                "--store".into(),
+                st.store.clone(),
+                "dns".into(),
+                "--listen".into(),
+                "0.0.0.0:53".into(),
+                "--metrics-addr".into(),
+                "127.0.0.1:9153".into(),
+                format!("--upstream={}", upstreams.join(",")),
+                "--upstream-timeout-ms".into(),
+                "1000".into(),
+            ],
+            &[],
+        )?;
+        let objs = self.objects(st).await?;
+        let (dns_ip, zone) = match objs
+            .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+            .await?
+        {
+            Some(Object::NetworkConfig(c)) => c
+                .resolve()
+                .map(|r| (r.dns_service_ip, r.cluster_domain))
+                .map_err(|(f, m)| msg(format!("NetworkConfig {f}: {m}")))?,
+            _ => (
+                netconfig::DEFAULT_DNS_IP.parse().expect("default IP"),
+                netconfig::DEFAULT_ZONE.to_string(),
+            ),
+        };
+        let svc = dns_service(dns_ip, labels);
+        if objs
+            .get(Kind::Service, Some(DNS_NAMESPACE), DNS_SERVICE)
+            .await?
+            .is_none()
+        {
+            let ops = podnet_store::alloc::transition(None, Some(&svc));
+            objs.create(Object::Service(Box::new(svc)), ops).await?;
+        }
+        // Ready when it answers on the pod IP, then through the Service.
+        let probe = format!("dns-version.{zone}");
+        let node_ns = Netns::named(&node.netns)?;
+        let pod_ip: IpAddr = pod
+            .ip
+            .parse()
+            .map_err(|_| msg(format!("DNS pod has no IP ({:?})", pod.ip)))?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !node_ns.run(|| dns_answers(SocketAddr::new(pod_ip, 53), &probe))? {
+            if Instant::now() > deadline {
+                return Err(msg(format!(
+                    "cluster DNS did not answer on {pod_ip}; see {}",
+                    self.dir.join("logs").join("dns.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Through the Service from a pod (the DNS pod itself, hairpinned:
+        // a node namespace has no route to the service CIDR).
+        let pod_ns = Netns::named(&pod.netns)?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !pod_ns.run(|| dns_answers(SocketAddr::new(dns_ip, 53), &probe))? {
+            if Instant::now() > deadline {
+                tracing::warn!(
+                    "cluster DNS answers on {pod_ip} but not yet through the Service {dns_ip}"
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// Adds a node to a running lab.
@@ -763,12 +871,9 @@ impl Lab {
         let ns_handle = Netns::named(&p.netns)?;
         let ip: IpAddr = match host.trim_matches(['[', ']']).parse() {
             Ok(ip) => ip,
-            Err(_) => ns_handle
-                .run(|| std::net::ToSocketAddrs::to_socket_addrs(&(host, port)))?
-                .map_err(|e| io(format!("resolving {host}"), e))?
-                .next()
-                .ok_or_else(|| msg(format!("{host}: no address")))?
-                .ip(),
+            // A name: the pod's own resolver (its resolv.conf, which
+            // `ip netns exec` bind-mounts: cluster DNS, search path, ndots).
+            Err(_) => resolve_in_pod(&p.netns, host)?,
         };
         let addr = SocketAddr::new(ip, port);
         ns_handle
@@ -855,6 +960,57 @@ impl Lab {
         }
         Ok(done)
     }
+}
+
+/// Resolves `host` as a process in the pod would (glibc through the pod's
+/// resolv.conf), via `ip netns exec NETNS getent ahosts HOST`.
+fn resolve_in_pod(netns: &str, host: &str) -> Result<IpAddr, LabError> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, "getent", "ahosts", host])
+        .output()
+        .map_err(|e| io(format!("resolving {host} in {netns}"), e))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| msg(format!("{host}: no address from the pod's resolver")))
+}
+
+/// The `kube-dns` Service: the DNS service IP, port 53 over UDP and TCP.
+fn dns_service(ip: IpAddr, selector: BTreeMap<String, String>) -> Service {
+    let port = |name: &str, proto: &str| ServicePort {
+        name: Some(name.into()),
+        port: 53,
+        protocol: Some(proto.into()),
+        target_port: Some(IntOrString::Int(53)),
+        ..Default::default()
+    };
+    Service {
+        metadata: ObjectMeta {
+            name: Some(DNS_SERVICE.into()),
+            namespace: Some(DNS_NAMESPACE.into()),
+            labels: Some(selector.clone()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some(ip.to_string()),
+            cluster_ips: Some(vec![ip.to_string()]),
+            selector: Some(selector),
+            ports: Some(vec![port("dns", "UDP"), port("dns-tcp", "TCP")]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Whether a DNS server at `addr` answers `name` TXT with NOERROR.
+fn dns_answers(addr: SocketAddr, name: &str) -> bool {
+    let c = podnet_dns::client::Client {
+        timeout: Duration::from_millis(300),
+        ..podnet_dns::client::Client::new(addr)
+    };
+    c.udp(name, podnet_dns::wire::TYPE_TXT)
+        .map(|m| m.rcode() == podnet_dns::wire::NOERROR)
+        .unwrap_or(false)
 }
 
 async fn upsert(objs: &Objects, o: Object) -> Result<(), LabError> {

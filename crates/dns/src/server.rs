@@ -1,0 +1,434 @@
+//! The query path: UDP workers, the TCP listener, and the handler both use.
+//!
+//! UDP is served by plain OS threads (one per core by default) blocked on
+//! one shared socket: a cluster name or a cached name is answered right
+//! there, synchronously, with no task, no allocation and no lock (the zone
+//! is an [`ArcSwap`] load, the stats are per-thread atomics). Only queries
+//! that must wait for an upstream (forwarding, ExternalName chasing) are
+//! handed to the tokio runtime. TCP (RFC 7766: length-prefixed, several
+//! queries per connection) runs on tokio and shares the same handler.
+//!
+//! UDP answers larger than the client's limit (512 bytes, or its EDNS
+//! payload size) are cut to the question with the TC bit set, and the
+//! client retries over TCP.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::forward::Forwarder;
+use crate::stats::Stats;
+use crate::wire::{self, Query};
+use crate::zone::{Outcome, Snapshot};
+
+/// How long an idle TCP connection is kept (RFC 7766 suggests seconds).
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Longest ExternalName → ExternalName chain we follow.
+const MAX_CHASE: usize = 8;
+
+/// What the synchronous path did with a packet.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fast {
+    /// `out` holds the response.
+    Reply,
+    /// Nothing to send (not a query).
+    Drop,
+    /// Needs an upstream: call [`Handler::slow`].
+    Slow,
+}
+
+/// Answers queries from the current zone snapshot and the forwarder.
+pub struct Handler {
+    pub zone: Arc<ArcSwap<Snapshot>>,
+    pub fwd: Arc<Forwarder>,
+    /// Counters for the TCP and slow paths (UDP workers have their own).
+    pub stats: Arc<Stats>,
+    /// UDP queries waiting on an upstream; bounded so a flood of
+    /// forwarded names cannot pile up tasks without limit.
+    inflight: std::sync::atomic::AtomicUsize,
+}
+
+/// Most UDP queries waiting on upstreams at once; beyond this they get
+/// SERVFAIL at once (the client retries) instead of a task each.
+pub const MAX_INFLIGHT: usize = 4096;
+
+/// Cuts an oversized UDP answer down to a truncated one.
+fn fit(q: &Query, out: &mut Vec<u8>, st: &Stats) {
+    if out.len() > q.udp_limit() {
+        wire::truncate(out, wire::HEADER_LEN + q.question.len(), q.edns);
+        Stats::bump(&st.truncated);
+    }
+}
+
+impl Handler {
+    pub fn new(zone: Arc<ArcSwap<Snapshot>>, fwd: Arc<Forwarder>, stats: Arc<Stats>) -> Handler {
+        Handler {
+            zone,
+            fwd,
+            stats,
+            inflight: Default::default(),
+        }
+    }
+
+    /// The synchronous path: zone answers, cache hits, error replies.
+    pub fn fast(&self, msg: &[u8], out: &mut Vec<u8>, udp: bool, st: &Stats, t: Instant) -> Fast {
+        let q = match wire::parse_query(msg) {
+            Ok(q) => q,
+            Err(bad) => {
+                Stats::bump(&st.malformed);
+                return if wire::error_reply(msg, &bad, out) {
+                    Fast::Reply
+                } else {
+                    Fast::Drop
+                };
+            }
+        };
+        let snap = self.zone.load();
+        match snap.respond(&q, out) {
+            Outcome::Answered => {}
+            Outcome::Forward => {
+                if !self.fwd.cached(&q, out, st) {
+                    return Fast::Slow;
+                }
+            }
+            Outcome::Chase { .. } => return Fast::Slow,
+        }
+        if udp {
+            fit(&q, out, st);
+        }
+        st.answered(q.qtype, out, t);
+        Fast::Reply
+    }
+
+    /// The asynchronous path: upstream forwarding and ExternalName chasing.
+    pub async fn slow(&self, msg: &[u8], udp: bool, t: Instant) -> Option<Vec<u8>> {
+        let q = wire::parse_query(msg).ok()?;
+        let snap = self.zone.load_full();
+        let mut out = Vec::with_capacity(512);
+        match snap.respond(&q, &mut out) {
+            Outcome::Answered => {}
+            Outcome::Forward => {
+                if self.fwd.upstreams().is_empty() {
+                    crate::zone::simple_reply(&q, wire::SERVFAIL, &mut out);
+                } else {
+                    self.fwd.answer(&q, &mut out).await;
+                }
+            }
+            Outcome::Chase { target } => {
+                let target = target.to_vec();
+                self.chase(&q, &snap, target, &mut out).await;
+            }
+        }
+        if udp {
+            fit(&q, &mut out, &self.stats);
+        }
+        self.stats.answered(q.qtype, &out, t);
+        Some(out)
+    }
+
+    /// Completes an ExternalName answer: `out` holds the header, question
+    /// and CNAME; the target's records for the query type are appended,
+    /// from the zone when the target is ours, else from upstream.
+    async fn chase(&self, q: &Query<'_>, snap: &Snapshot, mut target: Vec<u8>, out: &mut Vec<u8>) {
+        let mut extra: Vec<wire::Record> = Vec::new();
+        let mut rcode = wire::NOERROR;
+        for depth in 0.. {
+            if depth == MAX_CHASE {
+                rcode = wire::SERVFAIL;
+                break;
+            }
+            let m = wire::build_query(0, &target, q.qtype, Some(wire::MAX_UDP as u16));
+            let Ok(tq) = wire::parse_query(&m) else {
+                rcode = wire::SERVFAIL;
+                break;
+            };
+            let mut tmp = Vec::new();
+            match snap.respond(&tq, &mut tmp) {
+                Outcome::Answered => {
+                    match wire::Message::parse(&tmp) {
+                        Ok(r) => {
+                            rcode = r.rcode();
+                            extra.extend(r.answers);
+                        }
+                        Err(_) => rcode = wire::SERVFAIL,
+                    }
+                    break;
+                }
+                Outcome::Chase { target: next } => {
+                    let next = next.to_vec();
+                    if let Ok(r) = wire::Message::parse(&tmp) {
+                        extra.extend(r.answers);
+                    }
+                    target = next;
+                }
+                Outcome::Forward => {
+                    let lower = target.to_ascii_lowercase();
+                    match self.fwd.lookup(&lower, q.qtype).await {
+                        Some(r) => {
+                            rcode = r.rcode();
+                            extra.extend(r.answers);
+                        }
+                        None => rcode = wire::SERVFAIL,
+                    }
+                    break;
+                }
+            }
+        }
+        let mut w = wire::Writer::resume(std::mem::take(out));
+        for r in &extra {
+            w.record(r);
+        }
+        let mut buf = w.buf;
+        if buf.len() >= wire::HEADER_LEN {
+            let an = u16::from_be_bytes([buf[6], buf[7]]).saturating_add(extra.len() as u16);
+            buf[6..8].copy_from_slice(&an.to_be_bytes());
+            buf[3] = (buf[3] & 0xf0) | (rcode & 0xf);
+            let ar = q.edns.is_some() as u16;
+            buf[10..12].copy_from_slice(&ar.to_be_bytes());
+        }
+        if let Some(e) = q.edns {
+            wire::write_opt(&mut buf, e.dnssec_ok, 0);
+        }
+        *out = buf;
+    }
+}
+
+/// Packets taken from the socket per system call.
+const BATCH: usize = 32;
+/// Receive buffer per packet. Larger UDP queries are not answered (a
+/// client that big uses TCP); real queries are well under 1 KB.
+const RBUF: usize = 4096;
+
+fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some(SocketAddr::from((
+                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6.
+            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                a.sin6_addr.s6_addr.into(),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Serves UDP on `sock` until `stop` is set; blocks the calling thread.
+/// Packets come in and go out in batches (`recvmmsg`/`sendmmsg`): one
+/// system call each way per batch instead of per query.
+pub fn udp_worker(
+    sock: Arc<UdpSocket>,
+    h: Arc<Handler>,
+    st: Arc<Stats>,
+    rt: tokio::runtime::Handle,
+    stop: Arc<AtomicBool>,
+) {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    let mut bufs = vec![0u8; BATCH * RBUF];
+    // SAFETY: all-zero is a valid sockaddr_storage, iovec and mmsghdr.
+    let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut out_iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut out_hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut outs: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(1024)).collect();
+    let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..BATCH {
+            iovs[i].iov_base = bufs[i * RBUF..].as_mut_ptr() as *mut libc::c_void;
+            iovs[i].iov_len = RBUF;
+            let m = &mut hdrs[i].msg_hdr;
+            m.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
+            m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            m.msg_iov = &mut iovs[i];
+            m.msg_iovlen = 1;
+            m.msg_control = std::ptr::null_mut();
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            hdrs[i].msg_len = 0;
+        }
+        // SAFETY: every header points at live buffers of the stated sizes.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                hdrs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n <= 0 {
+            continue; // the read timeout (to check `stop`), or a transient error
+        }
+        let t = Instant::now();
+        replies.clear();
+        for i in 0..n as usize {
+            let len = (hdrs[i].msg_len as usize).min(RBUF);
+            let msg = &bufs[i * RBUF..i * RBUF + len];
+            if hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                Stats::bump(&st.malformed);
+                continue;
+            }
+            match h.fast(msg, &mut outs[i], true, &st, t) {
+                Fast::Reply => replies.push(i),
+                Fast::Drop => {}
+                Fast::Slow => {
+                    let Some(peer) = to_socket_addr(&addrs[i]) else {
+                        continue;
+                    };
+                    if h.inflight.fetch_add(1, Ordering::Relaxed) >= MAX_INFLIGHT {
+                        h.inflight.fetch_sub(1, Ordering::Relaxed);
+                        Stats::bump(&st.shed);
+                        if let Ok(q) = wire::parse_query(msg) {
+                            crate::zone::simple_reply(&q, wire::SERVFAIL, &mut outs[i]);
+                            st.answered(q.qtype, &outs[i], t);
+                            replies.push(i);
+                        }
+                        continue;
+                    }
+                    let msg = msg.to_vec();
+                    let (h, sock) = (h.clone(), sock.clone());
+                    rt.spawn(async move {
+                        if let Some(resp) = h.slow(&msg, true, t).await {
+                            let _ = sock.send_to(&resp, peer);
+                        }
+                        h.inflight.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+            }
+        }
+        for (k, &i) in replies.iter().enumerate() {
+            out_iovs[k].iov_base = outs[i].as_mut_ptr() as *mut libc::c_void;
+            out_iovs[k].iov_len = outs[i].len();
+            let m = &mut out_hdrs[k].msg_hdr;
+            m.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
+            m.msg_namelen = hdrs[i].msg_hdr.msg_namelen;
+            m.msg_iov = &mut out_iovs[k];
+            m.msg_iovlen = 1;
+            m.msg_control = std::ptr::null_mut();
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+        }
+        let mut sent = 0;
+        while sent < replies.len() {
+            // SAFETY: headers point at live reply buffers and addresses.
+            let r = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    out_hdrs[sent..].as_mut_ptr(),
+                    (replies.len() - sent) as u32,
+                    0,
+                )
+            };
+            if r <= 0 {
+                // Skip the packet the kernel refused (e.g. an unreachable
+                // peer) and go on with the rest.
+                sent += 1;
+            } else {
+                sent += r as usize;
+            }
+        }
+    }
+}
+
+/// Serves TCP connections until the returned future is dropped.
+pub async fn tcp_accept(listener: tokio::net::TcpListener, h: Arc<Handler>) {
+    let limit = Arc::new(tokio::sync::Semaphore::new(1024));
+    loop {
+        let Ok((s, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue; // too many connections: drop this one
+        };
+        let h = h.clone();
+        tokio::spawn(async move {
+            let _ = tcp_conn(s, h).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn tcp_conn(mut s: tokio::net::TcpStream, h: Arc<Handler>) -> std::io::Result<()> {
+    let _ = s.set_nodelay(true);
+    let mut out = Vec::with_capacity(4096);
+    loop {
+        let mut len = [0u8; 2];
+        match tokio::time::timeout(TCP_IDLE, s.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            _ => return Ok(()),
+        }
+        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+        match tokio::time::timeout(TCP_IDLE, s.read_exact(&mut msg)).await {
+            Ok(Ok(_)) => {}
+            _ => return Ok(()),
+        }
+        let t = Instant::now();
+        let resp = match h.fast(&msg, &mut out, false, &h.stats, t) {
+            Fast::Reply => std::mem::take(&mut out),
+            Fast::Drop => return Ok(()),
+            Fast::Slow => match h.slow(&msg, false, t).await {
+                Some(r) => r,
+                None => return Ok(()),
+            },
+        };
+        let mut framed = Vec::with_capacity(resp.len() + 2);
+        framed.extend_from_slice(&(resp.len().min(65535) as u16).to_be_bytes());
+        framed.extend_from_slice(&resp[..resp.len().min(65535)]);
+        s.write_all(&framed).await?;
+        out = resp;
+    }
+}
+
+/// Binds UDP and TCP on the same address; port 0 picks one free for both.
+pub fn bind(addr: SocketAddr) -> std::io::Result<(UdpSocket, std::net::TcpListener)> {
+    let mut last = None;
+    for _ in 0..20 {
+        let udp = udp_socket(addr)?;
+        let port = udp.local_addr()?.port();
+        match tcp_socket(SocketAddr::new(addr.ip(), port)) {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if addr.port() == 0 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free port")))
+}
+
+fn udp_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Room for bursts while the workers catch up.
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    s.bind(&addr.into())?;
+    let s: UdpSocket = s.into();
+    s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(s)
+}
+
+fn tcp_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}

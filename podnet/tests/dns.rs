@@ -1,0 +1,887 @@
+//! Cluster DNS end to end: the real server on 127.0.0.1 fed by a real
+//! sqlite store, queried with `dig` (dnsutils) and with our Rust client;
+//! a stub upstream started here for forwarding and failover; the real
+//! `podnet dns` binary; and a lab whose pods resolve Services through
+//! their resolv.conf.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podnet_api::Object;
+use podnet_dns::client::Client;
+use podnet_dns::wire::{self, RData};
+use podnet_store::{AnyStore, Op, Store};
+use serde_json::{json, Value};
+
+/// A DNS server in this process on its own runtime, with a private store.
+struct Server {
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    store: AnyStore,
+    rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(upstreams: Vec<SocketAddr>) -> Server {
+        Self::start_with(upstreams, |_| {})
+    }
+
+    fn start_with(
+        upstreams: Vec<SocketAddr>,
+        tweak: impl FnOnce(&mut podnet_dns::Config),
+    ) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("state.db").display());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(podnet_store::open(&url)).unwrap();
+        let mut cfg = podnet_dns::Config {
+            upstreams,
+            upstream_timeout: Duration::from_millis(300),
+            threads: 2,
+            ..Default::default()
+        };
+        tweak(&mut cfg);
+        let sockets = podnet_dns::Sockets::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = sockets.local_addr();
+        let metrics = podnet_daemon::Metrics::new();
+        let ml = rt.block_on(podnet_daemon::bind("127.0.0.1:0")).unwrap();
+        let maddr = ml.local_addr().unwrap();
+        rt.spawn(podnet_daemon::serve(ml, metrics.clone()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let s2 = store.clone();
+        rt.spawn(async move {
+            podnet_dns::run(cfg, sockets, s2, metrics, async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+            let _ = done_tx.send(());
+        });
+        Server {
+            addr,
+            metrics: maddr,
+            store,
+            rt,
+            stop: Some(tx),
+            done: Some(done_rx),
+            _dir: dir,
+        }
+    }
+
+    fn put(&self, v: Value) {
+        let o = Object::from_value(v).unwrap();
+        let value = podnet_store::objects::encode(&o);
+        self.rt
+            .block_on(self.store.txn(vec![Op::Put {
+                key: o.key(),
+                value,
+                lease: 0,
+            }]))
+            .unwrap();
+    }
+
+    fn delete(&self, kind: podnet_api::Kind, ns: &str, name: &str) {
+        self.rt
+            .block_on(self.store.txn(vec![Op::Delete {
+                key: kind.key(Some(ns), name),
+                rev: None,
+            }]))
+            .unwrap();
+    }
+
+    fn client(&self) -> Client {
+        Client::new(self.addr)
+    }
+
+    fn http(&self, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut r = String::new();
+        let _ = s.read_to_string(&mut r);
+        let code = r.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (code, r)
+    }
+
+    /// Waits for the first full load (readyz).
+    fn ready(self) -> Server {
+        eventually("readyz", || self.http("/readyz").0 == 200);
+        self
+    }
+
+    fn dig(&self, args: &[&str]) -> String {
+        let port = self.addr.port().to_string();
+        let mut a = vec![
+            "@127.0.0.1",
+            "-p",
+            &port,
+            "+time=2",
+            "+tries=1",
+            "+nocookie",
+        ];
+        a.extend_from_slice(args);
+        let o = Command::new("dig")
+            .args(&a)
+            .output()
+            .expect("dig (dnsutils)");
+        assert!(o.status.success(), "dig {a:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn dig_short(&self, args: &[&str]) -> Vec<String> {
+        let mut a = args.to_vec();
+        a.push("+short");
+        let mut v: Vec<String> = self.dig(&a).lines().map(String::from).collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(rx) = self.done.take() {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+fn service(ns: &str, name: &str, ip: &str, ports: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterIP": ip, "clusterIPs": if ip == "None" { json!(null) } else { json!([ip]) }, "ports": ports}})
+}
+
+fn slice(ns: &str, name: &str, svc: &str, eps: Value, ports: Value) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4", "endpoints": eps, "ports": ports})
+}
+
+fn status(dig_out: &str) -> String {
+    dig_out
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("?")
+        .to_string()
+}
+
+fn fixture(s: &Server) {
+    s.put(namespace("pn-shop"));
+    s.put(service(
+        "pn-shop",
+        "web",
+        "10.96.44.4",
+        json!([{"name": "http", "port": 80, "protocol": "TCP"}, {"port": 81}]),
+    ));
+    s.put(service(
+        "pn-shop",
+        "db",
+        "None",
+        json!([{"name": "pg", "port": 5432}]),
+    ));
+    s.put(slice(
+        "pn-shop",
+        "db-1",
+        "db",
+        json!([
+            {"addresses": ["10.244.1.5"], "hostname": "db-0", "conditions": {"ready": true}},
+            {"addresses": ["10.244.2.6"], "conditions": {"ready": true}},
+            {"addresses": ["10.244.3.7"], "hostname": "db-2", "conditions": {"ready": false}}
+        ]),
+        json!([{"name": "pg", "port": 5432, "protocol": "TCP"}]),
+    ));
+    s.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "alias", "namespace": "pn-shop"},
+        "spec": {"type": "ExternalName", "externalName": "web.pn-shop.svc.cluster.local"}}));
+}
+
+#[test]
+fn every_record_kind_with_dig() {
+    let s = Server::start(vec![]).ready();
+    fixture(&s);
+    eventually("fixture", || {
+        s.dig_short(&["alias.pn-shop.svc.cluster.local", "A"]).len() == 2
+    });
+    // ClusterIP: A, case-insensitive, over UDP and TCP.
+    assert_eq!(
+        s.dig_short(&["web.pn-shop.svc.cluster.local"]),
+        ["10.96.44.4"]
+    );
+    assert_eq!(
+        s.dig_short(&["WEB.Pn-Shop.SVC.Cluster.Local"]),
+        ["10.96.44.4"]
+    );
+    assert_eq!(
+        s.dig_short(&["+tcp", "web.pn-shop.svc.cluster.local"]),
+        ["10.96.44.4"]
+    );
+    // SRV for the named port only.
+    assert_eq!(
+        s.dig_short(&["_http._tcp.web.pn-shop.svc.cluster.local", "SRV"]),
+        ["0 100 80 web.pn-shop.svc.cluster.local."]
+    );
+    // PTR.
+    assert_eq!(
+        s.dig_short(&["-x", "10.96.44.4"]),
+        ["web.pn-shop.svc.cluster.local."]
+    );
+    // Headless: ready endpoints only; hostnames; SRV per endpoint; PTR.
+    assert_eq!(
+        s.dig_short(&["db.pn-shop.svc.cluster.local"]),
+        ["10.244.1.5", "10.244.2.6"]
+    );
+    assert_eq!(
+        s.dig_short(&["db-0.db.pn-shop.svc.cluster.local"]),
+        ["10.244.1.5"]
+    );
+    assert_eq!(
+        s.dig_short(&["_pg._tcp.db.pn-shop.svc.cluster.local", "SRV"]),
+        [
+            "0 50 5432 10-244-2-6.db.pn-shop.svc.cluster.local.",
+            "0 50 5432 db-0.db.pn-shop.svc.cluster.local."
+        ]
+    );
+    assert_eq!(
+        s.dig_short(&["-x", "10.244.1.5"]),
+        ["db-0.db.pn-shop.svc.cluster.local."]
+    );
+    // ExternalName: CNAME, chased when the target is ours.
+    assert_eq!(
+        s.dig_short(&["alias.pn-shop.svc.cluster.local"]),
+        ["10.96.44.4", "web.pn-shop.svc.cluster.local."]
+    );
+    // dns-version.
+    assert_eq!(
+        s.dig_short(&["dns-version.cluster.local", "TXT"]),
+        ["\"1.1.0\""]
+    );
+    // NXDOMAIN vs NODATA, both with the SOA.
+    let nx = s.dig(&["db-2.db.pn-shop.svc.cluster.local"]);
+    assert_eq!(status(&nx), "NXDOMAIN", "{nx}");
+    assert!(nx.contains("IN\tSOA"), "{nx}");
+    let nodata = s.dig(&["web.pn-shop.svc.cluster.local", "AAAA"]);
+    assert_eq!(status(&nodata), "NOERROR", "{nodata}");
+    assert!(
+        nodata.contains("ANSWER: 0") && nodata.contains("IN\tSOA"),
+        "{nodata}"
+    );
+    let ns = s.dig(&["pn-shop.svc.cluster.local"]);
+    assert_eq!(status(&ns), "NOERROR", "{ns}");
+    // Search-path misses answered from the zone (no upstream configured,
+    // which would give SERVFAIL).
+    let miss = s.dig(&["web.pn-shop.svc.cluster.local.pn-shop.svc.cluster.local"]);
+    assert_eq!(status(&miss), "NXDOMAIN", "{miss}");
+    // A reverse miss in the service CIDR is ours too.
+    assert_eq!(status(&s.dig(&["-x", "10.96.99.99"])), "NXDOMAIN");
+    // Outside the zone with no upstream: SERVFAIL, not a hang.
+    assert_eq!(status(&s.dig(&["example.org"])), "SERVFAIL");
+}
+
+#[test]
+fn rust_client_udp_tcp_and_truncation() {
+    let s = Server::start(vec![]).ready();
+    s.put(service("pn-big", "h", "None", json!([])));
+    let eps: Vec<Value> = (0..120)
+        .map(|i| json!({"addresses": [format!("10.244.{}.{}", i / 100, i % 100 + 1)]}))
+        .collect();
+    s.put(slice("pn-big", "h-1", "h", json!(eps), json!([])));
+    let c = s.client();
+    eventually("120 endpoints", || {
+        c.tcp("h.pn-big.svc.cluster.local", wire::TYPE_A)
+            .map(|m| m.answers.len() == 120)
+            .unwrap_or(false)
+    });
+    // Without EDNS the UDP answer is cut at 512 bytes: TC, no records.
+    let small = Client { edns: None, ..c };
+    let m = small
+        .udp("h.pn-big.svc.cluster.local", wire::TYPE_A)
+        .unwrap();
+    assert!(m.header.flags & wire::TC != 0);
+    assert!(m.answers.is_empty());
+    // With EDNS 4096 it fits (120 × 16 bytes).
+    let big = Client {
+        edns: Some(4096),
+        ..c
+    };
+    let m = big.udp("h.pn-big.svc.cluster.local", wire::TYPE_A).unwrap();
+    assert_eq!(m.header.flags & wire::TC, 0);
+    assert_eq!(m.answers.len(), 120);
+    // The stub-resolver dance: truncated over UDP, retried over TCP.
+    let m = small
+        .query("h.pn-big.svc.cluster.local", wire::TYPE_A)
+        .unwrap();
+    assert_eq!(m.answers.len(), 120);
+    // dig does the same by itself.
+    let out = s.dig(&["+noedns", "h.pn-big.svc.cluster.local"]);
+    assert!(out.contains("ANSWER: 120"), "{out}");
+    let out = s.dig(&["+noedns", "+ignore", "h.pn-big.svc.cluster.local"]);
+    assert!(out.contains(" tc"), "{out}");
+    // Malformed packets are counted and the server keeps answering.
+    let raw = Client::new(s.addr);
+    let mut bad = wire::build_query(9, &wire::name_from_str("a.b").unwrap(), 1, None);
+    bad.truncate(bad.len() - 2);
+    let r = raw.udp_raw(&bad).unwrap();
+    assert_eq!(r[3] & 0xf, wire::FORMERR);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(&[1, 2, 3], s.addr).unwrap();
+    assert!(c.udp("h.pn-big.svc.cluster.local", wire::TYPE_A).is_ok());
+    eventually("malformed counted", || {
+        let (_, m) = s.http("/metrics");
+        m.contains("podnet_dns_malformed_total 2")
+    });
+    let (_, m) = s.http("/metrics");
+    assert!(m.contains("podnet_dns_truncated_total"), "{m}");
+    assert!(m.contains("qtype=\"A\",rcode=\"NOERROR\""), "{m}");
+    assert!(
+        m.contains("podnet_dns_request_duration_seconds_bucket"),
+        "{m}"
+    );
+    assert_eq!(s.http("/healthz").0, 200);
+}
+
+#[test]
+fn services_appear_and_vanish_within_a_second() {
+    let s = Server::start(vec![]).ready();
+    let c = s.client();
+    let name = "quick.pn-live.svc.cluster.local";
+    assert_eq!(c.query(name, wire::TYPE_A).unwrap().rcode(), wire::NXDOMAIN);
+    let t = Instant::now();
+    s.put(service("pn-live", "quick", "10.96.55.5", json!([])));
+    eventually("created", || {
+        c.query(name, wire::TYPE_A)
+            .map(|m| m.answers.len() == 1)
+            .unwrap_or(false)
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let t = Instant::now();
+    s.delete(podnet_api::Kind::Service, "pn-live", "quick");
+    eventually("deleted", || {
+        c.query(name, wire::TYPE_A)
+            .map(|m| m.rcode() == wire::NXDOMAIN)
+            .unwrap_or(false)
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // An endpoint turning ready shows up as fast.
+    s.put(service("pn-live", "hl", "None", json!([])));
+    s.put(slice(
+        "pn-live",
+        "hl-1",
+        "hl",
+        json!([{"addresses": ["10.244.9.9"], "conditions": {"ready": false}}]),
+        json!([]),
+    ));
+    let t = Instant::now();
+    s.put(slice(
+        "pn-live",
+        "hl-1",
+        "hl",
+        json!([{"addresses": ["10.244.9.9"], "conditions": {"ready": true}}]),
+        json!([]),
+    ));
+    eventually("endpoint ready", || {
+        c.query("hl.pn-live.svc.cluster.local", wire::TYPE_A)
+            .map(|m| m.answers.len() == 1)
+            .unwrap_or(false)
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+/// A tiny upstream: A 192.0.2.N for every name (N = its index), NXDOMAIN
+/// with an SOA for names starting with "missing", and it counts queries.
+struct Stub {
+    addr: SocketAddr,
+    queries: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The stub's answer to one query; names starting with "big" get 100 A
+/// records over TCP and an empty truncated answer over UDP.
+fn stub_answer(msg: &[u8], n: u8, tcp: bool) -> Option<Vec<u8>> {
+    let m = wire::Message::parse(msg).ok()?;
+    let (name, qtype, _) = m.questions.first()?.clone();
+    let text = wire::name_to_string(&name);
+    let missing = text.starts_with("missing");
+    let big = text.starts_with("big");
+    let h = wire::Header {
+        id: m.header.id,
+        flags: wire::QR
+            | wire::RA
+            | if missing { 3 } else { 0 }
+            | if big && !tcp { wire::TC } else { 0 },
+        ..Default::default()
+    };
+    let mut w = wire::Writer::with_question(h, &name, qtype, 1);
+    if missing {
+        w.record(&wire::Record {
+            name: wire::name_from_str("test").unwrap(),
+            rtype: wire::TYPE_SOA,
+            class: 1,
+            ttl: 60,
+            rdata: RData::Soa {
+                mname: wire::name_from_str("ns.test").unwrap(),
+                rname: wire::name_from_str("h.test").unwrap(),
+                serial: 1,
+                refresh: 1,
+                retry: 1,
+                expire: 1,
+                minimum: 30,
+            },
+        });
+        w.set_counts(0, 1, 0);
+    } else if qtype == wire::TYPE_A && (tcp || !big) {
+        let count = if big { 100 } else { 1 };
+        for i in 0..count {
+            w.record(&wire::Record {
+                name: name.clone(),
+                rtype: wire::TYPE_A,
+                class: 1,
+                ttl: 60,
+                rdata: RData::A(std::net::Ipv4Addr::new(192, 0, 2 + i, n)),
+            });
+        }
+        w.set_counts(count as u16, 0, 0);
+    }
+    Some(w.buf)
+}
+
+impl Stub {
+    fn start(n: u8) -> Stub {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let addr = sock.local_addr().unwrap();
+        let tcp = std::net::TcpListener::bind(addr).unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let queries = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (q, st) = (queries.clone(), stop.clone());
+        let t = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut buf = [0u8; 1500];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok((mut c, _)) = tcp.accept() {
+                    c.set_nonblocking(false).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    let mut len = [0u8; 2];
+                    if c.read_exact(&mut len).is_ok() {
+                        let mut m = vec![0u8; u16::from_be_bytes(len) as usize];
+                        if c.read_exact(&mut m).is_ok() {
+                            q.fetch_add(1, Ordering::Relaxed);
+                            if let Some(r) = stub_answer(&m, n, true) {
+                                let mut framed = (r.len() as u16).to_be_bytes().to_vec();
+                                framed.extend_from_slice(&r);
+                                let _ = c.write_all(&framed);
+                            }
+                        }
+                    }
+                }
+                let Ok((len, peer)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                q.fetch_add(1, Ordering::Relaxed);
+                if let Some(r) = stub_answer(&buf[..len], n, false) {
+                    let _ = sock.send_to(&r, peer);
+                }
+            }
+        });
+        Stub {
+            addr,
+            queries,
+            stop,
+            t: Some(t),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.queries.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.t.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn a_of(m: &wire::Message) -> Vec<String> {
+    m.answers
+        .iter()
+        .filter_map(|r| match r.rdata {
+            RData::A(ip) => Some(ip.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn forwarding_cache_and_failover() {
+    // A silent upstream (bound, never answers) before a working one.
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let stub = Stub::start(7);
+    let s = Server::start(vec![silent.local_addr().unwrap(), stub.addr]).ready();
+    let c = s.client();
+    let m = c.query("www.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(a_of(&m), ["192.0.2.7"]);
+    // Cached: the stub is not asked again; the TTL ages from 60.
+    let before = stub.count();
+    let m = c.query("WWW.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(a_of(&m), ["192.0.2.7"]);
+    assert!(m.answers[0].ttl <= 60);
+    assert_eq!(stub.count(), before);
+    // Failover stuck: the next new name goes straight to the working one.
+    let t = Instant::now();
+    c.query("other.example.test", wire::TYPE_A).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    // Negative answers are cached too.
+    let m = c.query("missing.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(m.rcode(), wire::NXDOMAIN);
+    let before = stub.count();
+    let m = c.query("missing.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(m.rcode(), wire::NXDOMAIN);
+    assert_eq!(stub.count(), before);
+    // dig agrees.
+    assert_eq!(s.dig_short(&["www.example.test"]), ["192.0.2.7"]);
+    // Truncated upstream answer: fetched again over TCP; too big for our
+    // client's UDP limit, so it is truncated to the client in turn, which
+    // retries over TCP and gets all 100 records (from the cache).
+    let m = c.udp("big.example.test", wire::TYPE_A).unwrap();
+    assert!(m.header.flags & wire::TC != 0);
+    let m = c.query("big.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(m.answers.len(), 100);
+    assert_eq!(s.dig(&["big.example.test"]).matches("IN\tA\t").count(), 100);
+    // ExternalName to an outside name: CNAME plus the upstream's A.
+    s.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "ext", "namespace": "pn-fwd"},
+        "spec": {"type": "ExternalName", "externalName": "api.example.test"}}));
+    eventually("externalname", || {
+        s.dig_short(&["ext.pn-fwd.svc.cluster.local"]) == ["192.0.2.7", "api.example.test."]
+    });
+    // Cluster names never reach upstream, hits or misses.
+    let before = stub.count();
+    for n in [
+        "nope.pn-fwd.svc.cluster.local",
+        "x.cluster.local",
+        "ext.pn-fwd.svc.cluster.local.cluster.local",
+    ] {
+        assert_eq!(c.query(n, wire::TYPE_A).unwrap().rcode(), wire::NXDOMAIN);
+    }
+    assert_eq!(stub.count(), before);
+    eventually("cache hits in metrics", || {
+        let (_, m) = s.http("/metrics");
+        m.lines()
+            .any(|l| l.starts_with("podnet_dns_cache_hits_total ") && !l.ends_with(" 0"))
+            && m.lines()
+                .any(|l| l.starts_with("podnet_dns_upstream_errors_total") && l.ends_with(" 1"))
+    });
+}
+
+#[test]
+fn servfail_when_every_upstream_is_down() {
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let closed = {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let s = Server::start(vec![silent.local_addr().unwrap(), closed]).ready();
+    let t = Instant::now();
+    let m = s.client().query("www.example.test", wire::TYPE_A).unwrap();
+    assert_eq!(m.rcode(), wire::SERVFAIL);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Cluster names still answer.
+    assert_eq!(
+        s.dig_short(&["dns-version.cluster.local", "TXT"]),
+        ["\"1.1.0\""]
+    );
+}
+
+#[test]
+fn servfail_for_the_zone_until_the_first_load() {
+    // A store that never answers: an "etcd" that accepts connections and
+    // says nothing.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = mute.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = mute.accept() {
+            held.push(c);
+        }
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let opened = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            podnet_store::open(&format!("etcd://127.0.0.1:{port}")),
+        )
+        .await
+    });
+    let Ok(Ok(store)) = opened else {
+        eprintln!("etcd client would not start against a mute server");
+        return;
+    };
+    let sockets = podnet_dns::Sockets::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = sockets.local_addr();
+    let metrics = podnet_daemon::Metrics::new();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let h = rt.spawn(podnet_dns::run(
+        podnet_dns::Config::default(),
+        sockets,
+        store,
+        metrics.clone(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let m = Client::new(addr)
+        .query("kubernetes.default.svc.cluster.local", wire::TYPE_A)
+        .unwrap();
+    assert_eq!(m.rcode(), wire::SERVFAIL);
+    assert!(!metrics.is_ready());
+    let _ = tx.send(());
+    let _ = rt.block_on(h);
+}
+
+#[test]
+fn the_binary_serves_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    let o = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["dns", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--upstream"));
+    // Pick free ports (tiny race with other tests; retried).
+    for _ in 0..5 {
+        let port = {
+            let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+            u.local_addr().unwrap().port()
+        };
+        let mport = {
+            let t = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            t.local_addr().unwrap().port()
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_podnet"))
+            .args([
+                "dns",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--metrics-addr",
+                &format!("127.0.0.1:{mport}"),
+                "--upstream",
+                "127.0.0.1:9",
+                "--threads",
+                "1",
+            ])
+            .env("PODNET_STORE", &url)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let c = Client {
+            timeout: Duration::from_millis(200),
+            ..Client::new(format!("127.0.0.1:{port}").parse().unwrap())
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut answered = false;
+        while Instant::now() < deadline {
+            if let Ok(m) = c.query("dns-version.cluster.local", wire::TYPE_TXT) {
+                if m.rcode() == wire::NOERROR {
+                    answered = true;
+                    break;
+                }
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+        }
+        if !answered {
+            let _ = child.kill();
+            let _ = child.wait();
+            continue;
+        }
+        unsafe { libc_kill(child.id() as i32, 15) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                assert!(st.success(), "{st:?}");
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("podnet dns did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("podnet dns never answered");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// A lab whose name is unique to this process; `lab down` on drop.
+struct Lab {
+    name: String,
+}
+
+impl Lab {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let mut a = vec!["lab", "--name", &self.name];
+        a.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_podnet"))
+            .args(&a)
+            .output()
+            .expect("run podnet")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "lab {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+/// Pods resolve `svc`, `svc.ns` and `svc.ns.svc.cluster.local` through
+/// their resolv.conf (cluster DNS behind the kube-dns Service, reached
+/// through the agents' proxy) and connect to what they resolve.
+#[test]
+fn lab_pods_resolve_services() {
+    let lab = Lab {
+        name: format!("dn{}", std::process::id() % 100_000),
+    };
+    lab.ok(&["up", "--nodes", "2", "--resync", "1"]);
+    lab.ok(&[
+        "run",
+        "pn-dns/web",
+        "--node",
+        "node2",
+        "--labels",
+        "app=web",
+        "--ports",
+        "80/tcp",
+    ]);
+    lab.ok(&[
+        "run",
+        "pn-dns/client",
+        "--node",
+        "node1",
+        "--ports",
+        "81/tcp",
+    ]);
+    lab.ok(&[
+        "run",
+        "pn-other/far",
+        "--node",
+        "node2",
+        "--ports",
+        "82/tcp",
+    ]);
+    let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["--store", &store, "apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: pn-dns}\n\
+              spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 80}]}\n",
+        )
+        .unwrap();
+    assert!(c.wait().unwrap().success());
+    // Same namespace: the short name; other namespace: svc.ns; and the FQDN.
+    for (pod, name) in [
+        ("pn-dns/client", "web"),
+        ("pn-dns/client", "web.pn-dns"),
+        ("pn-dns/client", "web.pn-dns.svc.cluster.local"),
+        ("pn-other/far", "web.pn-dns"),
+        ("pn-other/far", "web.pn-dns.svc.cluster.local."),
+    ] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let o = lab.run(&["exec", pod, "--", "getent", "hosts", name]);
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            if o.status.success() && out.starts_with("10.") {
+                assert!(out.contains("web.pn-dns.svc.cluster.local"), "{out}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{pod}: {name} never resolved: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // And connect to it by name (probe resolves through the pod's
+        // resolv.conf).
+        assert_eq!(lab.ok(&["probe", pod, &format!("{name}:80")]), "web");
+    }
+    // dig from a pod reaches the kube-dns Service for records of every kind.
+    let srv = lab.ok(&[
+        "exec",
+        "pn-dns/client",
+        "--",
+        "dig",
+        "+short",
+        "_http._tcp.web.pn-dns.svc.cluster.local",
+        "SRV",
+    ]);
+    assert_eq!(srv, "0 100 80 web.pn-dns.svc.cluster.local.");
+    let nx = lab.run(&["exec", "pn-dns/client", "--", "getent", "hosts", "nope"]);
+    assert!(!nx.status.success());
+}
