@@ -52,27 +52,23 @@ impl Lab {
             "--ports",
             "8080/tcp,8081/udp",
         ]);
-        let rec: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(format!(
-                "/run/podnet-lab/{}/pods/default_{name}.json",
-                self.name
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        rec["ip"].as_str().unwrap().to_string()
+        self.pod_record(name)["ip"].as_str().unwrap().to_string()
     }
 
     fn pod_netns(&self, name: &str) -> String {
-        let rec: serde_json::Value = serde_json::from_slice(
+        self.pod_record(name)["netns"].as_str().unwrap().to_string()
+    }
+
+    /// What `lab run` recorded for pod `default/NAME`.
+    fn pod_record(&self, name: &str) -> serde_json::Value {
+        serde_json::from_slice(
             &std::fs::read(format!(
                 "/run/podnet-lab/{}/pods/default_{name}.json",
                 self.name
             ))
             .unwrap(),
         )
-        .unwrap();
-        rec["netns"].as_str().unwrap().to_string()
+        .unwrap()
     }
 
     fn node_ns(&self, node: &str) -> String {
@@ -116,6 +112,49 @@ impl Lab {
             assert!(Instant::now() < deadline, "timed out: {what}");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// A TCP echo on port 9000 in one pod, connected from another: the first
+/// round trip is done by [`Echo::open`], later ones prove the connection
+/// outlived whatever happened in between.
+struct Echo;
+
+impl Echo {
+    fn open(
+        lab: &Lab,
+        server_pod: &str,
+        client_pod: &str,
+        addr: &str,
+    ) -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
+        let listener = Netns::named(&lab.pod_netns(server_pod))
+            .unwrap()
+            .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
+            .unwrap()
+            .unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 64];
+            for _ in 0..2 {
+                let n = s.read(&mut buf).unwrap();
+                s.write_all(&buf[..n]).unwrap();
+            }
+        });
+        let mut conn = Netns::named(&lab.pod_netns(client_pod))
+            .unwrap()
+            .run(|| std::net::TcpStream::connect((addr, 9000)))
+            .unwrap()
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        Self::round_trip(&mut conn, b"before");
+        (conn, server)
+    }
+
+    fn round_trip(conn: &mut std::net::TcpStream, msg: &[u8]) {
+        let mut buf = [0u8; 64];
+        conn.write_all(msg).unwrap();
+        let n = conn.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], msg, "the connection broke");
     }
 }
 
@@ -217,29 +256,7 @@ fn nodes_leave_and_join_and_agents_restart() {
     let _ip3 = lab.pod("p3", "node3");
 
     // A long-lived TCP connection from p1 to p2.
-    let p2 = Netns::named(&lab.pod_netns("p2")).unwrap();
-    let listener = p2
-        .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
-        .unwrap()
-        .unwrap();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut buf = [0u8; 64];
-        for _ in 0..2 {
-            let n = s.read(&mut buf).unwrap();
-            s.write_all(&buf[..n]).unwrap();
-        }
-    });
-    let p1 = Netns::named(&lab.pod_netns("p1")).unwrap();
-    let mut conn = p1
-        .run(|| std::net::TcpStream::connect((ip2.as_str(), 9000)))
-        .unwrap()
-        .unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; 64];
-    conn.write_all(b"before").unwrap();
-    let n = conn.read(&mut buf).unwrap();
-    assert_eq!(&buf[..n], b"before");
+    let (mut conn, server) = Echo::open(&lab, "p2", "p1", &ip2);
 
     // Agents killed and restarted: kernel state unchanged, connection alive.
     let before: Vec<String> = ["node1", "node2"]
@@ -254,13 +271,7 @@ fn nodes_leave_and_join_and_agents_restart() {
         .map(|n| lab.kernel_state(n))
         .collect();
     assert_eq!(before, after, "an agent restart changed kernel state");
-    conn.write_all(b"after").unwrap();
-    let n = conn.read(&mut buf).unwrap();
-    assert_eq!(
-        &buf[..n],
-        b"after",
-        "connection broke across agent restarts"
-    );
+    Echo::round_trip(&mut conn, b"after");
     server.join().unwrap();
 
     // A route deleted by hand comes back within the resync period.
@@ -347,7 +358,7 @@ fn lab_down_after_a_crash_leaves_nothing() {
 #[test]
 fn services_through_the_proxy() {
     let lab = Lab::up("sv", "vxlan", 2);
-    let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+    let store = lab.store();
     lab.ok(&[
         "run",
         "default/w1",
@@ -382,17 +393,7 @@ fn services_through_the_proxy() {
     let manifest = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  type: NodePort\n  \
         ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}, {name: dns, port: 53, targetPort: 8081, protocol: UDP}]\n\
         ---\napiVersion: v1\nkind: Service\nmetadata: {name: empty}\nspec: {clusterIP: 10.96.0.99, selector: {app: none}, ports: [{port: 80}]}\n";
-    let mut p = Command::new(env!("CARGO_BIN_EXE_podnet"))
-        .args(["--store", &store, "apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    p.stdin
-        .take()
-        .unwrap()
-        .write_all(manifest.as_bytes())
-        .unwrap();
-    assert!(p.wait().unwrap().success());
+    lab.apply(manifest);
     let cip = {
         let mut ip = String::new();
         lab.eventually("a ClusterIP", || {
@@ -501,15 +502,7 @@ impl Lab {
     }
 
     fn pod_ip(&self, name: &str) -> String {
-        let rec: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(format!(
-                "/run/podnet-lab/{}/pods/default_{name}.json",
-                self.name
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        rec["ip"].as_str().unwrap().to_string()
+        self.pod_record(name)["ip"].as_str().unwrap().to_string()
     }
 
     fn store(&self) -> String {
@@ -657,29 +650,7 @@ fn service_types_from_outside_and_inside() {
     );
 
     // A connection through the ClusterIP survives both agents restarting.
-    let l1 = Netns::named(&lab.pod_netns("l1")).unwrap();
-    let listener = l1
-        .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
-        .unwrap()
-        .unwrap();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut buf = [0u8; 64];
-        for _ in 0..2 {
-            let n = s.read(&mut buf).unwrap();
-            s.write_all(&buf[..n]).unwrap();
-        }
-    });
-    let c = Netns::named(&lab.pod_netns("c")).unwrap();
-    let mut conn = c
-        .run(|| std::net::TcpStream::connect((loc_ip.as_str(), 9000)))
-        .unwrap()
-        .unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; 64];
-    conn.write_all(b"before").unwrap();
-    let n = conn.read(&mut buf).unwrap();
-    assert_eq!(&buf[..n], b"before");
+    let (mut conn, server) = Echo::open(&lab, "l1", "c", &loc_ip);
     let map = |node: &str| {
         lab.sh(
             &lab.node_ns(node),
@@ -687,22 +658,30 @@ fn service_types_from_outside_and_inside() {
         )
         .1
     };
+    // A restarted agent's first sync replaces the table whole, so a new
+    // table handle says the restarted proxy has synced.
+    let handle = |node: &str| {
+        lab.sh(&lab.node_ns(node), "nft -a list table ip podnet")
+            .1
+            .lines()
+            .next()
+            .filter(|l| l.contains("# handle"))
+            .map(str::to_string)
+    };
     let before = (map("node1"), map("node2"));
+    let handles = (handle("node1"), handle("node2"));
+    assert!(handles.0.is_some() && handles.1.is_some(), "{handles:?}");
     lab.ok(&["restart-agent", "node1"]);
     lab.ok(&["restart-agent", "node2"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    lab.eventually("restarted proxies synced", || {
+        handle("node1") != handles.0 && handle("node2") != handles.1
+    });
     assert_eq!(
         before,
         (map("node1"), map("node2")),
         "restart changed the maps"
     );
-    conn.write_all(b"after").unwrap();
-    let n = conn.read(&mut buf).unwrap();
-    assert_eq!(
-        &buf[..n],
-        b"after",
-        "connection broke across agent restarts"
-    );
+    Echo::round_trip(&mut conn, b"after");
     server.join().unwrap();
 
     // Someone deletes the table: the agent rebuilds it.
@@ -729,4 +708,61 @@ fn service_types_from_outside_and_inside() {
     assert!(removed.contains("ip podnet"), "{removed}");
     let tables = lab.sh(&ns2, "nft list tables").1;
     assert!(!tables.contains("podnet"), "{tables}");
+}
+
+/// Pods resolve `svc`, `svc.ns` and `svc.ns.svc.cluster.local` through
+/// their resolv.conf (cluster DNS behind the kube-dns Service, reached
+/// through the agents' proxy) and connect to what they resolve.
+#[test]
+fn lab_pods_resolve_services() {
+    let lab = Lab::up("dn", "vxlan", 2);
+    for (pod, node, extra) in [
+        (
+            "pn-dns/web",
+            "node2",
+            vec!["--labels", "app=web", "--ports", "80/tcp"],
+        ),
+        ("pn-dns/client", "node1", vec!["--ports", "81/tcp"]),
+        ("pn-other/far", "node2", vec!["--ports", "82/tcp"]),
+    ] {
+        let mut args = vec!["run", pod, "--node", node];
+        args.extend(extra);
+        lab.ok(&args);
+    }
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: pn-dns}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 80}]}\n",
+    );
+    // Same namespace: the short name; other namespace: svc.ns; and the FQDN.
+    for (pod, name) in [
+        ("pn-dns/client", "web"),
+        ("pn-dns/client", "web.pn-dns"),
+        ("pn-dns/client", "web.pn-dns.svc.cluster.local"),
+        ("pn-other/far", "web.pn-dns"),
+        ("pn-other/far", "web.pn-dns.svc.cluster.local."),
+    ] {
+        let mut out = String::new();
+        lab.eventually(&format!("{pod}: {name} resolves"), || {
+            let o = lab.run(&["exec", pod, "--", "getent", "hosts", name]);
+            out = String::from_utf8_lossy(&o.stdout).to_string();
+            o.status.success() && out.starts_with("10.")
+        });
+        assert!(out.contains("web.pn-dns.svc.cluster.local"), "{out}");
+        // And connect to it by name (probe resolves through the pod's
+        // resolv.conf).
+        assert_eq!(lab.ok(&["probe", pod, &format!("{name}:80")]), "web");
+    }
+    // dig from a pod reaches the kube-dns Service for records of every kind.
+    let srv = lab.ok(&[
+        "exec",
+        "pn-dns/client",
+        "--",
+        "dig",
+        "+short",
+        "_http._tcp.web.pn-dns.svc.cluster.local",
+        "SRV",
+    ]);
+    assert_eq!(srv, "0 100 80 web.pn-dns.svc.cluster.local.");
+    let nx = lab.run(&["exec", "pn-dns/client", "--", "getent", "hosts", "nope"]);
+    assert!(!nx.status.success());
 }

@@ -171,9 +171,11 @@ struct Run {
     lost: f64,
 }
 
-fn dnsperf(port: u16, file: &Path, secs: u64, threads: usize, outstanding: usize) -> Result<Run> {
-    let out = Command::new("dnsperf")
-        .args(["-s", "127.0.0.1", "-p", &port.to_string(), "-d"])
+/// dnsperf against 127.0.0.1:`port` with names from `file`, for `secs`,
+/// with `threads` threads and as many client sockets.
+fn dnsperf_cmd(port: u16, file: &Path, secs: u64, threads: usize) -> Command {
+    let mut c = Command::new("dnsperf");
+    c.args(["-s", "127.0.0.1", "-p", &port.to_string(), "-d"])
         .arg(file)
         .args([
             "-l",
@@ -182,9 +184,13 @@ fn dnsperf(port: u16, file: &Path, secs: u64, threads: usize, outstanding: usize
             &threads.to_string(),
             "-c",
             &threads.to_string(),
-            "-q",
-            &outstanding.to_string(),
-        ])
+        ]);
+    c
+}
+
+fn dnsperf(port: u16, file: &Path, secs: u64, threads: usize, outstanding: usize) -> Result<Run> {
+    let out = dnsperf_cmd(port, file, secs, threads)
+        .args(["-q", &outstanding.to_string()])
         .output()
         .context("running dnsperf (apt-get install dnsperf)")?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -213,19 +219,8 @@ fn dnsperf(port: u16, file: &Path, secs: u64, threads: usize, outstanding: usize
 
 /// p50/p99 (ms) from dnsperf's per-query report (`-v`) at `qps` offered.
 fn latency(port: u16, file: &Path, secs: u64, threads: usize, qps: u64) -> Result<(f64, f64)> {
-    let out = Command::new("dnsperf")
-        .args(["-s", "127.0.0.1", "-p", &port.to_string(), "-v", "-d"])
-        .arg(file)
-        .args([
-            "-l",
-            &secs.to_string(),
-            "-T",
-            &threads.to_string(),
-            "-c",
-            &threads.to_string(),
-            "-Q",
-            &qps.to_string(),
-        ])
+    let out = dnsperf_cmd(port, file, secs, threads)
+        .args(["-v", "-Q", &qps.to_string()])
         .stderr(Stdio::null())
         .output()?;
     let mut v: Vec<f64> = String::from_utf8_lossy(&out.stdout)

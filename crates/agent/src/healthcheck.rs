@@ -149,11 +149,6 @@ impl Server {
             self.update(&id, want);
         }
     }
-
-    /// Ports with a listener.
-    pub fn ports(&self) -> BTreeSet<u16> {
-        self.listeners.keys().copied().collect()
-    }
 }
 
 impl Drop for Server {

@@ -210,27 +210,25 @@ impl Proxier {
         if self.applied.is_none() {
             return;
         }
-        let now = self
-            .conn
-            .as_mut()
-            .and_then(|c| c.table_use(self.stack.family, TABLE).ok());
-        if now.is_none() || now != self.expect_use.map(Some) {
+        let now = self.table_use();
+        if now.is_none() || now != self.expect_use {
             tracing::warn!(
-                "table {} {TABLE} changed outside podnet (use {:?}, expected {:?}); rebuilding it",
+                "table {} {TABLE} changed outside podnet (use {now:?}, expected {:?}); rebuilding it",
                 self.stack.family.name(),
-                now.flatten(),
                 self.expect_use
             );
             self.applied = None;
         }
     }
 
+    /// The table's use count; None when it is missing or unreadable.
+    fn table_use(&mut self) -> Option<u32> {
+        let c = self.conn.as_mut()?;
+        c.table_use(self.stack.family, TABLE).ok().flatten()
+    }
+
     fn record_use(&mut self) {
-        self.expect_use = self
-            .conn
-            .as_mut()
-            .and_then(|c| c.table_use(self.stack.family, TABLE).ok())
-            .flatten();
+        self.expect_use = self.table_use();
     }
 
     /// Services changed since the last call.

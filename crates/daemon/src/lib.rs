@@ -74,19 +74,12 @@ impl Metrics {
 
     /// Records one observation (in seconds) in a histogram.
     pub fn observe(&self, name: &'static str, help: &'static str, labels: &str, secs: f64) {
-        let mut fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
-        let fam = fams.entry(name).or_insert_with(|| Family {
-            help,
-            typ: MetricType::Histogram,
-            values: BTreeMap::new(),
-            hists: BTreeMap::new(),
-        });
-        let h = fam.hists.entry(labels.to_string()).or_default();
-        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
-            h.counts[i] += 1;
-        }
-        h.sum += secs;
-        h.count += 1;
+        let mut counts = [0u64; BUCKETS.len() + 1];
+        counts[BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(BUCKETS.len())] = 1;
+        self.observe_buckets(name, help, labels, &counts, secs);
     }
 
     /// Adds pre-aggregated observations to a histogram: `counts[i]` values

@@ -43,9 +43,8 @@ impl Client {
         Ok((id, wire::build_query(id, &qn, qtype, self.edns)))
     }
 
-    /// One UDP exchange; the answer may be truncated.
-    pub fn udp(&self, name: &str, qtype: u16) -> Result<Message, ClientError> {
-        let (id, q) = self.query_bytes(name, qtype)?;
+    /// A UDP socket connected to the server, with the timeout set.
+    fn udp_socket(&self) -> Result<UdpSocket, ClientError> {
         let bind = if self.server.is_ipv4() {
             "0.0.0.0:0"
         } else {
@@ -54,6 +53,13 @@ impl Client {
         let s = UdpSocket::bind(bind)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.connect(self.server)?;
+        Ok(s)
+    }
+
+    /// One UDP exchange; the answer may be truncated.
+    pub fn udp(&self, name: &str, qtype: u16) -> Result<Message, ClientError> {
+        let (id, q) = self.query_bytes(name, qtype)?;
+        let s = self.udp_socket()?;
         s.send(&q)?;
         let mut buf = vec![0u8; 65535];
         loop {
@@ -67,14 +73,7 @@ impl Client {
 
     /// Raw bytes over UDP (fuzzing, malformed-input tests).
     pub fn udp_raw(&self, msg: &[u8]) -> Result<Vec<u8>, ClientError> {
-        let bind = if self.server.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        };
-        let s = UdpSocket::bind(bind)?;
-        s.set_read_timeout(Some(self.timeout))?;
-        s.connect(self.server)?;
+        let s = self.udp_socket()?;
         s.send(msg)?;
         let mut buf = vec![0u8; 65535];
         let n = s.recv(&mut buf)?;

@@ -751,19 +751,7 @@ impl Builder {
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                let n = p.name.as_deref().filter(|n| !n.is_empty())?;
-                let port = u16::try_from(p.port).ok()?;
-                Some((
-                    n.to_ascii_lowercase().into_boxed_str(),
-                    p.protocol
-                        .as_deref()
-                        .unwrap_or("TCP")
-                        .to_ascii_lowercase()
-                        .into_boxed_str(),
-                    port,
-                ))
-            })
+            .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), Some(p.port)))
             .collect();
         let tolerate = svc
             .metadata
@@ -846,19 +834,7 @@ impl Builder {
             .ports
             .iter()
             .flatten()
-            .filter_map(|p| {
-                let n = p.name.as_deref().filter(|n| !n.is_empty())?;
-                let port = u16::try_from(p.port?).ok()?;
-                Some((
-                    n.to_ascii_lowercase().into_boxed_str(),
-                    p.protocol
-                        .as_deref()
-                        .unwrap_or("TCP")
-                        .to_ascii_lowercase()
-                        .into_boxed_str(),
-                    port,
-                ))
-            })
+            .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), p.port))
             .collect();
         // Only headless Services publish endpoints: slices of a known
         // ClusterIP or ExternalName Service are not kept at all.
@@ -1285,6 +1261,25 @@ impl Builder {
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
+}
+
+/// A named port as SRV records use it: (name, protocol, port), both
+/// lowercased; unnamed or out-of-range ports have no SRV record.
+fn named_port(
+    name: Option<&str>,
+    protocol: Option<&str>,
+    port: Option<i32>,
+) -> Option<(Box<str>, Box<str>, u16)> {
+    let n = name.filter(|n| !n.is_empty())?;
+    let port = u16::try_from(port?).ok()?;
+    Some((
+        n.to_ascii_lowercase().into_boxed_str(),
+        protocol
+            .unwrap_or("TCP")
+            .to_ascii_lowercase()
+            .into_boxed_str(),
+        port,
+    ))
 }
 
 #[cfg(test)]
