@@ -7,6 +7,7 @@
 mod cmd;
 mod dns;
 mod kubectl;
+mod plugin_log;
 
 use clap::{Parser, Subcommand};
 
@@ -245,10 +246,7 @@ fn main() {
         if std::env::var_os("PODNET_LOG").is_some() {
             init_logs("warn");
         } else {
-            let _ = tracing_subscriber::fmt()
-                .with_max_level(tracing::Level::WARN)
-                .with_writer(std::io::stderr)
-                .try_init();
+            let _ = tracing::subscriber::set_global_default(plugin_log::Stderr);
         }
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }

@@ -26,6 +26,7 @@ const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
+const NETLINK_GET_STRICT_CHK: i32 = 12;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 
 fn align4(n: usize) -> usize {
@@ -246,8 +247,32 @@ impl Socket {
         Ok(Socket {
             fd,
             seq: 1,
-            buf: vec![0u8; 1 << 16],
+            // Grown to each datagram's size on receipt: a short-lived CNI
+            // plugin should not fault in and zero 64 KiB per socket.
+            buf: Vec::new(),
         })
+    }
+
+    /// Strict checking makes the kernel honour filters in dump requests
+    /// (an address dump for one interface index, say) instead of returning
+    /// everything; it also rejects headers with fields it does not filter
+    /// on, so it is switched on only around requests built for it.
+    pub fn set_strict(&mut self, on: bool) -> io::Result<()> {
+        let v: i32 = on.into();
+        // SAFETY: valid fd and a pointer to a live i32.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_NETLINK,
+                NETLINK_GET_STRICT_CHK,
+                &v as *const i32 as *const libc::c_void,
+                4,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -285,15 +310,18 @@ impl Socket {
                 }
                 return Err(e);
             }
-            if n as usize > self.buf.len() {
-                self.buf.resize(n as usize, 0);
-            }
-            // SAFETY: as above.
+            // Room for the whole datagram (at least 4 KiB, so a socket
+            // settles on one allocation), without zeroing it: recv writes
+            // the bytes and only those are exposed (set_len below).
+            self.buf.clear();
+            self.buf.reserve((n as usize).max(4096));
+            // SAFETY: the pointer and capacity describe the vector's
+            // allocation; recv writes at most that many bytes.
             let n = unsafe {
                 libc::recv(
                     self.fd.as_raw_fd(),
                     self.buf.as_mut_ptr() as *mut libc::c_void,
-                    self.buf.len(),
+                    self.buf.capacity(),
                     0,
                 )
             };
@@ -304,6 +332,8 @@ impl Socket {
                 }
                 return Err(e);
             }
+            // SAFETY: recv initialised the first n bytes (n <= capacity).
+            unsafe { self.buf.set_len(n as usize) };
             return Ok(n as usize);
         }
     }
