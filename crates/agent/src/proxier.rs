@@ -16,6 +16,14 @@
 //! conntrack entries towards removed endpoints are flushed, so clients do not
 //! keep sending into the void (the classic 5-second DNS delay).
 //!
+//! Memory: the proxier keeps each Service and EndpointSlice as the bytes the
+//! store holds (a few hundred bytes each) and decodes them only to plan.
+//! What the kernel holds is not kept as rules either: it is remembered as
+//! the inputs the applied fragment was planned from (shared with the current
+//! inputs while nothing changed), and re-planned when that Service changes,
+//! since planning is pure. At 50k Services this keeps tens of megabytes
+//! instead of a gigabyte of decoded objects and rule trees.
+//!
 //! There is one [`Proxier`] per address family (`ip podnet`, `ip6 podnet`);
 //! [`run`] feeds both from one watch.
 
@@ -28,14 +36,14 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_nft::diff::{diff, ops, replace, Change};
+use podnet_nft::diff::{diff, ops, Change};
 use podnet_nft::model::{Expr, Proto, Table, Value};
 use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
 use crate::healthcheck;
-use crate::proxy::{base_table, fragment, merge, Stack, TABLE};
+use crate::proxy::{base_table, fragment, shell, Stack, TABLE};
 use crate::AgentError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
@@ -105,16 +113,59 @@ fn service_id(o: &Object) -> Option<String> {
     }
 }
 
+/// An object as the store encodes it; decoded when a plan needs it.
+type Raw = Arc<[u8]>;
+
+fn decode_raw(raw: &[u8]) -> Option<Object> {
+    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    Object::from_value(v).ok()
+}
+
+fn decode_service(raw: &[u8]) -> Option<Service> {
+    match decode_raw(raw)? {
+        Object::Service(s) => Some(*s),
+        _ => None,
+    }
+}
+
+fn decode_slices<'a>(raws: impl IntoIterator<Item = &'a Raw>) -> Vec<EndpointSlice> {
+    raws.into_iter()
+        .filter_map(|r| match decode_raw(r)? {
+            Object::EndpointSlice(s) => Some(*s),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The inputs one Service's applied fragment was planned from.
+#[derive(Clone, Default)]
+struct Inputs {
+    service: Option<Raw>,
+    slices: Vec<Raw>,
+}
+
+impl Inputs {
+    fn is_empty(&self) -> bool {
+        self.service.is_none() && self.slices.is_empty()
+    }
+}
+
+/// What the kernel holds for one Service.
+struct Applied {
+    inputs: Inputs,
+    endpoints: usize,
+}
+
 pub struct Proxier {
     node: String,
     stack: Stack,
-    services: BTreeMap<String, Service>,
+    services: BTreeMap<String, Raw>,
     /// Slices by store key, with the Service they belong to.
-    slices: BTreeMap<String, (String, EndpointSlice)>,
+    slices: BTreeMap<String, (String, Raw)>,
     by_service: BTreeMap<String, BTreeSet<String>>,
     dirty: BTreeSet<String>,
     /// What the kernel holds, per Service; None: unknown (full sync next).
-    applied: Option<BTreeMap<String, Table>>,
+    applied: Option<BTreeMap<String, Applied>>,
     conn: Option<Conn>,
     metrics: Arc<Metrics>,
     /// Endpoints programmed, kept up to date per change (not recounted).
@@ -164,14 +215,15 @@ impl Proxier {
         };
         self.dirty.insert(id.clone());
         self.touched.insert(id.clone());
+        let raw: Raw = Arc::from(kv.value.as_slice());
         match (typ, obj) {
-            (EventType::Put, Object::Service(s)) => {
-                self.services.insert(id, *s);
+            (EventType::Put, Object::Service(_)) => {
+                self.services.insert(id, raw);
             }
             (EventType::Delete, Object::Service(_)) => {
                 self.services.remove(&id);
             }
-            (typ, Object::EndpointSlice(s)) => {
+            (typ, Object::EndpointSlice(_)) => {
                 if let Some((old, _)) = self.slices.remove(&kv.key) {
                     if let Some(set) = self.by_service.get_mut(&old) {
                         set.remove(&kv.key);
@@ -184,7 +236,7 @@ impl Proxier {
                         .entry(id.clone())
                         .or_default()
                         .insert(kv.key.clone());
-                    self.slices.insert(kv.key.clone(), (id, *s));
+                    self.slices.insert(kv.key.clone(), (id, raw));
                 }
             }
             _ => return false,
@@ -192,15 +244,25 @@ impl Proxier {
         true
     }
 
-    fn fragment_of(&self, id: &str) -> Table {
-        let slices: Vec<EndpointSlice> = self
-            .by_service
-            .get(id)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.slices.get(k).map(|(_, s)| s.clone()))
-            .collect();
-        fragment(self.services.get(id), &slices, &self.node, &self.stack)
+    /// The current inputs of Service `id` (shared bytes, no copies).
+    fn inputs(&self, id: &str) -> Inputs {
+        Inputs {
+            service: self.services.get(id).cloned(),
+            slices: self
+                .by_service
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.slices.get(k).map(|(_, r)| r.clone()))
+                .collect(),
+        }
+    }
+
+    /// Plans one Service's fragment from its inputs.
+    fn plan(&self, i: &Inputs) -> Table {
+        let svc = i.service.as_deref().and_then(decode_service);
+        let slices = decode_slices(&i.slices);
+        fragment(svc.as_ref(), &slices, &self.node, &self.stack)
     }
 
     /// Checks that nobody deleted the table or its chains and sets since
@@ -238,15 +300,11 @@ impl Proxier {
 
     /// What Service `id`'s health-check node port should report here.
     pub fn health_target(&self, id: &str) -> Option<(u16, healthcheck::Target)> {
-        let svc = self.services.get(id)?;
-        let slices: Vec<&EndpointSlice> = self
-            .by_service
-            .get(id)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.slices.get(k).map(|(_, s)| s))
-            .collect();
-        healthcheck::target(svc, &slices, &self.node)
+        let i = self.inputs(id);
+        let svc = decode_service(i.service.as_deref()?)?;
+        let slices = decode_slices(&i.slices);
+        let refs: Vec<&EndpointSlice> = slices.iter().collect();
+        healthcheck::target(&svc, &refs, &self.node)
     }
 
     /// Every known Service's health-check target (after a relist).
@@ -266,92 +324,141 @@ impl Proxier {
         self.dirty.clear();
     }
 
+    /// Replaces the whole table in one transaction, streamed Service by
+    /// Service: each fragment is planned, encoded onto the wire buffer and
+    /// dropped, so the peak is the batch's wire size, not the ruleset held
+    /// as trees.
+    fn full_sync(&mut self, t0: Instant) -> Result<usize, AgentError> {
+        self.dirty.clear();
+        let ids: Vec<String> = self
+            .services
+            .keys()
+            .cloned()
+            .chain(self.by_service.keys().cloned())
+            .collect::<BTreeSet<String>>()
+            .into_iter()
+            .collect();
+        let empty = shell(&self.stack);
+        let chunk_of = |k: usize, this: &Proxier| -> Option<(Vec<Change>, Option<Applied>)> {
+            if k == 0 {
+                return Some((podnet_nft::diff::replace(&base_table(&this.stack)), None));
+            }
+            let id = ids.get(k - 1)?;
+            let inputs = this.inputs(id);
+            let f = this.plan(&inputs);
+            let endpoints = endpoint_count(&f);
+            Some((diff(Some(&empty), &f), Some(Applied { inputs, endpoints })))
+        };
+        let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
+        let mut n = 0;
+        let shell_table = Table::new(self.stack.family, TABLE);
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => Conn::open().map_err(|e| AgentError::Other(e.to_string()))?,
+        };
+        let res = {
+            let this: &Proxier = self;
+            let r = conn.apply_chunks(
+                &shell_table,
+                &mut |k| {
+                    let (changes, applied) = chunk_of(k, this)?;
+                    n += ops(&changes);
+                    if let Some(a) = applied {
+                        planned.insert(ids[k - 1].clone(), a);
+                    }
+                    Some(changes)
+                },
+                &|k| chunk_of(k, this).map(|(c, _)| c).unwrap_or_default(),
+            );
+            r.map_err(|e| e.to_string())
+        };
+        self.conn = Some(conn);
+        self.finish(t0, true, n, res, planned, BTreeSet::new())
+    }
+
     /// One sync; returns the number of operations sent.
     pub fn sync(&mut self) -> Result<usize, AgentError> {
         let t0 = Instant::now();
-        let full = self.applied.is_none();
+        let Some(applied) = &self.applied else {
+            return self.full_sync(t0);
+        };
         let dirty = std::mem::take(&mut self.dirty);
-        let (changes, table, frags, gone_udp) = match &self.applied {
-            None => {
-                let ids: BTreeSet<String> = self
-                    .services
-                    .keys()
-                    .cloned()
-                    .chain(self.by_service.keys().cloned())
-                    .collect();
-                let frags: BTreeMap<String, Table> = ids
-                    .into_iter()
-                    .map(|id| {
-                        let f = self.fragment_of(&id);
-                        (id, f)
-                    })
-                    .collect();
-                let mut table = base_table(&self.stack);
-                for f in frags.values() {
-                    merge(&mut table, f);
-                }
-                (replace(&table), table, frags, BTreeSet::new())
-            }
-            Some(applied) => {
-                let mut changes: Vec<Change> = Vec::new();
-                let mut frags = BTreeMap::new();
-                let mut gone = BTreeSet::new();
-                let empty = fragment(None, &[], &self.node, &self.stack);
-                for id in &dirty {
-                    let new = self.fragment_of(id);
-                    let old = applied.get(id).unwrap_or(&empty);
-                    changes.extend(diff(Some(old), &new));
-                    gone.extend(udp_endpoints(old).difference(&udp_endpoints(&new)).cloned());
-                    frags.insert(id.clone(), new);
-                }
-                (changes, Table::new(self.stack.family, TABLE), frags, gone)
-            }
-        };
-        let n = ops(&changes);
-        let fam = self.stack.label();
-        if n == 0 {
-            if full {
-                self.endpoints = frags.values().map(endpoint_count).sum();
-                self.applied = Some(frags);
-                self.record_use();
-            }
-            self.last_ok = Some(Instant::now());
-            return Ok(0);
+        // Per Service touched: the inputs now planned and their endpoints.
+        let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
+        let mut changes: Vec<Change> = Vec::new();
+        let mut gone_udp = BTreeSet::new();
+        for id in &dirty {
+            let inputs = self.inputs(id);
+            let new = self.plan(&inputs);
+            let old = self.plan(
+                &applied
+                    .get(id)
+                    .map(|a| a.inputs.clone())
+                    .unwrap_or_default(),
+            );
+            changes.extend(diff(Some(&old), &new));
+            gone_udp.extend(
+                udp_endpoints(&old)
+                    .difference(&udp_endpoints(&new))
+                    .cloned(),
+            );
+            let endpoints = endpoint_count(&new);
+            planned.insert(id.clone(), Applied { inputs, endpoints });
         }
-        let res = match &mut self.conn {
-            Some(c) => c.apply(&table, &changes).map_err(|e| e.to_string()),
-            None => Err("no nfnetlink socket".to_string()),
+        let n = ops(&changes);
+        let res = if n == 0 {
+            Ok(())
+        } else {
+            let table = Table::new(self.stack.family, TABLE);
+            match &mut self.conn {
+                Some(c) => c.apply(&table, &changes).map_err(|e| e.to_string()),
+                None => Err("no nfnetlink socket".to_string()),
+            }
         };
+        self.finish(t0, false, n, res, planned, gone_udp)
+    }
+
+    /// Records the outcome of an applied sync: state, counters, metrics.
+    fn finish(
+        &mut self,
+        t0: Instant,
+        full: bool,
+        n: usize,
+        res: Result<(), String>,
+        planned: BTreeMap<String, Applied>,
+        gone_udp: BTreeSet<(IpAddr, u16)>,
+    ) -> Result<usize, AgentError> {
+        let fam = self.stack.label();
         let kind = if full { "full" } else { "partial" };
         match res {
             Ok(()) => {
-                flush_conntrack(&gone_udp);
-                self.record_use();
+                if n > 0 {
+                    flush_conntrack(&gone_udp);
+                    self.record_use();
+                }
                 match &mut self.applied {
                     Some(a) => {
-                        for (id, f) in frags {
-                            let live = self.services.contains_key(&id)
-                                || self
-                                    .by_service
-                                    .get(&id)
-                                    .map(|s| !s.is_empty())
-                                    .unwrap_or(false);
-                            let before = a.get(&id).map(endpoint_count).unwrap_or(0);
-                            let after = if live { endpoint_count(&f) } else { 0 };
+                        for (id, p) in planned {
+                            let before = a.get(&id).map(|x| x.endpoints).unwrap_or(0);
+                            let live = !p.inputs.is_empty();
+                            let after = if live { p.endpoints } else { 0 };
                             self.endpoints = (self.endpoints + after).saturating_sub(before);
                             if live {
-                                a.insert(id, f);
+                                a.insert(id, p);
                             } else {
                                 a.remove(&id);
                             }
                         }
                     }
                     None => {
-                        self.endpoints = frags.values().map(endpoint_count).sum();
-                        self.applied = Some(frags);
+                        self.endpoints = planned.values().map(|a| a.endpoints).sum();
+                        self.applied = Some(planned);
                     }
                 }
                 self.last_ok = Some(Instant::now());
+                if n == 0 {
+                    return Ok(0);
+                }
                 let secs = t0.elapsed().as_secs_f64();
                 let labels = format!("kind=\"{kind}\",family=\"{fam}\"");
                 let fam_label = format!("family=\"{fam}\"");

@@ -379,7 +379,7 @@ pub fn base_table(stack: &Stack) -> Table {
 }
 
 /// The empty shared maps a Service fragment writes its elements into.
-fn shell(stack: &Stack) -> Table {
+pub fn shell(stack: &Stack) -> Table {
     let mut t = Table::new(stack.family, TABLE);
     let three = vec![stack.addr_key(), KeyType::InetProto, KeyType::InetService];
     let two = vec![KeyType::InetProto, KeyType::InetService];

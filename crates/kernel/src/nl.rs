@@ -178,6 +178,9 @@ pub struct Reply {
     pub body: Vec<u8>,
 }
 
+/// Hands one message of a batch to [`Socket::batch_with`].
+pub type Push<'a> = &'a mut dyn FnMut(Msg);
+
 /// A blocking netlink socket bound to the network namespace it was opened in.
 pub struct Socket {
     fd: OwnedFd,
@@ -346,33 +349,53 @@ impl Socket {
         msgs: Vec<Msg>,
         describe: &dyn Fn(usize) -> String,
     ) -> Result<(), KernelError> {
+        let mut msgs = Some(msgs);
+        self.batch_with(
+            &mut |push| {
+                for m in msgs.take().into_iter().flatten() {
+                    push(m)
+                }
+            },
+            describe,
+        )
+    }
+
+    /// Like [`Socket::batch`], with the messages produced by `fill` one at a
+    /// time and appended to the outgoing buffer as they come: a batch of a
+    /// million messages costs its wire size once, not three times over.
+    pub fn batch_with(
+        &mut self,
+        fill: &mut dyn FnMut(Push<'_>),
+        describe: &dyn Fn(usize) -> String,
+    ) -> Result<(), KernelError> {
+        let first = self.seq.wrapping_add(1);
+        let mut seq = self.seq;
+        let mut bytes: Vec<u8> = Vec::new();
         // Only the last message that wants an ack keeps the flag: errors
         // are reported for any message anyway, and one ack per message would
         // overflow the receive buffer on large batches.
-        let mut encoded: Vec<(u32, Vec<u8>)> = msgs
-            .into_iter()
-            .map(|m| {
-                self.seq = self.seq.wrapping_add(1);
-                (self.seq, m.finish(self.seq))
-            })
-            .collect();
-        let last_ack = encoded
-            .iter()
-            .rposition(|(_, b)| u16::from_ne_bytes([b[6], b[7]]) & NLM_F_ACK != 0);
-        let mut seq_index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
-        let mut pending: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
-        let mut bytes = Vec::new();
-        for (i, (seq, b)) in encoded.iter_mut().enumerate() {
-            seq_index.insert(*seq, i);
-            if Some(i) == last_ack {
-                pending.insert(*seq, i);
-            } else {
-                let f = u16::from_ne_bytes([b[6], b[7]]) & !NLM_F_ACK;
-                b[6..8].copy_from_slice(&f.to_ne_bytes());
+        let mut last_ack: Option<(usize, u32)> = None;
+        fill(&mut |m: Msg| {
+            seq = seq.wrapping_add(1);
+            let mut b = m.finish(seq);
+            let f = u16::from_ne_bytes([b[6], b[7]]);
+            if f & NLM_F_ACK != 0 {
+                last_ack = Some((bytes.len(), seq));
+                b[6..8].copy_from_slice(&(f & !NLM_F_ACK).to_ne_bytes());
             }
-            bytes.extend_from_slice(b);
+            bytes.extend_from_slice(&b);
+        });
+        self.seq = seq;
+        let mut pending = None;
+        if let Some((off, s)) = last_ack {
+            let f = u16::from_ne_bytes([bytes[off + 6], bytes[off + 7]]) | NLM_F_ACK;
+            bytes[off + 6..off + 8].copy_from_slice(&f.to_ne_bytes());
+            pending = Some(s);
         }
-        let bufsize: i32 = (bytes.len() as i32).saturating_mul(2).max(1 << 20);
+        let index = |s: u32| s.wrapping_sub(first) as usize;
+        let bufsize: i32 = (bytes.len().min(i32::MAX as usize / 2) as i32)
+            .saturating_mul(2)
+            .max(1 << 20);
         // SAFETY: valid fd and a pointer to a live i32 (SO_SNDBUFFORCE needs root; fall back quietly).
         unsafe {
             libc::setsockopt(
@@ -385,7 +408,8 @@ impl Socket {
         }
         self.send(&bytes)
             .map_err(|e| KernelError::io(describe(0), e))?;
-        while !pending.is_empty() {
+        drop(bytes);
+        while let Some(want) = pending {
             let n = self.recv().map_err(|e| KernelError::io(describe(0), e))?;
             let mut off = 0;
             while off + 16 <= n {
@@ -399,14 +423,16 @@ impl Socket {
                 let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
                 let body = &b[16..len];
                 off += align4(len);
-                if ty != NLMSG_ERROR {
+                if ty != NLMSG_ERROR || index(mseq) > index(seq) {
                     continue;
                 }
                 let errno = -(get_u32(body) as i32);
-                pending.remove(&mseq);
+                if mseq == want {
+                    pending = None;
+                }
                 if errno != 0 {
                     return Err(KernelError::Netlink {
-                        op: describe(seq_index.get(&mseq).copied().unwrap_or(0)),
+                        op: describe(index(mseq)),
                         source: io::Error::from_raw_os_error(errno),
                         detail: extack_msg(body, mflags),
                     });

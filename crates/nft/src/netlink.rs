@@ -509,77 +509,76 @@ fn name_msg(t: &Table, cmd: u16, attr: u16, name: &str) -> Msg {
 pub fn encode(t: &Table, changes: &[Change]) -> (Vec<Msg>, Vec<String>) {
     let mut msgs = Vec::new();
     let mut what = Vec::new();
-    let mut push = |m: Msg, w: String, msgs: &mut Vec<Msg>| {
+    encode_each(t, changes, &mut |m, ci, sub| {
         msgs.push(m);
-        what.push(w);
-    };
-    for c in changes {
+        what.push(describe(t, &changes[ci], sub));
+    });
+    (msgs, what)
+}
+
+/// What message `sub` of change `c` does, for error texts (computed only
+/// when a message fails: rendering every rule up front would cost as much
+/// as encoding it).
+fn describe(t: &Table, c: &Change, sub: usize) -> String {
+    match c {
+        Change::ResetTable if sub == 0 => format!("adding table {}", t.name),
+        Change::ResetTable => format!("deleting table {}", t.name),
+        Change::AddTable => format!("adding table {}", t.name),
+        Change::AddSet { name, .. } => format!("adding set {name}"),
+        Change::DelSet { name } => format!("deleting set {name}"),
+        Change::AddChain { name, .. } => format!("adding chain {name}"),
+        Change::DelChain { name } => format!("deleting chain {name}"),
+        Change::FlushChain { name } => format!("flushing chain {name}"),
+        Change::AddRules { chain, rules } => match rules.get(sub) {
+            Some(r) => format!("adding rule to {chain}: {}", r.text()),
+            None => format!("adding rule to {chain}"),
+        },
+        Change::AddElems { set, .. } => format!("adding elements to {set}"),
+        Change::DelElems { set, .. } => format!("deleting elements from {set}"),
+    }
+}
+
+/// Encodes each change's messages in order, handing each to `emit` with
+/// the index of its change and its number within that change.
+fn encode_each(t: &Table, changes: &[Change], emit: &mut dyn FnMut(Msg, usize, usize)) {
+    for (ci, c) in changes.iter().enumerate() {
         match c {
             Change::ResetTable => {
                 // add-then-delete: no error whether or not it existed.
                 let mut m = msg(t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
                 m.str(1, &t.name);
-                push(m, format!("adding table {}", t.name), &mut msgs);
-                push(
-                    name_msg_table(t),
-                    format!("deleting table {}", t.name),
-                    &mut msgs,
-                );
+                emit(m, ci, 0);
+                emit(name_msg_table(t), ci, 1);
             }
             Change::AddTable => {
                 let mut m = msg(t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
                 m.str(1, &t.name);
-                push(m, format!("adding table {}", t.name), &mut msgs);
+                emit(m, ci, 0);
             }
-            Change::AddSet { name, set } => push(
-                set_msg(t, name, set),
-                format!("adding set {name}"),
-                &mut msgs,
-            ),
-            Change::DelSet { name } => push(
-                name_msg(t, NFT_MSG_DELSET, 2, name),
-                format!("deleting set {name}"),
-                &mut msgs,
-            ),
-            Change::AddChain { name, base } => push(
-                chain_msg(t, name, base),
-                format!("adding chain {name}"),
-                &mut msgs,
-            ),
-            Change::DelChain { name } => push(
-                name_msg(t, NFT_MSG_DELCHAIN, 3, name),
-                format!("deleting chain {name}"),
-                &mut msgs,
-            ),
-            Change::FlushChain { name } => push(
-                name_msg(t, NFT_MSG_DELRULE, 2, name),
-                format!("flushing chain {name}"),
-                &mut msgs,
-            ),
+            Change::AddSet { name, set } => emit(set_msg(t, name, set), ci, 0),
+            Change::DelSet { name } => emit(name_msg(t, NFT_MSG_DELSET, 2, name), ci, 0),
+            Change::AddChain { name, base } => emit(chain_msg(t, name, base), ci, 0),
+            Change::DelChain { name } => emit(name_msg(t, NFT_MSG_DELCHAIN, 3, name), ci, 0),
+            Change::FlushChain { name } => emit(name_msg(t, NFT_MSG_DELRULE, 2, name), ci, 0),
             Change::AddRules { chain, rules } => {
-                for r in rules {
-                    push(
-                        rule_msg(t, chain, r),
-                        format!("adding rule to {chain}: {}", r.text()),
-                        &mut msgs,
-                    );
+                for (i, r) in rules.iter().enumerate() {
+                    emit(rule_msg(t, chain, r), ci, i);
                 }
             }
             Change::AddElems { set, elems } => {
-                for m in elems_msgs(t, set, elems, true) {
-                    push(m, format!("adding elements to {set}"), &mut msgs);
+                for (i, m) in elems_msgs(t, set, elems, true).into_iter().enumerate() {
+                    emit(m, ci, i);
                 }
             }
             Change::DelElems { set, keys } => {
                 let e: Vec<(Vec<Value>, Option<ElemData>)> =
                     keys.iter().map(|k| (k.clone(), None)).collect();
-                for m in elems_msgs(t, set, &e, false) {
-                    push(m, format!("deleting elements from {set}"), &mut msgs);
+                for (i, m) in elems_msgs(t, set, &e, false).into_iter().enumerate() {
+                    emit(m, ci, i);
                 }
             }
         }
     }
-    (msgs, what)
 }
 
 /// An nfnetlink socket for applying batches (reuse it: opening costs).
@@ -600,20 +599,72 @@ impl Conn {
         if changes.is_empty() {
             return Ok(());
         }
-        let (inner, what) = encode(t, changes);
-        let mut msgs = Vec::with_capacity(inner.len() + 2);
-        let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
-        begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
-        msgs.push(begin);
-        msgs.extend(inner);
-        let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
-        end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
-        msgs.push(end);
-        self.sock.batch(msgs, &|i| {
-            what.get(i.saturating_sub(1))
-                .cloned()
-                .unwrap_or_else(|| "nf_tables batch".into())
-        })
+        // Message i of the batch came from change index[i - 1] (0 is BEGIN).
+        let index = std::cell::RefCell::new(Vec::<(u32, u32)>::new());
+        self.sock.batch_with(
+            &mut |push| {
+                let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
+                begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+                push(begin);
+                encode_each(t, changes, &mut |m, ci, sub| {
+                    index.borrow_mut().push((ci as u32, sub as u32));
+                    push(m);
+                });
+                let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
+                end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+                push(end);
+            },
+            &|i| {
+                i.checked_sub(1)
+                    .and_then(|i| index.borrow().get(i).copied())
+                    .map(|(ci, sub)| describe(t, &changes[ci as usize], sub as usize))
+                    .unwrap_or_else(|| "nf_tables batch".into())
+            },
+        )
+    }
+
+    /// Applies one transaction whose changes come in chunks: `chunk(k)`
+    /// gives chunk k (None after the last), which is encoded onto the wire
+    /// buffer and dropped at once, so a full replace of a large table never
+    /// holds its change list. `redo(k)` must give chunk k again; it is
+    /// called only to name the change that failed.
+    pub fn apply_chunks(
+        &mut self,
+        t: &Table,
+        chunk: &mut dyn FnMut(usize) -> Option<Vec<Change>>,
+        redo: &dyn Fn(usize) -> Vec<Change>,
+    ) -> Result<(), KernelError> {
+        // Message i of the batch came from index[i - 1] (0 is BEGIN).
+        let index = std::cell::RefCell::new(Vec::<(u32, u32, u32)>::new());
+        self.sock.batch_with(
+            &mut |push| {
+                let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
+                begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+                push(begin);
+                let mut k = 0;
+                while let Some(changes) = chunk(k) {
+                    encode_each(t, &changes, &mut |m, ci, sub| {
+                        index.borrow_mut().push((k as u32, ci as u32, sub as u32));
+                        push(m);
+                    });
+                    k += 1;
+                }
+                let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
+                end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
+                push(end);
+            },
+            &|i| {
+                i.checked_sub(1)
+                    .and_then(|i| index.borrow().get(i).copied())
+                    .and_then(|(k, ci, sub)| {
+                        let changes = redo(k as usize);
+                        changes
+                            .get(ci as usize)
+                            .map(|c| describe(t, c, sub as usize))
+                    })
+                    .unwrap_or_else(|| "nf_tables batch".into())
+            },
+        )
     }
 
     /// The table's use count (its chains, sets and objects), or None when
