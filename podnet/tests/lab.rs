@@ -553,7 +553,7 @@ fn service_types_from_outside_and_inside() {
     let lab = Lab::up("st", "vxlan", 2);
     lab.pod_labelled("w1", "node1", "app=web");
     lab.pod_labelled("w2", "node2", "app=web");
-    lab.pod_labelled("c", "node2", "app=client");
+    let c_ip = lab.pod_labelled("c", "node2", "app=client");
     let l1_ip = lab.pod_labelled("l1", "node1", "app=loc");
     lab.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: sticky}\n\
@@ -563,7 +563,11 @@ fn service_types_from_outside_and_inside() {
          ---\napiVersion: v1\nkind: Service\nmetadata: {name: loc}\n\
          spec:\n  selector: {app: loc}\n  type: LoadBalancer\n  externalTrafficPolicy: Local\n  \
          ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30081}, {name: long, port: 9000, targetPort: 9000}]\n\
-         status: {loadBalancer: {ingress: [{ip: 203.0.113.20}]}}\n",
+         status: {loadBalancer: {ingress: [{ip: 203.0.113.20}]}}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: plain}\n\
+         spec: {selector: {app: loc}, ports: [{port: 80, targetPort: 8080}]}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: spread}\n\
+         spec: {selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}\n",
     );
     // A client outside the cluster: an address on the underlay bridge, with
     // the external and LB IPs routed to node1.
@@ -647,6 +651,37 @@ fn service_types_from_outside_and_inside() {
         ]),
         l1_ip,
         "hairpin traffic must be masqueraded"
+    );
+    // The same through a plain ClusterIP (the fast path: map elements, no
+    // per-Service chains): hairpin masqueraded, another pod's address kept.
+    let plain_ip = lab.spec("plain", "clusterIP").as_str().unwrap().to_string();
+    let fast = lab
+        .sh(
+            &lab.node_ns("node1"),
+            "nft list set ip podnet fast-services",
+        )
+        .1;
+    assert!(fast.contains(&plain_ip), "{fast}");
+    let plain = format!("{plain_ip}:80");
+    assert_eq!(lab.ok(&["probe", "default/l1", &plain]), "l1");
+    assert_ne!(
+        lab.ok(&["probe", "default/l1", &plain, "--ask", "clientip"]),
+        l1_ip,
+        "fast-path hairpin traffic must be masqueraded"
+    );
+    assert_eq!(
+        lab.ok(&["probe", "default/c", &plain, "--ask", "clientip"]),
+        c_ip,
+        "pod-to-Service traffic keeps its source on the fast path"
+    );
+    let spread = format!("{}:80", lab.spec("spread", "clusterIP").as_str().unwrap());
+    let answers: std::collections::BTreeSet<String> = (0..24)
+        .map(|_| lab.ok(&["probe", "default/c", &spread]))
+        .collect();
+    assert_eq!(
+        answers,
+        std::collections::BTreeSet::from(["w1".to_string(), "w2".to_string()]),
+        "the fast path spreads over both endpoints"
     );
 
     // A connection through the ClusterIP survives both agents restarting.

@@ -37,18 +37,30 @@ use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
 use podnet_nft::diff::{diff, ops, Change};
-use podnet_nft::model::{Expr, Proto, Table, Value};
+use podnet_nft::model::{ElemData, Expr, Proto, Set, Table, Value};
 use podnet_nft::netlink::Conn;
 use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
 use crate::healthcheck;
-use crate::proxy::{base_table, fragment, shell, Stack, TABLE};
+use crate::proxy::{base_table, fragment, is_fast_count_set, shell, Stack, TABLE};
 use crate::AgentError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
 fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
     let mut out = BTreeSet::new();
+    for (k, d) in t
+        .sets
+        .get("fast-endpoints")
+        .into_iter()
+        .flat_map(|s| &s.elements)
+    {
+        if let (Some(Value::Proto(Proto::Udp)), Some(ElemData::Data(d))) = (k.get(1), d) {
+            if let (Some(Value::Addr(a)), Some(Value::Port(p))) = (d.first(), d.get(1)) {
+                out.insert((*a, *p));
+            }
+        }
+    }
     for c in t.chains.values() {
         for r in &c.rules {
             let udp = r.exprs.iter().any(|e| {
@@ -178,9 +190,42 @@ pub struct Proxier {
     expect_use: Option<u32>,
 }
 
-/// Endpoint chains in a fragment.
+/// The changes from one Service fragment to another. The per-count sets of
+/// the fast path are declared by the base table and appear in a fragment
+/// only when it uses one: each side gets the other's missing declarations
+/// of those, so the diff carries their element changes, never their
+/// creation or removal. A fragment's own sets (affinity) are diffed as
+/// they are.
+fn fragment_diff(mut old: Table, mut new: Table) -> Vec<Change> {
+    let shared: Vec<(String, Set)> = new
+        .sets
+        .iter()
+        .chain(old.sets.iter())
+        .filter(|(name, _)| is_fast_count_set(name))
+        .map(|(name, s)| {
+            (
+                name.clone(),
+                Set {
+                    elements: Default::default(),
+                    ..s.clone()
+                },
+            )
+        })
+        .collect();
+    for (name, s) in shared {
+        old.sets.entry(name.clone()).or_insert_with(|| s.clone());
+        new.sets.entry(name).or_insert(s);
+    }
+    diff(Some(&old), &new)
+}
+
+/// Endpoints in a fragment: endpoint chains and fast-path endpoints.
 fn endpoint_count(t: &Table) -> usize {
     t.chains.keys().filter(|c| c.starts_with("ep-")).count()
+        + t.sets
+            .get("fast-endpoints")
+            .map(|s| s.elements.len())
+            .unwrap_or(0)
 }
 
 impl Proxier {
@@ -347,7 +392,10 @@ impl Proxier {
             let inputs = this.inputs(id);
             let f = this.plan(&inputs);
             let endpoints = endpoint_count(&f);
-            Some((diff(Some(&empty), &f), Some(Applied { inputs, endpoints })))
+            Some((
+                fragment_diff(empty.clone(), f),
+                Some(Applied { inputs, endpoints }),
+            ))
         };
         let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
         let mut n = 0;
@@ -396,13 +444,13 @@ impl Proxier {
                     .map(|a| a.inputs.clone())
                     .unwrap_or_default(),
             );
-            changes.extend(diff(Some(&old), &new));
             gone_udp.extend(
                 udp_endpoints(&old)
                     .difference(&udp_endpoints(&new))
                     .cloned(),
             );
             let endpoints = endpoint_count(&new);
+            changes.extend(fragment_diff(old, new));
             planned.insert(id.clone(), Applied { inputs, endpoints });
         }
         let n = ops(&changes);
@@ -643,4 +691,75 @@ pub fn cleanup() -> Result<Vec<String>, AgentError> {
         }
     }
     Ok(gone)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::fragment;
+
+    fn service(eps: &[&str]) -> (Service, EndpointSlice) {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.9", "ports": [{"port": 80, "protocol": "UDP"}]}
+        }))
+        .unwrap();
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": eps.iter().map(|a| serde_json::json!({"addresses": [a]})).collect::<Vec<_>>(),
+            "ports": [{"port": 53, "protocol": "UDP"}]
+        }))
+        .unwrap();
+        (svc, slice)
+    }
+
+    #[test]
+    fn a_fast_port_changing_its_endpoint_count_moves_between_count_sets() {
+        let stack = Stack::v4("10.244.0.0/16".parse().unwrap());
+        let (s1, e1) = service(&["10.244.1.2"]);
+        let (s2, e2) = service(&["10.244.1.2", "10.244.2.2"]);
+        let old = fragment(Some(&s1), &[e1], "n1", &stack);
+        let new = fragment(Some(&s2), &[e2], "n1", &stack);
+        assert_eq!(endpoint_count(&old), 1);
+        assert_eq!(endpoint_count(&new), 2);
+        assert_eq!(
+            udp_endpoints(&new),
+            BTreeSet::from([
+                ("10.244.1.2".parse().unwrap(), 53),
+                ("10.244.2.2".parse().unwrap(), 53)
+            ])
+        );
+        let d = fragment_diff(old.clone(), new);
+        assert!(
+            d.iter()
+                .all(|c| matches!(c, Change::AddElems { .. } | Change::DelElems { .. })),
+            "{d:?}"
+        );
+        let names = |del: bool| -> BTreeSet<String> {
+            d.iter()
+                .filter_map(|c| match c {
+                    Change::DelElems { set, .. } if del => Some(set.clone()),
+                    Change::AddElems { set, .. } if !del => Some(set.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(names(true), BTreeSet::from(["fast-1".to_string()]));
+        assert!(names(false).contains("fast-2"), "{d:?}");
+        // Against the shell (a full sync), a fragment is only elements.
+        let full = fragment_diff(crate::proxy::shell(&stack), old);
+        assert!(full.iter().all(|c| matches!(c, Change::AddElems { .. })));
+        // A fragment's own sets (affinity) are created with it.
+        let (mut s3, e3) = service(&["10.244.1.2"]);
+        s3.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
+        let aff = fragment(Some(&s3), &[e3], "n1", &stack);
+        let d = fragment_diff(crate::proxy::shell(&stack), aff);
+        assert!(
+            d.iter()
+                .any(|c| matches!(c, Change::AddSet { name, .. } if name.starts_with("aff-"))),
+            "{d:?}"
+        );
+    }
 }

@@ -36,6 +36,8 @@ use podnet_nft::model::{
 pub const TABLE: &str = "podnet";
 pub const MASQ_MARK: u32 = 0x4000;
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+/// Most endpoints a Service port may have and still take the fast path.
+pub const FAST_MAX: u32 = 64;
 
 /// One address family's table and the cluster's pod network in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +111,19 @@ impl Stack {
             "::1/128".parse().expect("static")
         } else {
             "127.0.0.0/8".parse().expect("static")
+        }
+    }
+
+    /// The key types of a Service address map: address . protocol . port.
+    fn svc_key_types(&self) -> Vec<KeyType> {
+        vec![self.addr_key(), KeyType::InetProto, KeyType::InetService]
+    }
+
+    fn ct_orig_daddr(&self) -> Field {
+        if self.is_v6() {
+            Field::CtOrigIp6Daddr
+        } else {
+            Field::CtOrigIpDaddr
         }
     }
 
@@ -280,12 +295,63 @@ fn pick_rules(eps: &[(String, &Ep)], affinity: bool, stack: &Stack) -> Vec<Rule>
 /// dispatch maps (empty).
 pub fn base_table(stack: &Stack) -> Table {
     let mut t = shell(stack);
+    let three = vec![stack.daddr(), Field::L4Proto, Field::Dport];
+    // Fast-path dispatch: one lookup decides fast or not; the port's
+    // endpoint count picks the chain whose `numgen` modulus matches; that
+    // chain DNATs through the endpoint map. Every per-Service part is a set
+    // element, so Service changes never add rules or verdicts.
+    let mut fast = vec![mark_external(stack)];
+    for n in 1..=FAST_MAX {
+        let (set, chain) = (fast_set(n), format!("pick-{n}"));
+        t.sets.insert(set.clone(), Set::new(stack.svc_key_types()));
+        fast.push(Rule::new(vec![
+            Expr::InSet {
+                keys: three.clone(),
+                set,
+                neg: false,
+            },
+            Expr::Verdict(Verdict::Goto(chain.clone())),
+        ]));
+        t.chains.insert(
+            chain,
+            Chain {
+                base: None,
+                rules: vec![Rule::new(vec![Expr::PickDnat {
+                    keys: three.clone(),
+                    modulus: n,
+                    map: "fast-endpoints".into(),
+                }])],
+            },
+        );
+    }
+    t.chains.insert(
+        "fast-dispatch".into(),
+        Chain {
+            base: None,
+            rules: fast,
+        },
+    );
     let dispatch = vec![
+        Rule::new(vec![
+            Expr::InSet {
+                keys: three.clone(),
+                set: "fast-services".into(),
+                neg: false,
+            },
+            Expr::Verdict(Verdict::Jump("fast-dispatch".into())),
+        ]),
         Rule::new(vec![Expr::VMap {
             keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
             map: "service-ips".into(),
         }]),
+        // The route lookup only for ports that are NodePorts: every other
+        // new connection through the node skips it.
         Rule::new(vec![
+            Expr::InSet {
+                keys: vec![Field::L4Proto, Field::Dport],
+                set: "service-nodeports".into(),
+                neg: false,
+            },
             Expr::FibDaddrLocal,
             Expr::Cmp {
                 field: stack.daddr(),
@@ -320,6 +386,21 @@ pub fn base_table(stack: &Stack) -> Table {
         ))]));
     t.chains.insert("nat-output".into(), nat_out);
     let mut nat_post = base(ChainType::Nat, Hook::Postrouting, 100);
+    // Hairpin on the fast path: the endpoint is the client.
+    nat_post.rules.push(Rule::new(vec![
+        Expr::CtDnat,
+        Expr::InSet {
+            keys: vec![
+                stack.saddr(),
+                stack.daddr(),
+                stack.ct_orig_daddr(),
+                Field::CtOrigDport,
+            ],
+            set: "fast-hairpin".into(),
+            neg: false,
+        },
+        Expr::Masquerade { fully_random: true },
+    ]));
     nat_post.rules.push(Rule::new(vec![
         Expr::MarkSet { mask: MASQ_MARK },
         Expr::Masquerade { fully_random: true },
@@ -339,6 +420,11 @@ pub fn base_table(stack: &Stack) -> Table {
             map: "no-endpoint-services".into(),
         }]),
         Rule::new(vec![
+            Expr::InSet {
+                keys: vec![Field::L4Proto, Field::Dport],
+                set: "no-endpoint-nodeports".into(),
+                neg: false,
+            },
             Expr::FibDaddrLocal,
             Expr::VMap {
                 keys: vec![Field::L4Proto, Field::Dport],
@@ -387,8 +473,30 @@ pub fn shell(stack: &Stack) -> Table {
     t.sets
         .insert("service-nodeports".into(), Set::map(two.clone()));
     t.sets
-        .insert("no-endpoint-services".into(), Set::map(three));
+        .insert("no-endpoint-services".into(), Set::map(three.clone()));
     t.sets.insert("no-endpoint-nodeports".into(), Set::map(two));
+    // The fast path: every fast port's address, its endpoints by index,
+    // and the (endpoint, endpoint, Service address, port) quadruples that
+    // mark a pod reaching itself through the Service. (The per-count sets
+    // `fast-<n>` are declared by the base table; a fragment carries the one
+    // it uses.)
+    t.sets
+        .insert("fast-services".into(), Set::new(three.clone()));
+    let mut indexed = three;
+    indexed.push(KeyType::Mark);
+    t.sets.insert(
+        "fast-endpoints".into(),
+        Set::data_map(indexed, vec![stack.addr_key(), KeyType::InetService]),
+    );
+    t.sets.insert(
+        "fast-hairpin".into(),
+        Set::new(vec![
+            stack.addr_key(),
+            stack.addr_key(),
+            stack.addr_key(),
+            KeyType::InetService,
+        ]),
+    );
     t
 }
 
@@ -463,6 +571,55 @@ fn cluster_ip_of(
         .find(|ip| stack.holds(ip))
 }
 
+/// The set holding the fast-path ports with `n` endpoints.
+pub fn fast_set(n: u32) -> String {
+    format!("fast-{n}")
+}
+
+/// Whether `name` is one of the base table's per-count fast-path sets.
+pub fn is_fast_count_set(name: &str) -> bool {
+    name.strip_prefix("fast-")
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| (1..=FAST_MAX).contains(&n))
+}
+
+/// A fast-path Service port's elements.
+fn add_fast(t: &mut Table, stack: &Stack, cip: IpAddr, proto: Proto, port: u16, eps: &[&Ep]) {
+    let key = svc_key(cip, proto, port);
+    t.sets
+        .entry(fast_set(eps.len() as u32))
+        .or_insert_with(|| Set::new(stack.svc_key_types()))
+        .elements
+        .insert(key.clone(), None);
+    let mut elems = |name: &str, k: Vec<Value>, d: Option<ElemData>| {
+        t.sets
+            .get_mut(name)
+            .expect("declared in the shell")
+            .elements
+            .insert(k, d);
+    };
+    elems("fast-services", key.clone(), None);
+    for (i, e) in eps.iter().enumerate() {
+        let mut k = key.clone();
+        k.push(Value::U32(i as u32));
+        elems(
+            "fast-endpoints",
+            k,
+            Some(ElemData::Data(vec![Value::Addr(e.ip), Value::Port(e.port)])),
+        );
+        elems(
+            "fast-hairpin",
+            vec![
+                Value::Addr(e.ip),
+                Value::Addr(e.ip),
+                Value::Addr(cip),
+                Value::Port(port),
+            ],
+            None,
+        );
+    }
+}
+
 fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &str, stack: &Stack) {
     let Some(spec) = &svc.spec else { return };
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
@@ -526,6 +683,18 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
             .node_port
             .and_then(|p| u16::try_from(p).ok())
             .filter(|_| matches!(ty, "NodePort" | "LoadBalancer"));
+
+        // The fast path: a ClusterIP-only port without affinity is data in
+        // three maps, no chains of its own.
+        if !affinity
+            && node_port.is_none()
+            && external_ips.is_empty()
+            && !cluster_eps.is_empty()
+            && cluster_eps.len() <= FAST_MAX as usize
+        {
+            add_fast(t, stack, cip, proto, sport, &cluster_eps);
+            continue;
+        }
 
         // Endpoint chains, shared by the cluster and external paths.
         let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();
@@ -690,7 +859,7 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podnet_nft::diff::{diff, ops};
+    use podnet_nft::diff::{diff, ops, Change};
     use podnet_nft::trace::{Fate, Packet, Tracer};
     use serde_json::json;
     use std::collections::BTreeSet;
@@ -957,7 +1126,7 @@ mod tests {
         );
         let hl = svc("hl", json!({"clusterIP": "None", "ports": [{"port": 80}]}));
         let t = plan_for(&[en, hl], &[]);
-        assert!(t.sets.values().all(|s| s.elements.is_empty()));
+        assert!(t.sets.iter().all(|(_, s)| s.elements.is_empty()));
         assert!(!t.chains.keys().any(|c| c.starts_with("svc-")));
     }
 
@@ -1011,8 +1180,24 @@ mod tests {
         let d = diff(Some(&t2), &plan_for(&svcs, &slices));
         assert_eq!(
             ops(&d),
-            7,
-            "element + svc chain (1+2 rules) + ep chain (1+2 rules): {d:?}"
+            4,
+            "a fast-path Service is four elements (fast, fast-1, endpoint, hairpin): {d:?}"
+        );
+        assert!(
+            d.iter().all(|c| matches!(c, Change::AddElems { .. })),
+            "no chains or rules, so the kernel has nothing to re-validate: {d:?}"
+        );
+        // The same Service with a NodePort takes the chain path.
+        let last = svcs.len() - 1;
+        svcs[last] = svc(
+            "new",
+            json!({"type": "NodePort", "clusterIP": "10.96.5.5",
+                   "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}),
+        );
+        let d = diff(Some(&t2), &plan_for(&svcs, &slices));
+        assert!(
+            d.iter().any(|c| matches!(c, Change::AddChain { .. })),
+            "{d:?}"
         );
     }
 
@@ -1124,18 +1309,36 @@ mod tests {
 
     #[test]
     fn golden_render_of_a_small_service_set() {
+        // web takes the fast path; api (affinity) the chain path.
+        let api = svc(
+            "api",
+            json!({"clusterIP": "10.96.0.60", "sessionAffinity": "ClientIP",
+                   "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}),
+        );
         let t = plan_for(
-            &[web(json!({}))],
-            &[slice("web", &[("10.244.1.5", true, false, "node1")], 8080)],
+            &[web(json!({})), api],
+            &[
+                slice("web", &[("10.244.1.5", true, false, "node1")], 8080),
+                slice("api", &[("10.244.1.6", true, false, "node1")], 8080),
+            ],
         );
         let r = t.render();
         for want in [
+            "set fast-services {\n\t\ttype ipv4_addr . inet_proto . inet_service;",
+            "set fast-1 {\n\t\ttype ipv4_addr . inet_proto . inet_service;\n\t\telements = { 10.96.0.50 . tcp . 80 }",
+            "type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service;",
+            "10.96.0.50 . tcp . 80 . 0x00000000 : 10.244.1.5 . 8080",
+            "10.244.1.5 . 10.244.1.5 . 10.96.0.50 . 80",
+            "\t\tip daddr . meta l4proto . th dport @fast-services jump fast-dispatch\n",
+            "\t\tip daddr . meta l4proto . th dport @fast-2 goto pick-2\n",
+            "\t\tdnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @fast-endpoints\n",
+            "\t\tct status dnat ip saddr . ip daddr . ct original ip daddr . ct original proto-dst @fast-hairpin masquerade fully-random\n",
             "map service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict;",
-            "10.96.0.50 . tcp . 80 : goto svc-",
+            "10.96.0.60 . tcp . 80 : goto svc-",
             "\t\tip daddr . meta l4proto . th dport vmap @service-ips\n",
-            "\t\tfib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports\n",
+            "\t\tmeta l4proto . th dport @service-nodeports fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports\n",
             "\t\tip saddr != 10.244.0.0/16 jump mark-for-masquerade\n",
-            "\t\tmeta l4proto tcp dnat ip to 10.244.1.5:8080\n",
+            " meta l4proto tcp dnat ip to 10.244.1.6:8080\n",
             "\t\tmeta mark & 0x00004000 != 0 masquerade fully-random\n",
             "type nat hook prerouting priority -100; policy accept;",
         ] {

@@ -65,6 +65,10 @@ pub enum Field {
     Dport,
     /// meta mark
     Mark,
+    /// The connection's original destination (before DNAT), from conntrack.
+    CtOrigIpDaddr,
+    CtOrigIp6Daddr,
+    CtOrigDport,
 }
 
 impl Field {
@@ -77,16 +81,19 @@ impl Field {
             Field::L4Proto => "meta l4proto",
             Field::Dport => "th dport",
             Field::Mark => "meta mark",
+            Field::CtOrigIpDaddr => "ct original ip daddr",
+            Field::CtOrigIp6Daddr => "ct original ip6 daddr",
+            Field::CtOrigDport => "ct original proto-dst",
         }
     }
 
     /// The set key type this field is looked up as.
     pub fn key_type(self) -> KeyType {
         match self {
-            Field::IpSaddr | Field::IpDaddr => KeyType::Ipv4Addr,
-            Field::Ip6Saddr | Field::Ip6Daddr => KeyType::Ipv6Addr,
+            Field::IpSaddr | Field::IpDaddr | Field::CtOrigIpDaddr => KeyType::Ipv4Addr,
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOrigIp6Daddr => KeyType::Ipv6Addr,
             Field::L4Proto => KeyType::InetProto,
-            Field::Dport => KeyType::InetService,
+            Field::Dport | Field::CtOrigDport => KeyType::InetService,
             Field::Mark => KeyType::Mark,
         }
     }
@@ -232,6 +239,13 @@ pub enum Expr {
         addr: IpAddr,
         port: Option<u16>,
     },
+    /// DNAT to the value of data map `map` (address . port) at key
+    /// `keys . (numgen random mod modulus)`.
+    PickDnat {
+        keys: Vec<Field>,
+        modulus: u32,
+        map: String,
+    },
     Masquerade {
         fully_random: bool,
     },
@@ -264,15 +278,18 @@ pub struct Chain {
 }
 
 /// What a map maps to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MapData {
     Verdict,
+    /// Values of these types, concatenated.
+    Data(Vec<KeyType>),
 }
 
 /// One element's data (for maps).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ElemData {
     Verdict(Verdict),
+    Data(Vec<Value>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +316,12 @@ impl Set {
     pub fn map(key: Vec<KeyType>) -> Set {
         Set {
             data: Some(MapData::Verdict),
+            ..Set::new(key)
+        }
+    }
+    pub fn data_map(key: Vec<KeyType>, data: Vec<KeyType>) -> Set {
+        Set {
+            data: Some(MapData::Data(data)),
             ..Set::new(key)
         }
     }
@@ -363,6 +386,17 @@ impl Expr {
                     "masquerade".into()
                 }
             }
+            Expr::PickDnat { keys, modulus, map } => {
+                let fam = if keys.contains(&Field::Ip6Daddr) {
+                    "ip6"
+                } else {
+                    "ip"
+                };
+                format!(
+                    "dnat {fam} to {} . numgen random mod {modulus} map @{map}",
+                    keys_text(keys)
+                )
+            }
             Expr::Reject { tcp_reset: true } => "reject with tcp reset".into(),
             Expr::Reject { tcp_reset: false } => "reject".into(),
             Expr::Verdict(v) => v.text(),
@@ -389,6 +423,10 @@ fn elem_text(key: &[Value], data: &Option<ElemData>) -> String {
     let k = key.iter().map(|v| v.text()).collect::<Vec<_>>().join(" . ");
     match data {
         Some(ElemData::Verdict(v)) => format!("{k} : {}", v.text()),
+        Some(ElemData::Data(d)) => format!(
+            "{k} : {}",
+            d.iter().map(|v| v.text()).collect::<Vec<_>>().join(" . ")
+        ),
         None => k,
     }
 }
@@ -402,8 +440,12 @@ impl Set {
             .map(|k| k.text())
             .collect::<Vec<_>>()
             .join(" . ");
-        let mut s = match self.data {
+        let mut s = match &self.data {
             Some(MapData::Verdict) => format!("type {key} : verdict;"),
+            Some(MapData::Data(d)) => format!(
+                "type {key} : {};",
+                d.iter().map(|k| k.text()).collect::<Vec<_>>().join(" . ")
+            ),
             None => format!("type {key};"),
         };
         let mut flags = Vec::new();

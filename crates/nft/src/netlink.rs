@@ -202,8 +202,25 @@ impl Ex<'_> {
             Field::L4Proto => self.meta(16, reg),
             Field::Dport => self.payload(2, 2, 2, reg),
             Field::Mark => self.meta(3, reg),
+            // NFT_CT_DST_IP / NFT_CT_DST_IP6 / NFT_CT_PROTO_DST, original direction.
+            Field::CtOrigIpDaddr => self.ct_orig(20, reg),
+            Field::CtOrigIp6Daddr => self.ct_orig(22, reg),
+            Field::CtOrigDport => self.ct_orig(12, reg),
         }
         field_len(f.key_type())
+    }
+
+    fn ct_orig(&mut self, key: u32, dreg: u32) {
+        self.expr("ct", |m| {
+            m.u32_be(2, key).u32_be(1, dreg).u8(3, 0); // NFTA_CT_DIRECTION: original
+        });
+    }
+
+    /// Loads a concatenation into 32-bit registers from NFT_REG32_00;
+    /// returns the first register after it.
+    fn load_keys_end(&mut self, keys: &[Field]) -> u32 {
+        self.load_keys(keys);
+        NFT_REG32_00 + keys_regs(keys)
     }
 
     /// Loads a concatenation into 32-bit registers from NFT_REG32_00.
@@ -227,6 +244,13 @@ impl Ex<'_> {
             }
         });
     }
+}
+
+/// How many 32-bit registers a concatenation of `keys` fills.
+fn keys_regs(keys: &[Field]) -> u32 {
+    keys.iter()
+        .map(|k| (padded(field_len(k.key_type())) / 4) as u32)
+        .sum()
 }
 
 fn prefix_mask(len: u8, bytes: usize) -> Vec<u8> {
@@ -339,6 +363,24 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                 m.u32_be(7, flags);
             });
         }
+        Expr::PickDnat { keys, modulus, map } => {
+            // keys . index -> address . port, right after the key registers.
+            let idx = x.load_keys_end(keys);
+            x.expr("numgen", |m| {
+                m.u32_be(1, idx).u32_be(2, *modulus).u32_be(3, 1);
+            });
+            let addr = idx + 1;
+            x.lookup(map, NFT_REG32_00, Some(addr), false);
+            let v6 = keys.contains(&Field::Ip6Daddr);
+            let port = addr + if v6 { 4 } else { 1 };
+            x.expr("nat", |m| {
+                m.u32_be(1, 1) // NFT_NAT_DNAT
+                    .u32_be(2, if v6 { 10 } else { 2 })
+                    .u32_be(3, addr)
+                    .u32_be(5, port)
+                    .u32_be(7, 3); // MAP_IPS | PROTO_SPECIFIED
+            });
+        }
         Expr::Masquerade { fully_random } => x.expr("masq", |m| {
             if *fully_random {
                 m.u32_be(1, 0x10);
@@ -405,8 +447,16 @@ fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
         .u32_be(3, flags)
         .u32_be(4, ty)
         .u32_be(5, key_len as u32);
-    if let Some(MapData::Verdict) = s.data {
-        m.u32_be(6, 0xffff_ff00).u32_be(7, 0);
+    match &s.data {
+        Some(MapData::Verdict) => {
+            m.u32_be(6, 0xffff_ff00).u32_be(7, 0);
+        }
+        Some(MapData::Data(d)) => {
+            let ty = d.iter().fold(0u32, |acc, k| (acc << 6) | type_id(*k));
+            let len: usize = d.iter().map(|k| padded(field_len(*k))).sum();
+            m.u32_be(6, ty).u32_be(7, len as u32);
+        }
+        None => {}
     }
     if let Some(secs) = s.timeout {
         m.u64_be(11, secs as u64 * 1000);
@@ -448,10 +498,16 @@ fn elems_msgs(
             m.begin(NFTA_LIST_ELEM);
             m.begin(1).attr(NFTA_DATA_VALUE, &key_bytes(k)).end();
             if add {
-                if let Some(ElemData::Verdict(v)) = d {
-                    m.begin(2);
-                    verdict(&mut m, v);
-                    m.end();
+                match d {
+                    Some(ElemData::Verdict(v)) => {
+                        m.begin(2);
+                        verdict(&mut m, v);
+                        m.end();
+                    }
+                    Some(ElemData::Data(vals)) => {
+                        m.begin(2).attr(NFTA_DATA_VALUE, &key_bytes(vals)).end();
+                    }
+                    None => {}
                 }
             }
             m.end();

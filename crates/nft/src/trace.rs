@@ -70,14 +70,19 @@ pub struct Tracer<'a> {
 
 struct Run<'p> {
     pkt: Packet,
+    /// The packet as it arrived (conntrack's original direction).
+    orig: Packet,
     dnat: Option<(IpAddr, Option<u16>)>,
     masq: bool,
     path: Vec<String>,
     pick: &'p mut dyn FnMut(u32) -> u32,
 }
 
-fn field(pkt: &Packet, f: Field) -> Option<Value> {
+fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
     Some(match f {
+        Field::CtOrigIpDaddr if orig.dst.is_ipv4() => Value::Addr(orig.dst),
+        Field::CtOrigIp6Daddr if orig.dst.is_ipv6() => Value::Addr(orig.dst),
+        Field::CtOrigDport => Value::Port(orig.dport),
         Field::IpSaddr if pkt.src.is_ipv4() => Value::Addr(pkt.src),
         Field::IpDaddr if pkt.dst.is_ipv4() => Value::Addr(pkt.dst),
         Field::Ip6Saddr if pkt.src.is_ipv6() => Value::Addr(pkt.src),
@@ -149,8 +154,11 @@ impl<'a> Tracer<'a> {
             .map(|(_, d)| d.clone())
     }
 
-    fn keys(pkt: &Packet, fields: &[Field]) -> Option<Vec<Value>> {
-        fields.iter().map(|f| field(pkt, *f)).collect()
+    fn keys(run: &Run<'_>, fields: &[Field]) -> Option<Vec<Value>> {
+        fields
+            .iter()
+            .map(|f| field(&run.pkt, &run.orig, *f))
+            .collect()
     }
 
     fn eval_chain(&mut self, name: &str, run: &mut Run<'_>, depth: usize) -> Flow {
@@ -169,7 +177,7 @@ impl<'a> Tracer<'a> {
                         neg,
                         value,
                     } => {
-                        let Some(v) = field(&run.pkt, *f) else {
+                        let Some(v) = field(&run.pkt, &run.orig, *f) else {
                             continue 'rules;
                         };
                         if value_matches(&v, value) == *neg {
@@ -177,7 +185,7 @@ impl<'a> Tracer<'a> {
                         }
                     }
                     Expr::InSet { keys, set, neg } => {
-                        let Some(k) = Self::keys(&run.pkt, keys) else {
+                        let Some(k) = Self::keys(run, keys) else {
                             continue 'rules;
                         };
                         if self.lookup(set, &k).is_some() == *neg {
@@ -185,7 +193,7 @@ impl<'a> Tracer<'a> {
                         }
                     }
                     Expr::VMap { keys, map } => {
-                        let Some(k) = Self::keys(&run.pkt, keys) else {
+                        let Some(k) = Self::keys(run, keys) else {
                             continue 'rules;
                         };
                         match self.lookup(map, &k) {
@@ -222,7 +230,7 @@ impl<'a> Tracer<'a> {
                     }
                     Expr::SetMark { bits } => run.pkt.mark |= bits,
                     Expr::UpdateSet { keys, set } => {
-                        if let Some(k) = Self::keys(&run.pkt, keys) {
+                        if let Some(k) = Self::keys(run, keys) {
                             self.dynamic.entry(set.clone()).or_default().insert(k);
                         }
                     }
@@ -233,6 +241,24 @@ impl<'a> Tracer<'a> {
                         if let Some(p) = port {
                             run.pkt.dport = *p;
                         }
+                        return Flow::Accept;
+                    }
+                    Expr::PickDnat { keys, modulus, map } => {
+                        let Some(mut k) = Self::keys(run, keys) else {
+                            continue 'rules;
+                        };
+                        k.push(Value::U32((run.pick)(*modulus)));
+                        let Some(Some(ElemData::Data(d))) = self.lookup(map, &k) else {
+                            continue 'rules;
+                        };
+                        let (Some(Value::Addr(addr)), Some(Value::Port(port))) =
+                            (d.first(), d.get(1))
+                        else {
+                            continue 'rules;
+                        };
+                        run.dnat = Some((*addr, Some(*port)));
+                        run.pkt.dst = *addr;
+                        run.pkt.dport = *port;
                         return Flow::Accept;
                     }
                     Expr::Masquerade { .. } => {
@@ -286,6 +312,7 @@ impl<'a> Tracer<'a> {
     ) -> Outcome {
         let mut run = Run {
             pkt: pkt.clone(),
+            orig: pkt.clone(),
             dnat: None,
             masq: false,
             path: Vec::new(),

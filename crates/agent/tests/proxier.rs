@@ -1,0 +1,116 @@
+//! The proxier against the real kernel, in a throwaway namespace: the
+//! fast path's IPv4 and IPv6 register layouts load, list and change.
+
+use podnet_agent::proxier::Proxier;
+use podnet_agent::proxy::Stack;
+use podnet_api::Object;
+use podnet_kernel::Netns;
+use podnet_store::{EventType, KeyValue};
+
+/// Removes the namespace even when the test panics.
+struct Ns(String);
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Netns::delete_named(&self.0);
+    }
+}
+
+fn kv(o: serde_json::Value) -> KeyValue {
+    let o = Object::from_value(o).unwrap();
+    KeyValue {
+        key: o.key(),
+        value: podnet_store::objects::encode(&o),
+        create_rev: 1,
+        mod_rev: 1,
+        lease: 0,
+    }
+}
+
+fn service(cip: &str) -> KeyValue {
+    kv(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": cip, "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    }))
+}
+
+fn slice(family: &str, addrs: &[&str]) -> KeyValue {
+    kv(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-1", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": family,
+        "endpoints": addrs.iter().map(|a| serde_json::json!({"addresses": [a]})).collect::<Vec<_>>(),
+        "ports": [{"port": 8080, "protocol": "TCP"}]
+    }))
+}
+
+fn nft(ns: &str, args: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c", &format!("nft {args}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
+    let name = format!("pn-proxier-{fam}-{}", std::process::id());
+    let ns = Netns::create_named(&name).unwrap();
+    let _g = Ns(name.clone());
+    ns.run(|| {
+        let mut p = Proxier::new("n1".into(), stack, podnet_daemon::Metrics::new()).unwrap();
+        p.observe(EventType::Put, &service(cip));
+        p.observe(EventType::Put, &slice(family, &eps[..2]));
+        assert!(p.sync().unwrap() > 0);
+        let t = nft(&name, &format!("list table {fam} podnet"));
+        assert!(t.contains(&format!("{cip} . tcp . 80")), "{t}");
+        assert!(t.contains("numgen random mod 2 map @fast-endpoints"), "{t}");
+        assert!(nft(&name, &format!("list set {fam} podnet fast-2")).contains(cip));
+        // Nothing changed: nothing sent.
+        assert_eq!(p.sync().unwrap(), 0);
+        // A third endpoint: the port moves from fast-2 to fast-3, elements only.
+        p.observe(EventType::Put, &slice(family, &eps));
+        let ops = p.sync().unwrap();
+        assert!(ops <= 6, "{ops} operations for one endpoint");
+        assert!(!nft(&name, &format!("list set {fam} podnet fast-2")).contains(cip));
+        assert!(nft(&name, &format!("list set {fam} podnet fast-3")).contains(cip));
+        let m = nft(&name, &format!("list map {fam} podnet fast-endpoints"));
+        for e in eps {
+            assert!(m.contains(e), "{e} missing in {m}");
+        }
+        // Deleted: its elements go.
+        p.observe(EventType::Delete, &service(cip));
+        p.observe(EventType::Delete, &slice(family, &eps));
+        p.sync().unwrap();
+        assert!(!nft(&name, &format!("list table {fam} podnet")).contains(cip));
+    })
+    .unwrap();
+}
+
+#[test]
+fn fast_path_ipv4_loads_lists_and_changes_by_elements() {
+    run(
+        Stack::v4("10.244.0.0/16".parse().unwrap()),
+        "IPv4",
+        "10.96.7.7",
+        ["10.244.1.2", "10.244.2.2", "10.244.3.2"],
+        "ip",
+    );
+}
+
+#[test]
+fn fast_path_ipv6_loads_lists_and_changes_by_elements() {
+    run(
+        Stack::v6(Some("fd00:244::/48".parse().unwrap())),
+        "IPv6",
+        "fd00:96::7",
+        ["fd00:244:0:1::2", "fd00:244:0:2::2", "fd00:244:0:3::2"],
+        "ip6",
+    );
+}
