@@ -671,11 +671,6 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         let Ok(sport) = u16::try_from(port.port) else {
             continue;
         };
-        let id = hash8(&format!(
-            "{ns}/{name}/{}/{}",
-            port.name.as_deref().unwrap_or(""),
-            proto.name()
-        ));
         let all = endpoints(svc, port, slices, node, stack);
         let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
         let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
@@ -695,6 +690,11 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
             add_fast(t, stack, cip, proto, sport, &cluster_eps);
             continue;
         }
+        let id = hash8(&format!(
+            "{ns}/{name}/{}/{}",
+            port.name.as_deref().unwrap_or(""),
+            proto.name()
+        ));
 
         // Endpoint chains, shared by the cluster and external paths.
         let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();

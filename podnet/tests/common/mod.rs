@@ -189,11 +189,22 @@ pub fn first_ip(r: &Value) -> String {
 /// Starts a one-shot TCP server in `ns` on `port`, which answers with its
 /// name and reports the peer address it saw.
 pub fn serve_once(ns: &TestNs, port: u16, name: &str) -> std::thread::JoinHandle<String> {
-    let l = ns
-        .ns
-        .run(|| TcpListener::bind(("0.0.0.0", port)))
-        .unwrap()
-        .expect("bind");
+    // The previous server on this port may still be closing its accepted
+    // connection (FIN_WAIT: the client's FIN is on its way back through
+    // NAT), which SO_REUSEADDR does not cover: retry briefly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let l = loop {
+        match ns.ns.run(|| TcpListener::bind(("0.0.0.0", port))).unwrap() {
+            Ok(l) => break l,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("bind: {e:?}"),
+        }
+    };
     let name = name.to_string();
     std::thread::spawn(move || {
         l.set_nonblocking(false).unwrap();
