@@ -133,7 +133,13 @@ fn decode_raw(raw: &[u8]) -> Option<Object> {
     Object::from_value(v).ok()
 }
 
+/// Straight into the typed object (no `serde_json::Value` in between: a
+/// full sync decodes every Service and slice once more), falling back to
+/// the generic decoder.
 fn decode_service(raw: &[u8]) -> Option<Service> {
+    if let Ok(s) = serde_json::from_slice::<Service>(raw) {
+        return Some(s);
+    }
     match decode_raw(raw)? {
         Object::Service(s) => Some(*s),
         _ => None,
@@ -142,9 +148,14 @@ fn decode_service(raw: &[u8]) -> Option<Service> {
 
 fn decode_slices<'a>(raws: impl IntoIterator<Item = &'a Raw>) -> Vec<EndpointSlice> {
     raws.into_iter()
-        .filter_map(|r| match decode_raw(r)? {
-            Object::EndpointSlice(s) => Some(*s),
-            _ => None,
+        .filter_map(|r| {
+            if let Ok(s) = serde_json::from_slice::<EndpointSlice>(r) {
+                return Some(s);
+            }
+            match decode_raw(r)? {
+                Object::EndpointSlice(s) => Some(*s),
+                _ => None,
+            }
         })
         .collect()
 }
@@ -713,6 +724,19 @@ mod tests {
         }))
         .unwrap();
         (svc, slice)
+    }
+
+    #[test]
+    fn store_bytes_decode_straight_into_typed_objects() {
+        let (svc, slice) = service(&["10.244.1.2"]);
+        let raw = podnet_store::objects::encode(&Object::Service(Box::new(svc.clone())));
+        assert_eq!(
+            serde_json::from_slice::<Service>(&raw).unwrap().spec,
+            svc.spec
+        );
+        let raw = podnet_store::objects::encode(&Object::EndpointSlice(Box::new(slice.clone())));
+        let back = serde_json::from_slice::<EndpointSlice>(&raw).unwrap();
+        assert_eq!(back.endpoints, slice.endpoints);
     }
 
     #[test]
