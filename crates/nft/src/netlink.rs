@@ -655,28 +655,10 @@ impl Conn {
         if changes.is_empty() {
             return Ok(());
         }
-        // Message i of the batch came from change index[i - 1] (0 is BEGIN).
-        let index = std::cell::RefCell::new(Vec::<(u32, u32)>::new());
-        self.sock.batch_with(
-            &mut |push| {
-                let mut begin = Msg::new(NFNL_MSG_BATCH_BEGIN, 0);
-                begin.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
-                push(begin);
-                encode_each(t, changes, &mut |m, ci, sub| {
-                    index.borrow_mut().push((ci as u32, sub as u32));
-                    push(m);
-                });
-                let mut end = Msg::new(NFNL_MSG_BATCH_END, 0);
-                end.raw(&[0, 0, 0, NFNL_SUBSYS_NFTABLES as u8]);
-                push(end);
-            },
-            &|i| {
-                i.checked_sub(1)
-                    .and_then(|i| index.borrow().get(i).copied())
-                    .map(|(ci, sub)| describe(t, &changes[ci as usize], sub as usize))
-                    .unwrap_or_else(|| "nf_tables batch".into())
-            },
-        )
+        // One chunk (a copy: partial syncs are small).
+        self.apply_chunks(t, &mut |k| (k == 0).then(|| changes.to_vec()), &|_| {
+            changes.to_vec()
+        })
     }
 
     /// Applies one transaction whose changes come in chunks: `chunk(k)`

@@ -157,6 +157,70 @@ fn every_expression() -> Table {
             },
         );
     }
+    // The service proxy's fast path: data maps, a numgen-indexed DNAT and a
+    // hairpin check on conntrack's original destination.
+    let three = vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService];
+    let mut indexed = three.clone();
+    indexed.push(KeyType::Mark);
+    let mut eps = Set::data_map(indexed, vec![KeyType::Ipv4Addr, KeyType::InetService]);
+    eps.elements.insert(
+        vec![
+            Value::Addr("10.96.0.7".parse().unwrap()),
+            Value::Proto(Proto::Tcp),
+            Value::Port(80),
+            Value::U32(1),
+        ],
+        Some(ElemData::Data(vec![
+            Value::Addr("10.244.3.7".parse().unwrap()),
+            Value::Port(8080),
+        ])),
+    );
+    t.sets.insert("fast-endpoints".into(), eps);
+    let mut hp = Set::new(vec![
+        KeyType::Ipv4Addr,
+        KeyType::Ipv4Addr,
+        KeyType::Ipv4Addr,
+        KeyType::InetService,
+    ]);
+    hp.elements.insert(
+        vec![
+            Value::Addr("10.244.3.7".parse().unwrap()),
+            Value::Addr("10.244.3.7".parse().unwrap()),
+            Value::Addr("10.96.0.7".parse().unwrap()),
+            Value::Port(80),
+        ],
+        None,
+    );
+    t.sets.insert("fast-hairpin".into(), hp);
+    t.chains.insert(
+        "pick-2".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(vec![Expr::PickDnat {
+                keys: vec![Field::IpDaddr, Field::L4Proto, Field::Dport],
+                modulus: 2,
+                map: "fast-endpoints".into(),
+            }])],
+        },
+    );
+    t.chains
+        .get_mut("nat-postrouting")
+        .unwrap()
+        .rules
+        .push(Rule::new(vec![
+            Expr::CtDnat,
+            Expr::InSet {
+                keys: vec![
+                    Field::IpSaddr,
+                    Field::IpDaddr,
+                    Field::CtOrigIpDaddr,
+                    Field::CtOrigDport,
+                ],
+                set: "fast-hairpin".into(),
+                neg: false,
+            },
+            Expr::Masquerade { fully_random: true },
+        ]));
     t.chains.insert(
         "filter-forward".into(),
         Chain {
@@ -206,6 +270,11 @@ fn every_expression_reads_back_as_written() {
         "ip daddr 10.96.0.99 reject",
         "type nat hook prerouting priority dstnat; policy accept;",
         "timeout 3h",
+        "type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service",
+        "10.96.0.7 . tcp . 80 . 0x00000001 : 10.244.3.7 . 8080",
+        "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @fast-endpoints",
+        "ct status dnat ip saddr . ip daddr . ct original ip daddr . ct original proto-dst @fast-hairpin masquerade fully-random",
+        "10.244.3.7 . 10.244.3.7 . 10.96.0.7 . 80",
     ] {
         assert!(got.contains(want), "missing {want:?} in\n{got}");
     }
