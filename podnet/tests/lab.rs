@@ -655,13 +655,14 @@ fn service_types_from_outside_and_inside() {
     // The same through a plain ClusterIP (the fast path: map elements, no
     // per-Service chains): hairpin masqueraded, another pod's address kept.
     let plain_ip = lab.spec("plain", "clusterIP").as_str().unwrap().to_string();
-    let fast = lab
-        .sh(
+    lab.eventually("plain ClusterIP on the fast path", || {
+        lab.sh(
             &lab.node_ns("node1"),
             "nft list set ip podnet fast-services",
         )
-        .1;
-    assert!(fast.contains(&plain_ip), "{fast}");
+        .1
+        .contains(&plain_ip)
+    });
     let plain = format!("{plain_ip}:80");
     assert_eq!(lab.ok(&["probe", "default/l1", &plain]), "l1");
     assert_ne!(

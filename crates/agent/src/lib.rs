@@ -523,12 +523,8 @@ pub async fn run(
                     }
                 }
                 m = w.next() => {
-                    let mut msgs = vec![m];
-                    while let Ok(m) = w.rx.try_recv() {
-                        msgs.push(Some(m));
-                    }
                     let mut relist = false;
-                    for m in msgs {
+                    for m in w.with_queued(m) {
                         match m {
                             Some(Ok(WatchMsg::Events(_, evs))) => {
                                 for ev in evs {

@@ -128,35 +128,16 @@ fn service_id(o: &Object) -> Option<String> {
 /// An object as the store encodes it; decoded when a plan needs it.
 type Raw = Arc<[u8]>;
 
-fn decode_raw(raw: &[u8]) -> Option<Object> {
-    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
-    Object::from_value(v).ok()
-}
-
-/// Straight into the typed object (no `serde_json::Value` in between: a
-/// full sync decodes every Service and slice once more), falling back to
-/// the generic decoder.
+/// Straight into the typed object, with no `serde_json::Value` in between:
+/// a full sync decodes every Service and slice once more. The store writes
+/// every object with its apiVersion and kind (see the unit test below).
 fn decode_service(raw: &[u8]) -> Option<Service> {
-    if let Ok(s) = serde_json::from_slice::<Service>(raw) {
-        return Some(s);
-    }
-    match decode_raw(raw)? {
-        Object::Service(s) => Some(*s),
-        _ => None,
-    }
+    serde_json::from_slice(raw).ok()
 }
 
 fn decode_slices<'a>(raws: impl IntoIterator<Item = &'a Raw>) -> Vec<EndpointSlice> {
     raws.into_iter()
-        .filter_map(|r| {
-            if let Ok(s) = serde_json::from_slice::<EndpointSlice>(r) {
-                return Some(s);
-            }
-            match decode_raw(r)? {
-                Object::EndpointSlice(s) => Some(*s),
-                _ => None,
-            }
-        })
+        .filter_map(|r| serde_json::from_slice(r).ok())
         .collect()
 }
 
@@ -655,13 +636,10 @@ pub async fn run(
                 m = w.next() => Some(m),
             };
             let mut relist = false;
-            let mut msgs = vec![];
-            if let Some(m) = m {
-                msgs.push(m);
-            }
-            while let Ok(m) = w.rx.try_recv() {
-                msgs.push(Some(m));
-            }
+            let msgs = match m {
+                Some(m) => w.with_queued(m),
+                None => Vec::new(),
+            };
             for m in msgs {
                 match m {
                     Some(Ok(WatchMsg::Events(_, evs))) => {

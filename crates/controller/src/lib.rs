@@ -115,12 +115,8 @@ impl Controller {
                 let Some(msg) = msg else { break };
                 let mut dirty = std::mem::take(&mut retry);
                 let mut relist = false;
-                let mut pending = vec![msg];
                 // Coalesce a burst of events into one reconcile pass.
-                while let Ok(m) = w.rx.try_recv() {
-                    pending.push(m);
-                }
-                for m in pending {
+                for m in w.with_queued(Some(msg)).into_iter().flatten() {
                     match m {
                         Ok(WatchMsg::Events(_, evs)) => {
                             for ev in evs {

@@ -183,11 +183,7 @@ pub async fn run(
                 _ = &mut shutdown => return,
                 m = w.next() => m,
             };
-            let mut msgs = vec![first];
-            while let Ok(m) = w.rx.try_recv() {
-                msgs.push(Some(m));
-            }
-            for m in msgs {
+            for m in w.with_queued(first) {
                 match m {
                     Some(Ok(WatchMsg::Events(_, evs))) => {
                         for ev in evs {

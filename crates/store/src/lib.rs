@@ -136,6 +136,19 @@ impl Watch {
     pub async fn next(&mut self) -> Option<Result<WatchMsg>> {
         self.rx.recv().await
     }
+
+    /// `first` followed by every message already queued behind it, so a
+    /// burst of events is handled in one pass (one sync, one reconcile).
+    pub fn with_queued(
+        &mut self,
+        first: Option<Result<WatchMsg>>,
+    ) -> Vec<Option<Result<WatchMsg>>> {
+        let mut msgs = vec![first];
+        while let Ok(m) = self.rx.try_recv() {
+            msgs.push(Some(m));
+        }
+        msgs
+    }
 }
 
 /// The datastore interface both backends implement.
