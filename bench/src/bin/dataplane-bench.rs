@@ -10,6 +10,15 @@
 //! rounds (underlay then pod, pod then underlay, ...), and the verdict is
 //! the median of the per-round ratios; the medians of the raw figures are
 //! printed beside it.
+//!
+//! The peer: flannel is not packaged here, so each `--reference` backend is
+//! the data path flannel and the reference bridge plugin would leave in the
+//! kernel, built by this program with `ip` and `bridge` commands alone (an
+//! underlay bridge, two node namespaces, a pod behind a `cni0`-style bridge
+//! on each, and either a VXLAN VTEP with one route, neighbour and FDB entry
+//! per remote subnet, or one direct route). No podnet process and no
+//! netfilter table is involved, so its ratios are what the kernel itself
+//! gives on this machine, measured the same way and in the same run.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -17,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use podnet_bench::{ns_name, NsGuard};
 
 #[derive(Parser)]
 struct Args {
@@ -31,6 +41,14 @@ struct Args {
     /// Backends to measure.
     #[arg(long, default_value = "host-gw,vxlan,udp")]
     backends: String,
+    /// Kernel-only reference paths (flannel's layout, built with `ip`) to
+    /// measure in the same run; empty for none.
+    #[arg(long, default_value = "host-gw,vxlan")]
+    reference: String,
+    /// Runs the 1-stream client and server on CPU 0 (`iperf3 -A 0,0`): a
+    /// cost comparison without cross-CPU reordering on the veth backlogs.
+    #[arg(long)]
+    pin: bool,
 }
 
 struct Lab {
@@ -85,7 +103,7 @@ fn iperf_server(ns: &str, bind: &str) -> Result<Server> {
 }
 
 /// Gbit/s from one iperf3 client run (retries while the server starts).
-fn iperf(ns: &str, dst: &str, streams: u32, secs: u32) -> Result<f64> {
+fn iperf(ns: &str, dst: &str, streams: u32, secs: u32, pin: bool) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = Command::new("ip")
@@ -104,6 +122,7 @@ fn iperf(ns: &str, dst: &str, streams: u32, secs: u32) -> Result<f64> {
                 "-P",
                 &streams.to_string(),
             ])
+            .args(if pin { &["-A", "0,0"][..] } else { &[] })
             .output()?;
         if out.status.success() {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -187,6 +206,237 @@ impl Paired {
     }
 }
 
+/// The two paths of one configuration: node to node over the underlay, and
+/// pod to pod across the same two nodes.
+struct Paths {
+    under_client: String,
+    under_server: String,
+    under_ip: String,
+    pod_client: String,
+    pod_server: String,
+    pod_ip: String,
+}
+
+/// A kernel-only copy of one backend's data path (see the module docs).
+/// The namespaces go when it drops, taking every device with them.
+struct Reference {
+    _namespaces: Vec<NsGuard>,
+}
+
+fn ip(ns: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new("ip").args(["-n", ns]).args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "ip -n {ns} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn link_mac(ns: &str, dev: &str) -> Result<String> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-j", "link", "show", "dev", dev])
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("ip -j link show {dev} in {ns}"))?;
+    Ok(v[0]["address"]
+        .as_str()
+        .context("link without an address")?
+        .to_string())
+}
+
+impl Reference {
+    /// Underlay 192.168.77.0/24, pod subnets 10.77.N.0/24 (pod .2 behind a
+    /// bridge at .1), as flannel with the reference bridge plugin sets them.
+    fn build(backend: &str) -> Result<(Reference, Paths)> {
+        let vxlan = match backend {
+            "vxlan" => true,
+            "host-gw" => false,
+            other => bail!("no kernel reference for backend {other:?} (host-gw, vxlan)"),
+        };
+        let names: Vec<String> = ["ref-u", "ref-n1", "ref-n2", "ref-p1", "ref-p2"]
+            .iter()
+            .map(|w| ns_name(w))
+            .collect();
+        let mut namespaces = Vec::new();
+        for n in &names {
+            namespaces.push(NsGuard::create(n.clone())?);
+            ip(n, &["link", "set", "lo", "up"])?;
+        }
+        let r = Reference {
+            _namespaces: namespaces,
+        };
+        let (u, node, pod) = (&names[0], &names[1..3], &names[3..5]);
+        let mtu = if vxlan { "1450" } else { "1500" };
+        ip(u, &["link", "add", "br0", "type", "bridge"])?;
+        ip(u, &["link", "set", "br0", "up"])?;
+        for i in 0..2 {
+            let (n, p, k) = (&node[i], &pod[i], i + 1);
+            let port = format!("to{k}");
+            let addr = format!("192.168.77.1{k}");
+            ip(
+                u,
+                &[
+                    "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", n,
+                ],
+            )?;
+            ip(u, &["link", "set", &port, "master", "br0", "up"])?;
+            ip(n, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            ip(n, &["link", "set", "eth0", "up"])?;
+            let fwd = Command::new("ip")
+                .args(["netns", "exec", n, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                .status()?;
+            if !fwd.success() {
+                bail!("ip_forward in {n}");
+            }
+            if vxlan {
+                // flannel's VTEP: VNI 1, port 8472, no learning; the outer
+                // UDP checksum left at the kernel's default.
+                ip(
+                    n,
+                    &[
+                        "link",
+                        "add",
+                        "vx",
+                        "type",
+                        "vxlan",
+                        "id",
+                        "1",
+                        "local",
+                        &addr,
+                        "dev",
+                        "eth0",
+                        "dstport",
+                        "8472",
+                        "nolearning",
+                    ],
+                )?;
+                ip(n, &["link", "set", "vx", "mtu", mtu, "up"])?;
+                ip(n, &["addr", "add", &format!("10.77.{k}.0/32"), "dev", "vx"])?;
+            }
+            ip(n, &["link", "add", "cni0", "type", "bridge"])?;
+            ip(n, &["link", "set", "cni0", "mtu", mtu, "up"])?;
+            ip(
+                n,
+                &["addr", "add", &format!("10.77.{k}.1/24"), "dev", "cni0"],
+            )?;
+            ip(
+                n,
+                &[
+                    "link", "add", "vp", "type", "veth", "peer", "name", "eth0", "netns", p,
+                ],
+            )?;
+            ip(
+                n,
+                &["link", "set", "vp", "mtu", mtu, "master", "cni0", "up"],
+            )?;
+            ip(p, &["link", "set", "eth0", "mtu", mtu, "up"])?;
+            ip(
+                p,
+                &["addr", "add", &format!("10.77.{k}.2/24"), "dev", "eth0"],
+            )?;
+            ip(
+                p,
+                &["route", "add", "default", "via", &format!("10.77.{k}.1")],
+            )?;
+        }
+        for i in 0..2 {
+            let (n, j) = (&node[i], 2 - i);
+            let (subnet, remote) = (format!("10.77.{j}.0/24"), format!("192.168.77.1{j}"));
+            if vxlan {
+                let mac = link_mac(&node[j - 1], "vx")?;
+                let gw = format!("10.77.{j}.0");
+                ip(
+                    n,
+                    &[
+                        "neigh",
+                        "add",
+                        &gw,
+                        "lladdr",
+                        &mac,
+                        "dev",
+                        "vx",
+                        "nud",
+                        "permanent",
+                    ],
+                )?;
+                let out = Command::new("bridge")
+                    .args(["-n", n, "fdb", "add", &mac, "dev", "vx", "dst", &remote])
+                    .args(["self", "permanent"])
+                    .output()?;
+                if !out.status.success() {
+                    bail!(
+                        "bridge fdb add in {n}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                ip(
+                    n,
+                    &["route", "add", &subnet, "via", &gw, "dev", "vx", "onlink"],
+                )?;
+            } else {
+                ip(n, &["route", "add", &subnet, "via", &remote, "dev", "eth0"])?;
+            }
+        }
+        let paths = Paths {
+            under_client: node[0].clone(),
+            under_server: node[1].clone(),
+            under_ip: "192.168.77.12".into(),
+            pod_client: pod[0].clone(),
+            pod_server: pod[1].clone(),
+            pod_ip: "10.77.2.2".into(),
+        };
+        Ok((r, paths))
+    }
+}
+
+fn target(backend: &str) -> &'static str {
+    match backend {
+        "host-gw" => ">=0.90",
+        "vxlan" => ">=0.70",
+        _ => "report",
+    }
+}
+
+/// Measures both paths in alternating rounds and prints one table row.
+fn measure(a: &Args, label: &str, target: &str, p: &Paths) -> Result<()> {
+    let _u = iperf_server(&p.under_server, &p.under_ip)?;
+    let _p = iperf_server(&p.pod_server, &p.pod_ip)?;
+    let path = |pod: bool| {
+        if pod {
+            (p.pod_client.as_str(), p.pod_ip.as_str())
+        } else {
+            (p.under_client.as_str(), p.under_ip.as_str())
+        }
+    };
+    let one = Paired::run(a.rounds, |pod| {
+        let (ns, dst) = path(pod);
+        iperf(ns, dst, 1, a.seconds, a.pin)
+    })?;
+    let four = Paired::run(a.rounds, |pod| {
+        let (ns, dst) = path(pod);
+        iperf(ns, dst, 4, a.seconds, false)
+    })?;
+    let pings = Paired::run(3, |pod| {
+        let (ns, dst) = path(pod);
+        ping(ns, dst)
+    })?;
+    println!(
+        "{label:<15} {:>9.2} {:>9.2} {:>6.2} {:>9.2} {:>9.2} {:>6.2} {:>8.3} {:>8.3} {target:>8}",
+        median(&one.underlay),
+        median(&one.pod),
+        one.ratio(),
+        median(&four.underlay),
+        median(&four.pod),
+        four.ratio(),
+        median(&pings.underlay),
+        median(&pings.pod),
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     if !a.podnet.exists() {
@@ -195,24 +445,39 @@ fn main() -> Result<()> {
             a.podnet.display()
         );
     }
+    podnet_bench::remove_stale_namespaces();
     println!(
-        "{} rounds of {} s per path and stream count; Gbit/s and ms are medians, x = median of per-round pod/underlay ratios\n",
-        a.rounds, a.seconds
+        "{} rounds of {} s per path and stream count{}; Gbit/s and ms are medians, x = median of per-round pod/underlay ratios",
+        a.rounds,
+        a.seconds,
+        if a.pin { " (1 stream: client and server on CPU 0)" } else { "" }
     );
+    println!("kernel <backend>: the same path with no podnet process or netfilter table (flannel's layout, built with ip)\n");
     println!(
-        "{:<9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8}",
-        "backend",
-        "under 1",
-        "pod 1",
-        "x1",
-        "under 4",
-        "pod 4",
-        "x4",
-        "ping u",
-        "ping pod",
-        "target"
+        "{:<15} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8} {:>8}",
+        "path", "under 1", "pod 1", "x1", "under 4", "pod 4", "x4", "ping u", "ping pod", "target"
     );
-    for backend in a.backends.split(',') {
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .filter(|b| !b.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let backends = list(&a.backends);
+    let references = list(&a.reference);
+    if let Some(r) = references
+        .iter()
+        .find(|r| !["host-gw", "vxlan"].contains(&r.as_str()))
+    {
+        bail!("--reference {r:?}: a kernel reference exists for host-gw and vxlan only");
+    }
+    let run_reference = |backend: &str| -> Result<()> {
+        let (reference, paths) = Reference::build(backend)?;
+        measure(&a, &format!("kernel {backend}"), "peer", &paths)?;
+        drop(reference);
+        Ok(())
+    };
+    for backend in &backends {
         let lab = Lab {
             podnet: a.podnet.clone(),
             name: format!("bn{}", std::process::id() % 10000),
@@ -220,53 +485,22 @@ fn main() -> Result<()> {
         lab.cmd(&["up", "--nodes", "2", "--backend", backend])?;
         lab.cmd(&["run", "default/c", "--node", "node1", "--ports", "80/tcp"])?;
         lab.cmd(&["run", "default/s", "--node", "node2", "--ports", "80/tcp"])?;
-        let (n1, n2) = (
-            format!("pn-{}-node1", lab.name),
-            format!("pn-{}-node2", lab.name),
-        );
-        let (cns, sns, sip) = (
-            pod_field(&lab.name, "c", "netns")?,
-            pod_field(&lab.name, "s", "netns")?,
-            pod_field(&lab.name, "s", "ip")?,
-        );
-        let under_ip = "192.168.200.12";
-        let _u = iperf_server(&n2, under_ip)?;
-        let _p = iperf_server(&sns, &sip)?;
-        let path = |pod: bool| {
-            if pod {
-                (cns.as_str(), sip.as_str())
-            } else {
-                (n1.as_str(), under_ip)
-            }
+        let paths = Paths {
+            under_client: format!("pn-{}-node1", lab.name),
+            under_server: format!("pn-{}-node2", lab.name),
+            under_ip: "192.168.200.12".into(),
+            pod_client: pod_field(&lab.name, "c", "netns")?,
+            pod_server: pod_field(&lab.name, "s", "netns")?,
+            pod_ip: pod_field(&lab.name, "s", "ip")?,
         };
-        let one = Paired::run(a.rounds, |pod| {
-            let (ns, dst) = path(pod);
-            iperf(ns, dst, 1, a.seconds)
-        })?;
-        let four = Paired::run(a.rounds, |pod| {
-            let (ns, dst) = path(pod);
-            iperf(ns, dst, 4, a.seconds)
-        })?;
-        let pings = Paired::run(3, |pod| {
-            let (ns, dst) = path(pod);
-            ping(ns, dst)
-        })?;
-        let target = match backend {
-            "host-gw" => ">=0.90",
-            "vxlan" => ">=0.70",
-            _ => "report",
-        };
-        println!(
-            "{backend:<9} {:>9.2} {:>9.2} {:>6.2} {:>9.2} {:>9.2} {:>6.2} {:>8.3} {:>8.3} {target:>8}",
-            median(&one.underlay),
-            median(&one.pod),
-            one.ratio(),
-            median(&four.underlay),
-            median(&four.pod),
-            four.ratio(),
-            median(&pings.underlay),
-            median(&pings.pod),
-        );
+        measure(&a, &format!("podnet {backend}"), target(backend), &paths)?;
+        drop(lab);
+        if references.contains(backend) {
+            run_reference(backend)?;
+        }
+    }
+    for r in references.iter().filter(|r| !backends.contains(r)) {
+        run_reference(r)?;
     }
     Ok(())
 }
