@@ -16,6 +16,7 @@
 //! restart; `--cleanup` removes everything.
 
 pub mod files;
+pub mod gso;
 pub mod healthcheck;
 pub mod kernel;
 pub mod lease;
