@@ -127,11 +127,7 @@ impl Echo {
         client_pod: &str,
         addr: &str,
     ) -> (std::net::TcpStream, std::thread::JoinHandle<()>) {
-        let listener = Netns::named(&lab.pod_netns(server_pod))
-            .unwrap()
-            .run(|| std::net::TcpListener::bind("0.0.0.0:9000"))
-            .unwrap()
-            .unwrap();
+        let listener = lab.listen_in(server_pod, 9000);
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut buf = [0u8; 64];
@@ -140,11 +136,7 @@ impl Echo {
                 s.write_all(&buf[..n]).unwrap();
             }
         });
-        let mut conn = Netns::named(&lab.pod_netns(client_pod))
-            .unwrap()
-            .run(|| std::net::TcpStream::connect((addr, 9000)))
-            .unwrap()
-            .unwrap();
+        let mut conn = lab.connect_from(client_pod, addr, 9000);
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         Self::round_trip(&mut conn, b"before");
         (conn, server)
@@ -164,17 +156,33 @@ impl Drop for Lab {
     }
 }
 
+impl Lab {
+    /// A TCP listener on `port` inside pod `pod`'s namespace.
+    fn listen_in(&self, pod: &str, port: u16) -> std::net::TcpListener {
+        Netns::named(&self.pod_netns(pod))
+            .unwrap()
+            .run(|| std::net::TcpListener::bind(("0.0.0.0", port)))
+            .unwrap()
+            .unwrap()
+    }
+
+    /// A TCP connection from pod `pod`'s namespace to `addr:port`.
+    fn connect_from(&self, pod: &str, addr: &str, port: u16) -> std::net::TcpStream {
+        Netns::named(&self.pod_netns(pod))
+            .unwrap()
+            .run(|| std::net::TcpStream::connect((addr, port)))
+            .unwrap()
+            .unwrap()
+    }
+}
+
 /// Streams 8 MiB from `client_pod` to `server_pod` at `addr` and back over
 /// one TCP connection, and checks every byte: large writes leave as TCP
 /// super-packets, so this is what exercises segmentation and coalescing
 /// in a backend (the UDP tunnel does both in userspace).
 fn bulk_echo(lab: &Lab, client_pod: &str, server_pod: &str, addr: &str) {
     const LEN: usize = 8 << 20;
-    let listener = Netns::named(&lab.pod_netns(server_pod))
-        .unwrap()
-        .run(|| std::net::TcpListener::bind("0.0.0.0:9001"))
-        .unwrap()
-        .unwrap();
+    let listener = lab.listen_in(server_pod, 9001);
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -188,11 +196,7 @@ fn bulk_echo(lab: &Lab, client_pod: &str, server_pod: &str, addr: &str) {
         }
     });
     let data: Vec<u8> = (0..LEN).map(|i| (i * 131 + (i >> 13)) as u8).collect();
-    let conn = Netns::named(&lab.pod_netns(client_pod))
-        .unwrap()
-        .run(|| std::net::TcpStream::connect((addr, 9001)))
-        .unwrap()
-        .unwrap();
+    let conn = lab.connect_from(client_pod, addr, 9001);
     conn.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let mut w = conn.try_clone().unwrap();

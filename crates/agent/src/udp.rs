@@ -135,6 +135,28 @@ fn recv_batch(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<usize
     Ok((n as usize, seg))
 }
 
+fn set_int_opt(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: a socket fd and a c_int option value that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Writes one packet into the TUN device behind a virtio-net header.
 fn tun_write(fd: RawFd, hdr: &[u8], pkt: &[u8]) -> bool {
     let iov = [
@@ -289,33 +311,13 @@ impl UdpTunnel {
     pub fn start(tun: File, bind: Ipv4Addr, port: u16) -> std::io::Result<UdpTunnel> {
         let sock = UdpSocket::bind(SocketAddrV4::new(bind, port))?;
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let on: libc::c_int = 1;
-        // SAFETY: valid socket fd and a c_int option value.
-        let gro = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_UDP,
-                libc::UDP_GRO,
-                &on as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if gro < 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "UDP GRO unavailable; receiving one datagram per call");
+        let fd = sock.as_raw_fd();
+        if let Err(e) = set_int_opt(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
+            tracing::warn!(error = %e, "UDP GRO unavailable; receiving one datagram per call");
         }
         // UDP has no back-pressure: room for a few 64 KiB batches while the
         // receiving thread writes the previous ones into the TUN device.
-        let rcvbuf: libc::c_int = 4 << 20;
-        // SAFETY: valid socket fd and a c_int option value.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                &rcvbuf as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        let _ = set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 4 << 20);
         // SAFETY: valid fd; F_SETFL with O_NONBLOCK.
         unsafe { libc::fcntl(tun.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         let table: Table = Arc::new(RwLock::new(Vec::new()));
