@@ -305,6 +305,17 @@ fn nodes_leave_and_join_and_agents_restart() {
     // A long-lived TCP connection from p1 to p2.
     let (mut conn, server) = Echo::open(&lab, "p2", "p1", &ip2);
 
+    // Someone switches the pod bridge's netfilter hooks off; the restarted
+    // agent switches them back on (same-node Service replies need them).
+    let n1 = lab.node_ns("node1");
+    let brnf = "sysctl -n net.bridge.bridge-nf-call-iptables";
+    assert_eq!(
+        lab.sh(&n1, brnf).1.trim(),
+        "1",
+        "br_netfilter must be available on the test machine"
+    );
+    lab.sh(&n1, "sysctl -qw net.bridge.bridge-nf-call-iptables=0");
+
     // Agents killed and restarted: kernel state unchanged, connection alive.
     let before: Vec<String> = ["node1", "node2"]
         .iter()
@@ -320,9 +331,11 @@ fn nodes_leave_and_join_and_agents_restart() {
     assert_eq!(before, after, "an agent restart changed kernel state");
     Echo::round_trip(&mut conn, b"after");
     server.join().unwrap();
+    lab.eventually("bridge netfilter back on", || {
+        lab.sh(&n1, brnf).1.trim() == "1"
+    });
 
     // A route deleted by hand comes back within the resync period.
-    let n1 = lab.node_ns("node1");
     let subnet2 = {
         let (_, r) = lab.sh(
             &n1,

@@ -398,6 +398,7 @@ pub async fn run(
         .mtu
         .unwrap_or_else(|| plan::mtu(cfg.backend, underlay.mtu));
     let _ = podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1");
+    ensure_bridge_netfilter();
 
     // The UDP backend's TUN device exists only while someone holds it open.
     let mut udp_tun = None;
@@ -622,4 +623,30 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
         }
     }
     Ok(done)
+}
+
+/// Service traffic between two pods on one node comes back across the pod
+/// bridge at layer 2; only with the bridge's netfilter hooks on does
+/// conntrack see that reply and undo the DNAT (kube-proxy and flannel ask
+/// for the same). The switches are per network namespace: turned on here
+/// when they are off, and a missing `br_netfilter` is reported, not hidden.
+fn ensure_bridge_netfilter() {
+    for key in [
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+    ] {
+        match podnet_kernel::netns::read_sysctl(key) {
+            Ok(v) if v == "1" => {}
+            Ok(_) => match podnet_kernel::netns::write_sysctl(key, "1") {
+                Ok(()) => tracing::info!(key, "turned on bridge netfilter"),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "cannot turn on bridge netfilter: Service traffic between pods on one node will break")
+                }
+            },
+            Err(_) => {
+                tracing::warn!(key, "br_netfilter is not loaded: Service traffic between pods on one node will break (modprobe br_netfilter)");
+                return;
+            }
+        }
+    }
 }
