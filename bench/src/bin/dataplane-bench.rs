@@ -18,7 +18,8 @@
 //! on each, and either a VXLAN VTEP with one route, neighbour and FDB entry
 //! per remote subnet, or one direct route). No podnet process and no
 //! netfilter table is involved, so its ratios are what the kernel itself
-//! gives on this machine, measured the same way and in the same run.
+//! gives on this machine, measured in the same rounds as the podnet lab
+//! beside it.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -41,8 +42,9 @@ struct Args {
     /// Backends to measure.
     #[arg(long, default_value = "host-gw,vxlan,udp")]
     backends: String,
-    /// Kernel-only reference paths (flannel's layout, built with `ip`) to
-    /// measure in the same run; empty for none.
+    /// Kernel-only reference paths (flannel's layout, built with `ip`),
+    /// measured in the same rounds as the podnet backend they name; empty
+    /// for none.
     #[arg(long, default_value = "host-gw,vxlan")]
     reference: String,
     /// Runs the 1-stream client and server on CPU 0 (`iperf3 -A 0,0`): a
@@ -178,21 +180,19 @@ struct Paired {
 }
 
 impl Paired {
-    /// Runs `rounds` pairs, swapping which path goes first each round.
-    fn run(rounds: usize, mut f: impl FnMut(bool) -> Result<f64>) -> Result<Paired> {
-        let mut p = Paired::default();
-        for r in 0..rounds {
-            let (u, q) = if r % 2 == 0 {
-                let u = f(false)?;
-                (u, f(true)?)
-            } else {
-                let q = f(true)?;
-                (f(false)?, q)
-            };
-            p.underlay.push(u);
-            p.pod.push(q);
-        }
-        Ok(p)
+    /// Measures round `r`'s pair, underlay first in even rounds and pod
+    /// first in odd ones.
+    fn round(&mut self, r: usize, mut f: impl FnMut(bool) -> Result<f64>) -> Result<()> {
+        let (u, q) = if r.is_multiple_of(2) {
+            let u = f(false)?;
+            (u, f(true)?)
+        } else {
+            let q = f(true)?;
+            (f(false)?, q)
+        };
+        self.underlay.push(u);
+        self.pod.push(q);
+        Ok(())
     }
 
     fn ratio(&self) -> f64 {
@@ -400,40 +400,75 @@ fn target(backend: &str) -> &'static str {
     }
 }
 
-/// Measures both paths in alternating rounds and prints one table row.
-fn measure(a: &Args, label: &str, target: &str, p: &Paths) -> Result<()> {
-    let _u = iperf_server(&p.under_server, &p.under_ip)?;
-    let _p = iperf_server(&p.pod_server, &p.pod_ip)?;
-    let path = |pod: bool| {
+/// One configuration's figures: 1 stream, 4 streams, ping.
+#[derive(Default)]
+struct Figures {
+    one: Paired,
+    four: Paired,
+    pings: Paired,
+}
+
+/// Measures every configuration in `rows` in the same rounds (each round
+/// visits them all, underlay and pod in alternating order), so that a
+/// podnet backend and its kernel-only peer see the same machine weather,
+/// and prints one table row each. With two rows, also the per-round ratio
+/// of their pod figures.
+fn measure(a: &Args, rows: &[(String, &str, &Paths)]) -> Result<()> {
+    let mut servers = Vec::new();
+    for (_, _, p) in rows {
+        servers.push(iperf_server(&p.under_server, &p.under_ip)?);
+        servers.push(iperf_server(&p.pod_server, &p.pod_ip)?);
+    }
+    let mut figs: Vec<Figures> = rows.iter().map(|_| Figures::default()).collect();
+    let path = |p: &Paths, pod: bool| {
         if pod {
-            (p.pod_client.as_str(), p.pod_ip.as_str())
+            (p.pod_client.clone(), p.pod_ip.clone())
         } else {
-            (p.under_client.as_str(), p.under_ip.as_str())
+            (p.under_client.clone(), p.under_ip.clone())
         }
     };
-    let one = Paired::run(a.rounds, |pod| {
-        let (ns, dst) = path(pod);
-        iperf(ns, dst, 1, a.seconds, a.pin)
-    })?;
-    let four = Paired::run(a.rounds, |pod| {
-        let (ns, dst) = path(pod);
-        iperf(ns, dst, 4, a.seconds, false)
-    })?;
-    let pings = Paired::run(3, |pod| {
-        let (ns, dst) = path(pod);
-        ping(ns, dst)
-    })?;
-    println!(
-        "{label:<15} {:>9.2} {:>9.2} {:>6.2} {:>9.2} {:>9.2} {:>6.2} {:>8.3} {:>8.3} {target:>8}",
-        median(&one.underlay),
-        median(&one.pod),
-        one.ratio(),
-        median(&four.underlay),
-        median(&four.pod),
-        four.ratio(),
-        median(&pings.underlay),
-        median(&pings.pod),
-    );
+    for r in 0..a.rounds {
+        for ((_, _, p), f) in rows.iter().zip(&mut figs) {
+            f.one.round(r, |pod| {
+                let (ns, dst) = path(p, pod);
+                iperf(&ns, &dst, 1, a.seconds, a.pin)
+            })?;
+            f.four.round(r, |pod| {
+                let (ns, dst) = path(p, pod);
+                iperf(&ns, &dst, 4, a.seconds, false)
+            })?;
+            if r < 3 {
+                f.pings.round(r, |pod| {
+                    let (ns, dst) = path(p, pod);
+                    ping(&ns, &dst)
+                })?;
+            }
+        }
+    }
+    for ((label, target, _), f) in rows.iter().zip(&figs) {
+        println!(
+            "{label:<15} {:>9.2} {:>9.2} {:>6.2} {:>9.2} {:>9.2} {:>6.2} {:>8.3} {:>8.3} {target:>8}",
+            median(&f.one.underlay),
+            median(&f.one.pod),
+            f.one.ratio(),
+            median(&f.four.underlay),
+            median(&f.four.pod),
+            f.four.ratio(),
+            median(&f.pings.underlay),
+            median(&f.pings.pod),
+        );
+    }
+    if let [ours, peer] = &figs[..] {
+        let per_round =
+            |a: &[f64], b: &[f64]| median(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>());
+        println!(
+            "{:<15} pod/pod: 1 stream {:.2}, 4 streams {:.2} (median of per-round ratios)",
+            "  podnet/kernel",
+            per_round(&ours.one.pod, &peer.one.pod),
+            per_round(&ours.four.pod, &peer.four.pod),
+        );
+    }
+    drop(servers);
     Ok(())
 }
 
@@ -471,12 +506,6 @@ fn main() -> Result<()> {
     {
         bail!("--reference {r:?}: a kernel reference exists for host-gw and vxlan only");
     }
-    let run_reference = |backend: &str| -> Result<()> {
-        let (reference, paths) = Reference::build(backend)?;
-        measure(&a, &format!("kernel {backend}"), "peer", &paths)?;
-        drop(reference);
-        Ok(())
-    };
     for backend in &backends {
         let lab = Lab {
             podnet: a.podnet.clone(),
@@ -493,14 +522,18 @@ fn main() -> Result<()> {
             pod_server: pod_field(&lab.name, "s", "netns")?,
             pod_ip: pod_field(&lab.name, "s", "ip")?,
         };
-        measure(&a, &format!("podnet {backend}"), target(backend), &paths)?;
-        drop(lab);
+        let ours = (format!("podnet {backend}"), target(backend), &paths);
         if references.contains(backend) {
-            run_reference(backend)?;
+            let (reference, peer_paths) = Reference::build(backend)?;
+            measure(
+                &a,
+                &[ours, (format!("kernel {backend}"), "peer", &peer_paths)],
+            )?;
+            drop(reference);
+        } else {
+            measure(&a, &[ours])?;
         }
-    }
-    for r in references.iter().filter(|r| !backends.contains(r)) {
-        run_reference(r)?;
+        drop(lab);
     }
     Ok(())
 }
