@@ -14,8 +14,7 @@
 //! fragments, SYN/FIN/RST/URG, ECN signals, out-of-order data) passes
 //! through one packet at a time, unchanged.
 
-/// Bytes of the virtio-net header (`struct virtio_net_hdr`).
-pub const VNET_HDR_LEN: usize = 10;
+pub use podnet_kernel::tun::VNET_HDR_LEN;
 /// `flags`: the checksum at `csum_start + csum_offset` is still to be done.
 pub const NEEDS_CSUM: u8 = 1;
 /// `gso_type` values.
