@@ -334,6 +334,11 @@ fn nodes_leave_and_join_and_agents_restart() {
     lab.eventually("bridge netfilter back on", || {
         lab.sh(&n1, brnf).1.trim() == "1"
     });
+    // ... and the running agent repairs it at its next resync.
+    lab.sh(&n1, "sysctl -qw net.bridge.bridge-nf-call-iptables=0");
+    lab.eventually("bridge netfilter repaired", || {
+        lab.sh(&n1, brnf).1.trim() == "1"
+    });
 
     // A route deleted by hand comes back within the resync period.
     let subnet2 = {

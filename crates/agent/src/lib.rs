@@ -398,7 +398,7 @@ pub async fn run(
         .mtu
         .unwrap_or_else(|| plan::mtu(cfg.backend, underlay.mtu));
     let _ = podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1");
-    ensure_bridge_netfilter();
+    ensure_bridge_netfilter(true);
 
     // The UDP backend's TUN device exists only while someone holds it open.
     let mut udp_tun = None;
@@ -522,6 +522,7 @@ pub async fn run(
                             tracing::warn!("resync: {e}");
                         }
                         rt.masq_table().repair();
+                        ensure_bridge_netfilter(false);
                     }
                 }
                 m = w.next() => {
@@ -628,9 +629,10 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
 /// Service traffic between two pods on one node comes back across the pod
 /// bridge at layer 2; only with the bridge's netfilter hooks on does
 /// conntrack see that reply and undo the DNAT (kube-proxy and flannel ask
-/// for the same). The switches are per network namespace: turned on here
-/// when they are off, and a missing `br_netfilter` is reported, not hidden.
-fn ensure_bridge_netfilter() {
+/// for the same). The switches are per network namespace: turned on at
+/// start and at every resync when someone turned them off; a missing
+/// `br_netfilter` is reported once, at start, not hidden.
+fn ensure_bridge_netfilter(report_missing: bool) {
     for key in [
         "net.bridge.bridge-nf-call-iptables",
         "net.bridge.bridge-nf-call-ip6tables",
@@ -644,7 +646,9 @@ fn ensure_bridge_netfilter() {
                 }
             },
             Err(_) => {
-                tracing::warn!(key, "br_netfilter is not loaded: Service traffic between pods on one node will break (modprobe br_netfilter)");
+                if report_missing {
+                    tracing::warn!(key, "br_netfilter is not loaded: Service traffic between pods on one node will break (modprobe br_netfilter)");
+                }
                 return;
             }
         }
