@@ -217,22 +217,40 @@ struct Paths {
     pod_ip: String,
 }
 
+impl Paths {
+    /// The client's namespace and the server address of one path.
+    fn client(&self, pod: bool) -> (&str, &str) {
+        if pod {
+            (&self.pod_client, &self.pod_ip)
+        } else {
+            (&self.under_client, &self.under_ip)
+        }
+    }
+}
+
 /// A kernel-only copy of one backend's data path (see the module docs).
 /// The namespaces go when it drops, taking every device with them.
 struct Reference {
     _namespaces: Vec<NsGuard>,
 }
 
-fn ip(ns: &str, args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(["-n", ns]).args(args).output()?;
+/// Runs `tool -n ns <line>` (`ip` or `bridge`); `line` is split on spaces.
+fn run(tool: &str, ns: &str, line: &str) -> Result<()> {
+    let out = Command::new(tool)
+        .args(["-n", ns])
+        .args(line.split_whitespace())
+        .output()?;
     if !out.status.success() {
         bail!(
-            "ip -n {ns} {}: {}",
-            args.join(" "),
+            "{tool} -n {ns} {line}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     Ok(())
+}
+
+fn ip(ns: &str, line: &str) -> Result<()> {
+    run("ip", ns, line)
 }
 
 fn link_mac(ns: &str, dev: &str) -> Result<String> {
@@ -263,84 +281,52 @@ impl Reference {
         let mut namespaces = Vec::new();
         for n in &names {
             namespaces.push(NsGuard::create(n.clone())?);
-            ip(n, &["link", "set", "lo", "up"])?;
+            ip(n, "link set lo up")?;
+        }
+        for g in &namespaces[1..3] {
+            g.ns()
+                .run(|| podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1"))??;
         }
         let r = Reference {
             _namespaces: namespaces,
         };
         let (u, node, pod) = (&names[0], &names[1..3], &names[3..5]);
-        let mtu = if vxlan { "1450" } else { "1500" };
-        ip(u, &["link", "add", "br0", "type", "bridge"])?;
-        ip(u, &["link", "set", "br0", "up"])?;
+        let mtu = if vxlan { 1450 } else { 1500 };
+        ip(u, "link add br0 type bridge")?;
+        ip(u, "link set br0 up")?;
         for i in 0..2 {
             let (n, p, k) = (&node[i], &pod[i], i + 1);
-            let port = format!("to{k}");
             let addr = format!("192.168.77.1{k}");
             ip(
                 u,
-                &[
-                    "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", n,
-                ],
+                &format!("link add to{k} type veth peer name eth0 netns {n}"),
             )?;
-            ip(u, &["link", "set", &port, "master", "br0", "up"])?;
-            ip(n, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
-            ip(n, &["link", "set", "eth0", "up"])?;
-            let fwd = Command::new("ip")
-                .args(["netns", "exec", n, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-                .status()?;
-            if !fwd.success() {
-                bail!("ip_forward in {n}");
-            }
+            ip(u, &format!("link set to{k} master br0 up"))?;
+            ip(n, &format!("addr add {addr}/24 dev eth0"))?;
+            ip(n, "link set eth0 up")?;
             if vxlan {
                 // flannel's VTEP: VNI 1, port 8472, no learning; the outer
                 // UDP checksum left at the kernel's default.
                 ip(
                     n,
-                    &[
-                        "link",
-                        "add",
-                        "vx",
-                        "type",
-                        "vxlan",
-                        "id",
-                        "1",
-                        "local",
-                        &addr,
-                        "dev",
-                        "eth0",
-                        "dstport",
-                        "8472",
-                        "nolearning",
-                    ],
+                    &format!(
+                        "link add vx type vxlan id 1 local {addr} dev eth0 dstport 8472 nolearning"
+                    ),
                 )?;
-                ip(n, &["link", "set", "vx", "mtu", mtu, "up"])?;
-                ip(n, &["addr", "add", &format!("10.77.{k}.0/32"), "dev", "vx"])?;
+                ip(n, &format!("link set vx mtu {mtu} up"))?;
+                ip(n, &format!("addr add 10.77.{k}.0/32 dev vx"))?;
             }
-            ip(n, &["link", "add", "cni0", "type", "bridge"])?;
-            ip(n, &["link", "set", "cni0", "mtu", mtu, "up"])?;
+            ip(n, "link add cni0 type bridge")?;
+            ip(n, &format!("link set cni0 mtu {mtu} up"))?;
+            ip(n, &format!("addr add 10.77.{k}.1/24 dev cni0"))?;
             ip(
                 n,
-                &["addr", "add", &format!("10.77.{k}.1/24"), "dev", "cni0"],
+                &format!("link add vp type veth peer name eth0 netns {p}"),
             )?;
-            ip(
-                n,
-                &[
-                    "link", "add", "vp", "type", "veth", "peer", "name", "eth0", "netns", p,
-                ],
-            )?;
-            ip(
-                n,
-                &["link", "set", "vp", "mtu", mtu, "master", "cni0", "up"],
-            )?;
-            ip(p, &["link", "set", "eth0", "mtu", mtu, "up"])?;
-            ip(
-                p,
-                &["addr", "add", &format!("10.77.{k}.2/24"), "dev", "eth0"],
-            )?;
-            ip(
-                p,
-                &["route", "add", "default", "via", &format!("10.77.{k}.1")],
-            )?;
+            ip(n, &format!("link set vp mtu {mtu} master cni0 up"))?;
+            ip(p, &format!("link set eth0 mtu {mtu} up"))?;
+            ip(p, &format!("addr add 10.77.{k}.2/24 dev eth0"))?;
+            ip(p, &format!("route add default via 10.77.{k}.1"))?;
         }
         for i in 0..2 {
             let (n, j) = (&node[i], 2 - i);
@@ -350,34 +336,16 @@ impl Reference {
                 let gw = format!("10.77.{j}.0");
                 ip(
                     n,
-                    &[
-                        "neigh",
-                        "add",
-                        &gw,
-                        "lladdr",
-                        &mac,
-                        "dev",
-                        "vx",
-                        "nud",
-                        "permanent",
-                    ],
+                    &format!("neigh add {gw} lladdr {mac} dev vx nud permanent"),
                 )?;
-                let out = Command::new("bridge")
-                    .args(["-n", n, "fdb", "add", &mac, "dev", "vx", "dst", &remote])
-                    .args(["self", "permanent"])
-                    .output()?;
-                if !out.status.success() {
-                    bail!(
-                        "bridge fdb add in {n}: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                ip(
+                run(
+                    "bridge",
                     n,
-                    &["route", "add", &subnet, "via", &gw, "dev", "vx", "onlink"],
+                    &format!("fdb add {mac} dev vx dst {remote} self permanent"),
                 )?;
+                ip(n, &format!("route add {subnet} via {gw} dev vx onlink"))?;
             } else {
-                ip(n, &["route", "add", &subnet, "via", &remote, "dev", "eth0"])?;
+                ip(n, &format!("route add {subnet} via {remote} dev eth0"))?;
             }
         }
         let paths = Paths {
@@ -420,27 +388,20 @@ fn measure(a: &Args, rows: &[(String, &str, &Paths)]) -> Result<()> {
         servers.push(iperf_server(&p.pod_server, &p.pod_ip)?);
     }
     let mut figs: Vec<Figures> = rows.iter().map(|_| Figures::default()).collect();
-    let path = |p: &Paths, pod: bool| {
-        if pod {
-            (p.pod_client.clone(), p.pod_ip.clone())
-        } else {
-            (p.under_client.clone(), p.under_ip.clone())
-        }
-    };
     for r in 0..a.rounds {
         for ((_, _, p), f) in rows.iter().zip(&mut figs) {
             f.one.round(r, |pod| {
-                let (ns, dst) = path(p, pod);
-                iperf(&ns, &dst, 1, a.seconds, a.pin)
+                let (ns, dst) = p.client(pod);
+                iperf(ns, dst, 1, a.seconds, a.pin)
             })?;
             f.four.round(r, |pod| {
-                let (ns, dst) = path(p, pod);
-                iperf(&ns, &dst, 4, a.seconds, false)
+                let (ns, dst) = p.client(pod);
+                iperf(ns, dst, 4, a.seconds, false)
             })?;
             if r < 3 {
                 f.pings.round(r, |pod| {
-                    let (ns, dst) = path(p, pod);
-                    ping(&ns, &dst)
+                    let (ns, dst) = p.client(pod);
+                    ping(ns, dst)
                 })?;
             }
         }

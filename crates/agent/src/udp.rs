@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 
+use podnet_kernel::nl::set_int_opt;
+
 use crate::gso::{self, Coalescer, VnetHdr, VNET_HDR_LEN};
 
 /// Where each remote subnet's agent listens.
@@ -133,28 +135,6 @@ fn recv_batch(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<usize
         }
     }
     Ok((n as usize, seg))
-}
-
-fn set_int_opt(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: a socket fd and a c_int option value that outlives the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &v as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Writes one packet into the TUN device behind a virtio-net header.

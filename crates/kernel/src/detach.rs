@@ -67,17 +67,7 @@ fn link_listener() -> io::Result<OwnedFd> {
     }
     // SAFETY: fd is fresh and ours.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let bufsize: i32 = 1 << 20;
-    // SAFETY: valid fd and a pointer to a live i32.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &bufsize as *const i32 as *const libc::c_void,
-            4,
-        )
-    };
+    let _ = crate::nl::set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1 << 20);
     // SAFETY: a zeroed sockaddr_nl is valid; the group is set below.
     let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     sa.nl_family = libc::AF_NETLINK as u16;

@@ -159,6 +159,30 @@ impl<'a> Iterator for Attrs<'a> {
     }
 }
 
+/// `setsockopt` with an `int` value, the shape of nearly every socket
+/// option: one place for the unsafe call and its error.
+pub fn set_int_opt(
+    fd: std::os::fd::RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: setsockopt reads size_of::<c_int>() bytes from a live c_int.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn get_u32(b: &[u8]) -> u32 {
     if b.len() >= 4 {
         u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
@@ -209,30 +233,10 @@ impl Socket {
         }
         // SAFETY: fd is a fresh, valid descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let one: i32 = 1;
         for opt in [NETLINK_CAP_ACK, NETLINK_EXT_ACK] {
-            // SAFETY: valid fd and a pointer to a live i32.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_NETLINK,
-                    opt,
-                    &one as *const i32 as *const libc::c_void,
-                    4,
-                );
-            }
+            let _ = set_int_opt(fd.as_raw_fd(), libc::SOL_NETLINK, opt, 1);
         }
-        let bufsize: i32 = 4 << 20;
-        // SAFETY: as above.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                &bufsize as *const i32 as *const libc::c_void,
-                4,
-            );
-        }
+        let _ = set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
         // SAFETY: zeroed sockaddr_nl is a valid "any pid" address.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as u16;
@@ -261,21 +265,12 @@ impl Socket {
     /// everything; it also rejects headers with fields it does not filter
     /// on, so it is switched on only around requests built for it.
     pub fn set_strict(&mut self, on: bool) -> io::Result<()> {
-        let v: i32 = on.into();
-        // SAFETY: valid fd and a pointer to a live i32.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_NETLINK,
-                NETLINK_GET_STRICT_CHK,
-                &v as *const i32 as *const libc::c_void,
-                4,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_int_opt(
+            self.fd.as_raw_fd(),
+            libc::SOL_NETLINK,
+            NETLINK_GET_STRICT_CHK,
+            on.into(),
+        )
     }
 
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -396,16 +391,13 @@ impl Socket {
         let bufsize: i32 = (bytes.len().min(i32::MAX as usize / 2) as i32)
             .saturating_mul(2)
             .max(1 << 20);
-        // SAFETY: valid fd and a pointer to a live i32 (SO_SNDBUFFORCE needs root; fall back quietly).
-        unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUFFORCE,
-                &bufsize as *const i32 as *const libc::c_void,
-                4,
-            );
-        }
+        // SO_SNDBUFFORCE needs root; without it the send just takes longer.
+        let _ = set_int_opt(
+            self.fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            bufsize,
+        );
         self.send(&bytes)
             .map_err(|e| KernelError::io(describe(0), e))?;
         drop(bytes);
