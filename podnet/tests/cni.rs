@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use common::*;
@@ -570,4 +570,421 @@ fn podnet_meta_plugin_reads_subnet_env() {
     let e = rt.add_list(&list, &attach("meta-c", &a)).unwrap_err();
     assert_eq!(e.code, 11);
     assert!(e.msg.contains("subnet.env"), "{e}");
+}
+
+/// The CNI environment of one call, for `raw_call`.
+fn cni_env<'a>(
+    cmd: &'a str,
+    id: &'a str,
+    netns: &'a str,
+    path: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", id),
+        ("CNI_NETNS", netns),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", path),
+    ]
+}
+
+/// Every file of a directory with its content (empty when it is missing).
+fn dir_files(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn ipam_type_that_is_no_ipam_plugin_is_refused_not_recursed() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let pod = TestNs::new("p");
+    let state = tempfile::tempdir().unwrap();
+    let bridge = p.bin().join("bridge");
+    let (np, bin) = (pod.path(), p.bin().display().to_string());
+    // `bridge` as its own IPAM recursed in-process until the stack overflowed
+    // (exit 134, nothing on stdout), on ADD and on DEL alike.
+    for cmd in ["ADD", "DEL"] {
+        for t in ["bridge", "portmap", "podnet", "loopback", "bandwidth"] {
+            let conf = json!({"cniVersion": "1.1.0", "name": "rec", "type": "bridge",
+                "bridge": "pnbrrec", "ipam": {"type": t}});
+            let env = cni_env(cmd, "rec-1", &np, &bin);
+            let (code, v, stderr) = raw_call(&bridge, &env, &conf.to_string(), Some(&host));
+            assert_eq!(code, 1, "{cmd} ipam {t}: {v} {stderr}");
+            assert_eq!(v["code"], 7, "{cmd} ipam {t}: {v}");
+            assert_eq!(
+                v["msg"],
+                format!("bridge: ipam type \"{t}\" is not an IPAM plugin"),
+                "{cmd}"
+            );
+        }
+    }
+
+    // The meta-plugin delegating to itself.
+    let env_file = state.path().join("subnet.env");
+    std::fs::write(
+        &env_file,
+        "FLANNEL_NETWORK=10.216.0.0/16\nFLANNEL_SUBNET=10.216.1.1/24\n",
+    )
+    .unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "rec", "type": "podnet",
+        "subnetFile": env_file, "dataDir": state.path().join("meta"),
+        "ipamDataDir": state.path().join("ipam"), "delegate": {"type": "podnet"}});
+    let (code, v, stderr) = raw_call(
+        &p.bin().join("podnet"),
+        &cni_env("ADD", "rec-2", &np, &bin),
+        &conf.to_string(),
+        Some(&host),
+    );
+    assert_eq!(code, 1, "{v} {stderr}");
+    assert_eq!(v["code"], 7, "{v}");
+    assert_eq!(
+        v["msg"], "podnet: delegate type \"podnet\" would delegate to itself",
+        "{v}"
+    );
+
+    // The depth limit holds across exec too: a bridge started 4 levels deep
+    // may not delegate once more, and undoes what it built before IPAM.
+    let conf = json!({"cniVersion": "1.1.0", "name": "rec", "type": "bridge", "bridge": "pnbrrec",
+        "ipam": {"type": "host-local", "subnet": "10.216.2.0/24", "dataDir": state.path().join("ipam")}});
+    let mut env = cni_env("ADD", "rec-3", &np, &bin);
+    env.push(("PODNET_CNI_DELEGATION", "podnet,podnet,podnet,podnet"));
+    let (code, v, stderr) = raw_call(&bridge, &env, &conf.to_string(), Some(&host));
+    assert_eq!(code, 1, "{v} {stderr}");
+    assert_eq!(v["code"], 7, "{v}");
+    assert_eq!(
+        v["msg"],
+        "plugin delegation nested more than 4 deep (podnet -> podnet -> podnet -> podnet \
+         -> host-local): does a configuration delegate to itself?"
+    );
+    assert!(
+        !links(&host)
+            .iter()
+            .any(|l| l == "pnbrrec" || l.starts_with("veth")),
+        "{:?}",
+        links(&host)
+    );
+    assert!(!links(&pod).contains(&"eth0".to_string()));
+    assert!(dir_files(&state.path().join("ipam").join("rec")).is_empty());
+    assert!(!state.path().join("meta").join("rec-2").exists());
+}
+
+#[test]
+fn host_local_refuses_default_and_link_local_subnets() {
+    let p = Plugins::install();
+    let state = tempfile::tempdir().unwrap();
+    let hl = p.bin().join("host-local");
+    let bin = p.bin().display().to_string();
+    for (subnet, msg) in [
+        (
+            "0.0.0.0/0",
+            "host-local: subnet 0.0.0.0/0 is the whole address family, not a pod network",
+        ),
+        (
+            "::/0",
+            "host-local: subnet ::/0 is the whole address family, not a pod network",
+        ),
+        (
+            "169.254.0.0/16",
+            "host-local: subnet 169.254.0.0/16 overlaps the link-local range 169.254.0.0/16",
+        ),
+        (
+            "169.254.10.0/24",
+            "host-local: subnet 169.254.10.0/24 overlaps the link-local range 169.254.0.0/16",
+        ),
+        (
+            "fe80::/10",
+            "host-local: subnet fe80::/10 overlaps the link-local range fe80::/10",
+        ),
+        (
+            "fe80::/64",
+            "host-local: subnet fe80::/64 overlaps the link-local range fe80::/10",
+        ),
+        // Like the reference (its code is 999, ours 7 as for every range error).
+        (
+            "10.217.0.0/31",
+            "host-local: network 10.217.0.0/31 too small to allocate from",
+        ),
+        (
+            "10.217.0.1/32",
+            "host-local: network 10.217.0.1/32 too small to allocate from",
+        ),
+    ] {
+        for ipam in [
+            json!({"type": "host-local", "subnet": subnet, "dataDir": state.path()}),
+            json!({"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": state.path()}),
+        ] {
+            let conf =
+                json!({"cniVersion": "1.1.0", "name": "ll", "type": "host-local", "ipam": ipam});
+            let (code, v, stderr) = raw_call(
+                &hl,
+                &cni_env("ADD", "ll-1", "/proc/self/ns/net", &bin),
+                &conf.to_string(),
+                None,
+            );
+            assert_eq!(code, 1, "{subnet}: {v} {stderr}");
+            assert_eq!(v["code"], 7, "{subnet}: {v}");
+            assert_eq!(v["msg"], msg, "{subnet}");
+        }
+    }
+    assert!(
+        !state.path().join("ll").exists(),
+        "nothing may be allocated"
+    );
+}
+
+#[test]
+fn portmap_refuses_non_string_host_ip_and_protocol() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let state = tempfile::tempdir().unwrap();
+    let pm = p.bin().join("portmap");
+    let bin = p.bin().display().to_string();
+    let prev = json!({"cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
+        "ips": [{"address": "10.218.0.5/24", "interface": 0}]});
+    for (key, val, msg) in [
+        (
+            "HostIP",
+            json!(5),
+            "portmap: mapping 0: hostIP must be a string, not a number",
+        ),
+        (
+            "hostIP",
+            json!(["10.218.0.1"]),
+            "portmap: mapping 0: hostIP must be a string, not a list",
+        ),
+        (
+            "hostIp",
+            json!({"ip": "10.218.0.1"}),
+            "portmap: mapping 0: hostIP must be a string, not an object",
+        ),
+        (
+            "Protocol",
+            json!(17),
+            "portmap: mapping 0: protocol must be a string, not a number",
+        ),
+        (
+            "protocol",
+            json!(true),
+            "portmap: mapping 0: protocol must be a string, not a boolean",
+        ),
+    ] {
+        // containerd's capitalised keys and the CNI spellings alike.
+        let mut mapping = json!({"HostPort": 8080, "ContainerPort": 80});
+        mapping[key] = val;
+        let conf = json!({"cniVersion": "1.1.0", "name": "pmv", "type": "portmap",
+            "stateDir": state.path().join("pm"), "prevResult": prev,
+            "runtimeConfig": {"portMappings": [mapping]}});
+        let (code, v, stderr) = raw_call(
+            &pm,
+            &cni_env("ADD", "pmv-1", "/proc/self/ns/net", &bin),
+            &conf.to_string(),
+            Some(&host),
+        );
+        assert_eq!(code, 1, "{key}: {v} {stderr}");
+        assert_eq!(v["code"], 7, "{key}: {v}");
+        assert_eq!(v["msg"], msg, "{key}");
+    }
+    // Nothing was mapped and nothing recorded.
+    let (exists, out) = host.try_sh("nft list table inet podnet-portmap");
+    assert!(!exists, "{out}");
+    assert!(dir_files(&state.path().join("pm")).is_empty());
+}
+
+/// ADD ok, ADD failing on an interface name already taken in the pod, ADD
+/// ok: returns the two addresses handed out, host-local's files after the
+/// sequence, and the failure's message.
+fn add_fail_add(bin: &Path, tag: &str) -> (Vec<String>, BTreeMap<String, String>, String) {
+    let host = TestNs::new(tag);
+    let (a, b, c) = (TestNs::new("a"), TestNs::new("b"), TestNs::new("c"));
+    b.sh("ip link add eth0 type veth peer name eth0p");
+    let state = tempfile::tempdir().unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "curs", "type": "bridge", "bridge": "pncurs0",
+        "isGateway": true, "ipam": {"type": "host-local", "subnet": "10.219.0.0/24", "dataDir": state.path()}});
+    let rt = runtime(bin, &host);
+    let ra = rt
+        .exec(Command::Add, &attach("curs-a", &a), &conf)
+        .unwrap_or_else(|e| panic!("{tag} ADD a: {e}"))
+        .unwrap();
+    let e = rt
+        .exec(Command::Add, &attach("curs-b", &b), &conf)
+        .expect_err("ADD with a taken ifname must fail");
+    let rc = rt
+        .exec(Command::Add, &attach("curs-c", &c), &conf)
+        .unwrap_or_else(|e| panic!("{tag} ADD c: {e}"))
+        .unwrap();
+    let files = dir_files(&state.path().join("curs"));
+    (vec![first_ip(&ra), first_ip(&rc)], files, e.msg)
+}
+
+#[test]
+fn failed_add_moves_no_host_local_cursor_like_the_reference() {
+    require_reference_plugins();
+    let ours = Plugins::install();
+    let theirs = add_fail_add(Path::new(REFERENCE_DIR), "ref");
+    let mine = add_fail_add(&ours.bin(), "our");
+    assert_eq!(theirs.0, ["10.219.0.2", "10.219.0.3"]);
+    assert!(theirs.2.contains("already exists"), "{}", theirs.2);
+    assert_eq!(
+        mine.2,
+        "bridge: container veth name \"eth0\" already exists"
+    );
+    assert_eq!(mine.0, theirs.0, "addresses handed out");
+    assert_eq!(mine.1, theirs.1, "host-local dataDir after the sequence");
+    assert_eq!(mine.1["last_reserved_ip.0"], "10.219.0.3");
+}
+
+#[test]
+fn failures_after_allocation_restore_host_local_state_exactly() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let (a, b, c) = (TestNs::new("a"), TestNs::new("b"), TestNs::new("c"));
+    let state = tempfile::tempdir().unwrap();
+    let ipam = json!({"type": "host-local", "dataDir": state.path(),
+        "ranges": [[{"subnet": "10.222.0.0/24"}], [{"subnet": "fd00:222::/64"}]]});
+    let conf = |br: &str| {
+        json!({"cniVersion": "1.1.0", "name": "undo", "type": "bridge", "bridge": br,
+            "isGateway": true, "ipam": ipam})
+    };
+    let dir = state.path().join("undo");
+    let rt = runtime(&p.bin(), &host);
+    let ra = rt
+        .exec(Command::Add, &attach("undo-a", &a), &conf("pnbrok"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(first_ip(&ra), "10.222.0.2");
+    let before = dir_files(&dir);
+    assert_eq!(before["last_reserved_ip.0"], "10.222.0.2");
+    assert_eq!(before["last_reserved_ip.1"], "fd00:222::2");
+
+    // The bridge fails after IPAM allocated (its address clashes): both
+    // addresses go and both cursors return to where they were.
+    host.sh("ip link add pnbrbad type bridge && ip addr add 10.222.0.99/24 dev pnbrbad");
+    let e = rt
+        .exec(Command::Add, &attach("undo-b", &b), &conf("pnbrbad"))
+        .unwrap_err();
+    assert!(e.msg.contains("already has an IP address"), "{e}");
+    assert_eq!(dir_files(&dir), before);
+    assert!(
+        links(&host)
+            .iter()
+            .filter(|l| l.starts_with("veth"))
+            .count()
+            == 1,
+        "{:?}",
+        links(&host)
+    );
+
+    // host-local alone: a second range set that is exhausted fails the ADD
+    // after the first set allocated; a missing resolvConf fails it before.
+    let hl = |ipam: Value| json!({"cniVersion": "1.1.0", "name": "undo", "type": "host-local", "ipam": ipam});
+    let mut full = ipam.clone();
+    full["ranges"][1] = json!([{"subnet": "fd00:222::/64", "rangeStart": "fd00:222::2", "rangeEnd": "fd00:222::2"}]);
+    let e = rt
+        .exec(Command::Add, &attach("undo-c", &c), &hl(full))
+        .unwrap_err();
+    assert!(e.msg.contains("no IP addresses available"), "{e}");
+    assert_eq!(dir_files(&dir), before);
+    let mut bad = ipam.clone();
+    bad["resolvConf"] = json!(state.path().join("missing-resolv.conf"));
+    let e = rt
+        .exec(Command::Add, &attach("undo-c", &c), &hl(bad))
+        .unwrap_err();
+    assert_eq!(e.code, 5, "{e}");
+    assert!(e.msg.starts_with("host-local: reading resolvConf"), "{e}");
+    assert_eq!(dir_files(&dir), before);
+
+    // The next pod gets the address right after the last one really given.
+    let rc = rt
+        .exec(Command::Add, &attach("undo-c", &c), &conf("pnbrok"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(first_ip(&rc), "10.222.0.3");
+}
+
+#[test]
+fn del_without_netns_or_prev_result_removes_masquerade_by_owner() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let pod = TestNs::new("p");
+    let state = tempfile::tempdir().unwrap();
+    let list = json!({"cniVersion": "1.1.0", "name": "masq", "plugins": [{
+        "type": "bridge", "bridge": "pnbrmq", "isGateway": true, "ipMasq": true,
+        "ipam": {"type": "host-local", "dataDir": state.path().join("ipam"),
+                 "ranges": [[{"subnet": "10.223.0.0/24"}], [{"subnet": "fd00:223::/64"}]]}}]});
+    let rt = runtime(&p.bin(), &host);
+    let at = attach("masq-1", &pod);
+    let r = rt.add_list(&list, &at).unwrap();
+    let ips: Vec<std::net::IpAddr> = r["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            i["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ips.len(), 2);
+    let listing = || {
+        podnet_cni::plugins::netfilter::parse_masq_listing(
+            &host.sh("nft -j list table inet podnet-cni"),
+        )
+    };
+    let mine = |els: &[podnet_cni::plugins::netfilter::MasqElement]| {
+        els.iter()
+            .filter(|e| e.comment.as_deref() == Some("masq/masq-1") || ips.contains(&e.ip))
+            .map(|e| format!("{} {}", e.set, e.key))
+            .collect::<Vec<_>>()
+    };
+    let added = listing();
+    let mut got = mine(&added);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "masq4 10.223.0.2",
+            "masq6 fd00:223::2",
+            "nomasq4 10.223.0.2 . 10.223.0.0/24",
+            "nomasq6 fd00:223::2 . fd00:223::/64",
+        ]
+    );
+    assert!(
+        added
+            .iter()
+            .all(|e| !ips.contains(&e.ip) || e.comment.as_deref() == Some("masq/masq-1")),
+        "every element carries its owner: {added:?}"
+    );
+    // State written before elements carried owners had uncommented nomasq
+    // elements: make this pod's look like that; DEL must still find them.
+    host.sh(
+        "nft 'delete element inet podnet-cni nomasq4 { 10.223.0.2 . 10.223.0.0/24 }; \
+         add element inet podnet-cni nomasq4 { 10.223.0.2 . 10.223.0.0/24 }'",
+    );
+
+    pod.delete();
+    rt.del_list(&list, &at, None).unwrap();
+    let left = listing();
+    assert!(
+        mine(&left).is_empty(),
+        "left for the container: {:?}",
+        mine(&left)
+    );
+    assert!(ipam_files(state.path(), "masq").is_empty());
 }

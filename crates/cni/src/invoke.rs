@@ -5,7 +5,15 @@
 //! is this very binary (our multi-call links), the call is made in-process:
 //! the same arguments, no fork and exec. Any other binary, such as the
 //! reference host-local, is executed for real.
+//!
+//! Two guards keep a configuration from calling itself forever (a `bridge`
+//! whose `ipam.type` is `bridge` would otherwise recurse until the stack
+//! overflows): [`check_ipam_type`] refuses types that are no IPAM plugin,
+//! and every delegation counts its depth, in-process in a thread-local and
+//! across exec in the `PODNET_CNI_DELEGATION` variable, up to
+//! [`MAX_DEPTH`].
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +22,99 @@ use std::process::{Command as Proc, Stdio};
 use crate::error::CniError;
 use crate::skel::{CmdArgs, Command};
 use crate::types::CniResult;
+
+/// How many delegations may nest (podnet → bridge → host-local is 2).
+pub const MAX_DEPTH: usize = 4;
+
+/// The environment variable that carries the delegation chain to a plugin
+/// that is executed rather than called in-process.
+pub const CHAIN_ENV: &str = "PODNET_CNI_DELEGATION";
+
+/// Plugin types that attach interfaces or act on a chain's result: none of
+/// them answers as IPAM. Our own non-IPAM plugins are refused as well (see
+/// [`check_ipam_type`]), so a plugin added to this binary is covered.
+const NOT_IPAM: &[&str] = &[
+    "bridge",
+    "ptp",
+    "macvlan",
+    "ipvlan",
+    "vlan",
+    "host-device",
+    "dummy",
+    "tap",
+    "loopback",
+    "portmap",
+    "bandwidth",
+    "firewall",
+    "tuning",
+    "sbr",
+    "vrf",
+    "flannel",
+    "podnet",
+];
+
+/// The IPAM plugins this binary serves.
+const OUR_IPAM: &[&str] = &["host-local"];
+
+/// Refuses an `ipam.type` that names a plugin which is not an IPAM plugin
+/// (code 7). Unknown types pass: they may be third-party IPAM plugins.
+pub fn check_ipam_type(t: &str) -> Result<(), CniError> {
+    let ours = crate::plugins::NAMES.contains(&t) && !OUR_IPAM.contains(&t);
+    if ours || NOT_IPAM.contains(&t) {
+        return Err(CniError::config(format!(
+            "ipam type {t:?} is not an IPAM plugin"
+        )));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The plugins delegated to and not yet returned, outermost first.
+    static CHAIN: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes over the chain an executing parent passed in [`CHAIN_ENV`].
+pub fn inherit_chain(v: Option<&str>) {
+    let chain: Vec<String> = v
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    CHAIN.with(|c| *c.borrow_mut() = chain);
+}
+
+/// One level of delegation, left when dropped.
+struct Depth;
+
+impl Depth {
+    fn enter(name: &str) -> Result<Depth, CniError> {
+        CHAIN.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= MAX_DEPTH {
+                return Err(CniError::config(format!(
+                    "plugin delegation nested more than {MAX_DEPTH} deep ({} -> {name}): \
+                     does a configuration delegate to itself?",
+                    c.join(" -> ")
+                )));
+            }
+            c.push(name.to_string());
+            Ok(Depth)
+        })
+    }
+
+    fn chain() -> String {
+        CHAIN.with(|c| c.borrow().join(","))
+    }
+}
+
+impl Drop for Depth {
+    fn drop(&mut self) {
+        CHAIN.with(|c| {
+            c.borrow_mut().pop();
+        });
+    }
+}
 
 /// Finds a plugin executable in the CNI_PATH directories.
 pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
@@ -48,6 +149,7 @@ pub fn delegate(
     args: &CmdArgs,
     conf: &[u8],
 ) -> Result<Option<CniResult>, CniError> {
+    let _depth = Depth::enter(name)?;
     let exe = find_plugin(name, &args.path)?;
     let sub = CmdArgs {
         command: cmd,
@@ -75,6 +177,7 @@ fn exec_plugin(exe: &Path, a: &CmdArgs) -> Result<Option<CniResult>, CniError> {
         .env("CNI_IFNAME", &a.ifname)
         .env("CNI_ARGS", &a.args)
         .env("CNI_PATH", path)
+        .env(CHAIN_ENV, Depth::chain())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -100,4 +203,125 @@ fn exec_plugin(exe: &Path, a: &CmdArgs) -> Result<Option<CniResult>, CniError> {
         return CniResult::from_slice(&out.stdout).map(Some);
     }
     Ok(None)
+}
+
+/// An IPAM ADD that a later failure of the caller can take back.
+#[derive(Debug)]
+pub struct IpamLease {
+    name: String,
+    /// host-local ran in-process: exactly what it changed on disk.
+    local: Option<crate::ipam::Rollback>,
+}
+
+impl IpamLease {
+    /// Undoes the ADD: exactly (addresses and cursors) when host-local ran
+    /// in-process, with a DEL of the same configuration otherwise.
+    pub fn rollback(self, args: &CmdArgs, conf: &[u8]) -> Result<(), CniError> {
+        match self.local {
+            Some(r) => crate::ipam::rollback(r),
+            None => delegate(&self.name, Command::Del, args, conf).map(|_| ()),
+        }
+    }
+}
+
+/// ADD through the IPAM plugin `name` (checked with [`check_ipam_type`]).
+pub fn ipam_add(
+    name: &str,
+    args: &CmdArgs,
+    conf: &[u8],
+) -> Result<(CniResult, IpamLease), CniError> {
+    check_ipam_type(name)?;
+    if name == "host-local" {
+        let _depth = Depth::enter(name)?;
+        let exe = find_plugin(name, &args.path)?;
+        if is_self(&exe) {
+            let sub = CmdArgs {
+                command: Command::Add,
+                stdin: conf.to_vec(),
+                ..args.clone()
+            };
+            let (r, undo) = crate::ipam::HostLocal.add_undoable(&sub)?;
+            let lease = IpamLease {
+                name: name.to_string(),
+                local: Some(undo),
+            };
+            return Ok((r, lease));
+        }
+    }
+    let r = delegate(name, Command::Add, args, conf)?.unwrap_or_default();
+    let lease = IpamLease {
+        name: name.to_string(),
+        local: None,
+    };
+    Ok((r, lease))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> CmdArgs {
+        CmdArgs {
+            command: Command::Add,
+            container_id: "c".into(),
+            netns: "/proc/self/ns/net".into(),
+            ifname: "eth0".into(),
+            args: String::new(),
+            path: vec![],
+            stdin: vec![],
+        }
+    }
+
+    #[test]
+    fn non_ipam_types_are_refused_with_code_7() {
+        for t in [
+            "bridge",
+            "portmap",
+            "podnet",
+            "loopback",
+            "bandwidth",
+            "macvlan",
+        ] {
+            let e = check_ipam_type(t).unwrap_err();
+            assert_eq!(e.code, 7, "{t}");
+            assert_eq!(e.msg, format!("ipam type \"{t}\" is not an IPAM plugin"));
+            let e = ipam_add(t, &args(), b"{}").unwrap_err();
+            assert_eq!((e.code, e.msg.contains(t)), (7, true), "{e}");
+        }
+        for t in ["host-local", "dhcp", "static", "whereabouts"] {
+            check_ipam_type(t).unwrap();
+        }
+    }
+
+    #[test]
+    fn delegation_depth_is_bounded() {
+        // Four nested levels (as four plugins delegating to each other in
+        // one process would leave them), then one more is refused before
+        // any lookup or call.
+        let guards: Vec<Depth> = ["podnet", "podnet", "podnet", "podnet"]
+            .iter()
+            .map(|n| Depth::enter(n).unwrap())
+            .collect();
+        let e = delegate("podnet", Command::Add, &args(), b"{}").unwrap_err();
+        assert_eq!(e.code, 7);
+        assert_eq!(
+            e.msg,
+            "plugin delegation nested more than 4 deep (podnet -> podnet -> podnet -> podnet \
+             -> podnet): does a configuration delegate to itself?"
+        );
+        drop(guards);
+        // Leaving the levels frees them again: the next failure is the lookup.
+        let e = delegate("podnet", Command::Add, &args(), b"{}").unwrap_err();
+        assert!(e.msg.starts_with("failed to find plugin"), "{e}");
+        // An executed child inherits the chain.
+        inherit_chain(Some("podnet,bridge,host-local,x"));
+        assert_eq!(
+            delegate("y", Command::Add, &args(), b"{}")
+                .unwrap_err()
+                .code,
+            7
+        );
+        inherit_chain(None);
+        assert_eq!(Depth::chain(), "");
+    }
 }

@@ -249,6 +249,18 @@ pub fn runtime_key<'a>(rc: &'a Option<Value>, key: &str) -> Option<&'a Value> {
         .map(|(_, v)| v)
 }
 
+/// What kind of JSON value `v` is, for error messages.
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// Looks a key up in a JSON object ignoring case (containerd capitalises).
 pub fn get_ci<'a>(obj: &'a Value, key: &str) -> Option<&'a Value> {
     obj.as_object()?

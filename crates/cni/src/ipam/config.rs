@@ -154,6 +154,21 @@ fn canonical_range(r: RawRange, set: usize) -> Result<Range, CniError> {
         .parse()
         .map_err(|_| CniError::config(format!("host-local: invalid subnet {s:?}")))?;
     let subnet = subnet.trunc();
+    if subnet.prefix_len() == 0 {
+        return Err(CniError::config(format!(
+            "host-local: subnet {subnet} is the whole address family, not a pod network"
+        )));
+    }
+    let link_local: IpNet = if subnet.addr().is_ipv4() {
+        "169.254.0.0/16".parse().expect("static")
+    } else {
+        "fe80::/10".parse().expect("static")
+    };
+    if subnet.contains(&link_local.network()) || link_local.contains(&subnet.network()) {
+        return Err(CniError::config(format!(
+            "host-local: subnet {subnet} overlaps the link-local range {link_local}"
+        )));
+    }
     let max = if subnet.addr().is_ipv4() { 32 } else { 128 };
     if subnet.prefix_len() > max - 2 {
         return Err(CniError::config(format!(
@@ -240,5 +255,63 @@ mod tests {
         assert!(e.msg.contains("overlaps"));
         let e = conf(json!({})).unwrap_err();
         assert!(e.msg.contains("no IP ranges"));
+    }
+
+    #[test]
+    fn default_and_link_local_subnets_are_refused() {
+        for (s, msg) in [
+            (
+                "0.0.0.0/0",
+                "host-local: subnet 0.0.0.0/0 is the whole address family, not a pod network",
+            ),
+            (
+                "10.1.2.3/0",
+                "host-local: subnet 0.0.0.0/0 is the whole address family, not a pod network",
+            ),
+            (
+                "::/0",
+                "host-local: subnet ::/0 is the whole address family, not a pod network",
+            ),
+            (
+                "169.254.0.0/16",
+                "host-local: subnet 169.254.0.0/16 overlaps the link-local range 169.254.0.0/16",
+            ),
+            (
+                "169.254.7.0/24",
+                "host-local: subnet 169.254.7.0/24 overlaps the link-local range 169.254.0.0/16",
+            ),
+            (
+                "128.0.0.0/1",
+                "host-local: subnet 128.0.0.0/1 overlaps the link-local range 169.254.0.0/16",
+            ),
+            (
+                "fe80::/10",
+                "host-local: subnet fe80::/10 overlaps the link-local range fe80::/10",
+            ),
+            (
+                "fe80::/64",
+                "host-local: subnet fe80::/64 overlaps the link-local range fe80::/10",
+            ),
+        ] {
+            let e = conf(json!({"subnet": s})).unwrap_err();
+            assert_eq!((e.code, e.msg.as_str()), (7, msg), "{s}");
+            // The same in the ranges form.
+            let e = conf(json!({"ranges": [[{"subnet": s}]]})).unwrap_err();
+            assert_eq!((e.code, e.msg.as_str()), (7, msg), "{s}");
+        }
+        // Neighbours of the link-local ranges are fine.
+        conf(json!({"subnet": "169.253.0.0/16"})).unwrap();
+        conf(json!({"subnet": "169.255.0.0/16"})).unwrap();
+        conf(json!({"subnet": "fec0::/64"})).unwrap();
+        // /31, /32, /127, /128: too small, as the reference says too.
+        for s in ["10.9.0.0/31", "10.9.0.1/32", "fd00::/127", "fd00::/128"] {
+            let e = conf(json!({"subnet": s})).unwrap_err();
+            assert_eq!(e.code, 7, "{s}");
+            assert!(
+                e.msg.ends_with("too small to allocate from"),
+                "{s}: {}",
+                e.msg
+            );
+        }
     }
 }

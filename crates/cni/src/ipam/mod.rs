@@ -20,7 +20,7 @@ use crate::error::{CniError, Code};
 use crate::skel::{CmdArgs, Plugin};
 use crate::types::{self, runtime_key, Attachment, CniResult, Dns, IpConfig};
 use config::{IpamConf, RawIpam};
-use store::Store;
+use store::{Reserved, Store};
 
 #[derive(Deserialize)]
 struct Conf {
@@ -37,7 +37,11 @@ struct Conf {
 }
 
 fn load(args: &CmdArgs) -> Result<(Conf, IpamConf), CniError> {
-    let mut c: Conf = types::parse_conf(&args.stdin)?;
+    load_stdin(&args.stdin)
+}
+
+fn load_stdin(stdin: &[u8]) -> Result<(Conf, IpamConf), CniError> {
+    let mut c: Conf = types::parse_conf(stdin)?;
     let raw = c
         .ipam
         .take()
@@ -102,12 +106,60 @@ fn parse_resolv_conf(path: &str) -> Result<Dns, CniError> {
     Ok(d)
 }
 
+/// Parses a host-local configuration (the whole network config on stdin)
+/// without touching any state.
+pub fn parse_config(stdin: &[u8]) -> Result<IpamConf, CniError> {
+    load_stdin(stdin).map(|(_, ipam)| ipam)
+}
+
+/// What one in-process ADD reserved, for [`rollback`].
+#[derive(Debug)]
+pub struct Rollback {
+    data_dir: String,
+    container_id: String,
+    ifname: String,
+    reserved: Vec<Reserved>,
+}
+
+/// Takes back an ADD whose caller failed afterwards: the addresses it
+/// reserved are released and the round-robin cursors it moved are put back,
+/// so host-local's state is exactly what it was before that ADD (a DEL
+/// releases the addresses but leaves the cursor where it is).
+pub fn rollback(r: Rollback) -> Result<(), CniError> {
+    if r.reserved.is_empty() {
+        return Ok(());
+    }
+    let store = Store::open(&r.data_dir)?;
+    let mut errors = Vec::new();
+    for res in r.reserved.iter().rev() {
+        if let Err(e) = store.unreserve(res, &r.container_id, &r.ifname) {
+            errors.push(e.to_string());
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            Code::Io,
+            format!("host-local: rolling back ADD: {}", errors.join("; ")),
+        ))
+    }
+}
+
 pub struct HostLocal;
 
-impl Plugin for HostLocal {
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+impl HostLocal {
+    /// ADD, and what it reserved so that an in-process caller failing later
+    /// can [`rollback`] it exactly.
+    pub fn add_undoable(&self, args: &CmdArgs) -> Result<(CniResult, Rollback), CniError> {
         let (c, ipam) = load(args)?;
         let mut requested = requested_ips(args, &c)?;
+        // Read before anything is reserved, as the reference does: a bad
+        // resolvConf must fail the ADD with nothing allocated.
+        let dns = match &ipam.resolv_conf {
+            Some(p) => Some(parse_resolv_conf(p)?),
+            None => None,
+        };
         let store = Store::open(&ipam.data_dir)?;
         let held: HashSet<IpAddr> = store
             .by_id(&args.container_id, &args.ifname)?
@@ -127,15 +179,18 @@ impl Plugin for HostLocal {
                         .position(|r| r.contains(ip))
                         .expect("checked above");
                     if !held.contains(&ip) {
-                        if set[ri].gateway == Some(ip)
-                            || !store.reserve(&args.container_id, &args.ifname, ip, si)?
-                        {
+                        let r = if set[ri].gateway == Some(ip) {
+                            None
+                        } else {
+                            store.reserve(&args.container_id, &args.ifname, ip, si)?
+                        };
+                        let Some(r) = r else {
                             return Err(CniError::internal(format!(
                                 "host-local: requested IP address {ip} is not available in range set {}",
                                 describe(set)
                             )));
-                        }
-                        fresh.push(ip);
+                        };
+                        fresh.push(r);
                     }
                     (ip, ri)
                 } else if let Some(ip) = held
@@ -161,8 +216,8 @@ impl Plugin for HostLocal {
                                 describe(set)
                             )));
                         };
-                        if store.reserve(&args.container_id, &args.ifname, ip, si)? {
-                            fresh.push(ip);
+                        if let Some(r) = store.reserve(&args.container_id, &args.ifname, ip, si)? {
+                            fresh.push(r);
                             break (ip, ri);
                         }
                         last = Some(ip);
@@ -184,16 +239,28 @@ impl Plugin for HostLocal {
             Ok(())
         })();
         if let Err(e) = outcome {
-            for ip in fresh {
-                let _ = store.release(ip);
+            for r in fresh.iter().rev() {
+                let _ = store.unreserve(r, &args.container_id, &args.ifname);
             }
             return Err(e);
         }
         result.routes = ipam.routes.clone();
-        if let Some(p) = &ipam.resolv_conf {
-            result.dns = parse_resolv_conf(p)?;
+        if let Some(d) = dns {
+            result.dns = d;
         }
-        Ok(result)
+        let undo = Rollback {
+            data_dir: ipam.data_dir,
+            container_id: args.container_id.clone(),
+            ifname: args.ifname.clone(),
+            reserved: fresh,
+        };
+        Ok((result, undo))
+    }
+}
+
+impl Plugin for HostLocal {
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        self.add_undoable(args).map(|(r, _)| r)
     }
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {

@@ -52,6 +52,13 @@ impl Conf {
     }
 }
 
+/// Parses a bandwidth configuration (static keys and the runtime's
+/// capability) without touching any state.
+pub fn parse_config(stdin: &[u8]) -> Result<Limits, CniError> {
+    let c: Conf = types::parse_conf(stdin)?;
+    c.limits()
+}
+
 fn validate(rate: u64, burst: u64, dir: &str) -> Result<(), CniError> {
     if rate == 0 && burst != 0 {
         return Err(CniError::config(format!(

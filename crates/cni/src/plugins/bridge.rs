@@ -3,9 +3,12 @@
 //! in `ipam.type`, and optionally the gateway address on the bridge,
 //! masquerade and a MAC spoof check. Config keys are the reference plugin's.
 //!
-//! ADD builds in an order that can be undone: IPAM first, then the veth
-//! (born directly in the pod namespace), then addresses and routes. Any
-//! failure runs the undo list, so a failed ADD leaves nothing behind.
+//! ADD builds in the reference plugin's order, each step undoable: the
+//! bridge, then the veth (born directly in the pod namespace, so a taken
+//! interface name fails here, before any address is allocated), then IPAM,
+//! then addresses and routes. Any failure runs the undo list, so a failed
+//! ADD leaves nothing behind; host-local run in-process is put back exactly,
+//! round-robin cursor included.
 
 use std::net::IpAddr;
 
@@ -16,10 +19,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{CniError, Code};
-use crate::invoke::delegate;
+use crate::invoke::{check_ipam_type, delegate, ipam_add, IpamLease};
 use crate::plugins::netfilter;
 use crate::skel::{CmdArgs, Command, Plugin};
-use crate::types::{self, runtime_key, CniResult, Dns, Interface, RouteConf};
+use crate::types::{self, json_kind, runtime_key, CniResult, Dns, Interface, RouteConf};
 
 #[derive(Debug, Deserialize)]
 pub struct BridgeConf {
@@ -84,7 +87,33 @@ impl BridgeConf {
                 c.bridge
             )));
         }
+        match &c.ipam {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => match m.get("type") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(t)) if t.is_empty() => {}
+                Some(Value::String(t)) => check_ipam_type(t)
+                    .map_err(|e| CniError::config(format!("bridge: {}", e.msg)))?,
+                Some(v) => {
+                    return Err(CniError::config(format!(
+                        "bridge: ipam.type must be a string, not {}",
+                        json_kind(v)
+                    )))
+                }
+            },
+            Some(v) => {
+                return Err(CniError::config(format!(
+                    "bridge: \"ipam\" must be an object, not {}",
+                    json_kind(v)
+                )))
+            }
+        }
         Ok(c)
+    }
+
+    /// The owner recorded on this attachment's masquerade elements.
+    fn masq_owner(&self, container_id: &str) -> String {
+        format!("{}/{}", self.name, container_id)
     }
 
     fn ipam_type(&self) -> Option<String> {
@@ -260,11 +289,12 @@ pub struct Bridge;
 
 struct Undo<'a> {
     args: &'a CmdArgs,
-    ipam: Option<String>,
+    ipam: Option<IpamLease>,
     /// The bridge, when this ADD created it.
     bridge: Option<u32>,
     host_veth: Option<String>,
-    masq: Vec<IpNet>,
+    /// The masquerade elements' owner and addresses, once added.
+    masq: Option<(String, Vec<IpNet>)>,
     spoof: Option<(String, String)>,
     armed: bool,
 }
@@ -289,14 +319,16 @@ impl Drop for Undo<'_> {
                 }
             }
         }
-        if !self.masq.is_empty() {
-            let _ = netfilter::masq_del(&self.masq);
+        if let Some((owner, addrs)) = &self.masq {
+            let _ = netfilter::masq_del(owner, addrs);
         }
         if let Some((p, m)) = &self.spoof {
             let _ = netfilter::macspoof_del(p, Some(m));
         }
-        if let Some(t) = &self.ipam {
-            let _ = delegate(t, Command::Del, self.args, &self.args.stdin);
+        if let Some(lease) = self.ipam.take() {
+            if let Err(e) = lease.rollback(self.args, &self.args.stdin) {
+                tracing::warn!("bridge: rolling back IPAM after a failed ADD: {e}");
+            }
         }
     }
 }
@@ -304,6 +336,12 @@ impl Drop for Undo<'_> {
 impl Plugin for Bridge {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let c = BridgeConf::parse(&args.stdin)?;
+        let mac = runtime_key(&c.runtime_config, "mac")
+            .and_then(|m| m.as_str())
+            .map(|s| {
+                parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}")))
+            })
+            .transpose()?;
         let ns = open_netns(&args.netns)?;
         let mut host = Handle::new()?;
         let mut pod = Handle::in_netns(&ns)?;
@@ -312,39 +350,22 @@ impl Plugin for Bridge {
             ipam: None,
             bridge: None,
             host_veth: None,
-            masq: Vec::new(),
+            masq: None,
             spoof: None,
             armed: true,
         };
 
-        let mut result = match c.ipam_type() {
-            Some(t) => {
-                let r = delegate(&t, Command::Add, args, &args.stdin)?.unwrap_or_default();
-                undo.ipam = Some(t);
-                if r.ips.is_empty() {
-                    return Err(CniError::internal(
-                        "bridge: IPAM plugin returned missing IP config",
-                    ));
-                }
-                r
-            }
-            None => CniResult::default(),
-        };
         let (br, created) = ensure_bridge(&mut host, &c)?;
         if created {
             undo.bridge = Some(br.index);
         }
 
-        // The veth pair, peer born inside the pod's namespace.
-        let mac = runtime_key(&c.runtime_config, "mac")
-            .and_then(|m| m.as_str())
-            .map(|s| {
-                parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}")))
-            })
-            .transpose()?;
+        // The veth pair, peer born inside the pod's namespace. A name taken
+        // inside the pod fails here (EEXIST), before IPAM has allocated.
         let mtu = c.mtu.or(Some(br.mtu)).filter(|m| *m > 0);
         let mut host_name = random_veth_name();
-        for _ in 0..4 {
+        let mut attempts = 0;
+        loop {
             match host.create_veth_port(
                 &host_name,
                 &args.ifname,
@@ -354,12 +375,11 @@ impl Plugin for Bridge {
                 Some(br.index),
             ) {
                 Ok(()) => break,
-                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() => {
+                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() && attempts < 4 => {
+                    attempts += 1;
                     host_name = random_veth_name()
                 }
-                // The name is taken inside the pod (checked here, not before,
-                // to save a round trip on the common path).
-                Err(e) if e.is_exists() => {
+                Err(e) if e.is_exists() && pod.link(&args.ifname)?.is_some() => {
                     return Err(CniError::internal(format!(
                         "bridge: container veth name {:?} already exists",
                         args.ifname
@@ -381,6 +401,20 @@ impl Plugin for Bridge {
             host.set_up(hv.index)?;
         }
         let cv = pod.require_link(&args.ifname)?;
+
+        let mut result = match c.ipam_type() {
+            Some(t) => {
+                let (r, lease) = ipam_add(&t, args, &args.stdin)?;
+                undo.ipam = Some(lease);
+                if r.ips.is_empty() {
+                    return Err(CniError::internal(
+                        "bridge: IPAM plugin returned missing IP config",
+                    ));
+                }
+                r
+            }
+            None => CniResult::default(),
+        };
 
         // Gateways and the default route.
         if c.is_gateway {
@@ -419,8 +453,9 @@ impl Plugin for Bridge {
         }
         if c.ip_masq && !result.ips.is_empty() {
             let nets: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
-            undo.masq = nets.clone();
-            netfilter::masq_add(&nets, &format!("{}/{}", c.name, args.container_id))?;
+            let owner = c.masq_owner(&args.container_id);
+            undo.masq = Some((owner.clone(), nets.clone()));
+            netfilter::masq_add(&nets, &owner)?;
         }
         if c.macspoofchk {
             undo.spoof = Some((host_name.clone(), cv.mac_string()));
@@ -536,7 +571,9 @@ impl Plugin for Bridge {
             }
         }
         if c.ip_masq {
-            if let Err(e) = netfilter::masq_del(&addrs) {
+            // Found by owner: with the namespace gone and no prevResult,
+            // `addrs` is empty and only the owner names the elements.
+            if let Err(e) = netfilter::masq_del(&c.masq_owner(&args.container_id), &addrs) {
                 errors.push(e.to_string());
             }
         }
@@ -674,6 +711,39 @@ mod tests {
         assert!(e.msg.contains("unsupported"));
         let e = BridgeConf::parse(br#"{"bridge":"a-name-that-is-far-too-long"}"#).unwrap_err();
         assert!(e.msg.contains("invalid bridge name"));
+    }
+
+    #[test]
+    fn ipam_type_must_be_an_ipam_plugin() {
+        for t in ["bridge", "portmap", "podnet", "loopback", "bandwidth"] {
+            let conf = format!(r#"{{"name":"n","type":"bridge","ipam":{{"type":"{t}"}}}}"#);
+            let e = BridgeConf::parse(conf.as_bytes()).unwrap_err();
+            assert_eq!(e.code, 7, "{t}");
+            assert_eq!(
+                e.msg,
+                format!("bridge: ipam type \"{t}\" is not an IPAM plugin")
+            );
+        }
+        let e = BridgeConf::parse(br#"{"ipam":{"type":5}}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (7, "bridge: ipam.type must be a string, not a number")
+        );
+        let e = BridgeConf::parse(br#"{"ipam":"host-local"}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (7, "bridge: \"ipam\" must be an object, not a string")
+        );
+        // No IPAM, an empty type (layer 2 only), or a real IPAM plugin.
+        for ok in [
+            r#"{"ipam":{}}"#,
+            r#"{"ipam":null}"#,
+            r#"{"ipam":{"type":""}}"#,
+            r#"{"ipam":{"type":"host-local"}}"#,
+            r#"{"ipam":{"type":"dhcp"}}"#,
+        ] {
+            BridgeConf::parse(ok.as_bytes()).unwrap();
+        }
     }
 
     #[test]

@@ -172,11 +172,34 @@ fn delegate_type(v: &Value) -> String {
         .to_string()
 }
 
+/// The delegate must be another plugin: podnet delegating to podnet would
+/// only go round (the depth limit in [`crate::invoke`] stops it anyway).
+fn check_delegate(c: &Conf) -> Result<(), CniError> {
+    match c.delegate.as_ref().and_then(|d| d.get("type")) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if t == "podnet" => Err(CniError::config(
+            "podnet: delegate type \"podnet\" would delegate to itself",
+        )),
+        Some(Value::String(_)) => Ok(()),
+        Some(v) => Err(CniError::config(format!(
+            "podnet: delegate.type must be a string, not {}",
+            types::json_kind(v)
+        ))),
+    }
+}
+
+/// Parses a podnet configuration without touching any state.
+pub fn parse_config(stdin: &[u8]) -> Result<(), CniError> {
+    let c: Conf = types::parse_conf(stdin)?;
+    check_delegate(&c)
+}
+
 pub struct Meta;
 
 impl Plugin for Meta {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
+        check_delegate(&c)?;
         let env = c.read_env()?;
         let d = c.delegate_conf(&env);
         let bytes = serde_json::to_vec(&d).expect("json");
@@ -236,6 +259,7 @@ impl Plugin for Meta {
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
+        check_delegate(&c)?;
         let valid = c.valid_attachments.clone().unwrap_or_default();
         let dir = c.data_dir();
         let mut errors = Vec::new();
@@ -317,6 +341,25 @@ mod tests {
         assert_eq!(e.subnet.to_string(), "10.244.9.1/24");
         let err = SubnetEnv::parse("FLANNEL_NETWORK=10.244.0.0/16", "/run/x").unwrap_err();
         assert!(err.msg.contains("FLANNEL_SUBNET"), "{}", err.msg);
+    }
+
+    #[test]
+    fn delegate_to_itself_is_refused() {
+        let e = parse_config(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"podnet","delegate":{"type":"podnet"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 7);
+        assert_eq!(
+            e.msg,
+            "podnet: delegate type \"podnet\" would delegate to itself"
+        );
+        let e = parse_config(br#"{"name":"p","type":"podnet","delegate":{"type":1}}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (7, "podnet: delegate.type must be a string, not a number")
+        );
+        parse_config(br#"{"name":"p","type":"podnet","delegate":{"type":"bridge"}}"#).unwrap();
     }
 
     #[test]

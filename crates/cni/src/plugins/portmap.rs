@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{CniError, Code};
 use crate::skel::{CmdArgs, Plugin};
-use crate::types::{self, get_ci, runtime_key, Attachment, CniResult};
+use crate::types::{self, get_ci, json_kind, runtime_key, Attachment, CniResult};
 
 pub const TABLE: &str = "podnet-portmap";
 const DEFAULT_STATE_DIR: &str = "/var/lib/cni/podnet-portmap";
@@ -70,19 +70,25 @@ pub fn parse_mappings(rc: &Option<Value>) -> Result<Vec<PortMapping>, CniError> 
             }
             Ok(v as u16)
         };
-        let protocol = get_ci(m, "protocol")
-            .and_then(|v| v.as_str())
-            .unwrap_or("tcp")
-            .to_ascii_lowercase();
+        // A string field, or absent (missing or null). Anything else is an
+        // error: a hostIP ignored would map the port on every address.
+        let string = |k: &str| -> Result<Option<&str>, CniError> {
+            match get_ci(m, k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.as_str())),
+                Some(v) => Err(CniError::config(format!(
+                    "portmap: mapping {i}: {k} must be a string, not {}",
+                    json_kind(v)
+                ))),
+            }
+        };
+        let protocol = string("protocol")?.unwrap_or("tcp").to_ascii_lowercase();
         if !matches!(protocol.as_str(), "tcp" | "udp" | "sctp") {
             return Err(CniError::config(format!(
                 "portmap: mapping {i}: unknown protocol {protocol:?}"
             )));
         }
-        let host_ip = match get_ci(m, "hostIP")
-            .and_then(|v| v.as_str())
-            .filter(|s| !s.is_empty())
-        {
+        let host_ip = match string("hostIP")?.filter(|s| !s.is_empty()) {
             None => None,
             Some(s) => Some(s.parse::<IpAddr>().map_err(|_| {
                 CniError::config(format!("portmap: mapping {i}: invalid hostIP {s:?}"))
@@ -298,6 +304,13 @@ fn load(args: &CmdArgs) -> Result<(Conf, String), CniError> {
     Ok((c, dir))
 }
 
+/// Parses a portmap configuration and its requested mappings without
+/// touching any state.
+pub fn parse_config(stdin: &[u8]) -> Result<Vec<PortMapping>, CniError> {
+    let c: Conf = types::parse_conf(stdin)?;
+    parse_mappings(&c.runtime_config)
+}
+
 fn read_state(path: &PathBuf) -> Option<Vec<Element>> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
@@ -473,6 +486,51 @@ mod tests {
             .unwrap_err()
             .msg
             .contains("unknown protocol"));
+    }
+
+    #[test]
+    fn non_string_host_ip_and_protocol_are_refused() {
+        for (k, v, kind) in [
+            ("hostIP", json!(5), "a number"),
+            ("HostIP", json!(["10.0.0.1"]), "a list"),
+            ("hostip", json!({"ip": "10.0.0.1"}), "an object"),
+            ("HostIP", json!(true), "a boolean"),
+            ("protocol", json!(6), "a number"),
+            ("Protocol", json!(["udp"]), "a list"),
+        ] {
+            let mut m = json!({"HostPort": 8080, "ContainerPort": 80});
+            m[k] = v;
+            let e = parse_mappings(&Some(json!({"portMappings": [m]}))).unwrap_err();
+            let field = if k.eq_ignore_ascii_case("hostIP") {
+                "hostIP"
+            } else {
+                "protocol"
+            };
+            assert_eq!(e.code, 7);
+            assert_eq!(
+                e.msg,
+                format!("portmap: mapping 0: {field} must be a string, not {kind}")
+            );
+        }
+        // null is "not given", as with containerd's and CRI-O's omitted fields.
+        let m = parse_mappings(&Some(json!({"portMappings": [
+            {"hostPort": 1, "containerPort": 2, "hostIP": null, "protocol": null}
+        ]})))
+        .unwrap();
+        assert_eq!((m[0].protocol.as_str(), m[0].host_ip), ("tcp", None));
+        // The same through the whole configuration.
+        let e = parse_config(
+            br#"{"cniVersion":"1.0.0","name":"n","type":"portmap","runtimeConfig":
+                {"PortMappings":[{"HostPort":80,"ContainerPort":80,"HostIP":7}]}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (
+                7,
+                "portmap: mapping 0: hostIP must be a string, not a number"
+            )
+        );
     }
 
     #[test]
