@@ -37,12 +37,55 @@ pub struct DnsArgs {
     /// comma-separated (default: the ServiceCIDR and the cluster Network).
     #[arg(long, value_delimiter = ',')]
     reverse_cidr: Vec<String>,
+    /// Clients whose queries for names outside the cluster zone are
+    /// forwarded upstream (recursion); others get REFUSED for them, while
+    /// the cluster zone answers everyone. Items: CIDR, IP, `default`,
+    /// `any` (an open resolver) or `none`; repeatable or comma-separated.
+    /// Given items replace the default list; add `default` to extend it.
+    /// Default: loopback, the ServiceCIDR, the Network and IPv6Network,
+    /// and the subnets of this host's interfaces at start.
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    allow_recursion: Vec<String>,
     /// UDP worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:9153")]
     metrics_addr: String,
+}
+
+/// The networks of this host's interfaces (its namespace's), read once:
+/// the node networks whose clients may recurse by default.
+fn host_networks() -> Vec<ipnet::IpNet> {
+    let addrs = podnet_kernel::Handle::new().and_then(|mut h| h.addrs(0));
+    match addrs {
+        Ok(v) => v
+            .into_iter()
+            // A /0 on an interface would open recursion to everyone.
+            .filter(|a| a.net.prefix_len() > 0)
+            .map(|a| a.net.trunc())
+            .collect(),
+        Err(e) => {
+            tracing::warn!("reading this host's addresses: {e}; not allowing its networks");
+            Vec::new()
+        }
+    }
+}
+
+/// The recursion allow-list: `--allow-recursion`, or the default from the
+/// cluster's networks and the host's.
+fn recursion(a: &DnsArgs, net: &netconfig::Resolved) -> Result<podnet_dns::AllowList> {
+    let default = podnet_dns::AllowList::cluster(
+        net.service_cidr,
+        ipnet::IpNet::V4(net.network),
+        net.ipv6_network.map(ipnet::IpNet::V6),
+    )
+    .with(host_networks());
+    if a.allow_recursion.is_empty() {
+        return Ok(default);
+    }
+    podnet_dns::AllowList::parse(&a.allow_recursion, &default)
+        .map_err(|e| anyhow::anyhow!("--allow-recursion {e}"))
 }
 
 async fn network_config(store: &podnet_store::AnyStore) -> netconfig::Resolved {
@@ -110,6 +153,7 @@ pub async fn run(url: &str, a: DnsArgs) -> Result<()> {
             );
         }
     }
+    let recursion = recursion(&a, &net)?;
     let zone = a.zone.clone().unwrap_or(net.cluster_domain);
     podnet_dns::wire::name_from_str(&zone).with_context(|| format!("--zone {zone:?}"))?;
     let cfg = podnet_dns::Config {
@@ -123,6 +167,7 @@ pub async fn run(url: &str, a: DnsArgs) -> Result<()> {
         upstream_timeout: std::time::Duration::from_millis(a.upstream_timeout_ms.max(1)),
         cache_size: a.cache_size,
         threads: a.threads,
+        recursion,
     };
     let listen = podnet_daemon::listen_addr(&a.listen).map_err(anyhow::Error::msg)?;
     let sockets = podnet_dns::Sockets::bind(listen)?;

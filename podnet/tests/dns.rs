@@ -2,7 +2,10 @@
 //! sqlite store, queried with `dig` (dnsutils) and with our Rust client;
 //! a stub upstream started here for forwarding and failover; the real
 //! `podnet dns` binary; and a lab whose pods resolve Services through
-//! their resolv.conf.
+//! their resolv.conf. The recursion allow-list is checked with clients on
+//! loopback aliases and, for the binary, from another network namespace.
+
+mod common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::process::{Command, Stdio};
@@ -475,11 +478,31 @@ fn stub_answer(msg: &[u8], n: u8, tcp: bool) -> Option<Vec<u8>> {
 
 impl Stub {
     fn start(n: u8) -> Stub {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        Self::start_on(n, || {
+            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let tcp = std::net::TcpListener::bind(sock.local_addr().unwrap()).unwrap();
+            (sock, tcp)
+        })
+    }
+
+    /// A stub on 127.0.0.1 of network namespace `ns` (its sockets are
+    /// made there; the thread serving them runs here).
+    fn start_in(n: u8, ns: &podnet_kernel::Netns) -> Stub {
+        Self::start_on(n, || {
+            ns.run(|| {
+                let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+                let tcp = std::net::TcpListener::bind(sock.local_addr().unwrap()).unwrap();
+                (sock, tcp)
+            })
+            .unwrap()
+        })
+    }
+
+    fn start_on(n: u8, bind: impl FnOnce() -> (UdpSocket, std::net::TcpListener)) -> Stub {
+        let (sock, tcp) = bind();
         sock.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
         let addr = sock.local_addr().unwrap();
-        let tcp = std::net::TcpListener::bind(addr).unwrap();
         tcp.set_nonblocking(true).unwrap();
         let queries = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -688,7 +711,9 @@ fn the_binary_serves_and_stops_on_sigterm() {
         .args(["dns", "--help"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).contains("--upstream"));
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(help.contains("--upstream"), "{help}");
+    assert!(help.contains("--allow-recursion"), "{help}");
     // Pick free ports (tiny race with other tests; retried).
     for _ in 0..5 {
         let port = {
@@ -758,4 +783,329 @@ fn the_binary_serves_and_stops_on_sigterm() {
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Asks `server` from `sock` (bound to the source address the test wants)
+/// over UDP with EDNS; returns the raw answer and the query's size.
+fn ask_from(sock: &UdpSocket, server: SocketAddr, name: &str, qtype: u16) -> (Vec<u8>, usize) {
+    static ID: AtomicUsize = AtomicUsize::new(1);
+    let id = ID.fetch_add(1, Ordering::Relaxed) as u16;
+    let q = wire::build_query(id, &wire::name_from_str(name).unwrap(), qtype, Some(1232));
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    sock.send_to(&q, server).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        let (n, from) = sock
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("no answer to {name} from {server}: {e}"));
+        if from == server && buf[..2] == q[..2] {
+            return (buf[..n].to_vec(), q.len());
+        }
+    }
+}
+
+fn parsed(r: &[u8]) -> wire::Message {
+    wire::Message::parse(r).expect("answer parses")
+}
+
+/// Asserts a recursion refusal: REFUSED, RA clear, nothing but the
+/// question (and OPT), and no bigger than the query.
+fn assert_refused(r: &[u8], query_len: usize, what: &str) {
+    let m = parsed(r);
+    assert_eq!(m.rcode(), wire::REFUSED, "{what}: {m:?}");
+    assert_eq!(m.header.flags & wire::RA, 0, "{what}: RA set");
+    assert!(
+        m.answers.is_empty() && m.authority.is_empty() && m.additional.is_empty(),
+        "{what}: {m:?}"
+    );
+    assert!(r.len() <= query_len, "{what}: {} > {query_len}", r.len());
+}
+
+#[test]
+fn recursion_only_for_allowed_clients_cache_and_externalname_included() {
+    let stub = Stub::start(7);
+    // Only 127.0.0.1 may recurse; 127.0.0.2 (also on lo) may not.
+    let s = Server::start_with(vec![stub.addr], |c| {
+        c.recursion = podnet_dns::AllowList::new(["127.0.0.1/32".parse().unwrap()]);
+    })
+    .ready();
+    s.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "ext", "namespace": "pn-acl"},
+        "spec": {"type": "ExternalName", "externalName": "api.example.test"}}));
+    s.put(service("pn-acl", "web", "10.96.44.9", json!([])));
+    s.put(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "alias", "namespace": "pn-acl"},
+        "spec": {"type": "ExternalName", "externalName": "web.pn-acl.svc.cluster.local"}}));
+    let inside = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let outside = UdpSocket::bind("127.0.0.2:0").unwrap();
+    eventually("fixture", || {
+        parsed(&ask_from(&inside, s.addr, "alias.pn-acl.svc.cluster.local", 1).0)
+            .answers
+            .len()
+            == 2
+    });
+    // Allowed: forwarded, answered, and now cached.
+    let (r, _) = ask_from(&inside, s.addr, "www.example.test", wire::TYPE_A);
+    assert_eq!(a_of(&parsed(&r)), ["192.0.2.7"]);
+    let before = stub.count();
+    assert_eq!(before, 1);
+    // Not allowed: REFUSED, whether the name is cached or not, over UDP
+    // and TCP; the upstream hears nothing.
+    for name in ["www.example.test", "fresh.example.test"] {
+        let (r, qlen) = ask_from(&outside, s.addr, name, wire::TYPE_A);
+        assert_refused(&r, qlen, name);
+    }
+    let tcp = s.dig(&["-b", "127.0.0.2", "+tcp", "fresh.example.test"]);
+    assert_eq!(status(&tcp), "REFUSED", "{tcp}");
+    // An ExternalName in the zone answers with its CNAME, but the outside
+    // target is not chased for it (no upstream query)...
+    let (r, _) = ask_from(&outside, s.addr, "ext.pn-acl.svc.cluster.local", 1);
+    let m = parsed(&r);
+    assert_eq!(m.rcode(), wire::NOERROR);
+    assert_eq!(m.answers.len(), 1);
+    assert_eq!(
+        m.answers[0].rdata,
+        RData::Name(wire::name_from_str("api.example.test").unwrap())
+    );
+    // ...while one inside the zone is chased in full.
+    let (r, _) = ask_from(&outside, s.addr, "alias.pn-acl.svc.cluster.local", 1);
+    assert_eq!(a_of(&parsed(&r)), ["10.96.44.9"]);
+    assert_eq!(stub.count(), before, "the upstream saw no query");
+    // The allowed client gets the chase upstream.
+    let (r, _) = ask_from(&inside, s.addr, "ext.pn-acl.svc.cluster.local", 1);
+    assert_eq!(a_of(&parsed(&r)), ["192.0.2.7"]);
+    assert_eq!(stub.count(), before + 1);
+    eventually("refusals counted", || {
+        s.http("/metrics")
+            .1
+            .lines()
+            .any(|l| l == "podnet_dns_recursion_refused_total 3")
+    });
+}
+
+/// `podnet dns` started with `ip netns exec` and removed on drop, even
+/// when the test fails; its log lines arrive on a channel.
+struct Daemon {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Daemon {
+    fn start(ns: &common::TestNs, store: &str, args: &[&str]) -> Daemon {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                env!("CARGO_BIN_EXE_podnet"),
+                "dns",
+            ])
+            .args(args)
+            .env("PODNET_STORE", store)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ip netns exec podnet dns");
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Daemon {
+            child,
+            lines,
+            log: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line containing `what`: the daemon's own signal.
+    fn wait_for(&mut self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.contains(what);
+                    self.log.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "podnet dns: no {what:?} ({e:?}); log:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// SIGTERM, then waits for the process to close its log and exit.
+    fn stop(mut self) -> std::process::ExitStatus {
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.log.push(l),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(e) => panic!("podnet dns did not stop on SIGTERM ({e:?})"),
+            }
+        }
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Fetches /metrics from `addr` inside namespace `ns`.
+fn metrics_in(ns: &common::TestNs, addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = ns
+        .ns
+        .run(|| std::net::TcpStream::connect(addr))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("metrics at {addr} in {}: {e}", ns.name));
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    let _ = s.read_to_string(&mut r);
+    r
+}
+
+/// The real binary with its default allow-list, in a namespace of its own
+/// (a "node" with the network 172.31.77.0/24), asked from a second
+/// namespace over a veth from several source addresses. Only the source
+/// address differs between an answer and a refusal.
+#[test]
+fn the_binary_refuses_recursion_to_outside_clients() {
+    let node = common::TestNs::new("dnsacl");
+    let client = common::TestNs::new("dnscli");
+    node.sh(&format!(
+        "ip link add v0 type veth peer name v1 netns {c} && \
+         ip addr add 172.31.77.1/24 dev v0 && ip link set v0 up && \
+         ip route add 198.51.100.0/24 dev v0 && ip route add 203.0.113.0/24 dev v0 && \
+         ip route add 10.50.0.0/16 dev v0 && ip route add 10.244.0.0/16 dev v0",
+        c = client.name
+    ));
+    client.sh(
+        "for a in 172.31.77.2/24 10.50.3.4/32 10.244.7.2/32 203.0.113.9/32 198.51.100.2/32; do \
+           ip addr add $a dev v1 || exit 1; done && ip link set v1 up && \
+         ip route add 172.31.77.1/32 dev v1 src 172.31.77.2",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("state.db").display());
+    // The cluster's Network is the store's (10.50.0.0/16), not the built-in
+    // 10.244.0.0/16; one Service to look up.
+    let mut apply = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["apply", "-f", "-"])
+        .env("PODNET_STORE", &store)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        apply
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(
+                b"apiVersion: podnet.io/v1\nkind: NetworkConfig\nmetadata: {name: default}\n\
+                  spec: {Network: 10.50.0.0/16}\n---\n\
+                  apiVersion: v1\nkind: Namespace\nmetadata: {name: pn-acl}\n---\n\
+                  apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: pn-acl}\n\
+                  spec: {clusterIP: 10.96.0.50, ports: [{port: 80}]}\n",
+            )
+            .unwrap();
+    }
+    let out = apply.wait_with_output().unwrap();
+    assert!(out.status.success(), "apply: {out:?}");
+    let stub = Stub::start_in(7, &node.ns);
+    let upstream = stub.addr.to_string();
+    // Default listen (0.0.0.0:53) and metrics address, in the node's
+    // namespace; the flag adds one address to the default list.
+    let mut dns = Daemon::start(
+        &node,
+        &store,
+        &[
+            "--upstream",
+            &upstream,
+            "--allow-recursion",
+            "default,203.0.113.9",
+            "--threads",
+            "1",
+        ],
+    );
+    dns.wait_for("zone loaded; serving");
+    let server: SocketAddr = "172.31.77.1:53".parse().unwrap();
+    let from = |src: &str| {
+        client
+            .ns
+            .run(|| UdpSocket::bind((src.parse::<std::net::IpAddr>().unwrap(), 0)))
+            .unwrap()
+            .unwrap()
+    };
+    // Allowed: the node network (an interface subnet of the server's
+    // host), the store's cluster Network, and the flag's address. Each new
+    // name is one upstream query.
+    for (i, src) in ["172.31.77.2", "10.50.3.4", "203.0.113.9"]
+        .iter()
+        .enumerate()
+    {
+        let (r, _) = ask_from(&from(src), server, &format!("n{i}.example.test"), 1);
+        assert_eq!(a_of(&parsed(&r)), ["192.0.2.7"], "from {src}");
+        assert_eq!(stub.count(), i + 1, "from {src}");
+    }
+    // Not allowed: an outside address, and the built-in pod network the
+    // store's NetworkConfig replaced. REFUSED over UDP, cached name or
+    // not, and over TCP; not one more upstream query.
+    let before = stub.count();
+    let mut refused = 0;
+    for src in ["198.51.100.2", "10.244.7.2"] {
+        let sock = from(src);
+        for name in ["n0.example.test", "other.example.test"] {
+            let (r, qlen) = ask_from(&sock, server, name, wire::TYPE_A);
+            assert_refused(&r, qlen, &format!("{name} from {src}"));
+            refused += 1;
+        }
+    }
+    let tcp = client
+        .sh("dig @172.31.77.1 -b 198.51.100.2 +tcp +time=3 +tries=1 +nocookie tcp.example.test");
+    assert_eq!(status(&tcp), "REFUSED", "{tcp}");
+    refused += 1;
+    assert_eq!(stub.count(), before, "the upstream saw no query");
+    // The cluster zone answers the outside client all the same.
+    let out = from("198.51.100.2");
+    let (r, _) = ask_from(&out, server, "web.pn-acl.svc.cluster.local", wire::TYPE_A);
+    assert_eq!(a_of(&parsed(&r)), ["10.96.0.50"]);
+    let (r, _) = ask_from(&out, server, "50.0.96.10.in-addr.arpa", wire::TYPE_PTR);
+    assert_eq!(
+        parsed(&r).answers[0].rdata,
+        RData::Name(wire::name_from_str("web.pn-acl.svc.cluster.local").unwrap())
+    );
+    let (r, _) = ask_from(&out, server, "nope.pn-acl.svc.cluster.local", 1);
+    assert_eq!(parsed(&r).rcode(), wire::NXDOMAIN);
+    assert_eq!(stub.count(), before);
+    // Counted.
+    let want = format!("podnet_dns_recursion_refused_total {refused}");
+    eventually("refusals in /metrics", || {
+        metrics_in(&node, "127.0.0.1:9153")
+            .lines()
+            .any(|l| l == want)
+    });
+    let st = dns.stop();
+    assert!(st.success(), "{st:?}");
 }

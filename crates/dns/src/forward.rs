@@ -12,9 +12,14 @@
 //! (NXDOMAIN, NODATA) for the SOA's negative TTL (RFC 2308), both capped. It
 //! stores the upstream message without its OPT record; a hit copies it,
 //! rewrites the ID, the client's question spelling and the aged TTLs.
+//!
+//! Forwarding is recursion on a client's behalf, so only clients on the
+//! [`AllowList`] get it (by default loopback and the cluster's and nodes'
+//! networks); the server answers everyone else REFUSED for names outside
+//! the cluster zone, so it is never an open resolver.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -106,6 +111,105 @@ impl Cache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The clients that may have names outside the cluster zone resolved for
+/// them (recursion, BIND's `allow-recursion`). Everyone may still query
+/// the cluster zone and the reverse zones it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowList {
+    nets: Vec<ipnet::IpNet>,
+}
+
+impl AllowList {
+    /// These networks (host bits dropped, duplicates and networks inside
+    /// another one removed).
+    pub fn new(nets: impl IntoIterator<Item = ipnet::IpNet>) -> AllowList {
+        let v: Vec<ipnet::IpNet> = nets.into_iter().map(|n| n.trunc()).collect();
+        AllowList {
+            nets: ipnet::IpNet::aggregate(&v),
+        }
+    }
+
+    /// Every client: an open resolver.
+    pub fn any() -> AllowList {
+        AllowList::new(["0.0.0.0/0", "::/0"].map(|n| n.parse().expect("CIDR")))
+    }
+
+    /// Loopback plus the cluster's own networks: the Service CIDR and the
+    /// pod network(s). What a server that knows nothing of its host allows.
+    pub fn cluster(
+        service_cidr: ipnet::IpNet,
+        network: ipnet::IpNet,
+        ipv6_network: Option<ipnet::IpNet>,
+    ) -> AllowList {
+        let loopback = ["127.0.0.0/8", "::1/128"].map(|n| n.parse().expect("CIDR"));
+        AllowList::new(
+            loopback
+                .into_iter()
+                .chain([service_cidr, network])
+                .chain(ipv6_network),
+        )
+    }
+
+    /// This list plus `more`.
+    pub fn with(&self, more: impl IntoIterator<Item = ipnet::IpNet>) -> AllowList {
+        AllowList::new(self.nets.iter().copied().chain(more))
+    }
+
+    /// Whether `client` may recurse. IPv4-mapped IPv6 addresses (a
+    /// dual-stack socket's IPv4 clients) count as the IPv4 address.
+    pub fn allows(&self, client: IpAddr) -> bool {
+        let ip = client.to_canonical();
+        self.nets.iter().any(|n| n.contains(&ip))
+    }
+
+    pub fn nets(&self) -> &[ipnet::IpNet] {
+        &self.nets
+    }
+
+    /// Parses `--allow-recursion` items: `CIDR`, a bare IP (one address),
+    /// `default` (the `default` list), `any` (everyone) or `none`. The
+    /// items replace the default list; name `default` to extend it.
+    pub fn parse(items: &[String], default: &AllowList) -> Result<AllowList, String> {
+        let mut nets = Vec::new();
+        for it in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            match it {
+                "default" => nets.extend_from_slice(&default.nets),
+                "any" => nets.extend_from_slice(&AllowList::any().nets),
+                "none" => {}
+                _ => {
+                    let net = match it.parse::<ipnet::IpNet>() {
+                        Ok(n) => n,
+                        Err(_) => it
+                            .parse::<IpAddr>()
+                            .map(ipnet::IpNet::from)
+                            .map_err(|_| format!("{it:?}: want CIDR, IP, default, any or none"))?,
+                    };
+                    nets.push(net);
+                }
+            }
+        }
+        if items.iter().any(|s| s.trim() == "none") && !nets.is_empty() {
+            return Err("\"none\" cannot be combined with other entries".into());
+        }
+        Ok(AllowList::new(nets))
+    }
+}
+
+impl std::fmt::Display for AllowList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.nets.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, n) in self.nets.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{n}")?;
+        }
+        Ok(())
     }
 }
 
@@ -328,29 +432,82 @@ impl Forwarder {
     }
 }
 
-/// Parses an upstream answer and checks it answers our question.
+/// The whole way an upstream reply takes to the client, without the
+/// sockets: checked against the question we sent (`id`, and `q`'s name,
+/// type and class), judged usable, cut down as the cache stores it, and
+/// written into `out` for the client who asked `q`. `false` when the
+/// forwarder would not use the reply (it waits or tries another upstream).
+/// For tests: the fuzzer feeds it hostile replies.
+pub fn relay(resp: &[u8], id: u16, q: &Query, out: &mut Vec<u8>) -> bool {
+    let Some(m) = check(resp, id, q.qname.wire(), q.qtype, q.qclass) else {
+        return false;
+    };
+    let Ok((msg, m)) = usable(resp.to_vec(), m) else {
+        return false;
+    };
+    let _ = cache_ttl(&m);
+    to_client(&cache_entry(msg, &m), q, out);
+    true
+}
+
+/// Parses an upstream answer and checks it answers our question, spelled
+/// out as we sent it: a compressed question (a pointer into the header
+/// reads as a name too) would be longer than the client's, which replaces
+/// it in place.
 fn check(resp: &[u8], id: u16, name: &[u8], qtype: u16, qclass: u16) -> Option<Message> {
     let m = Message::parse(resp).ok()?;
     if m.header.id != id || m.header.flags & wire::QR == 0 || m.questions.len() != 1 {
+        return None;
+    }
+    let spelled = resp.get(wire::HEADER_LEN..wire::HEADER_LEN + name.len())?;
+    if !spelled.eq_ignore_ascii_case(name) {
         return None;
     }
     let (qn, t, c) = &m.questions[0];
     (qn.eq_ignore_ascii_case(name) && *t == qtype && *c == qclass).then_some(m)
 }
 
-/// SERVFAIL and REFUSED mean "try another upstream".
+/// SERVFAIL and REFUSED mean "try another upstream". So does an OPT
+/// record that is not the last record: only TSIG or SIG(0), which we never
+/// ask for, may follow it, and it could not be cut out of the middle
+/// without breaking compression pointers behind it.
 fn usable(resp: Vec<u8>, m: Message) -> Result<(Vec<u8>, Message), Attempt> {
+    if let Some((s, _)) = m.opt_span {
+        if m.ttl_offsets.iter().any(|&o| o > s) {
+            return Err(Attempt::Failed);
+        }
+    }
     match m.rcode() {
         wire::SERVFAIL | wire::REFUSED | wire::NOTIMP | wire::FORMERR => Err(Attempt::Failed),
         _ => Ok((resp, m)),
     }
 }
 
-/// The cacheable form: OPT removed when it is the last record (it always
-/// is in practice; otherwise the message is kept whole).
+/// Where the records of a parsed message end: bytes after that are junk,
+/// and the client's OPT must not be appended behind them. `check` made
+/// sure the one question is spelled out, uncompressed.
+fn parsed_end(msg: &[u8], m: &Message) -> usize {
+    let question_end = wire::HEADER_LEN + m.questions.first().map_or(0, |q| q.0.len() + 4);
+    // Each TTL is followed by RDLENGTH and the record data.
+    let record_end = |ttl_at: usize| {
+        msg.get(ttl_at + 4..ttl_at + 6)
+            .map(|b| ttl_at + 6 + u16::from_be_bytes([b[0], b[1]]) as usize)
+            .unwrap_or(msg.len())
+    };
+    m.ttl_offsets
+        .iter()
+        .map(|&o| record_end(o))
+        .chain(m.opt_span.map(|(_, e)| e))
+        .fold(question_end, usize::max)
+        .min(msg.len())
+}
+
+/// The cacheable form: without trailing junk, and without the OPT record,
+/// which [`usable`] made sure is the last record.
 fn cache_entry(mut msg: Vec<u8>, m: &Message) -> Cached {
-    if let Some((s, e)) = m.opt_span {
-        if e == msg.len() && msg.len() >= wire::HEADER_LEN {
+    msg.truncate(parsed_end(&msg, m));
+    if let Some((s, _)) = m.opt_span {
+        if s >= wire::HEADER_LEN {
             msg.truncate(s);
             let ar = m.header.ar.saturating_sub(1);
             msg[10..12].copy_from_slice(&ar.to_be_bytes());
@@ -448,6 +605,170 @@ mod tests {
         );
         assert_eq!(parse_upstream("::1"), Some("[::1]:53".parse().unwrap()));
         assert_eq!(parse_upstream("nope"), None);
+    }
+
+    fn nets(v: &[&str]) -> Vec<ipnet::IpNet> {
+        v.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn allow_list_decision() {
+        let l = AllowList::cluster(
+            "10.96.0.0/12".parse().unwrap(),
+            "10.244.0.0/16".parse().unwrap(),
+            Some("fd00:10:244::/56".parse().unwrap()),
+        )
+        .with(nets(&["192.168.1.7/24"]));
+        for yes in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "10.96.0.10",
+            "10.111.255.255",
+            "10.244.3.4",
+            "fd00:10:244:0:ff::1",
+            "192.168.1.200",
+            // A dual-stack socket's IPv4 clients are IPv4 clients.
+            "::ffff:10.244.3.4",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(l.allows(ip(yes)), "{yes} should be allowed by {l}");
+        }
+        for no in [
+            "10.95.255.255",
+            "10.112.0.0",
+            "10.245.0.1",
+            "192.168.2.1",
+            "198.51.100.2",
+            "8.8.8.8",
+            "::2",
+            "fd00:10:245::1",
+            "::ffff:198.51.100.2",
+            "0.0.0.0",
+        ] {
+            assert!(!l.allows(ip(no)), "{no} should be refused by {l}");
+        }
+        // Host bits dropped, covered networks merged away.
+        assert_eq!(
+            l.to_string(),
+            "10.96.0.0/12,10.244.0.0/16,127.0.0.0/8,192.168.1.0/24,::1/128,fd00:10:244::/56"
+        );
+        assert!(AllowList::any().allows(ip("203.0.113.1")));
+        assert!(AllowList::any().allows(ip("2001:db8::1")));
+        let none = AllowList::new([]);
+        assert!(!none.allows(ip("127.0.0.1")));
+        assert_eq!(none.to_string(), "none");
+    }
+
+    #[test]
+    fn allow_recursion_flag() {
+        let default = AllowList::new(nets(&["127.0.0.0/8", "10.244.0.0/16"]));
+        let p = |v: &[&str]| {
+            AllowList::parse(
+                &v.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                &default,
+            )
+        };
+        // Items replace the default...
+        let l = p(&["203.0.113.0/24"]).unwrap();
+        assert_eq!(l.nets(), nets(&["203.0.113.0/24"]));
+        assert!(!l.allows(ip("127.0.0.1")));
+        // ...unless `default` is named; a bare IP is one address.
+        let l = p(&["default", "203.0.113.9", "2001:db8::1"]).unwrap();
+        assert!(l.allows(ip("127.0.0.1")) && l.allows(ip("10.244.9.9")));
+        assert!(l.allows(ip("203.0.113.9")) && !l.allows(ip("203.0.113.10")));
+        assert!(l.allows(ip("2001:db8::1")) && !l.allows(ip("2001:db8::2")));
+        assert_eq!(p(&["any"]).unwrap(), AllowList::any());
+        assert_eq!(p(&["none"]).unwrap().nets(), &[] as &[ipnet::IpNet]);
+        assert_eq!(p(&[" default ", ""]).unwrap(), default);
+        let e = p(&["default", "10.0.0.0/33"]).unwrap_err();
+        assert!(e.contains("10.0.0.0/33"), "{e}");
+        assert!(p(&["everyone"]).unwrap_err().contains("everyone"));
+        assert!(p(&["none", "10.0.0.0/8"]).is_err());
+    }
+
+    /// An upstream answer to `a.test A` (ID 7) with one A record.
+    fn upstream_answer() -> Vec<u8> {
+        let name = wire::name_from_str("a.test").unwrap();
+        let h = wire::Header {
+            id: 7,
+            flags: wire::QR | wire::RA,
+            ..Default::default()
+        };
+        let mut w = wire::Writer::with_question(h, &name, wire::TYPE_A, wire::CLASS_IN);
+        w.record(&wire::Record {
+            name,
+            rtype: wire::TYPE_A,
+            class: 1,
+            ttl: 60,
+            rdata: wire::RData::A([192, 0, 2, 1].into()),
+        });
+        w.set_counts(1, 0, 0);
+        w.buf
+    }
+
+    /// What `relay` gives a client that asked `A.test A` with EDNS.
+    fn relayed(resp: &[u8]) -> Option<Message> {
+        let cq = wire::build_query(
+            0xbeef,
+            &wire::name_from_str("A.test").unwrap(),
+            1,
+            Some(1232),
+        );
+        let q = wire::parse_query(&cq).unwrap();
+        let mut out = Vec::new();
+        if !relay(resp, 7, &q, &mut out) {
+            return None;
+        }
+        assert_eq!(
+            &out[wire::HEADER_LEN..wire::HEADER_LEN + q.question.len()],
+            q.question
+        );
+        Some(Message::parse(&out).expect("the client's answer parses"))
+    }
+
+    #[test]
+    fn upstream_replies_in_odd_shapes() {
+        let good = upstream_answer();
+        let m = relayed(&good).unwrap();
+        assert_eq!(m.header.id, 0xbeef);
+        assert_eq!(m.answers.len(), 1);
+        assert!(m.opt_span.is_some());
+        // Another ID: not ours.
+        let mut other = good.clone();
+        other[1] = 8;
+        assert!(relayed(&other).is_none());
+        // Junk after the last record is dropped, not left in front of the
+        // client's OPT.
+        let mut junk = good.clone();
+        junk.extend_from_slice(&[0, 0xc0]);
+        assert_eq!(relayed(&junk).unwrap().answers.len(), 1);
+        // The question's root written as a pointer into the header (a zero
+        // byte there): the same name, but not as we spelled it.
+        let mut ptr = good[..wire::HEADER_LEN + 7].to_vec();
+        ptr.extend_from_slice(&[0xc0, 4]);
+        ptr.extend_from_slice(&good[wire::HEADER_LEN + 8..]);
+        assert!(Message::parse(&ptr).is_ok());
+        assert!(relayed(&ptr).is_none());
+        // An OPT that is not the last record.
+        let mut opt_first = good[..wire::HEADER_LEN + 12].to_vec();
+        wire::write_opt(&mut opt_first, false, 0);
+        opt_first.extend_from_slice(&good[wire::HEADER_LEN + 12..]);
+        opt_first[7] = 0; // an: 0
+        opt_first[11] = 2; // ar: OPT, A
+        assert_eq!(Message::parse(&opt_first).unwrap().additional.len(), 1);
+        assert!(relayed(&opt_first).is_none());
+        // The same OPT last is fine, and replaced by the client's.
+        let mut opt_last = good.clone();
+        wire::write_opt(&mut opt_last, true, 0);
+        opt_last[11] = 1;
+        let m = relayed(&opt_last).unwrap();
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(m.header.ar, 1);
     }
 
     #[test]

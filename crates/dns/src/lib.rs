@@ -9,8 +9,9 @@
 //!   immutable [`zone::Snapshot`] of pre-encoded answers out, rebuilt
 //!   incrementally.
 //! - [`watch`]: the store edge: list, watch, relist, publish snapshots.
-//! - [`forward`]: upstream resolvers, failover and the answer cache.
-//! - [`server`]: UDP workers, TCP, truncation, the handler.
+//! - [`forward`]: upstream resolvers, failover, the answer cache, and the
+//!   allow-list of clients that may recurse.
+//! - [`server`]: UDP workers, TCP, truncation, refusals, the handler.
 //! - [`stats`]: lock-free counters, exported to `/metrics` once a second.
 //! - [`client`]: a tiny blocking client (tests, benchmarks, tools).
 //!
@@ -34,6 +35,7 @@ use arc_swap::ArcSwap;
 use podnet_daemon::Metrics;
 use podnet_store::AnyStore;
 
+pub use forward::AllowList;
 pub use zone::ZoneConfig;
 
 /// Everything `podnet dns` can be told.
@@ -48,6 +50,9 @@ pub struct Config {
     pub cache_size: usize,
     /// UDP worker threads (0: one per core).
     pub threads: usize,
+    /// Clients whose queries for names outside the zone are forwarded;
+    /// the rest get REFUSED for them.
+    pub recursion: AllowList,
 }
 
 impl Default for Config {
@@ -58,8 +63,21 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(2),
             cache_size: 10_000,
             threads: 0,
+            recursion: default_recursion(),
         }
     }
+}
+
+/// Loopback, the default Service CIDR and the default pod network: the
+/// allow-list when nothing more is known (`podnet dns` adds the store's
+/// networks and the host's).
+fn default_recursion() -> AllowList {
+    use podnet_api::netconfig::{DEFAULT_NETWORK, DEFAULT_SERVICE_CIDR};
+    AllowList::cluster(
+        DEFAULT_SERVICE_CIDR.parse().expect("default CIDR"),
+        DEFAULT_NETWORK.parse().expect("default CIDR"),
+        None,
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +139,7 @@ pub async fn run(
         zone.clone(),
         fwd.clone(),
         shared.clone(),
+        cfg.recursion.clone(),
     ));
     let tcp = tokio::net::TcpListener::from_std(sockets.tcp).map_err(|source| DnsError::Io {
         what: "registering the TCP listener".into(),
@@ -149,6 +168,7 @@ pub async fn run(
         zone = cfg.zone.zone,
         threads,
         upstreams = ?cfg.upstreams,
+        allow_recursion = %cfg.recursion,
         "dns serving"
     );
     let tcp_task = tokio::spawn(server::tcp_accept(tcp, handler.clone()));

@@ -11,8 +11,14 @@
 //! UDP answers larger than the client's limit (512 bytes, or its EDNS
 //! payload size) are cut to the question with the TC bit set, and the
 //! client retries over TCP.
+//!
+//! Recursion is for the clients on the [`AllowList`] only. Anyone else
+//! gets the cluster zone (authoritative answers, CNAMEs chased only inside
+//! it) and REFUSED, no bigger than the query, for every other name; their
+//! UDP answers are held to 512 bytes whatever EDNS size they claim, so a
+//! spoofed source cannot turn a small query into a large answer.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::forward::Forwarder;
+use crate::forward::{AllowList, Forwarder};
 use crate::stats::Stats;
 use crate::wire::{self, Query};
 use crate::zone::{Outcome, Snapshot};
@@ -47,6 +53,8 @@ pub struct Handler {
     pub fwd: Arc<Forwarder>,
     /// Counters for the TCP and slow paths (UDP workers have their own).
     pub stats: Arc<Stats>,
+    /// Clients whose queries for other names are forwarded.
+    pub recursion: AllowList,
     /// UDP queries waiting on an upstream; bounded so a flood of
     /// forwarded names cannot pile up tasks without limit.
     inflight: std::sync::atomic::AtomicUsize,
@@ -56,26 +64,63 @@ pub struct Handler {
 /// SERVFAIL at once (the client retries) instead of a task each.
 pub const MAX_INFLIGHT: usize = 4096;
 
-/// Cuts an oversized UDP answer down to a truncated one.
-fn fit(q: &Query, out: &mut Vec<u8>, st: &Stats) {
-    if out.len() > q.udp_limit() {
-        wire::truncate(out, wire::HEADER_LEN + q.question.len(), q.edns);
-        Stats::bump(&st.truncated);
-    }
+/// The largest UDP answer a client outside the allow-list gets, whatever
+/// EDNS payload size it announces (RFC 1035's classic limit).
+pub const OUTSIDE_UDP_LIMIT: usize = wire::MIN_UDP;
+
+/// REFUSED for a client that may not recurse: header, question and OPT,
+/// never larger than the query; RA clear, as recursion is not available
+/// to it.
+fn refuse(q: &Query, out: &mut Vec<u8>, st: &Stats) {
+    crate::zone::simple_reply(q, wire::REFUSED, out);
+    out[3] &= !((wire::RA & 0xff) as u8);
+    Stats::bump(&st.refused);
 }
 
 impl Handler {
-    pub fn new(zone: Arc<ArcSwap<Snapshot>>, fwd: Arc<Forwarder>, stats: Arc<Stats>) -> Handler {
+    pub fn new(
+        zone: Arc<ArcSwap<Snapshot>>,
+        fwd: Arc<Forwarder>,
+        stats: Arc<Stats>,
+        recursion: AllowList,
+    ) -> Handler {
         Handler {
             zone,
             fwd,
             stats,
+            recursion,
             inflight: Default::default(),
         }
     }
 
-    /// The synchronous path: zone answers, cache hits, error replies.
-    pub fn fast(&self, msg: &[u8], out: &mut Vec<u8>, udp: bool, st: &Stats, t: Instant) -> Fast {
+    /// Cuts an oversized UDP answer down to a truncated one. The limit is
+    /// the client's (512, or its EDNS size) on the allow-list, 512 off it.
+    fn fit(&self, q: &Query, out: &mut Vec<u8>, st: &Stats, peer: IpAddr) {
+        if out.len() <= wire::MIN_UDP {
+            return;
+        }
+        let limit = if self.recursion.allows(peer) {
+            q.udp_limit()
+        } else {
+            OUTSIDE_UDP_LIMIT
+        };
+        if out.len() > limit {
+            wire::truncate(out, wire::HEADER_LEN + q.question.len(), q.edns);
+            Stats::bump(&st.truncated);
+        }
+    }
+
+    /// The synchronous path: zone answers, cache hits, error replies,
+    /// refusals. `peer` is the client's address.
+    pub fn fast(
+        &self,
+        msg: &[u8],
+        out: &mut Vec<u8>,
+        udp: bool,
+        peer: IpAddr,
+        st: &Stats,
+        t: Instant,
+    ) -> Fast {
         let q = match wire::parse_query(msg) {
             Ok(q) => q,
             Err(bad) => {
@@ -91,26 +136,30 @@ impl Handler {
         match snap.respond(&q, out) {
             Outcome::Answered => {}
             Outcome::Forward => {
-                if !self.fwd.cached(&q, out, st) {
+                if !self.recursion.allows(peer) {
+                    refuse(&q, out, st);
+                } else if !self.fwd.cached(&q, out, st) {
                     return Fast::Slow;
                 }
             }
             Outcome::Chase { .. } => return Fast::Slow,
         }
         if udp {
-            fit(&q, out, st);
+            self.fit(&q, out, st, peer);
         }
         st.answered(q.qtype, out, t);
         Fast::Reply
     }
 
     /// The asynchronous path: upstream forwarding and ExternalName chasing.
-    pub async fn slow(&self, msg: &[u8], udp: bool, t: Instant) -> Option<Vec<u8>> {
+    pub async fn slow(&self, msg: &[u8], udp: bool, peer: IpAddr, t: Instant) -> Option<Vec<u8>> {
         let q = wire::parse_query(msg).ok()?;
         let snap = self.zone.load_full();
         let mut out = Vec::with_capacity(512);
+        let recurse = self.recursion.allows(peer);
         match snap.respond(&q, &mut out) {
             Outcome::Answered => {}
+            Outcome::Forward if !recurse => refuse(&q, &mut out, &self.stats),
             Outcome::Forward => {
                 if self.fwd.upstreams().is_empty() {
                     crate::zone::simple_reply(&q, wire::SERVFAIL, &mut out);
@@ -120,11 +169,11 @@ impl Handler {
             }
             Outcome::Chase { target } => {
                 let target = target.to_vec();
-                self.chase(&q, &snap, target, &mut out).await;
+                self.chase(&q, &snap, target, recurse, &mut out).await;
             }
         }
         if udp {
-            fit(&q, &mut out, &self.stats);
+            self.fit(&q, &mut out, &self.stats, peer);
         }
         self.stats.answered(q.qtype, &out, t);
         Some(out)
@@ -132,8 +181,17 @@ impl Handler {
 
     /// Completes an ExternalName answer: `out` holds the header, question
     /// and CNAME; the target's records for the query type are appended,
-    /// from the zone when the target is ours, else from upstream.
-    async fn chase(&self, q: &Query<'_>, snap: &Snapshot, mut target: Vec<u8>, out: &mut Vec<u8>) {
+    /// from the zone when the target is ours, else from upstream when the
+    /// client may `recurse` (else the answer ends at the last CNAME, as an
+    /// authoritative-only server's does).
+    async fn chase(
+        &self,
+        q: &Query<'_>,
+        snap: &Snapshot,
+        mut target: Vec<u8>,
+        recurse: bool,
+        out: &mut Vec<u8>,
+    ) {
         let mut extra: Vec<wire::Record> = Vec::new();
         let mut rcode = wire::NOERROR;
         for depth in 0.. {
@@ -165,6 +223,7 @@ impl Handler {
                     }
                     target = next;
                 }
+                Outcome::Forward if !recurse => break,
                 Outcome::Forward => {
                     let lower = target.to_ascii_lowercase();
                     match self.fwd.lookup(&lower, q.qtype).await {
@@ -284,13 +343,13 @@ pub fn udp_worker(
                 Stats::bump(&st.malformed);
                 continue;
             }
-            match h.fast(msg, &mut outs[i], true, &st, t) {
+            let Some(peer) = to_socket_addr(&addrs[i]) else {
+                continue;
+            };
+            match h.fast(msg, &mut outs[i], true, peer.ip(), &st, t) {
                 Fast::Reply => replies.push(i),
                 Fast::Drop => {}
                 Fast::Slow => {
-                    let Some(peer) = to_socket_addr(&addrs[i]) else {
-                        continue;
-                    };
                     if h.inflight.fetch_add(1, Ordering::Relaxed) >= MAX_INFLIGHT {
                         h.inflight.fetch_sub(1, Ordering::Relaxed);
                         Stats::bump(&st.shed);
@@ -304,7 +363,7 @@ pub fn udp_worker(
                     let msg = msg.to_vec();
                     let (h, sock) = (h.clone(), sock.clone());
                     rt.spawn(async move {
-                        if let Some(resp) = h.slow(&msg, true, t).await {
+                        if let Some(resp) = h.slow(&msg, true, peer.ip(), t).await {
                             let _ = sock.send_to(&resp, peer);
                         }
                         h.inflight.fetch_sub(1, Ordering::Relaxed);
@@ -350,7 +409,7 @@ pub fn udp_worker(
 pub async fn tcp_accept(listener: tokio::net::TcpListener, h: Arc<Handler>) {
     let limit = Arc::new(tokio::sync::Semaphore::new(1024));
     loop {
-        let Ok((s, _)) = listener.accept().await else {
+        let Ok((s, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
@@ -359,13 +418,17 @@ pub async fn tcp_accept(listener: tokio::net::TcpListener, h: Arc<Handler>) {
         };
         let h = h.clone();
         tokio::spawn(async move {
-            let _ = tcp_conn(s, h).await;
+            let _ = tcp_conn(s, peer.ip(), h).await;
             drop(permit);
         });
     }
 }
 
-async fn tcp_conn(mut s: tokio::net::TcpStream, h: Arc<Handler>) -> std::io::Result<()> {
+async fn tcp_conn(
+    mut s: tokio::net::TcpStream,
+    peer: IpAddr,
+    h: Arc<Handler>,
+) -> std::io::Result<()> {
     let _ = s.set_nodelay(true);
     let mut out = Vec::with_capacity(4096);
     loop {
@@ -380,10 +443,10 @@ async fn tcp_conn(mut s: tokio::net::TcpStream, h: Arc<Handler>) -> std::io::Res
             _ => return Ok(()),
         }
         let t = Instant::now();
-        let resp = match h.fast(&msg, &mut out, false, &h.stats, t) {
+        let resp = match h.fast(&msg, &mut out, false, peer, &h.stats, t) {
             Fast::Reply => std::mem::take(&mut out),
             Fast::Drop => return Ok(()),
-            Fast::Slow => match h.slow(&msg, false, t).await {
+            Fast::Slow => match h.slow(&msg, false, peer, t).await {
                 Some(r) => r,
                 None => return Ok(()),
             },
@@ -431,4 +494,183 @@ fn tcp_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     s.listen(1024)?;
     s.set_nonblocking(true)?;
     Ok(s.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zone::{Builder, ZoneConfig};
+
+    /// A handler whose zone has `web` (one ClusterIP), `many` (a headless
+    /// Service with 100 endpoints), `ext` (an ExternalName outside the
+    /// zone) and `alias` (an ExternalName to `web`); no upstream, so a
+    /// forwarded name would get SERVFAIL, never REFUSED.
+    fn handler() -> Handler {
+        let mut b = Builder::new(ZoneConfig::default());
+        use podnet_api::k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+        let obj = |v: serde_json::Value| -> Service { serde_json::from_value(v).unwrap() };
+        b.upsert_service(&obj(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.5", "clusterIPs": ["10.96.0.5"]}
+        })));
+        b.upsert_service(&obj(serde_json::json!({
+            "metadata": {"name": "many", "namespace": "default"},
+            "spec": {"clusterIP": "None"}
+        })));
+        let eps: Vec<serde_json::Value> = (0..100)
+            .map(|i| serde_json::json!({"addresses": [format!("10.244.0.{}", i + 1)]}))
+            .collect();
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "many-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "many"}},
+            "addressType": "IPv4", "endpoints": eps
+        }))
+        .unwrap();
+        b.upsert_slice(&slice);
+        b.upsert_service(&obj(serde_json::json!({
+            "metadata": {"name": "ext", "namespace": "default"},
+            "spec": {"type": "ExternalName", "externalName": "api.example.test"}
+        })));
+        b.upsert_service(&obj(serde_json::json!({
+            "metadata": {"name": "alias", "namespace": "default"},
+            "spec": {"type": "ExternalName", "externalName": "web.default.svc.cluster.local"}
+        })));
+        Handler::new(
+            Arc::new(ArcSwap::new(b.publish(true))),
+            Arc::new(Forwarder::new(vec![], Duration::from_millis(10), 100)),
+            Arc::new(Stats::default()),
+            AllowList::cluster(
+                "10.96.0.0/12".parse().unwrap(),
+                "10.244.0.0/16".parse().unwrap(),
+                None,
+            ),
+        )
+    }
+
+    const INSIDE: &str = "10.244.1.2";
+    const OUTSIDE: &str = "198.51.100.2";
+
+    fn ask(h: &Handler, name: &str, qtype: u16, edns: Option<u16>, peer: &str) -> Vec<u8> {
+        let q = wire::build_query(77, &wire::name_from_str(name).unwrap(), qtype, edns);
+        let peer: IpAddr = peer.parse().unwrap();
+        let mut out = Vec::new();
+        let st = Stats::default();
+        let r = match h.fast(&q, &mut out, true, peer, &st, Instant::now()) {
+            Fast::Reply => out,
+            Fast::Drop => panic!("dropped {name}"),
+            Fast::Slow => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(h.slow(&q, true, peer, Instant::now()))
+                .expect("a reply"),
+        };
+        assert_eq!(&r[..2], &q[..2], "ID echoed");
+        r
+    }
+
+    #[test]
+    fn outside_clients_get_refused_small_and_the_zone_in_full() {
+        let h = handler();
+        for edns in [None, Some(4096)] {
+            let q = wire::build_query(
+                77,
+                &wire::name_from_str("www.example.test").unwrap(),
+                wire::TYPE_A,
+                edns,
+            );
+            let peer: IpAddr = OUTSIDE.parse().unwrap();
+            let st = Stats::default();
+            let mut out = Vec::new();
+            // Refused right on the fast path: no task, no upstream.
+            assert_eq!(
+                h.fast(&q, &mut out, true, peer, &st, Instant::now()),
+                Fast::Reply
+            );
+            let m = wire::Message::parse(&out).unwrap();
+            assert_eq!(m.rcode(), wire::REFUSED);
+            assert_eq!(m.header.flags & wire::RA, 0, "no recursion for it");
+            assert!(m.answers.is_empty() && m.authority.is_empty());
+            assert!(out.len() <= q.len(), "{} > {}", out.len(), q.len());
+            assert_eq!(st.refused.load(Ordering::Relaxed), 1);
+        }
+        // The same name from inside the cluster is forwarded (and, with
+        // no upstream, fails as SERVFAIL: the refusal is about the client).
+        let r = ask(&h, "www.example.test", wire::TYPE_A, None, INSIDE);
+        assert_eq!(r[3] & 0xf, wire::SERVFAIL);
+        // Cluster names answer everyone, reverse names too.
+        for peer in [INSIDE, OUTSIDE] {
+            let r = ask(
+                &h,
+                "web.default.svc.cluster.local",
+                wire::TYPE_A,
+                None,
+                peer,
+            );
+            let m = wire::Message::parse(&r).unwrap();
+            assert_eq!(m.rcode(), wire::NOERROR);
+            assert_eq!(m.answers.len(), 1, "{peer}");
+            let r = ask(&h, "5.0.96.10.in-addr.arpa", wire::TYPE_PTR, None, peer);
+            assert_eq!(wire::Message::parse(&r).unwrap().answers.len(), 1);
+            let r = ask(&h, "9.9.96.10.in-addr.arpa", wire::TYPE_PTR, None, peer);
+            assert_eq!(r[3] & 0xf, wire::NXDOMAIN, "{peer}");
+        }
+        // An ExternalName inside the zone is chased for both...
+        for peer in [INSIDE, OUTSIDE] {
+            let r = ask(
+                &h,
+                "alias.default.svc.cluster.local",
+                wire::TYPE_A,
+                None,
+                peer,
+            );
+            assert_eq!(wire::Message::parse(&r).unwrap().answers.len(), 2);
+        }
+        // ...one pointing outside only for the inside client; the outside
+        // one gets the CNAME alone, as from an authoritative-only server.
+        let r = ask(
+            &h,
+            "ext.default.svc.cluster.local",
+            wire::TYPE_A,
+            None,
+            OUTSIDE,
+        );
+        let m = wire::Message::parse(&r).unwrap();
+        assert_eq!(m.rcode(), wire::NOERROR);
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(m.answers[0].rtype, wire::TYPE_CNAME);
+        let r = ask(
+            &h,
+            "ext.default.svc.cluster.local",
+            wire::TYPE_A,
+            None,
+            INSIDE,
+        );
+        assert_eq!(r[3] & 0xf, wire::SERVFAIL, "chased upstream (none here)");
+    }
+
+    #[test]
+    fn outside_clients_get_at_most_512_bytes_over_udp() {
+        let h = handler();
+        let name = "many.default.svc.cluster.local";
+        // 100 A records: about 1.7 KB.
+        let inside = ask(&h, name, wire::TYPE_A, Some(4096), INSIDE);
+        assert!(inside.len() > 1500, "{}", inside.len());
+        assert_eq!(wire::Message::parse(&inside).unwrap().answers.len(), 100);
+        let outside = ask(&h, name, wire::TYPE_A, Some(4096), OUTSIDE);
+        let m = wire::Message::parse(&outside).unwrap();
+        assert!(m.header.flags & wire::TC != 0);
+        assert!(m.answers.is_empty());
+        assert!(outside.len() <= OUTSIDE_UDP_LIMIT);
+        // Over TCP (no spoofing there) the outside client gets it all.
+        let q = wire::build_query(1, &wire::name_from_str(name).unwrap(), 1, Some(4096));
+        let mut out = Vec::new();
+        let peer: IpAddr = OUTSIDE.parse().unwrap();
+        let st = Stats::default();
+        assert_eq!(
+            h.fast(&q, &mut out, false, peer, &st, Instant::now()),
+            Fast::Reply
+        );
+        assert_eq!(wire::Message::parse(&out).unwrap().answers.len(), 100);
+    }
 }

@@ -45,6 +45,8 @@ pub struct Stats {
     pub cache_misses: AtomicU64,
     /// Forwarded UDP queries answered SERVFAIL because too many waited.
     pub shed: AtomicU64,
+    /// Queries for other names refused: the client may not recurse.
+    pub refused: AtomicU64,
 }
 
 impl Default for Stats {
@@ -58,6 +60,7 @@ impl Default for Stats {
             cache_hits: AtomicU64::new(0),
             cache_misses: AtomicU64::new(0),
             shed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 }
@@ -99,6 +102,7 @@ struct Totals {
     hits: u64,
     misses: u64,
     shed: u64,
+    refused: u64,
     upstream: Vec<u64>,
 }
 
@@ -124,6 +128,7 @@ impl Exporter {
                 hits: 0,
                 misses: 0,
                 shed: 0,
+                refused: 0,
                 upstream: vec![0; n],
             },
         }
@@ -139,6 +144,7 @@ impl Exporter {
             hits: 0,
             misses: 0,
             shed: 0,
+            refused: 0,
             upstream: upstream_errors.to_vec(),
         };
         for b in &self.blocks {
@@ -154,6 +160,7 @@ impl Exporter {
             t.hits += b.cache_hits.load(Relaxed);
             t.misses += b.cache_misses.load(Relaxed);
             t.shed += b.shed.load(Relaxed);
+            t.refused += b.refused.load(Relaxed);
         }
         t
     }
@@ -219,6 +226,11 @@ impl Exporter {
             "podnet_dns_shed_total",
             "Forwarded UDP queries answered SERVFAIL because too many were waiting.",
             now.shed - last.shed,
+        );
+        counter(
+            "podnet_dns_recursion_refused_total",
+            "Queries for names outside the cluster zone answered REFUSED: the client is not allowed recursion.",
+            now.refused - last.refused,
         );
         for (i, u) in self.upstreams.iter().enumerate() {
             let d = now.upstream.get(i).copied().unwrap_or(0)
