@@ -4,6 +4,13 @@
 //! Pods whose named target ports resolve to different numbers land in
 //! different slices (one slice per address family and resolved port set),
 //! as the Kubernetes EndpointSlice controller does.
+//!
+//! Conditions follow that controller's `podToEndpoint` too: every pod that
+//! is not finished (Succeeded or Failed) is listed, terminating ones
+//! included; `serving` is the pod's Ready condition, `terminating` its
+//! deletion timestamp, and `ready` is `serving && !terminating`, or always
+//! true for a Service with `spec.publishNotReadyAddresses` (whose clients,
+//! such as a StatefulSet's peers, want every pod's address from the start).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -51,6 +58,20 @@ pub fn pod_ready(p: &Pod) -> bool {
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())
         .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// An endpoint's conditions for `pod`, as the Kubernetes EndpointSlice
+/// controller sets them: `serving` is the Ready condition, `terminating` the
+/// deletion timestamp; `ready` is serving and not terminating, or always
+/// true when the Service publishes not-ready addresses.
+pub fn conditions(pod: &Pod, publish_not_ready: bool) -> EndpointConditions {
+    let serving = pod_ready(pod);
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    EndpointConditions {
+        ready: Some(publish_not_ready || (serving && !terminating)),
+        serving: Some(serving),
+        terminating: Some(terminating),
+    }
 }
 
 /// Resolves a Service port's targetPort for one pod; None if a named port
@@ -105,6 +126,7 @@ pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
         .clone()
         .unwrap_or_else(|| "default".into());
     let name = svc.metadata.name.clone().unwrap_or_default();
+    let publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
     let empty = BTreeMap::new();
     // (family, port set) -> endpoints
     let mut groups: BTreeMap<(String, PortSet), Vec<Endpoint>> = BTreeMap::new();
@@ -131,8 +153,7 @@ pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
         if ports.is_empty() && spec.ports.as_ref().map(|p| !p.is_empty()).unwrap_or(false) {
             continue;
         }
-        let terminating = pod.metadata.deletion_timestamp.is_some();
-        let ready = pod_ready(pod);
+        let conditions = conditions(pod, publish_not_ready);
         let pspec = pod.spec.as_ref();
         let hostname = pspec
             .filter(|s| s.subdomain.as_deref() == Some(name.as_str()))
@@ -144,11 +165,7 @@ pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
                 .or_default()
                 .push(Endpoint {
                     addresses: vec![ip.to_string()],
-                    conditions: Some(EndpointConditions {
-                        ready: Some(ready && !terminating),
-                        serving: Some(ready),
-                        terminating: Some(terminating),
-                    }),
+                    conditions: Some(conditions.clone()),
                     hostname: hostname.clone(),
                     node_name: pspec.and_then(|s| s.node_name.clone()),
                     target_ref: Some(ObjectReference {
@@ -362,6 +379,93 @@ mod tests {
         assert_eq!(
             (c.ready, c.serving, c.terminating),
             (Some(false), Some(true), Some(true))
+        );
+    }
+
+    fn deleting(mut p: Pod) -> Pod {
+        p.metadata.deletion_timestamp = Some(
+            podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                podnet_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        );
+        p
+    }
+
+    /// (ready, serving, terminating)
+    type Conds = (Option<bool>, Option<bool>, Option<bool>);
+
+    fn conds(sl: &EndpointSlice) -> BTreeMap<String, Conds> {
+        sl.endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions.clone().unwrap();
+                (
+                    e.target_ref.as_ref().unwrap().name.clone().unwrap(),
+                    (c.ready, c.serving, c.terminating),
+                )
+            })
+            .collect()
+    }
+
+    /// Upstream `podToEndpoint`: ready = publishNotReadyAddresses ||
+    /// (serving && !terminating); serving and terminating stay the pod's.
+    #[test]
+    fn publish_not_ready_addresses_makes_every_live_pod_ready() {
+        let spec = |publish: bool| {
+            svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}],
+                       "publishNotReadyAddresses": publish}))
+        };
+        let web = json!({"app": "web"});
+        let up = pod("up", web.clone(), "10.244.1.1", true, None);
+        let down = pod("down", web.clone(), "10.244.1.2", false, None);
+        let leaving = deleting(pod("leaving", web.clone(), "10.244.1.3", true, None));
+        let leaving_down = deleting(pod("leaving-down", web.clone(), "10.244.1.4", false, None));
+        let mut done = pod("done", web.clone(), "10.244.1.5", true, None);
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        let mut no_ip = pod("no-ip", web.clone(), "", true, None);
+        no_ip.status.as_mut().unwrap().pod_ip = None;
+        let pods = [&up, &down, &leaving, &leaving_down, &done, &no_ip];
+        let t = |r, s, term| (Some(r), Some(s), Some(term));
+
+        let published = desired(&spec(true), &pods);
+        assert_eq!(published.len(), 1);
+        assert_eq!(
+            conds(&published[0]),
+            BTreeMap::from([
+                ("up".to_string(), t(true, true, false)),
+                ("down".to_string(), t(true, false, false)),
+                ("leaving".to_string(), t(true, true, true)),
+                ("leaving-down".to_string(), t(true, false, true)),
+            ]),
+            "finished pods and pods without an address are never published"
+        );
+        let plain = desired(&spec(false), &pods);
+        assert_eq!(
+            conds(&plain[0]),
+            BTreeMap::from([
+                ("up".to_string(), t(true, true, false)),
+                ("down".to_string(), t(false, false, false)),
+                ("leaving".to_string(), t(false, true, true)),
+                ("leaving-down".to_string(), t(false, false, true)),
+            ])
+        );
+        // Turning the flag on or off changes the slice (so it is rewritten).
+        assert!(!same(&published[0], &plain[0]));
+        assert_eq!(published[0].metadata.name, plain[0].metadata.name);
+    }
+
+    #[test]
+    fn conditions_of_one_pod() {
+        let p = pod("a", json!({}), "10.244.1.1", false, None);
+        let c = conditions(&p, false);
+        assert_eq!(
+            (c.ready, c.serving, c.terminating),
+            (Some(false), Some(false), Some(false))
+        );
+        let c = conditions(&deleting(p), true);
+        assert_eq!(
+            (c.ready, c.serving, c.terminating),
+            (Some(true), Some(false), Some(true))
         );
     }
 }

@@ -2,7 +2,9 @@
 //! namespaces, running the real binaries.
 //!
 //! - an underlay namespace `pn-<lab>-net` holds a bridge; every node is a
-//!   namespace `pn-<lab>-<node>` whose `eth0` is plugged into it;
+//!   namespace `pn-<lab>-<node>` whose `eth0` is plugged into it, with a
+//!   default route to the gateway `pn-<lab>-gw`, plugged in the same way,
+//!   which forwards nothing and counts what reaches it ([`gateway`]);
 //! - each node runs a real `podnet agent`; the controller runs beside them;
 //! - `lab run` makes a pod: a namespace wired through the real CNI plugins
 //!   (the node's conflist, run with the node as host), registered as a Pod
@@ -11,6 +13,7 @@
 //!   `lab down` removes it all, also after a crash.
 
 pub mod forward;
+pub mod gateway;
 pub mod serve;
 
 use std::collections::BTreeMap;
@@ -38,7 +41,8 @@ pub const RUN_DIR: &str = "/run/podnet-lab";
 pub const DNS_NAMESPACE: &str = "kube-system";
 pub const DNS_POD: &str = "podnet-dns";
 pub const DNS_SERVICE: &str = "kube-dns";
-const UNDERLAY_PREFIX: [u8; 3] = [192, 168, 200];
+/// Starts each run's section of a role's log (see [`Lab::log_path`]).
+pub const SPAWN_MARK: &str = "=== podnet lab:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {
@@ -128,6 +132,11 @@ impl Lab {
         format!("pn-{}-{what}", self.name)
     }
 
+    /// The namespace of the nodes' default gateway ([`gateway`]).
+    pub fn gateway_ns(&self) -> String {
+        self.ns_name("gw")
+    }
+
     fn state_path(&self) -> PathBuf {
         self.dir.join("lab.json")
     }
@@ -155,8 +164,15 @@ impl Lab {
         self.dir.join("bin")
     }
 
+    /// Where role `role` logs: `logs/<role>.log` in the lab directory.
+    pub fn log_path(&self, role: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{role}.log"))
+    }
+
     /// Starts a detached process (optionally inside a namespace), logging to
-    /// the lab directory and recording its pid under `pids/<role>`.
+    /// the lab directory and recording its pid under `pids/<role>`. A role
+    /// started again (a restarted agent) appends to its log, after a line
+    /// that marks the start, so what the last run said before it died stays.
     fn spawn(
         &self,
         role: &str,
@@ -164,14 +180,31 @@ impl Lab {
         args: &[String],
         env: &[(&str, String)],
     ) -> Result<u32, LabError> {
-        let log = std::fs::File::create(self.dir.join("logs").join(format!("{role}.log")))
-            .map_err(|e| io("creating log", e))?;
+        use std::io::Write;
+        let path = self.log_path(role);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io(format!("opening {}", path.display()), e))?;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        writeln!(
+            log,
+            "{SPAWN_MARK} {role} starting (unix time {}.{:03})",
+            since_epoch.as_secs(),
+            since_epoch.subsec_millis()
+        )
+        .map_err(|e| io(format!("writing {}", path.display()), e))?;
         let log2 = log.try_clone().map_err(|e| io("log", e))?;
         let mut cmd = Command::new(&self.exe);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
+            // The log is a file: plain text, no colour codes.
+            .env("NO_COLOR", "1")
             .process_group(0);
         for (k, v) in env {
             cmd.env(k, v);
@@ -242,18 +275,13 @@ impl Lab {
     fn add_node_ns(&self, st: &mut LabState, index: usize) -> Result<NodeInfo, LabError> {
         let name = format!("node{index}");
         let netns = self.ns_name(&name);
-        let ip = Ipv4Addr::new(
-            UNDERLAY_PREFIX[0],
-            UNDERLAY_PREFIX[1],
-            UNDERLAY_PREFIX[2],
-            10 + index as u8,
-        );
+        let ip = gateway::node_ip(index)?;
         let ns = Netns::create_named(&netns)?;
         let under = Netns::named(&st.underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
         let port = format!("to-{name}");
         uh.create_veth(&port, "eth0", Some(ns.fd()), None, None)?;
-        let br = uh.require_link("br0")?;
+        let br = uh.require_link(gateway::BRIDGE)?;
         let p = uh.require_link(&port)?;
         uh.set_master(p.index, br.index)?;
         uh.set_up(p.index)?;
@@ -261,10 +289,14 @@ impl Lab {
         let e = nh.require_link("eth0")?;
         nh.add_addr(
             e.index,
-            ipnet::IpNet::V4(ipnet::Ipv4Net::new(ip, 24).expect("prefix")),
+            ipnet::IpNet::V4(
+                ipnet::Ipv4Net::new(ip, gateway::underlay().prefix_len()).expect("prefix"),
+            ),
             true,
         )?;
         nh.set_up(e.index)?;
+        // As on a real node, what nothing here handles leaves by default.
+        nh.add_route(&gateway::default_route(e.index))?;
         std::fs::create_dir_all(self.node_dir(&name)).map_err(|e| io("creating node dir", e))?;
         let info = NodeInfo { name, netns, ip };
         st.nodes.push(info.clone());
@@ -305,7 +337,7 @@ impl Lab {
                 return Err(msg(format!(
                     "node {} not ready after waiting (subnet.env: {env_ok}, routes {routes}/{want}); see {}",
                     node.name,
-                    self.dir.join("logs").join(format!("agent-{}.log", node.name)).display()
+                    self.log_path(&format!("agent-{}", node.name)).display()
                 )));
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -355,13 +387,14 @@ impl Lab {
             nodes: vec![],
             resync_secs: o.resync_secs,
         };
-        // The underlay: one bridge in its own namespace.
+        // The underlay: one bridge in its own namespace, and the nodes'
+        // gateway on it (no uplink: nothing leaves the machine).
         let under = Netns::create_named(&st.underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
-        uh.create_bridge("br0", None)?;
-        uh.set_up_by_name("br0")?;
-        let _ = under
-            .run(|| podnet_kernel::netns::write_sysctl("net.bridge.bridge-nf-call-iptables", "0"));
+        uh.create_bridge(gateway::BRIDGE, None)?;
+        uh.set_up_by_name(gateway::BRIDGE)?;
+        let gw = Netns::create_named(&self.gateway_ns())?;
+        gateway::install(&under, &gw)?;
         self.save(&st)?;
 
         // Cluster config and plugins.
@@ -533,7 +566,7 @@ impl Lab {
             if Instant::now() > deadline {
                 return Err(msg(format!(
                     "cluster DNS did not answer on {pod_ip}; see {}",
-                    self.dir.join("logs").join("dns.log").display()
+                    self.log_path("dns").display()
                 )));
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -879,6 +912,15 @@ impl Lab {
         ns_handle
             .run(|| serve::ask(addr, proto == "udp", request, Duration::from_secs(3)))?
             .map_err(|e| io(format!("{proto} {addr} from {ns}/{pod}"), e))
+    }
+
+    /// What reached the underlay gateway since the lab came up: packets
+    /// that left a node because nothing on the node handled them (see
+    /// [`gateway`]). An unchanged count after some traffic means it was
+    /// handled, or dropped, on the node.
+    pub fn gateway_leaks(&self) -> Result<gateway::Leaks, LabError> {
+        self.state()?;
+        gateway::leaks(&Netns::named(&self.gateway_ns())?)
     }
 
     /// Removes one pod (CNI DEL, namespace, record, Pod object).

@@ -101,9 +101,12 @@ pub fn ask(
             "[::]:0"
         })?;
         s.set_read_timeout(Some(timeout))?;
-        s.send_to(format!("{request}\n").as_bytes(), addr)?;
+        // Connected, as resolvers are: only a connected UDP socket hears
+        // the ICMP error of a reject, as "connection refused".
+        s.connect(addr)?;
+        s.send(format!("{request}\n").as_bytes())?;
         let mut buf = [0u8; 2048];
-        let (n, _) = s.recv_from(&mut buf)?;
+        let n = s.recv(&mut buf)?;
         Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
     } else {
         let mut c = std::net::TcpStream::connect_timeout(&addr, timeout)?;
