@@ -112,7 +112,7 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
     ns.run(|| -> Result<(f64, f64, f64)> {
         let metrics = podnet_daemon::Metrics::new();
         let mut p = Proxier::new(
-            "n1".into(),
+            "n1",
             podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
             metrics,
         )?;
@@ -368,7 +368,7 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
     // The proxy's table: n Services plus the one in front of the server.
     Netns::named(&node)?.run(|| -> Result<()> {
         let mut p = Proxier::new(
-            "n1".into(),
+            "n1",
             podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
             podnet_daemon::Metrics::new(),
         )?;

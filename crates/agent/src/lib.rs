@@ -11,7 +11,10 @@
 //!
 //! The loop watches the leases; every change (and a periodic resync that
 //! repairs anything deleted behind our back) re-plans, observes the kernel,
-//! and applies only the difference. A repeated sync changes nothing. SIGTERM
+//! and applies only the difference. A repeated sync changes nothing. The
+//! lease and proxy watches report their health as `podnet_daemon::StoreWatch`
+//! components `overlay` and `proxy`: a lost store fails `/readyz`, the data
+//! plane stays as it is, and the store's return brings a relist. SIGTERM
 //! leaves the data plane in place, so established connections survive a
 //! restart; `--cleanup` removes everything.
 
@@ -66,6 +69,35 @@ pub struct Options {
     pub mtu: Option<u32>,
     /// Run the service proxy (nftables) too.
     pub proxy: bool,
+    /// Where NodePorts are accepted (kube-proxy's `--nodeport-addresses`):
+    /// the node's addresses inside these ranges; empty means the node's
+    /// primary address (its underlay IP); a `/0` means every local address
+    /// but loopback.
+    pub nodeport_addresses: Vec<ipnet::IpNet>,
+}
+
+/// The addresses NodePorts are accepted on, from `--nodeport-addresses`
+/// and the addresses this node has. Loopback never is (kube-proxy refuses
+/// localhost NodePorts too). None: every local address but loopback.
+pub fn nodeport_ips(
+    ranges: &[ipnet::IpNet],
+    primary: std::net::IpAddr,
+    have: &[std::net::IpAddr],
+) -> Option<Vec<std::net::IpAddr>> {
+    if ranges.is_empty() {
+        return Some(vec![primary]);
+    }
+    if ranges.iter().any(|r| r.prefix_len() == 0) {
+        return None;
+    }
+    let mut v: Vec<std::net::IpAddr> = have
+        .iter()
+        .filter(|ip| !ip.is_loopback() && ranges.iter().any(|r| r.contains(*ip)))
+        .copied()
+        .collect();
+    v.sort();
+    v.dedup();
+    Some(v)
 }
 
 pub const MASQ_TABLE: &str = "podnet-masq";
@@ -450,10 +482,26 @@ pub async fn run(
     // The service proxy runs beside the network loop; its rules stay when
     // the agent stops.
     let _proxy = opts.proxy.then(|| {
-        let (store, node, m) = (store.clone(), opts.node.clone(), metrics.clone());
+        let (store, m) = (store.clone(), metrics.clone());
+        let have: Vec<std::net::IpAddr> = h
+            .addrs(0)
+            .map(|a| a.into_iter().map(|a| a.net.addr()).collect())
+            .unwrap_or_default();
+        let node = proxy::NodeInfo {
+            name: opts.node.clone(),
+            zone: None,
+            ips: vec![std::net::IpAddr::V4(underlay.ip)],
+            nodeport_ips: nodeport_ips(
+                &opts.nodeport_addresses,
+                std::net::IpAddr::V4(underlay.ip),
+                &have,
+            ),
+        };
+        tracing::info!(nodeport_addresses = ?node.nodeport_ips, "service proxy");
+        let svc_cidr = Some(cfg.service_cidr);
         let stacks = vec![
-            proxy::Stack::v4(cfg.network),
-            proxy::Stack::v6(cfg.ipv6_network),
+            proxy::Stack::v4(cfg.network).with_service_cidr(svc_cidr),
+            proxy::Stack::v6(cfg.ipv6_network).with_service_cidr(svc_cidr),
         ];
         let resync = opts.resync;
         AbortOnDrop(tokio::spawn(async move {
@@ -477,8 +525,31 @@ pub async fn run(
     });
 
     let mut next_renew = Instant::now() + Duration::from_secs((opts.lease_ttl / 3).max(1) as u64);
+    // A lost store fails /readyz (component="overlay"); routes stay as they
+    // are meanwhile, and the store's return brings a relist.
+    let health = metrics.store_watch("overlay");
+    let _probe = health.probe({
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move { store.revision().await }
+        }
+    });
     'relist: loop {
-        let (kvs, rev) = store.list(lease::PREFIX).await?;
+        let listed = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = store.list(lease::PREFIX) => r,
+        };
+        let (kvs, rev) = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                health.broken(&format!("listing leases: {e}"));
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = health.backoff() => continue 'relist,
+                }
+            }
+        };
         rt.leases = kvs
             .iter()
             .filter_map(lease::decode)
@@ -494,7 +565,21 @@ pub async fn run(
             tracing::warn!("sync: {e}");
         }
         metrics.set_ready(true);
-        let mut w = store.watch(lease::PREFIX, rev + 1).await?;
+        let watch = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            w = store.watch(lease::PREFIX, rev + 1) => w,
+        };
+        let mut w = match watch {
+            Ok(w) => w,
+            Err(e) => {
+                health.broken(&format!("watching leases: {e}"));
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = health.backoff() => continue 'relist,
+                }
+            }
+        };
+        health.watching();
         let mut next_resync = Instant::now() + opts.resync;
         loop {
             let wake = next_resync.min(next_renew);
@@ -525,7 +610,10 @@ pub async fn run(
                         ensure_bridge_netfilter(false);
                     }
                 }
+                // The store is back after a loss: relist.
+                _ = health.recovered() => continue 'relist,
                 m = w.next() => {
+                    health.event();
                     let mut relist = false;
                     for m in w.with_queued(m) {
                         match m {
@@ -547,7 +635,15 @@ pub async fn run(
                                     }
                                 }
                             }
-                            Some(Ok(WatchMsg::Compacted(_))) | Some(Err(_)) | None => relist = true,
+                            Some(Ok(WatchMsg::Compacted(_))) => relist = true,
+                            Some(Err(e)) => {
+                                health.broken(&format!("lease watch: {e}"));
+                                relist = true;
+                            }
+                            None => {
+                                health.broken(&"lease watch ended");
+                                relist = true;
+                            }
                         }
                     }
                     if relist {

@@ -43,7 +43,7 @@ use podnet_store::objects::decode;
 use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
 
 use crate::healthcheck;
-use crate::proxy::{base_table, fragment, is_fast_count_set, shell, Stack, TABLE};
+use crate::proxy::{base_table, fragment, is_fast_count_set, shell, NodeInfo, Stack, TABLE};
 use crate::AgentError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
@@ -161,7 +161,7 @@ struct Applied {
 }
 
 pub struct Proxier {
-    node: String,
+    node: NodeInfo,
     stack: Stack,
     services: BTreeMap<String, Raw>,
     /// Slices by store key, with the Service they belong to.
@@ -221,9 +221,13 @@ fn endpoint_count(t: &Table) -> usize {
 }
 
 impl Proxier {
-    pub fn new(node: String, stack: Stack, metrics: Arc<Metrics>) -> Result<Self, AgentError> {
+    pub fn new(
+        node: impl Into<NodeInfo>,
+        stack: Stack,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, AgentError> {
         Ok(Proxier {
-            node,
+            node: node.into(),
             stack,
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
@@ -241,6 +245,9 @@ impl Proxier {
 
     /// Records a store event; true if it concerns the proxy.
     pub fn observe(&mut self, typ: EventType, kv: &KeyValue) -> bool {
+        if kv.key.starts_with(&Kind::Node.prefix(None)) {
+            return self.observe_node(typ, kv);
+        }
         let is_svc = kv.key.starts_with(&Kind::Service.prefix(None));
         let is_eps = kv.key.starts_with(&Kind::EndpointSlice.prefix(None));
         if !is_svc && !is_eps {
@@ -278,6 +285,32 @@ impl Proxier {
             }
             _ => return false,
         }
+        true
+    }
+
+    /// This node's zone label decides which topology hints apply: when it
+    /// changes, the next sync replaces the whole table (as kube-proxy
+    /// resyncs on a node label change). A partial sync could not do it:
+    /// the applied fragments are remembered as their inputs and re-planned
+    /// with the node as it is now, so old and new would look alike.
+    fn observe_node(&mut self, typ: EventType, kv: &KeyValue) -> bool {
+        if kv.key.rsplit('/').next() != Some(self.node.name.as_str()) {
+            return false;
+        }
+        let zone = match (typ, decode(kv)) {
+            (EventType::Put, Ok(Object::Node(n))) => n
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("topology.kubernetes.io/zone"))
+                .cloned(),
+            _ => None,
+        };
+        if zone == self.node.zone {
+            return false;
+        }
+        self.node.zone = zone;
+        self.applied = None;
         true
     }
 
@@ -341,7 +374,7 @@ impl Proxier {
         let svc = decode_service(i.service.as_deref()?)?;
         let slices = decode_slices(&i.slices);
         let refs: Vec<&EndpointSlice> = slices.iter().collect();
-        healthcheck::target(&svc, &refs, &self.node)
+        healthcheck::target(&svc, &refs, &self.node.name)
     }
 
     /// Every known Service's health-check target (after a relist).
@@ -378,7 +411,10 @@ impl Proxier {
         let empty = shell(&self.stack);
         let chunk_of = |k: usize, this: &Proxier| -> Option<(Vec<Change>, Option<Applied>)> {
             if k == 0 {
-                return Some((podnet_nft::diff::replace(&base_table(&this.stack)), None));
+                return Some((
+                    podnet_nft::diff::replace(&base_table(&this.stack, &this.node)),
+                    None,
+                ));
             }
             let id = ids.get(k - 1)?;
             let inputs = this.inputs(id);
@@ -570,7 +606,7 @@ const STALL: Duration = Duration::from_secs(30);
 /// watch; the rules stay in place afterwards.
 pub async fn run(
     store: AnyStore,
-    node: String,
+    node: NodeInfo,
     stacks: Vec<Stack>,
     resync: Duration,
     metrics: Arc<Metrics>,
@@ -606,8 +642,31 @@ pub async fn run(
             )
         }));
     };
+    // A lost store fails /readyz (component="proxy"); the rules stay as
+    // they are meanwhile, and the store's return brings a relist.
+    let store_health = metrics.store_watch("proxy");
+    let _probe = store_health.probe({
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move { store.revision().await }
+        }
+    });
     loop {
-        let (kvs, rev) = store.list("/registry/").await?;
+        let listed = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = store.list("/registry/") => r,
+        };
+        let (kvs, rev) = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                store_health.broken(&format!("listing the store: {e}"));
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = store_health.backoff() => continue,
+                }
+            }
+        };
         for p in ps.iter_mut() {
             p.reset();
             for kv in &kvs {
@@ -619,7 +678,21 @@ pub async fn run(
             p.take_touched();
             health.resync(p.health_targets());
         }
-        let mut w = store.watch("/registry/", rev + 1).await?;
+        let watch = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            w = store.watch("/registry/", rev + 1) => w,
+        };
+        let mut w = match watch {
+            Ok(w) => w,
+            Err(e) => {
+                store_health.broken(&format!("watching the store: {e}"));
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = store_health.backoff() => continue,
+                }
+            }
+        };
+        store_health.watching();
         let mut check = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
         loop {
             let retry = ps.iter().any(|p| p.applied.is_none());
@@ -633,7 +706,12 @@ pub async fn run(
                     }
                     None
                 }
-                m = w.next() => Some(m),
+                // The store is back after a loss: relist.
+                _ = store_health.recovered() => break,
+                m = w.next() => {
+                    store_health.event();
+                    Some(m)
+                }
             };
             let mut relist = false;
             let msgs = match m {
@@ -649,7 +727,15 @@ pub async fn run(
                             }
                         }
                     }
-                    _ => relist = true,
+                    Some(Ok(WatchMsg::Compacted(_))) => relist = true,
+                    Some(Err(e)) => {
+                        store_health.broken(&format!("watch: {e}"));
+                        relist = true;
+                    }
+                    None => {
+                        store_health.broken(&"watch ended");
+                        relist = true;
+                    }
                 }
             }
             if relist {
@@ -722,8 +808,8 @@ mod tests {
         let stack = Stack::v4("10.244.0.0/16".parse().unwrap());
         let (s1, e1) = service(&["10.244.1.2"]);
         let (s2, e2) = service(&["10.244.1.2", "10.244.2.2"]);
-        let old = fragment(Some(&s1), &[e1], "n1", &stack);
-        let new = fragment(Some(&s2), &[e2], "n1", &stack);
+        let old = fragment(Some(&s1), &[e1], &"n1".into(), &stack);
+        let new = fragment(Some(&s2), &[e2], &"n1".into(), &stack);
         assert_eq!(endpoint_count(&old), 1);
         assert_eq!(endpoint_count(&new), 2);
         assert_eq!(
@@ -756,7 +842,7 @@ mod tests {
         // A fragment's own sets (affinity) are created with it.
         let (mut s3, e3) = service(&["10.244.1.2"]);
         s3.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
-        let aff = fragment(Some(&s3), &[e3], "n1", &stack);
+        let aff = fragment(Some(&s3), &[e3], &"n1".into(), &stack);
         let d = fragment_diff(crate::proxy::shell(&stack), aff);
         assert!(
             d.iter()

@@ -9,7 +9,16 @@
 //! `numgen random mod k == 0` rules (no per-Service anonymous map, which the
 //! kernel is slow to load); session affinity uses one timeout set per
 //! endpoint. Services without usable endpoints are in a filter map that
-//! rejects, so clients fail at once instead of timing out.
+//! rejects, so clients fail at once instead of timing out; a Local traffic
+//! policy without an endpoint on this node drops there instead. What the
+//! Service rules leave of traffic to the Service CIDR (a ClusterIP's
+//! unserved port, an address no Service holds) is rejected or dropped on
+//! the node, never routed out (`cluster-ips-check`).
+//!
+//! Which endpoints a port uses follows kube-proxy's CategorizeEndpoints:
+//! ready ones (narrowed by topology hints when they apply), else
+//! serving-terminating ones, separately for the Cluster and Local
+//! policies.
 //!
 //! Masquerade: traffic to a Service from outside the cluster CIDR, traffic
 //! arriving through a NodePort/externalIP/LB with the Cluster policy, and
@@ -47,6 +56,11 @@ pub struct Stack {
     /// Pod traffic (from inside this range) keeps its source address; with
     /// no pod network in this family every client is external.
     pub cluster_cidr: Option<IpNet>,
+    /// The Service CIDR of this family: traffic to an address in it that no
+    /// Service holds is dropped on the node instead of following the
+    /// default route out (kube-proxy's "Drop traffic to unallocated
+    /// ClusterIPs").
+    pub service_cidr: Option<IpNet>,
 }
 
 impl Stack {
@@ -54,6 +68,7 @@ impl Stack {
         Stack {
             family: Family::Ip,
             cluster_cidr: Some(IpNet::V4(cluster_cidr)),
+            service_cidr: None,
         }
     }
 
@@ -61,7 +76,15 @@ impl Stack {
         Stack {
             family: Family::Ip6,
             cluster_cidr: cluster_cidr.map(IpNet::V6),
+            service_cidr: None,
         }
+    }
+
+    /// The same stack with its Service CIDR (ignored when it is of the
+    /// other family).
+    pub fn with_service_cidr(mut self, cidr: Option<IpNet>) -> Stack {
+        self.service_cidr = cidr.filter(|c| self.holds(&c.addr()));
+        self
     }
 
     fn is_v6(&self) -> bool {
@@ -137,10 +160,67 @@ impl Stack {
     }
 }
 
+/// What the planner knows about the node it plans for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The Node's name: endpoints with this `nodeName` are local.
+    pub name: String,
+    /// Its `topology.kubernetes.io/zone` label, for zone hints.
+    pub zone: Option<String>,
+    /// The node's own addresses: a loadBalancerSourceRanges entry that
+    /// holds one of them also admits the LB IPs as sources (a node reaching
+    /// a VIP it holds locally does so from the VIP).
+    pub ips: Vec<IpAddr>,
+    /// The addresses NodePorts are accepted on (kube-proxy's
+    /// `--nodeport-addresses`); loopback never is. None: every local
+    /// address but loopback.
+    pub nodeport_ips: Option<Vec<IpAddr>>,
+}
+
+impl NodeInfo {
+    pub fn named(name: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.to_string(),
+            ..NodeInfo::default()
+        }
+    }
+}
+
+impl From<&str> for NodeInfo {
+    fn from(name: &str) -> NodeInfo {
+        NodeInfo::named(name)
+    }
+}
+
+impl From<String> for NodeInfo {
+    fn from(name: String) -> NodeInfo {
+        NodeInfo {
+            name,
+            ..NodeInfo::default()
+        }
+    }
+}
+
+/// Labels that take a Service away from this proxy (kube-proxy's watch
+/// selector): `service.kubernetes.io/headless`, and
+/// `service.kubernetes.io/service-proxy-name` naming another proxy.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+pub const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The `service-proxy-name` value that keeps a Service ours.
+pub const PROXY_NAME: &str = "podnet";
+
+/// Whether the Service's labels hand it to no proxy or to another one.
+pub fn opted_out(svc: &Service) -> bool {
+    let Some(l) = svc.metadata.labels.as_ref() else {
+        return false;
+    };
+    l.contains_key(HEADLESS_LABEL) || l.get(PROXY_NAME_LABEL).is_some_and(|v| v != PROXY_NAME)
+}
+
 /// What the planner needs to know about this node and cluster.
 #[derive(Debug, Clone)]
 pub struct ProxyInput<'a> {
-    pub node: &'a str,
+    pub node: &'a NodeInfo,
     pub stack: Stack,
     pub services: &'a [Service],
     pub slices: &'a [EndpointSlice],
@@ -172,20 +252,63 @@ fn proto_of(p: &Option<String>) -> Option<Proto> {
     }
 }
 
-/// The endpoints a Service port may use, by Kubernetes rules: ready ones;
-/// if none is ready, serving-and-terminating ones.
+/// One endpoint address as a slice lists it, with what decides its use.
+struct Listed {
+    ep: Ep,
+    ready: bool,
+    serving_terminating: bool,
+    zones: Vec<String>,
+    nodes: Vec<String>,
+}
+
+/// A Service port's endpoints as kube-proxy categorizes them
+/// (`pkg/proxy/topology.go`, CategorizeEndpoints).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Usable {
+    /// For the Cluster policy: ready endpoints, narrowed by topology hints
+    /// when they apply; if none is ready anywhere, the serving-terminating
+    /// ones.
+    cluster: Vec<Ep>,
+    /// For the Local policy (hints ignored): this node's ready endpoints;
+    /// if it has none, its serving-terminating ones.
+    local: Vec<Ep>,
+    /// Whether any endpoint anywhere can serve: without one the Service is
+    /// rejected; with one but none for a Local policy, dropped.
+    any: bool,
+}
+
+/// Which hints narrow the Cluster endpoints (upstream's topology mode):
+/// node hints when every ready endpoint has one and one names this node,
+/// else zone hints when every ready endpoint has one and one names this
+/// node's zone, else none (every endpoint).
+fn topology_mode(listed: &[Listed], node: &NodeInfo) -> Option<bool> {
+    let ready: Vec<&Listed> = listed.iter().filter(|l| l.ready).collect();
+    if ready.is_empty() {
+        return None;
+    }
+    if ready.iter().all(|l| !l.nodes.is_empty())
+        && ready.iter().any(|l| l.nodes.contains(&node.name))
+    {
+        return Some(true);
+    }
+    let zone = node.zone.as_deref()?;
+    (ready.iter().all(|l| !l.zones.is_empty())
+        && ready.iter().any(|l| l.zones.iter().any(|z| z == zone)))
+    .then_some(false)
+}
+
+/// The endpoints of one Service port in this family, by Kubernetes rules.
 fn endpoints(
     svc: &Service,
     port: &ServicePort,
     slices: &[EndpointSlice],
-    node: &str,
+    node: &NodeInfo,
     stack: &Stack,
-) -> Vec<Ep> {
+) -> Usable {
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
-    let mut ready = Vec::new();
-    let mut terminating = Vec::new();
+    let mut listed = Vec::new();
     for s in slices {
         if s.metadata.namespace.as_deref().unwrap_or("default") != ns
             || s.metadata
@@ -209,9 +332,22 @@ fn endpoints(
         };
         for e in &s.endpoints {
             let c = e.conditions.clone().unwrap_or_default();
-            let is_ready = c.ready.unwrap_or(true);
-            let serving = c.serving.unwrap_or(is_ready);
+            let ready = c.ready.unwrap_or(true);
+            let serving = c.serving.unwrap_or(ready);
             let term = c.terminating.unwrap_or(false);
+            let hints = e.hints.as_ref();
+            let zones: Vec<String> = hints
+                .and_then(|h| h.for_zones.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|z| z.name.clone())
+                .collect();
+            let nodes: Vec<String> = hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|n| n.name.clone())
+                .collect();
             for a in &e.addresses {
                 let Ok(ip) = a.parse::<IpAddr>() else {
                     continue;
@@ -219,23 +355,54 @@ fn endpoints(
                 if !stack.holds(&ip) {
                     continue;
                 }
-                let ep = Ep {
-                    ip,
-                    port: target,
-                    local: e.node_name.as_deref() == Some(node),
-                };
-                if is_ready {
-                    ready.push(ep);
-                } else if serving && term {
-                    terminating.push(ep);
-                }
+                listed.push(Listed {
+                    ep: Ep {
+                        ip,
+                        port: target,
+                        local: e.node_name.as_deref() == Some(node.name.as_str()),
+                    },
+                    ready,
+                    serving_terminating: serving && term,
+                    zones: zones.clone(),
+                    nodes: nodes.clone(),
+                });
             }
         }
     }
-    let mut v = if ready.is_empty() { terminating } else { ready };
-    v.sort();
-    v.dedup();
-    v
+    let mode = topology_mode(&listed, node);
+    let pick = |f: &dyn Fn(&Listed) -> bool| -> Vec<Ep> {
+        let mut v: Vec<Ep> = listed
+            .iter()
+            .filter(|l| f(l))
+            .map(|l| l.ep.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let mut cluster = pick(&|l| {
+        l.ready
+            && match mode {
+                None => true,
+                Some(true) => l.nodes.contains(&node.name),
+                Some(false) => l
+                    .zones
+                    .iter()
+                    .any(|z| Some(z.as_str()) == node.zone.as_deref()),
+            }
+    });
+    if cluster.is_empty() {
+        cluster = pick(&|l| !l.ready && l.serving_terminating);
+    }
+    let mut local = pick(&|l| l.ep.local && l.ready);
+    if local.is_empty() {
+        local = pick(&|l| l.ep.local && !l.ready && l.serving_terminating);
+    }
+    Usable {
+        any: !cluster.is_empty(),
+        cluster,
+        local,
+    }
 }
 
 fn base(kind: ChainType, hook: Hook, priority: i32) -> Chain {
@@ -290,11 +457,37 @@ fn pick_rules(eps: &[(String, &Ep)], affinity: bool, stack: &Stack) -> Vec<Rule>
     rules
 }
 
-/// Plans the whole table.
-/// The parts of the table every Service shares: base chains and the
-/// dispatch maps (empty).
-pub fn base_table(stack: &Stack) -> Table {
+/// The condition "addressed to a NodePort address of this node": the
+/// `nodeport-ips` set, or any local address but loopback.
+fn nodeport_daddr(stack: &Stack, node: &NodeInfo) -> Vec<Expr> {
+    match node.nodeport_ips {
+        Some(_) => vec![Expr::InSet {
+            keys: vec![stack.daddr()],
+            set: "nodeport-ips".into(),
+            neg: false,
+        }],
+        None => vec![
+            Expr::FibDaddrLocal,
+            Expr::Cmp {
+                field: stack.daddr(),
+                neg: true,
+                value: Value::Net(stack.loopback()),
+            },
+        ],
+    }
+}
+
+/// The parts of the table every Service shares: base chains, the dispatch
+/// maps (empty) and this node's NodePort addresses.
+pub fn base_table(stack: &Stack, node: &NodeInfo) -> Table {
     let mut t = shell(stack);
+    if let Some(ips) = &node.nodeport_ips {
+        let mut set = Set::new(vec![stack.addr_key()]);
+        for ip in ips.iter().filter(|ip| stack.holds(ip) && !ip.is_loopback()) {
+            set.elements.insert(vec![Value::Addr(*ip)], None);
+        }
+        t.sets.insert("nodeport-ips".into(), set);
+    }
     let three = vec![stack.daddr(), Field::L4Proto, Field::Dport];
     // Fast-path dispatch: one lookup decides fast or not; the port's
     // endpoint count picks the chain whose `numgen` modulus matches; that
@@ -344,25 +537,22 @@ pub fn base_table(stack: &Stack) -> Table {
             keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
             map: "service-ips".into(),
         }]),
-        // The route lookup only for ports that are NodePorts: every other
+        // The address check only for ports that are NodePorts: every other
         // new connection through the node skips it.
-        Rule::new(vec![
-            Expr::InSet {
+        Rule::new(
+            [Expr::InSet {
                 keys: vec![Field::L4Proto, Field::Dport],
                 set: "service-nodeports".into(),
                 neg: false,
-            },
-            Expr::FibDaddrLocal,
-            Expr::Cmp {
-                field: stack.daddr(),
-                neg: true,
-                value: Value::Net(stack.loopback()),
-            },
-            Expr::VMap {
+            }]
+            .into_iter()
+            .chain(nodeport_daddr(stack, node))
+            .chain([Expr::VMap {
                 keys: vec![Field::L4Proto, Field::Dport],
                 map: "service-nodeports".into(),
-            },
-        ]),
+            }])
+            .collect(),
+        ),
     ];
     t.chains.insert(
         "services".into(),
@@ -419,18 +609,20 @@ pub fn base_table(stack: &Stack) -> Table {
             keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
             map: "no-endpoint-services".into(),
         }]),
-        Rule::new(vec![
-            Expr::InSet {
+        Rule::new(
+            [Expr::InSet {
                 keys: vec![Field::L4Proto, Field::Dport],
                 set: "no-endpoint-nodeports".into(),
                 neg: false,
-            },
-            Expr::FibDaddrLocal,
-            Expr::VMap {
+            }]
+            .into_iter()
+            .chain(nodeport_daddr(stack, node))
+            .chain([Expr::VMap {
                 keys: vec![Field::L4Proto, Field::Dport],
                 map: "no-endpoint-nodeports".into(),
-            },
-        ]),
+            }])
+            .collect(),
+        ),
     ];
     t.chains.insert(
         "endpoints-check".into(),
@@ -446,6 +638,41 @@ pub fn base_table(stack: &Stack) -> Table {
             rules: vec![Rule::new(vec![Expr::Reject { tcp_reset: false }])],
         },
     );
+    // Traffic to the Service CIDR that no Service took: a ClusterIP on a
+    // port or protocol it does not serve is rejected, an address no Service
+    // holds is dropped; neither may follow the default route off the node.
+    // Judged after DNAT, so only what the Service rules left is seen.
+    let mut ips_check = vec![Rule::new(vec![
+        Expr::InSet {
+            keys: vec![stack.daddr()],
+            set: "cluster-ips".into(),
+            neg: false,
+        },
+        Expr::Reject { tcp_reset: false },
+    ])];
+    if let Some(cidr) = stack.service_cidr {
+        ips_check.push(Rule::new(vec![
+            Expr::Cmp {
+                field: stack.daddr(),
+                neg: false,
+                value: Value::Net(cidr),
+            },
+            Expr::Verdict(Verdict::Drop),
+        ]));
+    }
+    t.chains.insert(
+        "cluster-ips-check".into(),
+        Chain {
+            base: None,
+            rules: ips_check,
+        },
+    );
+    let jump_new = |c: &str| {
+        Rule::new(vec![
+            Expr::CtStateNew,
+            Expr::Verdict(Verdict::Jump(c.into())),
+        ])
+    };
     for (name, hook) in [
         ("filter-input", Hook::Input),
         ("filter-forward", Hook::Forward),
@@ -454,12 +681,17 @@ pub fn base_table(stack: &Stack) -> Table {
         let mut c = base(ChainType::Filter, hook, -110);
         // Only a connection's first packet can be for a Service without
         // endpoints; later packets skip the lookups.
-        c.rules.push(Rule::new(vec![
-            Expr::CtStateNew,
-            Expr::Verdict(Verdict::Jump("endpoints-check".into())),
-        ]));
+        c.rules.push(jump_new("endpoints-check"));
+        if hook == Hook::Forward {
+            // Forwarded packets were DNATed in prerouting already.
+            c.rules.push(jump_new("cluster-ips-check"));
+        }
         t.chains.insert(name.into(), c);
     }
+    // Local traffic is DNATed in nat output (-100): check it after that.
+    let mut post_dnat = base(ChainType::Filter, Hook::Output, -90);
+    post_dnat.rules.push(jump_new("cluster-ips-check"));
+    t.chains.insert("filter-output-post-dnat".into(), post_dnat);
 
     t
 }
@@ -475,6 +707,9 @@ pub fn shell(stack: &Stack) -> Table {
     t.sets
         .insert("no-endpoint-services".into(), Set::map(three.clone()));
     t.sets.insert("no-endpoint-nodeports".into(), Set::map(two));
+    // Every ClusterIP, for the check of what the Service rules left.
+    t.sets
+        .insert("cluster-ips".into(), Set::new(vec![stack.addr_key()]));
     // The fast path: every fast port's address, its endpoints by index,
     // and the (endpoint, endpoint, Service address, port) quadruples that
     // mark a pod reaching itself through the Service. (The per-count sets
@@ -506,7 +741,7 @@ pub fn shell(stack: &Stack) -> Table {
 pub fn fragment(
     svc: Option<&Service>,
     slices: &[EndpointSlice],
-    node: &str,
+    node: &NodeInfo,
     stack: &Stack,
 ) -> Table {
     let mut t = shell(stack);
@@ -535,7 +770,7 @@ pub fn merge(t: &mut Table, f: &Table) {
 
 /// Plans the whole table (full syncs and tests).
 pub fn plan(input: &ProxyInput<'_>) -> Table {
-    let mut t = base_table(&input.stack);
+    let mut t = base_table(&input.stack, input.node);
     for svc in input.services {
         add_service(&mut t, svc, input.slices, input.node, &input.stack);
     }
@@ -620,15 +855,42 @@ fn add_fast(t: &mut Table, stack: &Stack, cip: IpAddr, proto: Proto, port: u16, 
     }
 }
 
-fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &str, stack: &Stack) {
+/// Adds `key → verdict` to one of the no-endpoint filter maps: reject when
+/// the Service has no usable endpoint anywhere, drop when a Local policy
+/// finds none on this node (upstream: "has no local endpoints").
+fn no_endpoints(t: &mut Table, map: &str, key: Vec<Value>, any: bool) {
+    let v = if any {
+        Verdict::Drop
+    } else {
+        Verdict::Goto("reject-chain".into())
+    };
+    t.sets
+        .get_mut(map)
+        .expect("declared in the shell")
+        .elements
+        .insert(key, Some(ElemData::Verdict(v)));
+}
+
+fn add_service(
+    t: &mut Table,
+    svc: &Service,
+    slices: &[EndpointSlice],
+    node: &NodeInfo,
+    stack: &Stack,
+) {
     let Some(spec) = &svc.spec else { return };
     let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if ty == "ExternalName" {
+    if ty == "ExternalName" || opted_out(svc) {
         return;
     }
     let Some(cip) = cluster_ip_of(spec, stack) else {
         return;
     };
+    t.sets
+        .get_mut("cluster-ips")
+        .expect("declared in the shell")
+        .elements
+        .insert(vec![Value::Addr(cip)], None);
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let affinity = spec.session_affinity.as_deref() == Some("ClientIP");
@@ -639,7 +901,6 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         .and_then(|c| c.timeout_seconds)
         .map(|t| t as u32)
         .unwrap_or(DEFAULT_AFFINITY_TIMEOUT);
-    let ext_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let int_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let lb_ips: Vec<IpAddr> = svc
         .status
@@ -657,6 +918,10 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         .filter(|ip| stack.holds(ip))
         .chain(lb_ips.iter().copied())
         .collect();
+    let node_ports_on = matches!(ty, "NodePort" | "LoadBalancer");
+    // The external policy applies only to a Service reachable from outside.
+    let ext_local = spec.external_traffic_policy.as_deref() == Some("Local")
+        && (node_ports_on || !external_ips.is_empty());
     let ranges: Vec<IpNet> = spec
         .load_balancer_source_ranges
         .iter()
@@ -671,23 +936,27 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         let Ok(sport) = u16::try_from(port.port) else {
             continue;
         };
-        let all = endpoints(svc, port, slices, node, stack);
-        let cluster_eps: Vec<&Ep> = all.iter().filter(|e| !int_local || e.local).collect();
-        let ext_eps: Vec<&Ep> = all.iter().filter(|e| !ext_local || e.local).collect();
+        let usable = endpoints(svc, port, slices, node, stack);
+        let int_eps: Vec<&Ep> = if int_local {
+            usable.local.iter().collect()
+        } else {
+            usable.cluster.iter().collect()
+        };
+        let ext_eps: Vec<&Ep> = if ext_local {
+            usable.local.iter().collect()
+        } else {
+            usable.cluster.iter().collect()
+        };
         let node_port = port
             .node_port
             .and_then(|p| u16::try_from(p).ok())
-            .filter(|_| matches!(ty, "NodePort" | "LoadBalancer"));
+            .filter(|_| node_ports_on);
+        let external = node_port.is_some() || !external_ips.is_empty();
 
         // The fast path: a ClusterIP-only port without affinity is data in
         // three maps, no chains of its own.
-        if !affinity
-            && node_port.is_none()
-            && external_ips.is_empty()
-            && !cluster_eps.is_empty()
-            && cluster_eps.len() <= FAST_MAX as usize
-        {
-            add_fast(t, stack, cip, proto, sport, &cluster_eps);
+        if !affinity && !external && !int_eps.is_empty() && int_eps.len() <= FAST_MAX as usize {
+            add_fast(t, stack, cip, proto, sport, &int_eps);
             continue;
         }
         let id = hash8(&format!(
@@ -697,8 +966,17 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         ));
 
         // Endpoint chains, shared by the cluster and external paths.
+        let mut reachable: Vec<&Ep> = int_eps.clone();
+        if external && usable.any {
+            // External traffic from pods and the node itself is sent to the
+            // Cluster endpoints whatever the external policy.
+            reachable.extend(usable.cluster.iter());
+            reachable.extend(ext_eps.iter().copied());
+        }
+        reachable.sort();
+        reachable.dedup();
         let mut ep_chains: BTreeMap<&Ep, String> = BTreeMap::new();
-        for e in all.iter() {
+        for e in reachable {
             let ec = format!("ep-{}", hash8(&format!("{id}/{}:{}", e.ip, e.port)));
             let mut rules = vec![Rule::new(vec![
                 Expr::Cmp {
@@ -732,28 +1010,24 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
             t.chains.insert(ec.clone(), Chain { base: None, rules });
             ep_chains.insert(e, ec);
         }
-        let named = |eps: &[&Ep]| -> Vec<(String, Ep)> {
-            eps.iter()
-                .map(|e| (ep_chains[*e].clone(), (*e).clone()))
-                .collect()
+        let picks = |eps: &[&Ep]| -> Vec<Rule> {
+            let named: Vec<(String, &Ep)> =
+                eps.iter().map(|e| (ep_chains[*e].clone(), *e)).collect();
+            pick_rules(&named, affinity, stack)
         };
 
         // The cluster path: ClusterIP.
         let svc_chain = format!("svc-{id}");
-        if cluster_eps.is_empty() {
-            t.sets
-                .get_mut("no-endpoint-services")
-                .expect("declared")
-                .elements
-                .insert(
-                    svc_key(cip, proto, sport),
-                    Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                );
+        if int_eps.is_empty() {
+            no_endpoints(
+                t,
+                "no-endpoint-services",
+                svc_key(cip, proto, sport),
+                usable.any,
+            );
         } else {
             let mut rules = vec![mark_external(stack)];
-            let eps = named(&cluster_eps);
-            let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-            rules.extend(pick_rules(&refs, affinity, stack));
+            rules.extend(picks(&int_eps));
             t.chains
                 .insert(svc_chain.clone(), Chain { base: None, rules });
             t.sets
@@ -767,49 +1041,89 @@ fn add_service(t: &mut Table, svc: &Service, slices: &[EndpointSlice], node: &st
         }
 
         // The external path: NodePort, externalIPs, LoadBalancer IPs.
-        if node_port.is_none() && external_ips.is_empty() {
+        if !external {
+            continue;
+        }
+        if !usable.any || ext_eps.is_empty() {
+            for ip in &external_ips {
+                no_endpoints(
+                    t,
+                    "no-endpoint-services",
+                    svc_key(*ip, proto, sport),
+                    usable.any,
+                );
+            }
+            if let Some(np) = node_port {
+                no_endpoints(
+                    t,
+                    "no-endpoint-nodeports",
+                    vec![Value::Proto(proto), Value::Port(np)],
+                    usable.any,
+                );
+            }
+        }
+        if !usable.any {
             continue;
         }
         let ext_chain = format!("ext-{id}");
-        if ext_eps.is_empty() {
-            for ip in &external_ips {
-                t.sets
-                    .get_mut("no-endpoint-services")
-                    .expect("declared")
-                    .elements
-                    .insert(
-                        svc_key(*ip, proto, sport),
-                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                    );
-            }
-            if let Some(np) = node_port {
-                t.sets
-                    .get_mut("no-endpoint-nodeports")
-                    .expect("declared")
-                    .elements
-                    .insert(
-                        vec![Value::Proto(proto), Value::Port(np)],
-                        Some(ElemData::Verdict(Verdict::Goto("reject-chain".into()))),
-                    );
-            }
-            continue;
-        }
         let mut rules = Vec::new();
-        if !ext_local {
+        if ext_local {
+            // Pods and the node reach an external address of a Local
+            // Service as if through an outside load balancer coming back:
+            // to every endpoint, and the node's own traffic masqueraded.
+            let cluster_chain = if int_local {
+                let c = format!("all-{id}");
+                let eps: Vec<&Ep> = usable.cluster.iter().collect();
+                t.chains.insert(
+                    c.clone(),
+                    Chain {
+                        base: None,
+                        rules: picks(&eps),
+                    },
+                );
+                c
+            } else {
+                svc_chain.clone()
+            };
+            if let Some(c) = stack.cluster_cidr {
+                rules.push(Rule::new(vec![
+                    Expr::Cmp {
+                        field: stack.saddr(),
+                        neg: false,
+                        value: Value::Net(c),
+                    },
+                    goto(&cluster_chain),
+                ]));
+            }
+            rules.push(Rule::new(vec![
+                Expr::FibSaddrLocal,
+                Expr::Verdict(Verdict::Jump("mark-for-masquerade".into())),
+            ]));
+            rules.push(Rule::new(vec![Expr::FibSaddrLocal, goto(&cluster_chain)]));
+        } else {
             rules.push(Rule::new(vec![Expr::Verdict(Verdict::Jump(
                 "mark-for-masquerade".into(),
             ))]));
         }
-        let eps = named(&ext_eps);
-        let refs: Vec<(String, &Ep)> = eps.iter().map(|(c, e)| (c.clone(), e)).collect();
-        rules.extend(pick_rules(&refs, affinity, stack));
+        // With no endpoint for outside traffic here, the rest falls through
+        // to the filter maps' drop.
+        rules.extend(picks(&ext_eps));
         t.chains
             .insert(ext_chain.clone(), Chain { base: None, rules });
+        // loadBalancerSourceRanges: only listed sources get in; a range
+        // holding this node's address also admits the LB IPs themselves
+        // (the node reaching a VIP it holds locally does so from the VIP).
+        let mut sources: Vec<IpNet> = ranges.clone();
+        if ranges
+            .iter()
+            .any(|r| node.ips.iter().any(|ip| r.contains(ip)))
+        {
+            sources.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
+        }
         for ip in &external_ips {
             let target = if lb_ips.contains(ip) && !ranges.is_empty() {
-                // loadBalancerSourceRanges: only listed sources get in.
                 let fw = format!("fw-{id}");
-                let mut r: Vec<Rule> = ranges
+                let mut r: Vec<Rule> = sources
                     .iter()
                     .map(|n| {
                         Rule::new(vec![
@@ -910,9 +1224,17 @@ mod tests {
         Stack::v4("10.244.0.0/16".parse().unwrap())
     }
 
+    /// node1 at NODE_IP, accepting NodePorts on every local address.
+    fn node1() -> NodeInfo {
+        NodeInfo {
+            ips: vec![NODE_IP.parse().unwrap()],
+            ..NodeInfo::named("node1")
+        }
+    }
+
     fn plan_for(services: &[Service], slices: &[EndpointSlice]) -> Table {
         plan(&ProxyInput {
-            node: "node1",
+            node: &node1(),
             stack: v4(),
             services,
             slices,
@@ -950,12 +1272,13 @@ mod tests {
         );
         assert_eq!(o.dnat, Some(("10.244.2.5".parse().unwrap(), Some(8080))));
         assert!(o.masquerade);
-        // Wrong port or protocol: untouched.
+        // Wrong port or protocol: not DNATed, and rejected on the node
+        // (kube-proxy's cluster-ips-check) instead of leaving it.
         let o = Tracer::new(&t).incoming(
             &Packet::new("10.244.3.9", "10.96.0.50", Proto::Udp, 80),
             &mut |_| 0,
         );
-        assert_eq!((o.fate, o.dnat), (Fate::Accept, None));
+        assert_eq!((o.fate, o.dnat), (Fate::Reject, None));
     }
 
     #[test]
@@ -1070,13 +1393,14 @@ mod tests {
         let o = tr.incoming(&np, &mut |_| 0);
         assert_eq!(o.dnat, Some(("10.244.1.5".parse().unwrap(), Some(8080))));
         assert!(!o.masquerade, "client source preserved");
-        // No local endpoint: rejected.
+        // No local endpoint: dropped ("has no local endpoints"), not
+        // rejected: the Service has endpoints, just not here.
         let remote_only = slice("web", &[("10.244.2.5", true, false, "node2")], 8080);
         let t = plan_for(&[s], &[remote_only]);
         let o = Tracer::new(&t)
             .with_local(&[NODE_IP])
             .incoming(&np, &mut |_| 0);
-        assert_eq!(o.fate, Fate::Reject);
+        assert_eq!((o.fate, o.dnat), (Fate::Drop, None));
     }
 
     #[test]
@@ -1180,8 +1504,8 @@ mod tests {
         let d = diff(Some(&t2), &plan_for(&svcs, &slices));
         assert_eq!(
             ops(&d),
-            4,
-            "a fast-path Service is four elements (fast, fast-1, endpoint, hairpin): {d:?}"
+            5,
+            "a fast-path Service is five elements (cluster-ips, fast, fast-1, endpoint, hairpin): {d:?}"
         );
         assert!(
             d.iter().all(|c| matches!(c, Change::AddElems { .. })),
@@ -1212,14 +1536,14 @@ mod tests {
         ];
         let slices = [two_eps()];
         let full = plan_for(&services, &slices);
-        let mut merged = base_table(&v4());
+        let mut merged = base_table(&v4(), &node1());
         for s in &services {
-            merge(&mut merged, &fragment(Some(s), &slices, "node1", &v4()));
+            merge(&mut merged, &fragment(Some(s), &slices, &node1(), &v4()));
         }
         assert_eq!(merged, full);
         // Removing a Service is the diff from its fragment to an empty one.
-        let f = fragment(Some(&services[0]), &slices, "node1", &v4());
-        let gone = fragment(None, &[], "node1", &v4());
+        let f = fragment(Some(&services[0]), &slices, &node1(), &v4());
+        let gone = fragment(None, &[], &node1(), &v4());
         let d = diff(Some(&f), &gone);
         assert!(
             d.iter()
@@ -1251,7 +1575,7 @@ mod tests {
         let slices = [two_eps(), v6_slice];
         let v6 = Stack::v6(Some("fd00:244::/48".parse().unwrap()));
         let t6 = plan(&ProxyInput {
-            node: "node1",
+            node: &node1(),
             stack: v6,
             services: std::slice::from_ref(&s),
             slices: &slices,
@@ -1298,7 +1622,7 @@ mod tests {
         }
         // A family without a pod network treats every client as external.
         let bare = plan(&ProxyInput {
-            node: "node1",
+            node: &node1(),
             stack: Stack::v6(None),
             services: std::slice::from_ref(&s),
             slices: &slices,
@@ -1344,5 +1668,484 @@ mod tests {
         ] {
             assert!(r.contains(want), "missing {want:?} in\n{r}");
         }
+    }
+
+    // ---- issue 12: kube-proxy semantics, one tracer row per item ----
+
+    fn v4_with_services() -> Stack {
+        v4().with_service_cidr(Some("10.96.0.0/12".parse().unwrap()))
+    }
+
+    fn plan_on(node: &NodeInfo, services: &[Service], slices: &[EndpointSlice]) -> Table {
+        plan(&ProxyInput {
+            node,
+            stack: v4_with_services(),
+            services,
+            slices,
+        })
+    }
+
+    fn one(t: &Table, tr_local: &[&str], p: &Packet) -> (Fate, Option<String>, bool) {
+        let o = Tracer::new(t).with_local(tr_local).incoming(p, &mut |_| 0);
+        (
+            o.fate,
+            o.dnat.map(|(a, p)| format!("{a}:{}", p.unwrap_or(0))),
+            o.masquerade,
+        )
+    }
+
+    fn set(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `web` on the fast path, `sticky` (a NodePort) on the chain path.
+    fn fast_and_chain() -> (Vec<Service>, Vec<EndpointSlice>) {
+        let mut sticky = web(json!({"clusterIP": "10.96.0.51", "type": "NodePort",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30090, "protocol": "TCP"}]}));
+        sticky.metadata.name = Some("sticky".into());
+        let mut sticky_eps = two_eps();
+        sticky_eps
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("kubernetes.io/service-name".into(), "sticky".into());
+        (vec![web(json!({})), sticky], vec![two_eps(), sticky_eps])
+    }
+
+    #[test]
+    fn unserved_ports_of_cluster_ips_reject_and_unallocated_service_addresses_drop() {
+        let (services, slices) = fast_and_chain();
+        let t = plan_on(&node1(), &services, &slices);
+        assert!(
+            t.sets["fast-services"].elements.len() == 1,
+            "web is on the fast path"
+        );
+        for cip in ["10.96.0.50", "10.96.0.51"] {
+            // The served port is DNATed on both paths ...
+            let (fate, dnat, _) = one(
+                &t,
+                &[NODE_IP],
+                &Packet::new("10.244.3.9", cip, Proto::Tcp, 80),
+            );
+            assert_eq!(fate, Fate::Accept);
+            assert!(dnat.is_some(), "{cip}:80");
+            // ... another port or protocol of the ClusterIP is rejected,
+            for p in [
+                Packet::new("10.244.3.9", cip, Proto::Tcp, 81),
+                Packet::new("10.244.3.9", cip, Proto::Udp, 80),
+            ] {
+                assert_eq!(
+                    one(&t, &[NODE_IP], &p),
+                    (Fate::Reject, None, false),
+                    "{p:?}"
+                );
+                // from the node itself too (checked after nat output).
+                let o = Tracer::new(&t).with_local(&[NODE_IP]).local(
+                    &Packet {
+                        src: NODE_IP.parse().unwrap(),
+                        ..p.clone()
+                    },
+                    &mut |_| 0,
+                );
+                assert_eq!(o.fate, Fate::Reject, "{p:?} from the node");
+                assert!(o.path.contains(&"filter-output-post-dnat".to_string()));
+            }
+        }
+        // An address of the Service CIDR that no Service holds is dropped.
+        let p = Packet::new("10.244.3.9", "10.96.0.77", Proto::Tcp, 80);
+        assert_eq!(one(&t, &[NODE_IP], &p), (Fate::Drop, None, false));
+        // Outside the Service CIDR nothing is ours: routed as usual.
+        let p = Packet::new("10.244.3.9", "10.200.0.1", Proto::Tcp, 80);
+        assert_eq!(one(&t, &[NODE_IP], &p), (Fate::Accept, None, false));
+    }
+
+    #[test]
+    fn services_without_endpoints_reject_on_every_path_and_family() {
+        let (services, _) = fast_and_chain();
+        let mut lb = web(json!({"clusterIP": "10.96.0.52", "type": "LoadBalancer",
+            "externalIPs": ["203.0.113.7"],
+            "ports": [{"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"}]}));
+        lb.metadata.name = Some("lb".into());
+        lb.status =
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "198.18.0.9"}]}}))
+                .unwrap();
+        let mut all = services;
+        all.push(lb);
+        let t = plan_on(&node1(), &all, &[]);
+        for (src, dst, port) in [
+            ("10.244.3.9", "10.96.0.50", 80),
+            ("10.244.3.9", "10.96.0.51", 80),
+            ("10.244.3.9", "10.96.0.52", 80),
+            ("198.51.100.20", "203.0.113.7", 80),
+            ("198.51.100.20", "198.18.0.9", 80),
+            ("198.51.100.20", NODE_IP, 30080),
+            ("10.244.3.9", NODE_IP, 30080),
+        ] {
+            let p = Packet::new(src, dst, Proto::Tcp, port);
+            assert_eq!(
+                one(&t, &[NODE_IP], &p),
+                (Fate::Reject, None, false),
+                "{p:?}"
+            );
+        }
+        // The reject rule is the family's own ICMP type (see the nft
+        // netlink encoder); `reject` in the model text.
+        assert_eq!(t.chains["reject-chain"].rules[0].text(), "reject");
+    }
+
+    #[test]
+    fn local_policy_falls_back_to_local_serving_terminating_endpoints() {
+        // node1's only endpoint is terminating but serving; node2's is ready.
+        let s = web(json!({"type": "NodePort", "externalTrafficPolicy": "Local",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30081, "protocol": "TCP"}]}));
+        let eps = slice(
+            "web",
+            &[
+                ("10.244.1.5", false, true, "node1"),
+                ("10.244.2.5", true, false, "node2"),
+            ],
+            8080,
+        );
+        let t = plan_on(
+            &node1(),
+            std::slice::from_ref(&s),
+            std::slice::from_ref(&eps),
+        );
+        let np = Packet::new("198.51.100.20", NODE_IP, Proto::Tcp, 30081);
+        assert_eq!(
+            one(&t, &[NODE_IP], &np),
+            (Fate::Accept, Some("10.244.1.5:8080".into()), false),
+            "external traffic uses the local serving-terminating endpoint"
+        );
+        // ClusterIP traffic (Cluster policy) still uses the ready one.
+        assert_eq!(
+            targets(&t, &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80)),
+            set(&["10.244.2.5:8080"])
+        );
+        // The same with internalTrafficPolicy Local, for ClusterIP traffic.
+        let t = plan_on(
+            &node1(),
+            &[web(json!({"internalTrafficPolicy": "Local"}))],
+            std::slice::from_ref(&eps),
+        );
+        assert_eq!(
+            targets(&t, &Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80)),
+            set(&["10.244.1.5:8080"])
+        );
+    }
+
+    #[test]
+    fn external_local_short_circuits_pods_and_the_node_to_every_endpoint() {
+        let mut s = web(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "externalIPs": ["203.0.113.7"],
+            "ports": [{"name": "http", "port": 80, "nodePort": 30082, "protocol": "TCP"}]}),
+        );
+        s.status =
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "198.18.0.9"}]}}))
+                .unwrap();
+        let both = set(&["10.244.1.5:8080", "10.244.2.5:8080"]);
+        for eps in [
+            two_eps(),
+            slice("web", &[("10.244.2.5", true, false, "node2")], 8080),
+        ] {
+            let t = plan_on(
+                &node1(),
+                std::slice::from_ref(&s),
+                std::slice::from_ref(&eps),
+            );
+            let all: BTreeSet<String> = eps
+                .endpoints
+                .iter()
+                .map(|e| format!("{}:8080", e.addresses[0]))
+                .collect();
+            for (dst, port) in [("203.0.113.7", 80), ("198.18.0.9", 80), (NODE_IP, 30082)] {
+                // From a pod: every endpoint, source kept.
+                let p = Packet::new("10.244.3.9", dst, Proto::Tcp, port);
+                let mut tr = Tracer::new(&t).with_local(&[NODE_IP]);
+                let got: BTreeSet<String> = tr
+                    .incoming_targets(&p, 12)
+                    .into_iter()
+                    .map(|d| {
+                        d.map(|(a, p)| format!("{a}:{}", p.unwrap_or(0)))
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                assert_eq!(got, all, "pod to {dst}:{port}");
+                assert!(!tr.incoming(&p, &mut |_| 0).masquerade);
+                // From the node: every endpoint, masqueraded.
+                let o = Tracer::new(&t)
+                    .with_local(&[NODE_IP])
+                    .local(&Packet::new(NODE_IP, dst, Proto::Tcp, port), &mut |_| 0);
+                if all == both {
+                    assert!(
+                        o.dnat.is_some() && o.masquerade,
+                        "node to {dst}:{port}: {o:?}"
+                    );
+                } else {
+                    // No local endpoint: upstream's filter check drops the
+                    // node's own traffic before nat output could short-circuit it.
+                    assert_eq!(o.fate, Fate::Drop, "node to {dst}:{port}: {o:?}");
+                }
+            }
+            // From outside: local endpoints only, or dropped without one.
+            let ext = Packet::new("198.51.100.20", "203.0.113.7", Proto::Tcp, 80);
+            if all == both {
+                assert_eq!(
+                    one(&t, &[NODE_IP], &ext),
+                    (Fate::Accept, Some("10.244.1.5:8080".into()), false)
+                );
+            } else {
+                assert_eq!(one(&t, &[NODE_IP], &ext), (Fate::Drop, None, false));
+            }
+        }
+    }
+
+    #[test]
+    fn local_policies_without_local_endpoints_drop_and_without_any_reject() {
+        let remote = slice("web", &[("10.244.2.5", true, false, "node2")], 8080);
+        let int = web(json!({"internalTrafficPolicy": "Local"}));
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        let t = plan_on(
+            &node1(),
+            std::slice::from_ref(&int),
+            std::slice::from_ref(&remote),
+        );
+        assert_eq!(
+            one(&t, &[NODE_IP], &p),
+            (Fate::Drop, None, false),
+            "iTP Local, none here"
+        );
+        let t = plan_on(&node1(), std::slice::from_ref(&int), &[]);
+        assert_eq!(
+            one(&t, &[NODE_IP], &p),
+            (Fate::Reject, None, false),
+            "no endpoints at all"
+        );
+        let ext = web(json!({"type": "NodePort", "externalTrafficPolicy": "Local",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30083, "protocol": "TCP"}]}));
+        let np = Packet::new("198.51.100.20", NODE_IP, Proto::Tcp, 30083);
+        let t = plan_on(
+            &node1(),
+            std::slice::from_ref(&ext),
+            std::slice::from_ref(&remote),
+        );
+        assert_eq!(
+            one(&t, &[NODE_IP], &np),
+            (Fate::Drop, None, false),
+            "eTP Local, none here"
+        );
+        let t = plan_on(&node1(), std::slice::from_ref(&ext), &[]);
+        assert_eq!(
+            one(&t, &[NODE_IP], &np),
+            (Fate::Reject, None, false),
+            "no endpoints at all"
+        );
+    }
+
+    #[test]
+    fn lb_source_ranges_admit_the_lb_ips_when_a_range_holds_the_node() {
+        let lb = |ranges: &[&str]| {
+            let mut s = web(
+                json!({"type": "LoadBalancer", "loadBalancerSourceRanges": ranges,
+                "ports": [{"name": "http", "port": 80, "nodePort": 30084, "protocol": "TCP"}]}),
+            );
+            s.status = serde_json::from_value(
+                json!({"loadBalancer": {"ingress": [{"ip": "198.18.0.9"}]}}),
+            )
+            .unwrap();
+            s
+        };
+        let from_vip = Packet::new("198.18.0.9", "198.18.0.9", Proto::Tcp, 80);
+        let t = plan_on(&node1(), &[lb(&["192.168.200.0/24"])], &[two_eps()]);
+        assert!(
+            one(&t, &[NODE_IP], &from_vip).1.is_some(),
+            "range holds the node IP"
+        );
+        let ok = Packet::new("192.168.200.50", "198.18.0.9", Proto::Tcp, 80);
+        assert!(one(&t, &[NODE_IP], &ok).1.is_some());
+        let t = plan_on(&node1(), &[lb(&["198.51.100.0/24"])], &[two_eps()]);
+        assert_eq!(one(&t, &[NODE_IP], &from_vip), (Fate::Drop, None, false));
+    }
+
+    fn hinted(eps: &[(&str, &str, Option<&str>, Option<&str>)]) -> EndpointSlice {
+        let endpoints: Vec<serde_json::Value> = eps
+            .iter()
+            .map(|(ip, node, zone, for_node)| {
+                let mut hints = json!({});
+                if let Some(z) = zone {
+                    hints["forZones"] = json!([{"name": z}]);
+                }
+                if let Some(n) = for_node {
+                    hints["forNodes"] = json!([{"name": n}]);
+                }
+                json!({"addresses": [ip], "nodeName": node, "hints": hints,
+                    "conditions": {"ready": true, "serving": true, "terminating": false}})
+            })
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": "web-x", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn topology_hints_and_prefer_same_node() {
+        let zoned = NodeInfo {
+            zone: Some("a".into()),
+            ..node1()
+        };
+        let unzoned = NodeInfo {
+            zone: None,
+            ..zoned.clone()
+        };
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        let a = "10.244.1.5:8080";
+        let both = set(&[a, "10.244.2.5:8080"]);
+        let cases: Vec<(&str, &NodeInfo, EndpointSlice, BTreeSet<String>)> = vec![
+            (
+                "zone hints for this zone",
+                &zoned,
+                hinted(&[
+                    ("10.244.1.5", "node1", Some("a"), None),
+                    ("10.244.2.5", "node2", Some("b"), None),
+                ]),
+                set(&[a]),
+            ),
+            (
+                "node without a zone label",
+                &unzoned,
+                hinted(&[
+                    ("10.244.1.5", "node1", Some("a"), None),
+                    ("10.244.2.5", "node2", Some("b"), None),
+                ]),
+                both.clone(),
+            ),
+            (
+                "an endpoint without hints",
+                &zoned,
+                hinted(&[
+                    ("10.244.1.5", "node1", Some("a"), None),
+                    ("10.244.2.5", "node2", None, None),
+                ]),
+                both.clone(),
+            ),
+            (
+                "no endpoint for this zone",
+                &zoned,
+                hinted(&[
+                    ("10.244.1.5", "node1", Some("b"), None),
+                    ("10.244.2.5", "node2", Some("c"), None),
+                ]),
+                both.clone(),
+            ),
+            (
+                "PreferSameNode",
+                &zoned,
+                hinted(&[
+                    ("10.244.1.5", "node1", Some("b"), Some("node1")),
+                    ("10.244.2.5", "node2", Some("a"), Some("node2")),
+                ]),
+                set(&[a]),
+            ),
+        ];
+        for (why, node, eps, want) in cases {
+            for (services, name) in [
+                (vec![web(json!({}))], "fast"),
+                (fast_and_chain().0[1..].to_vec(), "chain"),
+            ] {
+                let mut eps = eps.clone();
+                let svc_name = services[0].metadata.name.clone().unwrap();
+                eps.metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .insert("kubernetes.io/service-name".into(), svc_name);
+                let t = plan_on(node, &services, &[eps]);
+                let cip = cluster_ip_of(services[0].spec.as_ref().unwrap(), &v4())
+                    .unwrap()
+                    .to_string();
+                let p = Packet {
+                    dst: cip.parse().unwrap(),
+                    ..p.clone()
+                };
+                assert_eq!(targets(&t, &p), want, "{why} ({name} path)");
+            }
+        }
+        // A Local policy ignores hints: node1's endpoint is hinted for zone b.
+        let t = plan_on(
+            &zoned,
+            &[web(json!({"internalTrafficPolicy": "Local"}))],
+            &[hinted(&[
+                ("10.244.1.5", "node1", Some("b"), None),
+                ("10.244.2.5", "node2", Some("a"), None),
+            ])],
+        );
+        assert_eq!(targets(&t, &p), set(&[a]));
+    }
+
+    #[test]
+    fn opt_out_labels_take_a_service_away_and_back() {
+        let label = |k: &str, v: &str| {
+            let mut s = web(json!({}));
+            s.metadata.labels = Some([(k.to_string(), v.to_string())].into());
+            s
+        };
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        let empty = plan_on(&node1(), &[], &[]);
+        for s in [
+            label(HEADLESS_LABEL, ""),
+            label(PROXY_NAME_LABEL, "other-proxy"),
+        ] {
+            let t = plan_on(&node1(), std::slice::from_ref(&s), &[two_eps()]);
+            assert_eq!(t, empty, "{:?}: no rules at all", s.metadata.labels);
+            // The ClusterIP is not ours now: dropped as an unheld address.
+            assert_eq!(one(&t, &[NODE_IP], &p).0, Fate::Drop);
+        }
+        let ours = plan_on(
+            &node1(),
+            &[label(PROXY_NAME_LABEL, PROXY_NAME)],
+            &[two_eps()],
+        );
+        assert_eq!(ours, plan_on(&node1(), &[web(json!({}))], &[two_eps()]));
+        assert!(one(&ours, &[NODE_IP], &p).1.is_some());
+    }
+
+    #[test]
+    fn node_ports_only_on_the_nodeport_addresses_never_loopback() {
+        let s = web(json!({"type": "NodePort", "sessionAffinity": "None",
+            "ports": [{"name": "http", "port": 80, "nodePort": 30085, "protocol": "TCP"}]}));
+        let node = NodeInfo {
+            nodeport_ips: Some(vec![NODE_IP.parse().unwrap(), "127.0.0.1".parse().unwrap()]),
+            ..node1()
+        };
+        let t = plan_on(&node, std::slice::from_ref(&s), &[two_eps()]);
+        assert_eq!(
+            t.sets["nodeport-ips"].elements.keys().collect::<Vec<_>>(),
+            vec![&vec![Value::Addr(NODE_IP.parse().unwrap())]],
+            "loopback is never a NodePort address"
+        );
+        let local = [NODE_IP, "10.99.0.1", "127.0.0.1"];
+        let at = |dst: &str| {
+            let o = Tracer::new(&t)
+                .with_local(&local)
+                .local(&Packet::new(NODE_IP, dst, Proto::Tcp, 30085), &mut |_| 0);
+            o.dnat
+        };
+        assert!(at(NODE_IP).is_some());
+        assert_eq!(at("10.99.0.1"), None, "another local address");
+        assert_eq!(at("127.0.0.1"), None, "loopback");
+        // Without a list (`0.0.0.0/0`): every local address but loopback.
+        let t = plan_on(&node1(), std::slice::from_ref(&s), &[two_eps()]);
+        let at = |dst: &str| {
+            Tracer::new(&t)
+                .with_local(&local)
+                .local(&Packet::new(NODE_IP, dst, Proto::Tcp, 30085), &mut |_| 0)
+                .dnat
+        };
+        assert!(at("10.99.0.1").is_some());
+        assert_eq!(at("127.0.0.1"), None);
     }
 }

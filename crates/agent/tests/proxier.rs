@@ -64,7 +64,7 @@ fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
     let ns = Netns::create_named(&name).unwrap();
     let _g = Ns(name.clone());
     ns.run(|| {
-        let mut p = Proxier::new("n1".into(), stack, podnet_daemon::Metrics::new()).unwrap();
+        let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
         p.observe(EventType::Put, &service(cip));
         p.observe(EventType::Put, &slice(family, &eps[..2]));
         assert!(p.sync().unwrap() > 0);

@@ -12,7 +12,9 @@
 //! snapshot's revision. Events mark Services dirty; a burst of events is
 //! drained and coalesced before reconciling, so work follows what changed.
 //! A compaction or a watch error falls back to a fresh snapshot, and a
-//! periodic resync repairs anything edited behind our back.
+//! periodic resync repairs anything edited behind our back. The watch's
+//! health is a `podnet_daemon::StoreWatch`: a store that stays away fails
+//! `/readyz`, and its return brings a fresh snapshot.
 
 pub mod endpoints;
 
@@ -74,43 +76,70 @@ impl Controller {
     }
 
     /// Runs until `shutdown` resolves. `resync` bounds how long a change
-    /// made behind the controller's back can stay unrepaired.
+    /// made behind the controller's back can stay unrepaired. The watch's
+    /// health (`component="controller"`) is probed in the background: a
+    /// store gone for the watch timeout fails `/readyz`, and its return
+    /// brings a fresh snapshot.
     pub async fn run(
         mut self,
         resync: Duration,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), StoreError> {
         tokio::pin!(shutdown);
+        let health = self.metrics.store_watch("controller");
+        let store = self.objs.store.clone();
+        let _probe = health.probe(move || {
+            let store = store.clone();
+            async move { store.revision().await }
+        });
         loop {
-            let rev = match self.snapshot().await {
+            // A snapshot may wait as long as the store is away.
+            let snap = tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                r = self.snapshot() => r,
+            };
+            let rev = match snap {
                 Ok(rev) => rev,
                 Err(e) => {
-                    tracing::warn!("snapshot failed: {e}; retrying");
-                    self.metrics.set_ready(false);
+                    health.broken(&format!("snapshot: {e}"));
                     tokio::select! {
                         _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                        _ = health.backoff() => continue,
                     }
                 }
             };
             let all: BTreeSet<Key> = self.all_service_keys();
             self.reconcile(all).await;
             self.metrics.set_ready(true);
-            let mut w = match self.objs.store.watch("/registry/", rev + 1).await {
+            let watch = tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                w = self.objs.store.watch("/registry/", rev + 1) => w,
+            };
+            let mut w = match watch {
                 Ok(w) => w,
                 Err(e) => {
-                    tracing::warn!("watch failed: {e}; relisting");
-                    continue;
+                    health.broken(&format!("watch: {e}"));
+                    tokio::select! {
+                        _ = &mut shutdown => return Ok(()),
+                        _ = health.backoff() => continue,
+                    }
                 }
             };
+            health.watching();
             let deadline = Instant::now() + resync;
             let mut retry: BTreeSet<Key> = BTreeSet::new();
             loop {
                 let msg = tokio::select! {
                     _ = &mut shutdown => return Ok(()),
                     _ = tokio::time::sleep_until(deadline.into()) => None,
+                    // The store is back after a loss: the old stream may
+                    // never resume, so start over from a snapshot.
+                    _ = health.recovered() => None,
                     _ = tokio::time::sleep(Duration::from_millis(200)), if !retry.is_empty() => Some(Ok(WatchMsg::Events(0, vec![]))),
-                    m = w.next() => Some(m.unwrap_or(Err(StoreError::Backend("watch closed".into())))),
+                    m = w.next() => {
+                        health.event();
+                        Some(m.unwrap_or(Err(StoreError::Backend("watch closed".into()))))
+                    }
                 };
                 let Some(msg) = msg else { break };
                 let mut dirty = std::mem::take(&mut retry);
@@ -125,7 +154,7 @@ impl Controller {
                         }
                         Ok(WatchMsg::Compacted(_)) => relist = true,
                         Err(e) => {
-                            tracing::warn!("watch: {e}; relisting");
+                            health.broken(&format!("watch: {e}"));
                             relist = true;
                         }
                     }

@@ -1,13 +1,28 @@
 //! What every podnet daemon shares: a Prometheus `/metrics` endpoint,
-//! `/healthz` and `/readyz`, and SIGTERM/SIGINT handling.
+//! `/healthz` and `/readyz`, SIGTERM/SIGINT handling, and the health of the
+//! daemons' store watches ([`StoreWatch`]).
 //!
 //! The HTTP side is deliberately tiny (one request per connection, GET only):
 //! it serves scrapes and probes, nothing else, so it needs no HTTP stack.
+//!
+//! A store watch can go quiet without an error (an etcd stream waits
+//! forever for a dead server), so every watch loop pairs its watch with an
+//! active probe ([`StoreWatch::probe`]): a cheap store request at a fifth of
+//! the [watch timeout](watch_timeout). When neither the probe nor the watch
+//! has reached the store for the timeout (or the loop's lists keep failing
+//! that long), the watch is *lost*: one warning, `/readyz` fails with the
+//! reason, and `podnet_store_watch_up` drops to 0. Retries log at debug.
+//! When the store answers again the loop relists ([`StoreWatch::recovered`]),
+//! and once its new watch runs ([`StoreWatch::watching`]) one info line says
+//! so and `/readyz` passes again.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -47,6 +62,7 @@ pub struct Metrics {
     families: Mutex<BTreeMap<&'static str, Family>>,
     ready: AtomicBool,
     unhealthy: Mutex<Option<String>>,
+    watches: Mutex<BTreeMap<&'static str, Arc<WatchState>>>,
 }
 
 impl Metrics {
@@ -138,12 +154,79 @@ impl Metrics {
         self.ready.store(r, Ordering::Relaxed);
     }
 
+    /// The daemon's own readiness flag (its first full load is done); see
+    /// [`Metrics::readiness`] for what `/readyz` answers.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// What `/readyz` answers: ready once the daemon says so, unless one
+    /// of its store watches is lost (then the reasons, one per watch).
+    pub fn readiness(&self) -> Result<(), String> {
+        let lost: Vec<String> = self
+            .watch_states()
+            .iter()
+            .filter_map(|w| w.lost_reason())
+            .collect();
+        if !lost.is_empty() {
+            return Err(lost.join("; "));
+        }
+        if !self.is_ready() {
+            return Err("not ready".into());
+        }
+        Ok(())
+    }
+
+    /// The health of one loop's store watch, `component` naming the loop
+    /// (`controller`, `dns`, `proxy`, `overlay`) in logs, `/readyz` and the
+    /// `podnet_store_watch_*` metrics. Uses [`watch_timeout`]. Asking again
+    /// for the same component (a loop restarting) returns the same state,
+    /// with its failures forgotten (it starts over with a list).
+    pub fn store_watch(&self, component: &'static str) -> StoreWatch {
+        self.store_watch_with(component, watch_timeout())
+    }
+
+    /// [`Metrics::store_watch`] with an explicit timeout.
+    pub fn store_watch_with(&self, component: &'static str, timeout: Duration) -> StoreWatch {
+        let mut ws = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let st = ws
+            .entry(component)
+            .or_insert_with(|| Arc::new(WatchState::new(component, timeout)))
+            .clone();
+        st.lock().failing = false;
+        StoreWatch { st }
+    }
+
+    fn watch_states(&self) -> Vec<Arc<WatchState>> {
+        let ws = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        ws.values().cloned().collect()
+    }
+
     /// The Prometheus text exposition format.
     pub fn render(&self) -> String {
+        for w in self.watch_states() {
+            let labels = format!("component=\"{}\"", w.component);
+            let (up, lost_secs, losses) = w.gauges();
+            self.set(
+                "podnet_store_watch_up",
+                "1 while the component's store watch follows the store; 0 before its first list and after it lost the store for the watch timeout.",
+                &labels,
+                up,
+            );
+            self.set(
+                "podnet_store_watch_lost_seconds",
+                "Seconds since a lost store watch last reached the store (0 while up).",
+                &labels,
+                lost_secs,
+            );
+            self.with(
+                "podnet_store_watch_losses_total",
+                "Times the component's store watch was declared lost.",
+                MetricType::Counter,
+                &labels,
+                |v| *v = losses,
+            );
+        }
         let fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         for (name, f) in fams.iter() {
@@ -197,13 +280,18 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
         };
         let m = metrics.clone();
         tokio::spawn(async move {
+            // The request line may arrive in pieces: read up to the end of
+            // the headers (or 2 KiB).
             let mut buf = vec![0u8; 2048];
-            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
-                .await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
+            let mut n = 0;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::time::timeout_at(deadline, s.read(&mut buf[n..])).await {
+                    Ok(Ok(0)) => break,
+                    Ok(Ok(k)) => n += k,
+                    _ => return,
+                }
+            }
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (code, ctype, body) = match path {
@@ -212,8 +300,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                     None => (200, "text/plain", "ok\n".to_string()),
                     Some(why) => (503, "text/plain", format!("unhealthy: {why}\n")),
                 },
-                "/readyz" if m.is_ready() => (200, "text/plain", "ok\n".to_string()),
-                "/readyz" => (503, "text/plain", "not ready\n".to_string()),
+                "/readyz" => match m.readiness() {
+                    Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                    Err(why) => (503, "text/plain", format!("{why}\n")),
+                },
                 _ => (404, "text/plain", "not found\n".to_string()),
             };
             let reason = match code {
@@ -250,6 +340,309 @@ pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     };
     s.parse()
         .map_err(|_| format!("invalid listen address {s:?}"))
+}
+
+/// How long a store watch may go without reaching the store before it is
+/// declared lost (`/readyz` fails), unless [`set_watch_timeout`] or
+/// [`WATCH_TIMEOUT_ENV`] says otherwise. Long enough to ride out an etcd
+/// leader election, short enough that a dead store shows within seconds.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The environment variable that sets the watch timeout, e.g. `10`, `2.5s`
+/// or `500ms` (see [`parse_duration`]).
+pub const WATCH_TIMEOUT_ENV: &str = "PODNET_WATCH_TIMEOUT";
+
+/// Set by a `--watch-timeout` flag, in milliseconds; 0: not set.
+static WATCH_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the watch timeout for every [`Metrics::store_watch`] made after it
+/// (for a command-line flag; beats [`WATCH_TIMEOUT_ENV`]).
+pub fn set_watch_timeout(d: Duration) {
+    WATCH_TIMEOUT_MS.store((d.as_millis() as u64).max(1), Ordering::Relaxed);
+}
+
+/// The watch timeout: [`set_watch_timeout`], else [`WATCH_TIMEOUT_ENV`],
+/// else [`DEFAULT_WATCH_TIMEOUT`].
+pub fn watch_timeout() -> Duration {
+    match WATCH_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => match std::env::var(WATCH_TIMEOUT_ENV) {
+            Ok(s) => parse_duration(&s).unwrap_or_else(|e| {
+                tracing::warn!("{WATCH_TIMEOUT_ENV}: {e}; using {DEFAULT_WATCH_TIMEOUT:?}");
+                DEFAULT_WATCH_TIMEOUT
+            }),
+            Err(_) => DEFAULT_WATCH_TIMEOUT,
+        },
+        ms => Duration::from_millis(ms),
+    }
+}
+
+/// Parses a positive duration: seconds (`10`, `2.5`), or with a unit
+/// (`500ms`, `10s`, `1m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: want e.g. 10, 2.5s or 500ms"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("invalid duration {s:?}: unit must be ms, s or m")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("invalid duration {s:?}: must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+struct WatchInner {
+    /// The loop's last list or watch failed (set by `broken`, cleared by
+    /// `watching`): probes alone no longer prove the watch works.
+    failing: bool,
+    /// A watch has run at least once.
+    established: bool,
+    /// When the watch was last known to follow the store.
+    last_ok: Instant,
+    /// Set while lost: when the watch last reached the store.
+    lost_at: Option<Instant>,
+    last_err: Option<String>,
+    losses: u64,
+    /// Lost, and the store answers again: the loop should relist.
+    relist: bool,
+    /// Consecutive failed (re)lists, for the retry backoff.
+    retries: u32,
+}
+
+struct WatchState {
+    component: &'static str,
+    timeout: Duration,
+    inner: Mutex<WatchInner>,
+    wake: tokio::sync::Notify,
+}
+
+impl WatchState {
+    fn new(component: &'static str, timeout: Duration) -> Self {
+        WatchState {
+            component,
+            timeout,
+            inner: Mutex::new(WatchInner {
+                failing: false,
+                established: false,
+                last_ok: Instant::now(),
+                lost_at: None,
+                last_err: None,
+                losses: 0,
+                relist: false,
+                retries: 0,
+            }),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatchInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Declares the watch lost once it has been out of touch too long.
+    fn check(&self) {
+        let mut s = self.lock();
+        if s.lost_at.is_some() || s.last_ok.elapsed() <= self.timeout {
+            return;
+        }
+        s.lost_at = Some(s.last_ok);
+        s.losses += 1;
+        let err = s.last_err.clone().unwrap_or_else(|| "no answer".into());
+        let what = if s.established {
+            "no contact with the store"
+        } else {
+            "no watch on the store yet"
+        };
+        tracing::warn!(
+            component = self.component,
+            error = %err,
+            "store watch lost: {what} for over {:?}; /readyz fails until it is back",
+            self.timeout
+        );
+    }
+
+    fn probe_ok(&self) {
+        let mut s = self.lock();
+        if !s.failing {
+            s.last_ok = Instant::now();
+        }
+        if s.lost_at.is_some() && !s.relist {
+            s.relist = true;
+            self.wake.notify_waiters();
+        }
+    }
+
+    fn probe_failed(&self, why: String) {
+        self.lock().last_err = Some(why);
+    }
+
+    fn lost_reason(&self) -> Option<String> {
+        let s = self.lock();
+        let at = s.lost_at?;
+        Some(format!(
+            "store watch ({}) lost: no contact with the store for {}s: {}",
+            self.component,
+            at.elapsed().as_secs(),
+            s.last_err.as_deref().unwrap_or("no answer")
+        ))
+    }
+
+    /// `podnet_store_watch_up`, `_lost_seconds` and `_losses_total`.
+    fn gauges(&self) -> (f64, f64, f64) {
+        let s = self.lock();
+        let up = s.established && s.lost_at.is_none();
+        let lost = s.lost_at.map(|t| t.elapsed().as_secs_f64()).unwrap_or(0.0);
+        (up as u8 as f64, lost, s.losses as f64)
+    }
+}
+
+/// One watch loop's view of its store watch; see the crate docs. Cheap to
+/// clone; made by [`Metrics::store_watch`].
+///
+/// The loop reports [`watching`](Self::watching) after each successful list
+/// and watch, [`event`](Self::event) per watch message and
+/// [`broken`](Self::broken) on a failed list or watch; it keeps a
+/// [`probe`](Self::probe) running, and relists when
+/// [`recovered`](Self::recovered) resolves.
+#[derive(Clone)]
+pub struct StoreWatch {
+    st: Arc<WatchState>,
+}
+
+impl StoreWatch {
+    pub fn component(&self) -> &'static str {
+        self.st.component
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.st.timeout
+    }
+
+    /// The loop listed and watches again: it follows the store. Ends a
+    /// loss (logged once).
+    pub fn watching(&self) {
+        let mut s = self.st.lock();
+        s.failing = false;
+        s.established = true;
+        s.last_ok = Instant::now();
+        s.relist = false;
+        s.retries = 0;
+        s.last_err = None;
+        if let Some(at) = s.lost_at.take() {
+            tracing::info!(
+                component = self.st.component,
+                "store watch recovered after {}s without the store; ready again",
+                at.elapsed().as_secs()
+            );
+        }
+    }
+
+    /// A watch message arrived: the stream is alive.
+    pub fn event(&self) {
+        let mut s = self.st.lock();
+        if !s.failing {
+            s.last_ok = Instant::now();
+        }
+    }
+
+    /// A list or the watch failed; the loop relists. Logged at debug only:
+    /// a failure that lasts shows as one loss.
+    pub fn broken(&self, why: &dyn Display) {
+        let why = why.to_string();
+        tracing::debug!(
+            component = self.st.component,
+            "store watch: {why}; relisting"
+        );
+        let mut s = self.st.lock();
+        s.failing = true;
+        s.last_err = Some(why);
+    }
+
+    /// Whether the watch is lost now.
+    pub fn is_lost(&self) -> bool {
+        self.st.lock().lost_at.is_some()
+    }
+
+    /// Sleeps before the next (re)list attempt: 100 ms doubling to 1 s.
+    pub async fn backoff(&self) {
+        let n = {
+            let mut s = self.st.lock();
+            s.retries = s.retries.saturating_add(1);
+            s.retries
+        };
+        let d = Duration::from_millis((100u64 << (n.min(5) - 1)).min(1000));
+        tokio::time::sleep(d).await;
+    }
+
+    /// Resolves when the store answers again after a loss: the loop should
+    /// drop its watch and relist (the old stream may never resume).
+    pub async fn recovered(&self) {
+        loop {
+            let woken = self.st.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.st.lock().relist {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Starts the active check: `probe` (a cheap store request, such as
+    /// reading the current revision) runs every fifth of the timeout, each
+    /// given half the timeout to answer. Stops when the guard drops.
+    pub fn probe<F, Fut, T, E>(&self, probe: F) -> Probe
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Display,
+    {
+        let st = self.st.clone();
+        Probe(tokio::spawn(async move {
+            let every = (st.timeout / 5).clamp(Duration::from_millis(50), Duration::from_secs(2));
+            let limit = (st.timeout / 2).max(every);
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut inflight = None;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        st.check();
+                        if inflight.is_none() {
+                            inflight = Some(Box::pin(tokio::time::timeout(limit, probe())));
+                        }
+                    }
+                    r = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                        inflight = None;
+                        match r {
+                            Ok(Ok(_)) => st.probe_ok(),
+                            Ok(Err(e)) => st.probe_failed(e.to_string()),
+                            Err(_) => st.probe_failed(format!("no answer within {limit:?}")),
+                        }
+                        st.check();
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// The running probe of a [`StoreWatch`]; dropping it stops the probe.
+pub struct Probe(tokio::task::JoinHandle<()>);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]
@@ -293,5 +686,146 @@ mod tests {
             t.contains("podnet_sync_seconds_count{mode=\"full\"} 2\n"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2.5s"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration(" 1m "), Ok(Duration::from_secs(60)));
+        for bad in ["", "0", "-1", "5h", "abc", "nan"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+    }
+
+    /// Polls `f` until it holds, or fails after a generous deadline.
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The store goes away under a running watch and comes back: lost once,
+    /// a relist asked for when it answers, ready again only once the loop
+    /// watches again.
+    #[tokio::test]
+    async fn store_watch_loss_and_recovery() {
+        let m = Metrics::new();
+        m.set_ready(true);
+        let w = m.store_watch_with("dns", Duration::from_millis(300));
+        let up = Arc::new(AtomicBool::new(true));
+        let u = up.clone();
+        let _probe = w.probe(move || {
+            let ok = u.load(Ordering::Relaxed);
+            async move {
+                if ok {
+                    Ok(7)
+                } else {
+                    Err("connection refused")
+                }
+            }
+        });
+        w.watching();
+        assert_eq!(m.readiness(), Ok(()));
+        let t = m.render();
+        assert_eq!(
+            line(&t, "podnet_store_watch_up{"),
+            "podnet_store_watch_up{component=\"dns\"} 1"
+        );
+
+        up.store(false, Ordering::Relaxed);
+        until("the loss", || w.is_lost()).await;
+        let why = m.readiness().unwrap_err();
+        assert!(why.contains("store watch (dns) lost"), "{why}");
+        assert!(why.contains("connection refused"), "{why}");
+        let t = m.render();
+        assert!(
+            t.contains("podnet_store_watch_up{component=\"dns\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE podnet_store_watch_losses_total counter\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_store_watch_losses_total{component=\"dns\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            !t.contains("podnet_store_watch_lost_seconds{component=\"dns\"} 0\n"),
+            "{t}"
+        );
+        // No relist while the store stays away, and one loss only.
+        let early = tokio::time::timeout(Duration::from_secs(1), w.recovered()).await;
+        assert!(early.is_err());
+        assert!(m.render().contains("losses_total{component=\"dns\"} 1\n"));
+
+        up.store(true, Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(20), w.recovered())
+            .await
+            .expect("a relist is asked for once the store answers");
+        // Not ready until the loop really watches again.
+        assert!(m.readiness().is_err());
+        w.watching();
+        assert_eq!(m.readiness(), Ok(()));
+        let t = m.render();
+        assert!(
+            t.contains("podnet_store_watch_up{component=\"dns\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_store_watch_lost_seconds{component=\"dns\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("podnet_store_watch_losses_total{component=\"dns\"} 1\n"),
+            "{t}"
+        );
+        // Nothing left to relist for.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), w.recovered())
+                .await
+                .is_err()
+        );
+    }
+
+    /// A store request that never answers (an etcd stream waiting for a
+    /// dead server) is a loss too; so is a loop that cannot get its watch
+    /// back although the store answers.
+    #[tokio::test]
+    async fn silent_store_and_failing_lists_are_losses() {
+        let m = Metrics::new();
+        m.set_ready(true);
+        let hung = m.store_watch_with("controller", Duration::from_millis(300));
+        let _p1 = hung.probe(std::future::pending::<Result<(), String>>);
+        hung.watching();
+        let relisting = m.store_watch_with("proxy", Duration::from_millis(300));
+        let _p2 = relisting.probe(|| async { Ok::<_, String>(()) });
+        relisting.watching();
+        relisting.broken(&"watch closed");
+        // A long first list while the store answers is no loss.
+        let slow = m.store_watch_with("overlay", Duration::from_millis(300));
+        let _p3 = slow.probe(|| async { Ok::<_, String>(()) });
+        until("both losses", || hung.is_lost() && relisting.is_lost()).await;
+        assert!(!slow.is_lost());
+        let why = m.readiness().unwrap_err();
+        assert!(why.contains("store watch (controller) lost"), "{why}");
+        assert!(why.contains("no answer within"), "{why}");
+        assert!(why.contains("store watch (proxy) lost"), "{why}");
+        assert!(why.contains("watch closed"), "{why}");
+        // A restarted loop gets the same state back, still lost.
+        let again = m.store_watch_with("proxy", Duration::from_millis(300));
+        assert!(again.is_lost());
+        again.watching();
+        assert!(!relisting.is_lost());
     }
 }

@@ -6,6 +6,9 @@
 //! cleared [`Builder`]: the next snapshot is computed against what is
 //! served, so only the names that really changed are rebuilt (flannel's
 //! lesson: after a gap, compare a fresh snapshot with the known state).
+//! The watch's health is a `podnet_daemon::StoreWatch`: a store that stays
+//! away fails `/readyz` (answers keep coming from the last snapshot), and
+//! its return brings a relist.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,7 +119,10 @@ async fn relist(store: &AnyStore, b: &mut Builder) -> podnet_store::Result<i64> 
     Ok(rev)
 }
 
-/// Runs until `shutdown`: keeps `zone` equal to the store's view.
+/// Runs until `shutdown`: keeps `zone` equal to the store's view. The
+/// watch's health (`component="dns"`) is probed in the background: a store
+/// gone for the watch timeout fails `/readyz` (answers keep coming from the
+/// last snapshot), and its return brings a relist.
 pub async fn run(
     store: AnyStore,
     mut b: Builder,
@@ -125,7 +131,14 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(200);
+    let health = metrics.store_watch("dns");
+    let _probe = health.probe({
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move { store.revision().await }
+        }
+    });
     // When the store has been unreachable this long, /healthz says so
     // (answers keep coming from the last snapshot meanwhile).
     let mut failing_since: Option<Instant> = None;
@@ -137,7 +150,7 @@ pub async fn run(
         let rev = match rev {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!("listing the store: {e}; retrying in {backoff:?}");
+                health.broken(&format!("listing the store: {e}"));
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > UNHEALTHY_AFTER {
                     metrics.set_unhealthy(Some(format!(
@@ -147,9 +160,8 @@ pub async fn run(
                 }
                 tokio::select! {
                     _ = &mut shutdown => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = health.backoff() => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
@@ -169,20 +181,31 @@ pub async fn run(
             );
         }
         metrics.set_ready(true);
-        let mut w = match store.watch("/registry/", rev + 1).await {
+        let w = tokio::select! {
+            _ = &mut shutdown => return,
+            w = store.watch("/registry/", rev + 1) => w,
+        };
+        let mut w = match w {
             Ok(w) => w,
             Err(e) => {
-                tracing::warn!("watching the store: {e}; relisting");
-                tokio::time::sleep(backoff).await;
+                health.broken(&format!("watching the store: {e}"));
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = health.backoff() => {}
+                }
                 continue;
             }
         };
-        backoff = Duration::from_millis(200);
+        health.watching();
         'watch: loop {
             let first = tokio::select! {
                 _ = &mut shutdown => return,
+                // The store is back after a loss: the old stream may never
+                // resume, so relist.
+                _ = health.recovered() => break 'watch,
                 m = w.next() => m,
             };
+            health.event();
             for m in w.with_queued(first) {
                 match m {
                     Some(Ok(WatchMsg::Events(_, evs))) => {
@@ -195,11 +218,11 @@ pub async fn run(
                         break 'watch;
                     }
                     Some(Err(e)) => {
-                        tracing::warn!("watch: {e}; relisting");
+                        health.broken(&format!("watch: {e}"));
                         break 'watch;
                     }
                     None => {
-                        tracing::warn!("watch ended; relisting");
+                        health.broken(&"watch ended");
                         break 'watch;
                     }
                 }

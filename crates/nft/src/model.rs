@@ -216,6 +216,9 @@ pub enum Expr {
     },
     /// `fib daddr type local`
     FibDaddrLocal,
+    /// `fib saddr type local`: the packet was sent by this host (from one
+    /// of its own addresses), whichever hook sees it.
+    FibSaddrLocal,
     /// `ct status dnat`
     CtDnat,
     /// `ct state new`: the first packet of a connection. Checks that only
@@ -249,7 +252,9 @@ pub enum Expr {
     Masquerade {
         fully_random: bool,
     },
-    /// `reject` (ICMP port unreachable; TCP reset for TCP when `tcp_reset`).
+    /// `reject`: ICMP (ICMPv6) port unreachable in the table's own family,
+    /// which a TCP or UDP client sees as "connection refused"; a TCP reset
+    /// for TCP when `tcp_reset`.
     Reject {
         tcp_reset: bool,
     },
@@ -359,6 +364,7 @@ impl Expr {
             Expr::VMap { keys, map } => format!("{} vmap @{map}", keys_text(keys)),
             Expr::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
             Expr::FibDaddrLocal => "fib daddr type local".into(),
+            Expr::FibSaddrLocal => "fib saddr type local".into(),
             Expr::CtDnat => "ct status dnat".into(),
             Expr::CtStateNew => "ct state new".into(),
             Expr::MarkSet { mask } => format!("meta mark & 0x{mask:08x} != 0"),

@@ -306,6 +306,13 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
             });
             x.cmp(NFT_REG_1, false, &2u32.to_ne_bytes()); // RTN_LOCAL
         }
+        Expr::FibSaddrLocal => {
+            x.expr("fib", |m| {
+                // result: address type; flags: saddr
+                m.u32_be(1, NFT_REG_1).u32_be(2, 3).u32_be(3, 1);
+            });
+            x.cmp(NFT_REG_1, false, &2u32.to_ne_bytes()); // RTN_LOCAL
+        }
         Expr::CtDnat => {
             x.expr("ct", |m| {
                 m.u32_be(2, 2).u32_be(1, NFT_REG_1); // NFT_CT_STATUS
@@ -394,9 +401,17 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                     m.u32_be(1, 1);
                 });
             } else {
-                // icmpx port-unreachable: right for IPv4 and IPv6 alike.
+                // The family's own ICMP type: the kernel's ip and ip6 reject
+                // evaluate only NFT_REJECT_ICMP_UNREACH and TCP_RST, and
+                // silently drop an icmpx reject (which only `inet` and
+                // `bridge` tables understand).
+                let (ty, code) = match family {
+                    Family::Ip => (0, 3),  // ICMP_PORT_UNREACH
+                    Family::Ip6 => (0, 4), // ICMPV6_PORT_UNREACH
+                    _ => (2, 1),           // NFT_REJECT_ICMPX_PORT_UNREACH
+                };
                 x.expr("reject", |m| {
-                    m.u32_be(1, 2).u8(2, 1);
+                    m.u32_be(1, ty).u8(2, code);
                 });
             }
         }

@@ -63,7 +63,8 @@ enum Flow {
 /// packets (as the kernel keeps affinity entries).
 pub struct Tracer<'a> {
     table: &'a Table,
-    /// Addresses that `fib daddr type local` considers local.
+    /// Addresses that `fib daddr type local` and `fib saddr type local`
+    /// consider local.
     pub local: BTreeSet<IpAddr>,
     dynamic: BTreeMap<String, BTreeSet<Vec<Value>>>,
 }
@@ -213,6 +214,11 @@ impl<'a> Tracer<'a> {
                     }
                     Expr::FibDaddrLocal => {
                         if !self.local.contains(&run.pkt.dst) {
+                            continue 'rules;
+                        }
+                    }
+                    Expr::FibSaddrLocal => {
+                        if !self.local.contains(&run.pkt.src) {
                             continue 'rules;
                         }
                     }

@@ -90,6 +90,7 @@ fn every_expression() -> Table {
                 ]),
                 Rule::new(vec![Expr::CtDnat, Expr::Counter]),
                 Rule::new(vec![Expr::CtStateNew, Expr::Counter]),
+                Rule::new(vec![Expr::FibSaddrLocal, Expr::Counter]),
             ],
         },
     );

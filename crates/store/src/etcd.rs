@@ -311,11 +311,14 @@ impl Store for EtcdStore {
                         _ = &mut stop_rx => return,
                         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                     }
-                    match client
-                        .clone()
-                        .watch(prefix.as_str(), Some(watch_opts(next)))
-                        .await
-                    {
+                    // While etcd is down the attempt may wait for it: a
+                    // dropped Watch must still end this task.
+                    let mut c = client.clone();
+                    let attempt = tokio::select! {
+                        _ = &mut stop_rx => return,
+                        a = c.watch(prefix.as_str(), Some(watch_opts(next))) => a,
+                    };
+                    match attempt {
                         Ok(s) => {
                             stream = s;
                             break;
