@@ -1,55 +1,128 @@
 //! `podnet apply`, `get` and `delete`: kubectl's verbs against podnet's store.
 //!
-//! apply is all-or-nothing per document: a document is decoded, validated,
-//! and written in one transaction together with its ClusterIP/NodePort
-//! reservations; a failure names the file, the document and the field, and
-//! leaves that object untouched.
+//! apply reads and decodes every source first and writes nothing if any
+//! document cannot be read. Then it applies the documents in order, each
+//! decoded, validated and written in one transaction together with its
+//! ClusterIP/NodePort reservations, so an earlier document wins a conflict
+//! with a later one. A rejected document is named (file, document, line,
+//! field) and leaves its object untouched; the others are still applied.
 
+use std::collections::{HashSet, VecDeque};
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::netconfig;
 use podnet_api::validate::{self, Context as VCtx};
 use podnet_api::{manifest, selector, Kind, Object};
-use podnet_store::{alloc, AnyStore, Objects, StoreError};
+use podnet_store::{alloc, AnyStore, Objects, Op, StoreError};
 
-/// Reads FILE, every *.yaml/*.yml/*.json in DIR (sorted), or stdin for "-".
-fn sources(paths: &[PathBuf]) -> Result<Vec<(String, String)>> {
+/// What `podnet apply --help` says about reading and ordering.
+pub const APPLY_HELP: &str = "\
+Every source is read and decoded before anything is written: FILE, each \
+.json/.yaml/.yml file of DIR in name order (as kubectl walks it), or - for \
+stdin. If any document cannot be parsed or is not a known kind, nothing is \
+applied, and each such document is named by file, index and starting line.
+
+Then the documents are applied one at a time, in order: each is validated \
+and written in its own transaction with its ClusterIP/NodePort \
+reservations, so when two documents conflict (one clusterIP asked for \
+twice), the earlier one wins. A document that is rejected (validation, a \
+taken address, an immutable field) changes nothing and is named; the \
+others are still applied, and the command fails with the count of each.
+
+As in kubectl, empty, comment-only and null documents are skipped, input \
+with no object at all fails with \"no objects passed to apply\", and a \
+leading byte order mark is honoured (UTF-8 dropped, UTF-16 transcoded).";
+
+/// The bytes of each source: FILE, each *.json/*.yaml/*.yml in DIR in name
+/// order (kubectl's walk: no recursion, an explicit FILE needs no
+/// extension), or stdin for "-".
+fn sources(paths: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>> {
     let mut out = Vec::new();
     for p in paths {
         if p.as_os_str() == "-" {
-            let mut s = String::new();
+            let mut s = Vec::new();
             std::io::stdin()
-                .read_to_string(&mut s)
+                .read_to_end(&mut s)
                 .context("reading stdin")?;
             out.push(("<stdin>".to_string(), s));
         } else if p.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading {}", p.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|f| {
-                    matches!(
-                        f.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml" | "json")
-                    )
-                })
-                .collect();
+            let mut files = Vec::new();
+            for e in std::fs::read_dir(p).with_context(|| format!("reading {}", p.display()))? {
+                let f = e
+                    .with_context(|| format!("reading {}", p.display()))?
+                    .path();
+                let ext = f.extension().and_then(|e| e.to_str());
+                if matches!(ext, Some("yaml" | "yml" | "json")) && !f.is_dir() {
+                    files.push(f);
+                }
+            }
+            if files.is_empty() {
+                // kubectl's words for a directory with nothing to read.
+                bail!(
+                    "error reading [{}]: recognized file extensions are [.json .yaml .yml]",
+                    p.display()
+                );
+            }
             files.sort();
             for f in files {
-                let s = std::fs::read_to_string(&f)
-                    .with_context(|| format!("reading {}", f.display()))?;
+                let s = std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?;
                 out.push((f.display().to_string(), s));
             }
+        } else if !p.exists() {
+            bail!("the path {:?} does not exist", p.display().to_string());
         } else {
-            let s =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let s = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
             out.push((p.display().to_string(), s));
         }
     }
     Ok(out)
+}
+
+/// A decoded document and the source it came from.
+struct Item {
+    src: Arc<str>,
+    doc: manifest::Doc,
+}
+
+impl Item {
+    /// "a.yaml document 2 at line 7", for summaries.
+    fn short(&self) -> String {
+        format!("{} {}", self.src, self.doc.pos.describe(None))
+    }
+}
+
+/// Reads and decodes every source, or fails naming each document that
+/// could not be read; `verb` says what did not happen because of it.
+fn read_all(paths: &[PathBuf], verb: &str) -> Result<Vec<Item>> {
+    let mut items = Vec::new();
+    let mut bad = Vec::new();
+    for (src, bytes) in sources(paths)? {
+        let src: Arc<str> = src.into();
+        match manifest::parse(&bytes) {
+            Ok(docs) => items.extend(docs.into_iter().map(|doc| Item {
+                src: src.clone(),
+                doc,
+            })),
+            Err(errs) => {
+                for e in errs {
+                    eprintln!("error: {src}: {e}");
+                    bad.push(format!("{src} {}", e.pos.describe(None)));
+                }
+            }
+        }
+    }
+    if !bad.is_empty() {
+        bail!(
+            "{} document(s) could not be read ({}); nothing was {verb}",
+            bad.len(),
+            bad.join(", ")
+        );
+    }
+    Ok(items)
 }
 
 /// The validation context from the cluster's NetworkConfig.
@@ -148,117 +221,142 @@ pub enum Outcome {
     Unchanged,
 }
 
-/// Creates or updates one object, with its reservations, atomically.
-pub async fn apply_one(objs: &Objects, ctx: &VCtx, mut o: Object) -> Result<Outcome, String> {
+/// A document's write, planned from one read of its object.
+enum Plan {
+    /// Nothing to write: the outcome is known (invalid, unchanged, or the
+    /// read failed).
+    Done(Result<Outcome, String>),
+    Create(Object, Vec<Op>),
+    Update(Object, Vec<Op>),
+}
+
+/// Validates a document and reads its object to decide what to write.
+async fn plan(objs: &Objects, ctx: &VCtx, o: Object) -> Plan {
     let errs = validate::validate(&o, ctx);
     if !errs.is_empty() {
-        return Err(errs
+        return Plan::Done(Err(errs
             .iter()
             .map(|e| e.to_string())
             .collect::<Vec<_>>()
-            .join("; "));
+            .join("; ")));
     }
-    for _ in 0..5 {
-        let existing = objs
-            .get(o.kind(), o.namespace(), o.name())
-            .await
-            .map_err(|e| e.to_string())?;
-        let res = match &existing {
-            None => {
-                let ops = alloc::transition(None, svc(&o));
-                objs.create(o.clone(), ops).await.map(|_| Outcome::Created)
+    let existing = match objs.get(o.kind(), o.namespace(), o.name()).await {
+        Ok(e) => e,
+        Err(e) => return Plan::Done(Err(e.to_string())),
+    };
+    match existing {
+        None => {
+            let ops = alloc::transition(None, svc(&o));
+            Plan::Create(o, ops)
+        }
+        Some(old) => {
+            let mut new = o;
+            if let Err(e) = merge_for_update(&mut new, &old) {
+                return Plan::Done(Err(e));
             }
-            Some(old) => {
-                let mut new = o.clone();
-                merge_for_update(&mut new, old)?;
-                if podnet_store::objects::encode(&new) == podnet_store::objects::encode(old) {
-                    return Ok(Outcome::Unchanged);
-                }
-                let ops = alloc::transition(svc(old), svc(&new));
-                objs.update(new, ops).await.map(|_| Outcome::Configured)
+            if podnet_store::objects::encode(&new) == podnet_store::objects::encode(&old) {
+                return Plan::Done(Ok(Outcome::Unchanged));
             }
-        };
-        match res {
-            Ok(out) => return Ok(out),
-            // Someone else wrote it between our read and write: read again.
-            Err(StoreError::Conflict { key, .. }) | Err(StoreError::AlreadyExists(key))
-                if key == o.key() =>
-            {
-                continue
-            }
-            Err(StoreError::NotFound(key)) if key == o.key() => continue,
-            Err(e) => return Err(explain(&objs.store, &o, e).await),
+            let ops = alloc::transition(svc(&old), svc(&new));
+            Plan::Update(new, ops)
         }
     }
-    o.meta_mut().resource_version = None;
+}
+
+/// Writes a plan for `o`; `None` when the object changed between the read
+/// and the write, so the plan must be made again.
+async fn commit(objs: &Objects, o: &Object, plan: Plan) -> Option<Result<Outcome, String>> {
+    let res = match plan {
+        Plan::Done(r) => return Some(r),
+        Plan::Create(new, ops) => objs.create(new, ops).await.map(|_| Outcome::Created),
+        Plan::Update(new, ops) => objs.update(new, ops).await.map(|_| Outcome::Configured),
+    };
+    match res {
+        Ok(out) => Some(Ok(out)),
+        // Someone else wrote it between our read and write: read again.
+        Err(
+            StoreError::Conflict { key, .. }
+            | StoreError::AlreadyExists(key)
+            | StoreError::NotFound(key),
+        ) if key == o.key() => None,
+        Err(e) => Some(Err(explain(&objs.store, o, e).await)),
+    }
+}
+
+/// Creates or updates one object, with its reservations, atomically.
+pub async fn apply_one(objs: &Objects, ctx: &VCtx, o: Object) -> Result<Outcome, String> {
+    for _ in 0..5 {
+        let p = plan(objs, ctx, o.clone()).await;
+        if let Some(r) = commit(objs, &o, p).await {
+            return r;
+        }
+    }
     Err(format!(
         "{} keeps changing under us; giving up",
         o.describe()
     ))
 }
 
-/// How many documents are written at once. Documents are independent, so
-/// overlapping their round trips (etcd) changes nothing but the time; output
-/// stays in document order.
+/// How many documents are validated and read ahead of the one being
+/// written. Only the reads overlap: writes go one at a time in document
+/// order, each committed before the next is sent.
 const APPLY_WINDOW: usize = 64;
 
 pub async fn apply(objs: &Objects, files: &[PathBuf]) -> Result<()> {
+    let items = read_all(files, "applied")?;
+    if items.is_empty() {
+        bail!("no objects passed to apply");
+    }
     let ctx = context(objs).await?;
-    let mut failed = 0;
-    for (src, text) in sources(files)? {
-        let docs = manifest::parse(&text);
-        let mut it = docs.into_iter().peekable();
-        while it.peek().is_some() {
-            let window: Vec<manifest::Doc> = it.by_ref().take(APPLY_WINDOW).collect();
-            // The same object twice in one window must be applied in order.
-            let mut keys = std::collections::HashSet::new();
-            let distinct = window.iter().all(|d| {
-                d.result
-                    .as_ref()
-                    .map(|o| keys.insert(o.key()))
-                    .unwrap_or(true)
-            });
-            let mut results = Vec::with_capacity(window.len());
-            let mut tasks = tokio::task::JoinSet::new();
-            for (i, doc) in window.iter().enumerate() {
-                let Ok(o) = &doc.result else { continue };
-                let (objs, ctx, o) = (objs.clone(), ctx.clone(), o.clone());
-                let what = format!("{}/{}", short(o.kind()), o.name());
-                if distinct {
-                    tasks.spawn(async move {
-                        (i, apply_one(&objs, &ctx, o).await.map(|out| (what, out)))
-                    });
-                } else {
-                    results.push((i, apply_one(&objs, &ctx, o).await.map(|out| (what, out))));
-                }
-            }
-            while let Some(r) = tasks.join_next().await {
-                results.push(r.map_err(|e| anyhow::anyhow!("apply task: {e}"))?);
-            }
-            results.sort_by_key(|(i, _)| *i);
-            let mut res_iter = results.into_iter().peekable();
-            for (i, doc) in window.iter().enumerate() {
-                let res = match &doc.result {
-                    Err(e) => Err(e.to_string()),
-                    Ok(_) => match res_iter.next() {
-                        Some((j, r)) if j == i => r,
-                        _ => Err("internal: result missing".to_string()),
-                    },
-                };
-                match res {
-                    Ok((what, Outcome::Created)) => println!("{what} created"),
-                    Ok((what, Outcome::Configured)) => println!("{what} configured"),
-                    Ok((what, Outcome::Unchanged)) => println!("{what} unchanged"),
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("error: {src}: document {} ({}): {e}", doc.index, doc.label);
-                    }
-                }
+    let mut failed = Vec::new();
+    // Objects written by earlier documents: a plan read before that write
+    // is stale, so such a document is planned again.
+    let mut written = HashSet::new();
+    let mut ahead = VecDeque::with_capacity(APPLY_WINDOW);
+    let mut next = 0;
+    for item in &items {
+        while next < items.len() && ahead.len() < APPLY_WINDOW {
+            let (objs, ctx) = (objs.clone(), ctx.clone());
+            let o = items[next].doc.object.clone();
+            ahead.push_back(tokio::spawn(async move { plan(&objs, &ctx, o).await }));
+            next += 1;
+        }
+        let planned = match ahead.pop_front() {
+            Some(task) => task.await.context("apply task")?,
+            None => bail!("internal: no plan for {}", item.short()),
+        };
+        let o = &item.doc.object;
+        let key = o.key();
+        let fresh = if written.contains(&key) {
+            None
+        } else {
+            commit(objs, o, planned).await
+        };
+        let res = match fresh {
+            Some(r) => r,
+            None => apply_one(objs, &ctx, o.clone()).await,
+        };
+        let what = format!("{}/{}", short(o.kind()), o.name());
+        match res {
+            Ok(Outcome::Created) => println!("{what} created"),
+            Ok(Outcome::Configured) => println!("{what} configured"),
+            Ok(Outcome::Unchanged) => println!("{what} unchanged"),
+            Err(e) => {
+                eprintln!("error: {}: {}: {e}", item.src, item.doc.describe());
+                failed.push(item.short());
+                continue;
             }
         }
+        written.insert(key);
     }
-    if failed > 0 {
-        bail!("{failed} document(s) failed; the others were applied");
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} document(s) failed ({}); the other {} were applied",
+            failed.len(),
+            items.len(),
+            failed.join(", "),
+            items.len() - failed.len()
+        );
     }
     Ok(())
 }
@@ -295,23 +393,18 @@ pub async fn delete(
     ns: Option<String>,
     ignore_not_found: bool,
 ) -> Result<()> {
-    let mut targets: Vec<(Kind, Option<String>, String)> = Vec::new();
+    let mut targets: Vec<(Kind, Option<String>, String)> = read_all(files, "deleted")?
+        .into_iter()
+        .map(|i| {
+            let o = i.doc.object;
+            (
+                o.kind(),
+                o.namespace().map(String::from),
+                o.name().to_string(),
+            )
+        })
+        .collect();
     let mut failed = 0;
-    for (src, text) in sources(files)? {
-        for doc in manifest::parse(&text) {
-            match doc.result {
-                Ok(o) => targets.push((
-                    o.kind(),
-                    o.namespace().map(String::from),
-                    o.name().to_string(),
-                )),
-                Err(e) => {
-                    failed += 1;
-                    eprintln!("error: {src}: document {} ({}): {e}", doc.index, doc.label);
-                }
-            }
-        }
-    }
     if let Some(k) = kind {
         let k = Kind::parse(&k)?;
         if names.is_empty() {

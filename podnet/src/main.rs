@@ -21,6 +21,11 @@ struct Cli {
     /// Cluster state store: sqlite:///abs/path.db or etcd://host:port[,host:port].
     #[arg(long, global = true, env = "PODNET_STORE", default_value = podnet_store::DEFAULT_URL)]
     store: String,
+    /// How long a daemon's store watch may miss the store before /readyz
+    /// fails and the loss is logged (e.g. 10s, 500ms).
+    #[arg(long, global = true, env = "PODNET_WATCH_TIMEOUT", default_value = "10s",
+          value_parser = podnet_daemon::parse_duration)]
+    watch_timeout: std::time::Duration,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -42,6 +47,7 @@ enum Cmd {
         down: bool,
     },
     /// Create or update objects from YAML/JSON manifests (like kubectl apply).
+    #[command(after_long_help = kubectl::APPLY_HELP)]
     Apply {
         /// FILE, DIR (every .yaml/.yml/.json in it) or - for stdin; repeatable.
         #[arg(short = 'f', long = "filename", required = true)]
@@ -109,6 +115,12 @@ enum Cmd {
         /// Do not run the service proxy.
         #[arg(long)]
         no_proxy: bool,
+        /// Where NodePorts are accepted, as kube-proxy's flag: `primary`
+        /// (the default: the node's underlay address), or comma-separated
+        /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
+        /// local addresses). Never on loopback.
+        #[arg(long, value_delimiter = ',', default_value = "primary")]
+        nodeport_addresses: Vec<String>,
     },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
@@ -251,6 +263,7 @@ fn main() {
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
     let cli = Cli::parse();
+    podnet_daemon::set_watch_timeout(cli.watch_timeout);
     let daemon = matches!(
         cli.command,
         Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_)
@@ -316,19 +329,37 @@ fn main() {
             metrics_addr,
             cleanup,
             no_proxy,
+            nodeport_addresses,
         } => {
-            let opts = podnet_agent::Options {
-                node,
-                iface,
-                subnet_file,
-                cni_conf_dir,
-                cni_data_dir,
-                lease_ttl,
-                resync: std::time::Duration::from_secs(resync.max(1)),
-                mtu,
-                proxy: !no_proxy,
-            };
-            block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
+            let nodeport_addresses = nodeport_addresses
+                .iter()
+                .filter(|a| a.as_str() != "primary")
+                .map(|a| {
+                    a.trim().parse::<ipnet::IpNet>().map_err(|_| {
+                        anyhow::anyhow!(
+                            "--nodeport-addresses: {a:?} is neither `primary` nor a CIDR"
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>();
+            match nodeport_addresses {
+                Err(e) => Err(e),
+                Ok(nodeport_addresses) => {
+                    let opts = podnet_agent::Options {
+                        node,
+                        iface,
+                        subnet_file,
+                        cni_conf_dir,
+                        cni_data_dir,
+                        lease_ttl,
+                        resync: std::time::Duration::from_secs(resync.max(1)),
+                        mtu,
+                        proxy: !no_proxy,
+                        nodeport_addresses,
+                    };
+                    block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
+                }
+            }
         }
         Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
         Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),
