@@ -119,8 +119,8 @@ enum Cmd {
         /// (the default: the node's underlay address), or comma-separated
         /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
         /// local addresses). Never on loopback.
-        #[arg(long, value_delimiter = ',', default_value = "primary")]
-        nodeport_addresses: Vec<String>,
+        #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_cidr)]
+        nodeport_addresses: Vec<Option<ipnet::IpNet>>,
     },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
@@ -242,6 +242,17 @@ fn init_logs(default: &str) {
         .try_init();
 }
 
+/// One `--nodeport-addresses` item: a CIDR, or `primary` (None).
+fn nodeport_cidr(s: &str) -> Result<Option<ipnet::IpNet>, String> {
+    match s.trim() {
+        "primary" => Ok(None),
+        c => c
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{c:?} is neither `primary` nor a CIDR")),
+    }
+}
+
 fn main() {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let called_as = std::path::Path::new(&argv0)
@@ -331,35 +342,19 @@ fn main() {
             no_proxy,
             nodeport_addresses,
         } => {
-            let nodeport_addresses = nodeport_addresses
-                .iter()
-                .filter(|a| a.as_str() != "primary")
-                .map(|a| {
-                    a.trim().parse::<ipnet::IpNet>().map_err(|_| {
-                        anyhow::anyhow!(
-                            "--nodeport-addresses: {a:?} is neither `primary` nor a CIDR"
-                        )
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>();
-            match nodeport_addresses {
-                Err(e) => Err(e),
-                Ok(nodeport_addresses) => {
-                    let opts = podnet_agent::Options {
-                        node,
-                        iface,
-                        subnet_file,
-                        cni_conf_dir,
-                        cni_data_dir,
-                        lease_ttl,
-                        resync: std::time::Duration::from_secs(resync.max(1)),
-                        mtu,
-                        proxy: !no_proxy,
-                        nodeport_addresses,
-                    };
-                    block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
-                }
-            }
+            let opts = podnet_agent::Options {
+                node,
+                iface,
+                subnet_file,
+                cni_conf_dir,
+                cni_data_dir,
+                lease_ttl,
+                resync: std::time::Duration::from_secs(resync.max(1)),
+                mtu,
+                proxy: !no_proxy,
+                nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
+            };
+            block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
         }
         Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
         Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),

@@ -211,6 +211,34 @@ fn fragment_diff(mut old: Table, mut new: Table) -> Vec<Change> {
     diff(Some(&old), &new)
 }
 
+/// Services planned into one chunk of a full sync: their element
+/// additions to each shared set go out as one message instead of one per
+/// Service, which is most of a full sync's kernel work.
+const FULL_SYNC_GROUP: usize = 64;
+
+/// The same additions with every element addition moved behind the rest
+/// and merged per set (first-seen order). Valid for changes that only add:
+/// the sets and chains an element refers to are then created first.
+fn elements_last(changes: Vec<Change>) -> Vec<Change> {
+    let mut rest = Vec::with_capacity(changes.len());
+    let mut elems: Vec<(String, Vec<(Vec<Value>, Option<ElemData>)>)> = Vec::new();
+    for c in changes {
+        match c {
+            Change::AddElems { set, elems: e } => match elems.iter_mut().find(|(s, _)| *s == set) {
+                Some((_, v)) => v.extend(e),
+                None => elems.push((set, e)),
+            },
+            c => rest.push(c),
+        }
+    }
+    rest.extend(
+        elems
+            .into_iter()
+            .map(|(set, elems)| Change::AddElems { set, elems }),
+    );
+    rest
+}
+
 /// Endpoints in a fragment: endpoint chains and fast-path endpoints.
 fn endpoint_count(t: &Table) -> usize {
     t.chains.keys().filter(|c| c.starts_with("ep-")).count()
@@ -409,21 +437,28 @@ impl Proxier {
             .into_iter()
             .collect();
         let empty = shell(&self.stack);
-        let chunk_of = |k: usize, this: &Proxier| -> Option<(Vec<Change>, Option<Applied>)> {
+        type Chunk = (Vec<Change>, Vec<(String, Applied)>);
+        let chunk_of = |k: usize, this: &Proxier| -> Option<Chunk> {
             if k == 0 {
                 return Some((
                     podnet_nft::diff::replace(&base_table(&this.stack, &this.node)),
-                    None,
+                    Vec::new(),
                 ));
             }
-            let id = ids.get(k - 1)?;
-            let inputs = this.inputs(id);
-            let f = this.plan(&inputs);
-            let endpoints = endpoint_count(&f);
-            Some((
-                fragment_diff(empty.clone(), f),
-                Some(Applied { inputs, endpoints }),
-            ))
+            let group = ids.get((k - 1) * FULL_SYNC_GROUP..)?;
+            if group.is_empty() {
+                return None;
+            }
+            let mut changes = Vec::new();
+            let mut applied = Vec::new();
+            for id in group.iter().take(FULL_SYNC_GROUP) {
+                let inputs = this.inputs(id);
+                let f = this.plan(&inputs);
+                let endpoints = endpoint_count(&f);
+                changes.extend(fragment_diff(empty.clone(), f));
+                applied.push((id.clone(), Applied { inputs, endpoints }));
+            }
+            Some((elements_last(changes), applied))
         };
         let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
         let mut n = 0;
@@ -439,9 +474,7 @@ impl Proxier {
                 &mut |k| {
                     let (changes, applied) = chunk_of(k, this)?;
                     n += ops(&changes);
-                    if let Some(a) = applied {
-                        planned.insert(ids[k - 1].clone(), a);
-                    }
+                    planned.extend(applied);
                     Some(changes)
                 },
                 &|k| chunk_of(k, this).map(|(c, _)| c).unwrap_or_default(),
@@ -849,5 +882,35 @@ mod tests {
                 .any(|c| matches!(c, Change::AddSet { name, .. } if name.starts_with("aff-"))),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_full_sync_chunk_creates_before_it_fills_and_merges_elements_per_set() {
+        let e = |s: &str, v: u32| Change::AddElems {
+            set: s.into(),
+            elems: vec![(vec![Value::U32(v)], None)],
+        };
+        let chain = |n: &str| Change::AddChain {
+            name: n.into(),
+            base: None,
+        };
+        let got = elements_last(vec![
+            e("a", 1),
+            chain("x"),
+            e("b", 2),
+            e("a", 3),
+            chain("y"),
+        ]);
+        let want = vec![
+            chain("x"),
+            chain("y"),
+            Change::AddElems {
+                set: "a".into(),
+                elems: vec![(vec![Value::U32(1)], None), (vec![Value::U32(3)], None)],
+            },
+            e("b", 2),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(ops(&got), 5);
     }
 }

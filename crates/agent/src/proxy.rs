@@ -36,7 +36,7 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_api::k8s_openapi::api::core::v1::{Service, ServicePort};
-use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_api::k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice};
 use podnet_nft::model::{
     BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
     Table, Value, Verdict,
@@ -253,12 +253,37 @@ fn proto_of(p: &Option<String>) -> Option<Proto> {
 }
 
 /// One endpoint address as a slice lists it, with what decides its use.
-struct Listed {
+struct Listed<'a> {
     ep: Ep,
     ready: bool,
     serving_terminating: bool,
-    zones: Vec<String>,
-    nodes: Vec<String>,
+    hints: Option<&'a EndpointHints>,
+}
+
+impl Listed<'_> {
+    fn zones(&self) -> impl Iterator<Item = &str> {
+        self.hints
+            .and_then(|h| h.for_zones.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|z| z.name.as_str())
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|n| n.name.as_str())
+    }
+
+    fn for_zone(&self, zone: Option<&str>) -> bool {
+        self.zones().any(|z| Some(z) == zone)
+    }
+
+    fn for_node(&self, node: &str) -> bool {
+        self.nodes().any(|n| n == node)
+    }
 }
 
 /// A Service port's endpoints as kube-proxy categorizes them
@@ -286,14 +311,14 @@ fn topology_mode(listed: &[Listed], node: &NodeInfo) -> Option<bool> {
     if ready.is_empty() {
         return None;
     }
-    if ready.iter().all(|l| !l.nodes.is_empty())
-        && ready.iter().any(|l| l.nodes.contains(&node.name))
+    if ready.iter().all(|l| l.nodes().next().is_some())
+        && ready.iter().any(|l| l.for_node(&node.name))
     {
         return Some(true);
     }
     let zone = node.zone.as_deref()?;
-    (ready.iter().all(|l| !l.zones.is_empty())
-        && ready.iter().any(|l| l.zones.iter().any(|z| z == zone)))
+    (ready.iter().all(|l| l.zones().next().is_some())
+        && ready.iter().any(|l| l.for_zone(Some(zone))))
     .then_some(false)
 }
 
@@ -335,19 +360,6 @@ fn endpoints(
             let ready = c.ready.unwrap_or(true);
             let serving = c.serving.unwrap_or(ready);
             let term = c.terminating.unwrap_or(false);
-            let hints = e.hints.as_ref();
-            let zones: Vec<String> = hints
-                .and_then(|h| h.for_zones.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|z| z.name.clone())
-                .collect();
-            let nodes: Vec<String> = hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|n| n.name.clone())
-                .collect();
             for a in &e.addresses {
                 let Ok(ip) = a.parse::<IpAddr>() else {
                     continue;
@@ -363,8 +375,7 @@ fn endpoints(
                     },
                     ready,
                     serving_terminating: serving && term,
-                    zones: zones.clone(),
-                    nodes: nodes.clone(),
+                    hints: e.hints.as_ref(),
                 });
             }
         }
@@ -384,11 +395,8 @@ fn endpoints(
         l.ready
             && match mode {
                 None => true,
-                Some(true) => l.nodes.contains(&node.name),
-                Some(false) => l
-                    .zones
-                    .iter()
-                    .any(|z| Some(z.as_str()) == node.zone.as_deref()),
+                Some(true) => l.for_node(&node.name),
+                Some(false) => l.for_zone(node.zone.as_deref()),
             }
     });
     if cluster.is_empty() {
