@@ -221,7 +221,8 @@ const FULL_SYNC_GROUP: usize = 64;
 /// the sets and chains an element refers to are then created first.
 fn elements_last(changes: Vec<Change>) -> Vec<Change> {
     let mut rest = Vec::with_capacity(changes.len());
-    let mut elems: Vec<(String, Vec<(Vec<Value>, Option<ElemData>)>)> = Vec::new();
+    type Elems = Vec<(Vec<Value>, Option<ElemData>)>;
+    let mut elems: Vec<(String, Elems)> = Vec::new();
     for c in changes {
         match c {
             Change::AddElems { set, elems: e } => match elems.iter_mut().find(|(s, _)| *s == set) {
