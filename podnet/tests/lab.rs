@@ -1120,6 +1120,10 @@ fn proxy_semantics_with_real_traffic() {
              addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: {eps}\n"
         )
     };
+    let zoned = format!(
+        "[{{addresses: [{w1}], nodeName: node1, hints: {{forZones: [{{name: a}}]}}}}, \
+          {{addresses: [{w2}], nodeName: node2, hints: {{forZones: [{{name: b}}]}}}}]"
+    );
     lab.apply(&format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: none}}\n\
          spec: {{clusterIP: 10.96.0.91, type: NodePort, selector: {{app: nothing}},\n  \
@@ -1139,6 +1143,9 @@ fn proxy_semantics_with_real_traffic() {
          ---\napiVersion: v1\nkind: Service\nmetadata: {{name: topo}}\n\
          spec: {{clusterIP: 10.96.0.96, ports: [{{name: http, port: 80}}]}}\n\
          ---\n{}\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: topo2}}\n\
+         spec: {{clusterIP: 10.96.0.102, type: NodePort, ports: [{{name: http, port: 80, nodePort: 30097}}]}}\n\
+         ---\n{}\
          ---\napiVersion: v1\nkind: Service\nmetadata: {{name: optout, labels: {{service.kubernetes.io/service-proxy-name: other}}}}\n\
          spec: {{clusterIP: 10.96.0.97, selector: {{app: web}}, ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n\
          ---\napiVersion: v1\nkind: Service\nmetadata: {{name: lbnode}}\n\
@@ -1156,13 +1163,8 @@ fn proxy_semantics_with_real_traffic() {
                   {{addresses: [{w2}], nodeName: node2, conditions: {{ready: true, serving: true, terminating: false}}}}]"
             )
         ),
-        slice(
-            "topo",
-            &format!(
-                "[{{addresses: [{w1}], nodeName: node1, hints: {{forZones: [{{name: a}}]}}}}, \
-                  {{addresses: [{w2}], nodeName: node2, hints: {{forZones: [{{name: b}}]}}}}]"
-            )
-        ),
+        slice("topo", &zoned),
+        slice("topo2", &zoned),
     ));
     // An outside client on the underlay.
     let out = format!("pn-{}-net", lab.name);
@@ -1176,6 +1178,7 @@ fn proxy_semantics_with_real_traffic() {
                 "10.96.0.93",
                 "10.96.0.95",
                 "10.96.0.96",
+                "10.96.0.102",
                 "203.0.113.32",
             ]
             .iter()
@@ -1264,17 +1267,20 @@ fn proxy_semantics_with_real_traffic() {
     let mut node = node;
     node["metadata"]["labels"]["topology.kubernetes.io/zone"] = "a".into();
     lab.apply(&node.to_string());
-    lab.eventually("node1 follows its zone's hints", || {
-        (0..8).all(|_| lab.ok(&["probe", "default/c", "10.96.0.96:80"]) == "w1")
-    });
-    let seen: std::collections::BTreeSet<String> = (0..24)
-        .map(|_| lab.ok(&["probe", "default/c2", "10.96.0.96:80"]))
-        .collect();
-    assert_eq!(
-        seen.len(),
-        2,
-        "node2 has no zone: every endpoint ({seen:?})"
-    );
+    // The fast path (topo) and the chain path (topo2, a NodePort).
+    for cip in ["10.96.0.96:80", "10.96.0.102:80"] {
+        lab.eventually(&format!("node1 follows its zone's hints ({cip})"), || {
+            (0..8).all(|_| lab.ok(&["probe", "default/c", cip]) == "w1")
+        });
+        let seen: std::collections::BTreeSet<String> = (0..24)
+            .map(|_| lab.ok(&["probe", "default/c2", cip]))
+            .collect();
+        assert_eq!(
+            seen.len(),
+            2,
+            "node2 has no zone: every endpoint ({cip}: {seen:?})"
+        );
+    }
 
     // 7. A Service handed to another proxy gets no rules (its address is
     // unheld: dropped); removing the label brings them back.
