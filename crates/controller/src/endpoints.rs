@@ -11,13 +11,18 @@
 //! deletion timestamp, and `ready` is `serving && !terminating`, or always
 //! true for a Service with `spec.publishNotReadyAddresses` (whose clients,
 //! such as a StatefulSet's peers, want every pod's address from the start).
+//!
+//! Topology hints follow the upstream `trafficdist` package
+//! (`staging/src/k8s.io/endpointslice/trafficdist/trafficdist.go`): see
+//! [`HintMode`]. Slices of Services without `spec.trafficDistribution` carry
+//! neither hints nor zones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use podnet_api::k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use podnet_api::k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use podnet_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -26,6 +31,96 @@ use podnet_api::selector;
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "podnet-controller";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The topology annotations whose `Auto` asks for proportional hints; the
+/// deprecated one wins when both are set (upstream `hintsEnabled`).
+pub const TOPOLOGY_MODE_ANNOTATION: &str = "service.kubernetes.io/topology-mode";
+pub const TOPOLOGY_AWARE_HINTS_ANNOTATION: &str = "service.kubernetes.io/topology-aware-hints";
+
+/// Node name -> its `topology.kubernetes.io/zone` label. Nodes without the
+/// label (or with an empty one), and unknown nodes, are absent.
+pub type Zones = BTreeMap<String, String>;
+
+/// A Node's zone label, if set and not empty.
+pub fn node_zone(node: &Node) -> Option<&str> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(ZONE_LABEL)
+        .map(String::as_str)
+        .filter(|z| !z.is_empty())
+}
+
+/// Which hints a Service's endpoints get, from `spec.trafficDistribution`
+/// as upstream's `preferCloseHeuristic` writes them:
+///
+/// - only ready endpoints (`conditions.ready`) get hints;
+/// - an endpoint whose node has a zone label gets `forZones: [its zone]`,
+///   one whose node has none gets no zone hint (per endpoint: the others
+///   keep theirs; kube-proxy, and our proxy, then ignore zone hints for the
+///   Service because not every ready endpoint has one);
+/// - with `PreferSameNode`, an endpoint with a `nodeName` also gets
+///   `forNodes: [its node]`;
+/// - an endpoint left with neither gets no `hints` at all.
+///
+/// Every endpoint (ready or not) of such a Service carries its node's
+/// `zone`, which the hint is derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HintMode {
+    /// `PreferClose` or `PreferSameZone`: zone hints.
+    SameZone,
+    /// `PreferSameNode`: node hints and zone hints.
+    SameNode,
+}
+
+/// The Service's hint mode; None for no hints: no or an unknown
+/// `trafficDistribution`, or a `topology-mode: Auto` annotation, which
+/// upstream lets take precedence over `trafficDistribution`. The `Auto`
+/// mode itself (hints proportional to each zone's CPU) is not implemented:
+/// such Services get no hints, so every node uses every endpoint, which is
+/// also what upstream falls back to when it cannot balance the zones.
+pub fn hint_mode(svc: &Service) -> Option<HintMode> {
+    if topology_auto(svc) {
+        return None;
+    }
+    match svc.spec.as_ref()?.traffic_distribution.as_deref()? {
+        "PreferClose" | "PreferSameZone" => Some(HintMode::SameZone),
+        "PreferSameNode" => Some(HintMode::SameNode),
+        _ => None,
+    }
+}
+
+/// Upstream `hintsEnabled`: the deprecated annotation, when present, is
+/// the one read.
+fn topology_auto(svc: &Service) -> bool {
+    let Some(a) = svc.metadata.annotations.as_ref() else {
+        return false;
+    };
+    a.get(TOPOLOGY_AWARE_HINTS_ANNOTATION)
+        .or_else(|| a.get(TOPOLOGY_MODE_ANNOTATION))
+        .is_some_and(|v| v == "Auto" || v == "auto")
+}
+
+/// Sets an endpoint's zone and hints for `mode` (see [`HintMode`]).
+fn add_hints(ep: &mut Endpoint, mode: HintMode, zones: &Zones) {
+    ep.zone = ep.node_name.as_ref().and_then(|n| zones.get(n)).cloned();
+    let ready = ep.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+    if !ready {
+        return;
+    }
+    let for_zones = ep.zone.clone().map(|name| vec![ForZone { name }]);
+    let for_nodes = ep
+        .node_name
+        .clone()
+        .filter(|n| mode == HintMode::SameNode && !n.is_empty())
+        .map(|name| vec![ForNode { name }]);
+    if for_zones.is_some() || for_nodes.is_some() {
+        ep.hints = Some(EndpointHints {
+            for_nodes,
+            for_zones,
+        });
+    }
+}
 
 /// Whether a slice is one this controller manages, and for which Service.
 pub fn managed_service(s: &EndpointSlice) -> Option<&str> {
@@ -113,7 +208,8 @@ fn short_hash(s: &str) -> String {
 
 /// The EndpointSlices a Service should have. Services without a selector,
 /// and ExternalName Services, get none (their slices are someone else's).
-pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
+/// `zones` (node name -> zone) feeds the topology hints of [`hint_mode`].
+pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice> {
     let Some(spec) = &svc.spec else { return vec![] };
     if spec.type_.as_deref() == Some("ExternalName")
         || spec.selector.as_ref().map(|s| s.is_empty()).unwrap_or(true)
@@ -127,6 +223,7 @@ pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
         .unwrap_or_else(|| "default".into());
     let name = svc.metadata.name.clone().unwrap_or_default();
     let publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
+    let hints = hint_mode(svc);
     let empty = BTreeMap::new();
     // (family, port set) -> endpoints
     let mut groups: BTreeMap<(String, PortSet), Vec<Endpoint>> = BTreeMap::new();
@@ -160,23 +257,27 @@ pub fn desired(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
             .and_then(|s| s.hostname.clone());
         for ip in pod_ips(pod) {
             let fam = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+            let mut ep = Endpoint {
+                addresses: vec![ip.to_string()],
+                conditions: Some(conditions.clone()),
+                hostname: hostname.clone(),
+                node_name: pspec.and_then(|s| s.node_name.clone()),
+                target_ref: Some(ObjectReference {
+                    kind: Some("Pod".into()),
+                    namespace: Some(ns.clone()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            if let Some(mode) = hints {
+                add_hints(&mut ep, mode, zones);
+            }
             groups
                 .entry((fam.into(), ports.clone()))
                 .or_default()
-                .push(Endpoint {
-                    addresses: vec![ip.to_string()],
-                    conditions: Some(conditions.clone()),
-                    hostname: hostname.clone(),
-                    node_name: pspec.and_then(|s| s.node_name.clone()),
-                    target_ref: Some(ObjectReference {
-                        kind: Some("Pod".into()),
-                        namespace: Some(ns.clone()),
-                        name: pod.metadata.name.clone(),
-                        uid: pod.metadata.uid.clone(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                });
+                .push(ep);
         }
     }
     let labels: BTreeMap<String, String> = [
@@ -265,6 +366,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The slices without any Node zones known.
+    fn unzoned(svc: &Service, pods: &[&Pod]) -> Vec<EndpointSlice> {
+        desired(svc, pods, &Zones::new())
+    }
+
     fn svc(spec: serde_json::Value) -> Service {
         serde_json::from_value(
             json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u1"}, "spec": spec}),
@@ -299,7 +405,7 @@ mod tests {
         let a = pod("a", json!({"app": "web"}), "10.244.1.5", true, None);
         let b = pod("b", json!({"app": "web"}), "10.244.2.7", false, None);
         let c = pod("c", json!({"app": "db"}), "10.244.2.8", true, None);
-        let d = desired(&s, &[&a, &b, &c]);
+        let d = unzoned(&s, &[&a, &b, &c]);
         assert_eq!(d.len(), 1);
         let sl = &d[0];
         assert_eq!(sl.address_type, "IPv4");
@@ -337,7 +443,7 @@ mod tests {
             Some(("http", 9090)),
         );
         let c = pod("c", json!({"app": "web"}), "10.244.1.7", true, None);
-        let d = desired(&s, &[&a, &b, &c]);
+        let d = unzoned(&s, &[&a, &b, &c]);
         assert_eq!(d.len(), 2, "one slice per resolved port");
         let ports: Vec<i32> = d
             .iter()
@@ -349,13 +455,13 @@ mod tests {
 
     #[test]
     fn no_selector_or_external_name_means_no_slices() {
-        assert!(desired(&svc(json!({"ports": [{"port": 80}]})), &[]).is_empty());
-        assert!(desired(
+        assert!(unzoned(&svc(json!({"ports": [{"port": 80}]})), &[]).is_empty());
+        assert!(unzoned(
             &svc(json!({"type": "ExternalName", "externalName": "x.com", "selector": {"a": "b"}})),
             &[]
         )
         .is_empty());
-        let empty = desired(
+        let empty = unzoned(
             &svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}]})),
             &[],
         );
@@ -372,7 +478,7 @@ mod tests {
                 podnet_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         );
-        let c = desired(&s, &[&a])[0].endpoints[0]
+        let c = unzoned(&s, &[&a])[0].endpoints[0]
             .conditions
             .clone()
             .unwrap();
@@ -427,7 +533,7 @@ mod tests {
         let pods = [&up, &down, &leaving, &leaving_down, &done, &no_ip];
         let t = |r, s, term| (Some(r), Some(s), Some(term));
 
-        let published = desired(&spec(true), &pods);
+        let published = unzoned(&spec(true), &pods);
         assert_eq!(published.len(), 1);
         assert_eq!(
             conds(&published[0]),
@@ -439,7 +545,7 @@ mod tests {
             ]),
             "finished pods and pods without an address are never published"
         );
-        let plain = desired(&spec(false), &pods);
+        let plain = unzoned(&spec(false), &pods);
         assert_eq!(
             conds(&plain[0]),
             BTreeMap::from([
@@ -467,5 +573,242 @@ mod tests {
             (c.ready, c.serving, c.terminating),
             (Some(true), Some(false), Some(true))
         );
+    }
+
+    fn on(mut p: Pod, node: &str) -> Pod {
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p
+    }
+
+    fn zones() -> Zones {
+        [("na", "a"), ("nb", "b")]
+            .into_iter()
+            .map(|(n, z)| (n.to_string(), z.to_string()))
+            .collect()
+    }
+
+    fn distributed(td: &str) -> Service {
+        svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}], "trafficDistribution": td}))
+    }
+
+    /// pod name -> (zone, forZones, forNodes); hints None is (_, None, None).
+    type Topo = (Option<String>, Option<Vec<String>>, Option<Vec<String>>);
+
+    fn topo(sl: &EndpointSlice) -> BTreeMap<String, Topo> {
+        sl.endpoints
+            .iter()
+            .map(|e| {
+                let h = e.hints.as_ref();
+                if let Some(h) = h {
+                    assert!(
+                        h.for_zones.is_some() || h.for_nodes.is_some(),
+                        "empty hints are never written"
+                    );
+                }
+                (
+                    e.target_ref.as_ref().unwrap().name.clone().unwrap(),
+                    (
+                        e.zone.clone(),
+                        h.and_then(|h| h.for_zones.as_ref())
+                            .map(|z| z.iter().map(|z| z.name.clone()).collect()),
+                        h.and_then(|h| h.for_nodes.as_ref())
+                            .map(|n| n.iter().map(|n| n.name.clone()).collect()),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// ready on zone a, ready on zone b, not ready on zone b, ready on a
+    /// node without a zone label, ready on a node the controller never saw.
+    fn spread() -> Vec<Pod> {
+        let web = json!({"app": "web"});
+        vec![
+            on(pod("a", web.clone(), "10.244.1.1", true, None), "na"),
+            on(pod("b", web.clone(), "10.244.2.1", true, None), "nb"),
+            on(pod("b-down", web.clone(), "10.244.2.2", false, None), "nb"),
+            on(pod("nozone", web.clone(), "10.244.3.1", true, None), "nz"),
+            on(pod("ghost", web.clone(), "10.244.4.1", true, None), "gone"),
+        ]
+    }
+
+    fn s(v: &str) -> Option<String> {
+        Some(v.to_string())
+    }
+
+    fn l(v: &str) -> Option<Vec<String>> {
+        Some(vec![v.to_string()])
+    }
+
+    /// Upstream `preferCloseHeuristic` without node hints: each ready
+    /// endpoint is hinted for its own node's zone; a not-ready one gets its
+    /// zone but no hint; one whose node has no zone gets no hint at all,
+    /// and the others keep theirs.
+    #[test]
+    fn prefer_close_and_same_zone_hint_ready_endpoints_for_their_zone() {
+        let pods = spread();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        for td in ["PreferClose", "PreferSameZone"] {
+            let d = desired(&distributed(td), &refs, &zones());
+            assert_eq!(d.len(), 1);
+            assert_eq!(
+                topo(&d[0]),
+                BTreeMap::from([
+                    ("a".to_string(), (s("a"), l("a"), None)),
+                    ("b".to_string(), (s("b"), l("b"), None)),
+                    ("b-down".to_string(), (s("b"), None, None)),
+                    ("nozone".to_string(), (None, None, None)),
+                    ("ghost".to_string(), (None, None, None)),
+                ]),
+                "{td}"
+            );
+        }
+    }
+
+    #[test]
+    fn prefer_same_node_hints_node_and_zone() {
+        let pods = spread();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let d = desired(&distributed("PreferSameNode"), &refs, &zones());
+        assert_eq!(
+            topo(&d[0]),
+            BTreeMap::from([
+                ("a".to_string(), (s("a"), l("a"), l("na"))),
+                ("b".to_string(), (s("b"), l("b"), l("nb"))),
+                ("b-down".to_string(), (s("b"), None, None)),
+                // No zone: a node hint alone.
+                ("nozone".to_string(), (None, None, l("nz"))),
+                ("ghost".to_string(), (None, None, l("gone"))),
+            ])
+        );
+        // A pod not yet scheduled has no node and so no hint.
+        let mut unscheduled = pod("new", json!({"app": "web"}), "10.244.5.1", true, None);
+        unscheduled.spec.as_mut().unwrap().node_name = None;
+        let d = desired(&distributed("PreferSameNode"), &[&unscheduled], &zones());
+        assert_eq!(
+            topo(&d[0]),
+            BTreeMap::from([("new".to_string(), (None, None, None))])
+        );
+    }
+
+    /// `ready` is what upstream checks, so publishNotReadyAddresses hints
+    /// not-ready pods too.
+    #[test]
+    fn published_not_ready_endpoints_are_hinted() {
+        let down = on(
+            pod("down", json!({"app": "web"}), "10.244.2.2", false, None),
+            "nb",
+        );
+        let svc = svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}],
+            "trafficDistribution": "PreferClose", "publishNotReadyAddresses": true}));
+        assert_eq!(
+            topo(&desired(&svc, &[&down], &zones())[0]),
+            BTreeMap::from([("down".to_string(), (s("b"), l("b"), None))])
+        );
+    }
+
+    /// Without (a known) trafficDistribution the slices are exactly what
+    /// they were before hints existed: no `zone`, no `hints`.
+    #[test]
+    fn without_traffic_distribution_slices_carry_no_topology() {
+        let pods = spread();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let plain = svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}]}));
+        let reference = serde_json::to_value(unzoned(&plain, &refs)).unwrap();
+        let mut auto = distributed("PreferClose");
+        auto.metadata.annotations =
+            Some([(TOPOLOGY_MODE_ANNOTATION.to_string(), "Auto".to_string())].into());
+        for (why, svc) in [
+            ("no trafficDistribution", plain.clone()),
+            ("an unknown value", distributed("PreferFarAway")),
+            ("topology-mode: Auto wins", auto),
+        ] {
+            let d = serde_json::to_value(desired(&svc, &refs, &zones())).unwrap();
+            for ep in d
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|sl| sl["endpoints"].as_array().unwrap().iter())
+            {
+                assert!(
+                    ep.get("hints").is_none() && ep.get("zone").is_none(),
+                    "{why}: {ep}"
+                );
+            }
+            if why == "no trafficDistribution" {
+                assert_eq!(d, reference, "zones known or not, the same bytes");
+            }
+        }
+    }
+
+    /// Upstream `hintsEnabled`: the deprecated annotation is read first,
+    /// and only `Auto`/`auto` turn proportional hints on.
+    #[test]
+    fn hint_mode_follows_traffic_distribution_and_annotations() {
+        let with = |td: &str, ann: &[(&str, &str)]| {
+            let mut s = distributed(td);
+            s.metadata.annotations = Some(
+                ann.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            hint_mode(&s)
+        };
+        assert_eq!(with("PreferClose", &[]), Some(HintMode::SameZone));
+        assert_eq!(with("PreferSameZone", &[]), Some(HintMode::SameZone));
+        assert_eq!(with("PreferSameNode", &[]), Some(HintMode::SameNode));
+        assert_eq!(with("Other", &[]), None);
+        assert_eq!(
+            with("PreferClose", &[(TOPOLOGY_MODE_ANNOTATION, "auto")]),
+            None
+        );
+        assert_eq!(
+            with("PreferClose", &[(TOPOLOGY_AWARE_HINTS_ANNOTATION, "Auto")]),
+            None
+        );
+        assert_eq!(
+            with(
+                "PreferClose",
+                &[
+                    (TOPOLOGY_AWARE_HINTS_ANNOTATION, "Disabled"),
+                    (TOPOLOGY_MODE_ANNOTATION, "Auto")
+                ]
+            ),
+            Some(HintMode::SameZone),
+            "the deprecated annotation takes precedence"
+        );
+        assert_eq!(
+            with("PreferClose", &[(TOPOLOGY_MODE_ANNOTATION, "Disabled")]),
+            Some(HintMode::SameZone)
+        );
+    }
+
+    /// A node's zone moving rewrites the same slice (the controller then
+    /// updates it in place).
+    #[test]
+    fn a_zone_change_changes_the_slice() {
+        let pods = spread();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let svc = distributed("PreferClose");
+        let before = desired(&svc, &refs, &zones());
+        let mut moved = zones();
+        moved.insert("nb".into(), "a".into());
+        moved.insert("nz".into(), "c".into());
+        let after = desired(&svc, &refs, &moved);
+        assert_eq!(before[0].metadata.name, after[0].metadata.name);
+        assert!(!same(&before[0], &after[0]));
+        let t = topo(&after[0]);
+        assert_eq!(t["b"], (s("a"), l("a"), None));
+        assert_eq!(t["nozone"], (s("c"), l("c"), None));
+    }
+
+    #[test]
+    fn node_zone_reads_the_label() {
+        let node = |labels: serde_json::Value| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n", "labels": labels}})).unwrap()
+        };
+        assert_eq!(node_zone(&node(json!({ZONE_LABEL: "a"}))), Some("a"));
+        assert_eq!(node_zone(&node(json!({ZONE_LABEL: ""}))), None);
+        assert_eq!(node_zone(&node(json!({}))), None);
     }
 }

@@ -5,11 +5,13 @@
 //!   `podnet_store::alloc`: reservations are keys written in the same
 //!   transaction as the Service, so concurrent allocators never collide);
 //! - EndpointSlices for every Service with a selector, from ready Pods
-//!   ([`endpoints`] is the pure planner);
+//!   ([`endpoints`] is the pure planner), with the topology hints of
+//!   `spec.trafficDistribution` from each Node's zone label;
 //! - release of reservations a deleted Service held.
 //!
 //! The loop: one consistent snapshot of `/registry/`, then a watch from the
-//! snapshot's revision. Events mark Services dirty; a burst of events is
+//! snapshot's revision. Events mark Services dirty (a Node whose zone label
+//! changes marks every Service with topology hints); a burst of events is
 //! drained and coalesced before reconciling, so work follows what changed.
 //! A compaction or a watch error falls back to a fresh snapshot, and a
 //! periodic resync repairs anything edited behind our back. The watch's
@@ -46,6 +48,8 @@ struct State {
     services: BTreeMap<Key, Service>,
     pods: BTreeMap<Key, Pod>,
     slices: BTreeMap<Key, EndpointSlice>,
+    /// Node name -> zone label, for topology hints.
+    zones: endpoints::Zones,
     ips: HashSet<IpAddr>,
     ports: HashSet<u16>,
 }
@@ -267,6 +271,7 @@ impl Controller {
             return;
         }
         let watched = [
+            Kind::Node,
             Kind::Service,
             Kind::Pod,
             Kind::EndpointSlice,
@@ -315,6 +320,29 @@ impl Controller {
                 } else {
                     self.state.pods.remove(&k);
                 }
+            }
+            (typ, Object::Node(n)) => {
+                let name = k.1;
+                let zone = match typ {
+                    EventType::Put => endpoints::node_zone(&n).map(str::to_string),
+                    EventType::Delete => None,
+                };
+                if self.state.zones.get(&name) == zone.as_ref() {
+                    return;
+                }
+                match zone {
+                    Some(z) => self.state.zones.insert(name, z),
+                    None => self.state.zones.remove(&name),
+                };
+                // Only Services with hints read zones; reconciling one whose
+                // pods are elsewhere writes nothing.
+                dirty.extend(
+                    self.state
+                        .services
+                        .iter()
+                        .filter(|(_, s)| endpoints::hint_mode(s).is_some())
+                        .map(|(k, _)| k.clone()),
+                );
             }
             (typ, Object::EndpointSlice(s)) => {
                 if let Some(svc) = endpoints::managed_service(&s) {
@@ -414,7 +442,7 @@ impl Controller {
                     .take_while(|((ns, _), _)| *ns == k.0)
                     .map(|(_, p)| p)
                     .collect();
-                endpoints::desired(svc, &pods)
+                endpoints::desired(svc, &pods, &self.state.zones)
             }
             None => vec![],
         };
