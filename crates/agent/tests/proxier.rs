@@ -1,31 +1,13 @@
 //! The proxier against the real kernel, in a throwaway namespace: the
 //! fast path's IPv4 and IPv6 register layouts load, list and change.
 
+mod common;
+
+use common::{kv, NsGuard};
 use podnet_agent::proxier::Proxier;
 use podnet_agent::proxy::Stack;
-use podnet_api::Object;
 use podnet_kernel::Netns;
 use podnet_store::{EventType, KeyValue};
-
-/// Removes the namespace even when the test panics.
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_named(&self.0);
-    }
-}
-
-fn kv(o: serde_json::Value) -> KeyValue {
-    let o = Object::from_value(o).unwrap();
-    KeyValue {
-        key: o.key(),
-        value: podnet_store::objects::encode(&o),
-        create_rev: 1,
-        mod_rev: 1,
-        lease: 0,
-    }
-}
 
 fn service(cip: &str) -> KeyValue {
     kv(serde_json::json!({
@@ -62,7 +44,7 @@ fn nft(ns: &str, args: &str) -> String {
 fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
     let name = format!("pn-proxier-{fam}-{}", std::process::id());
     let ns = Netns::create_named(&name).unwrap();
-    let _g = Ns(name.clone());
+    let _g = NsGuard(vec![name.clone()]);
     ns.run(|| {
         let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
         p.observe(EventType::Put, &service(cip));

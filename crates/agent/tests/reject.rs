@@ -16,24 +16,16 @@ use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
+mod common;
+
+use common::{kv, NsGuard};
 use podnet_agent::proxier::Proxier;
 use podnet_agent::proxy::Stack;
-use podnet_api::Object;
 use podnet_kernel::Netns;
 use podnet_store::{EventType, KeyValue};
 
-/// Removes the namespaces even when the test panics.
-struct Guard(Vec<String>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Netns::delete_named(n);
-        }
-    }
-}
-
-fn sh(cmd: &str) {
+/// Runs a shell command; its stdout.
+fn sh(cmd: &str) -> String {
     let out = std::process::Command::new("sh")
         .args(["-c", cmd])
         .output()
@@ -43,26 +35,7 @@ fn sh(cmd: &str) {
         "{cmd}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn sh_out(cmd: &str) -> String {
-    let out = std::process::Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{cmd}");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn kv(o: serde_json::Value) -> KeyValue {
-    let o = Object::from_value(o).unwrap();
-    KeyValue {
-        key: o.key(),
-        value: podnet_store::objects::encode(&o),
-        create_rev: 1,
-        mod_rev: 1,
-        lease: 0,
-    }
 }
 
 fn service(name: &str, cips: &[&str]) -> KeyValue {
@@ -91,7 +64,7 @@ struct Lab {
     pod: String,
     node: String,
     gw: String,
-    _g: Guard,
+    _g: NsGuard,
 }
 
 fn lab(tag: &str) -> Lab {
@@ -101,7 +74,7 @@ fn lab(tag: &str) -> Lab {
         format!("pn-rj-{tag}-n{id}"),
         format!("pn-rj-{tag}-g{id}"),
     );
-    let g = Guard(vec![pod.clone(), node.clone(), gw.clone()]);
+    let g = NsGuard(vec![pod.clone(), node.clone(), gw.clone()]);
     for n in &g.0 {
         Netns::create_named(n).unwrap();
         sh(&format!("ip -n {n} link set lo up"));
@@ -144,7 +117,7 @@ fn lab(tag: &str) -> Lab {
 impl Lab {
     /// Packets to the Service ranges that reached the gateway.
     fn leaked(&self) -> u64 {
-        let out = sh_out(&format!(
+        let out = sh(&format!(
             "ip netns exec {} nft list table inet count",
             self.gw
         ));
