@@ -632,6 +632,7 @@ fn table_row(o: &Object, wide: bool) -> (Vec<&'static str>, Vec<String>) {
             let eps: Vec<String> = s
                 .endpoints
                 .iter()
+                .flatten()
                 .flat_map(|e| e.addresses.iter().cloned())
                 .collect();
             let eps = if eps.is_empty() {

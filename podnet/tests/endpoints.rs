@@ -180,7 +180,7 @@ type Topology = Vec<(String, Option<String>, Vec<String>, Vec<String>)>;
 fn topology(slices: &[EndpointSlice]) -> Topology {
     let mut t: Topology = slices
         .iter()
-        .flat_map(|s| &s.endpoints)
+        .flat_map(|s| s.endpoints.iter().flatten())
         .map(|e| {
             let h = e.hints.clone().unwrap_or_default();
             (
@@ -293,7 +293,10 @@ fn prefer_close_slices_keep_traffic_in_the_zone() {
     c.apply(&plain.to_string());
     c.eventually("hints removed", || {
         let s = c.slices("web");
-        let eps: Vec<_> = s.iter().flat_map(|s| &s.endpoints).collect();
+        let eps: Vec<_> = s
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .collect();
         (eps.len() == 2 && eps.iter().all(|e| e.hints.is_none() && e.zone.is_none())).then_some(())
     });
 }

@@ -51,7 +51,7 @@ pub fn target(svc: &Service, slices: &[&EndpointSlice], node: &str) -> Option<(u
     // report the larger, so one pod is one endpoint.
     let mut per_family: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for s in slices {
-        for e in &s.endpoints {
+        for e in s.endpoints.iter().flatten() {
             let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
             if ready && e.node_name.as_deref() == Some(node) {
                 if let Some(a) = e.addresses.first() {

@@ -355,7 +355,7 @@ fn endpoints(
         let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()) else {
             continue;
         };
-        for e in &s.endpoints {
+        for e in s.endpoints.iter().flatten() {
             let c = e.conditions.clone().unwrap_or_default();
             let ready = c.ready.unwrap_or(true);
             let serving = c.serving.unwrap_or(ready);
@@ -1866,6 +1866,7 @@ mod tests {
             let all: BTreeSet<String> = eps
                 .endpoints
                 .iter()
+                .flatten()
                 .map(|e| format!("{}:8080", e.addresses[0]))
                 .collect();
             for (dst, port) in [("203.0.113.7", 80), ("198.18.0.9", 80), (NODE_IP, 30082)] {

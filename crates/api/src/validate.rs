@@ -481,7 +481,7 @@ fn endpoint_slice(e: &mut Errs, s: &EndpointSlice) {
             format!("unsupported value {at:?} (IPv4, IPv6, FQDN)"),
         );
     }
-    for (i, ep) in s.endpoints.iter().enumerate() {
+    for (i, ep) in s.endpoints.iter().flatten().enumerate() {
         if ep.addresses.is_empty() || ep.addresses.len() > 100 {
             e.add(
                 format!("endpoints[{i}].addresses"),

@@ -320,7 +320,7 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
                 ..Default::default()
             },
             address_type: fam,
-            endpoints: eps,
+            endpoints: Some(eps),
             ports: Some(
                 ports
                     .into_iter()
@@ -340,7 +340,7 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
 /// Whether two slices carry the same data (ignoring server-owned metadata).
 pub fn same(a: &EndpointSlice, b: &EndpointSlice) -> bool {
     a.address_type == b.address_type
-        && a.endpoints == b.endpoints
+        && a.endpoints.clone().unwrap_or_default() == b.endpoints.clone().unwrap_or_default()
         && a.ports.clone().unwrap_or_default() == b.ports.clone().unwrap_or_default()
         && a.metadata.labels == b.metadata.labels
         && a.metadata.owner_references == b.metadata.owner_references
@@ -409,17 +409,31 @@ mod tests {
         assert_eq!(d.len(), 1);
         let sl = &d[0];
         assert_eq!(sl.address_type, "IPv4");
-        assert_eq!(sl.endpoints.len(), 2);
-        assert_eq!(sl.endpoints[0].addresses, vec!["10.244.1.5"]);
+        assert_eq!(sl.endpoints.as_deref().unwrap_or_default().len(), 2);
         assert_eq!(
-            sl.endpoints[0].conditions.as_ref().unwrap().ready,
+            sl.endpoints.as_deref().unwrap()[0].addresses,
+            vec!["10.244.1.5"]
+        );
+        assert_eq!(
+            sl.endpoints.as_deref().unwrap()[0]
+                .conditions
+                .as_ref()
+                .unwrap()
+                .ready,
             Some(true)
         );
         assert_eq!(
-            sl.endpoints[1].conditions.as_ref().unwrap().ready,
+            sl.endpoints.as_deref().unwrap()[1]
+                .conditions
+                .as_ref()
+                .unwrap()
+                .ready,
             Some(false)
         );
-        assert_eq!(sl.endpoints[0].node_name.as_deref(), Some("n1"));
+        assert_eq!(
+            sl.endpoints.as_deref().unwrap()[0].node_name.as_deref(),
+            Some("n1")
+        );
         assert_eq!(sl.ports.as_ref().unwrap()[0].port, Some(8080));
         assert_eq!(managed_service(sl), Some("web"));
     }
@@ -466,7 +480,7 @@ mod tests {
             &[],
         );
         assert_eq!(empty.len(), 1);
-        assert!(empty[0].endpoints.is_empty());
+        assert!(empty[0].endpoints.as_deref().unwrap_or_default().is_empty());
     }
 
     #[test]
@@ -478,7 +492,7 @@ mod tests {
                 podnet_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         );
-        let c = unzoned(&s, &[&a])[0].endpoints[0]
+        let c = unzoned(&s, &[&a])[0].endpoints.as_deref().unwrap()[0]
             .conditions
             .clone()
             .unwrap();
@@ -503,6 +517,7 @@ mod tests {
     fn conds(sl: &EndpointSlice) -> BTreeMap<String, Conds> {
         sl.endpoints
             .iter()
+            .flatten()
             .map(|e| {
                 let c = e.conditions.clone().unwrap();
                 (
@@ -597,6 +612,7 @@ mod tests {
     fn topo(sl: &EndpointSlice) -> BTreeMap<String, Topo> {
         sl.endpoints
             .iter()
+            .flatten()
             .map(|e| {
                 let h = e.hints.as_ref();
                 if let Some(h) = h {

@@ -812,6 +812,7 @@ impl Builder {
         let endpoints = s
             .endpoints
             .iter()
+            .flatten()
             .filter(|_| !fqdn)
             .flat_map(|e| {
                 let hostname: Option<Box<str>> = e
@@ -1352,18 +1353,19 @@ mod tests {
                 ..Default::default()
             },
             address_type: "IPv4".into(),
-            endpoints: eps
-                .iter()
-                .map(|(ip, host, ready)| Endpoint {
-                    addresses: vec![ip.to_string()],
-                    hostname: host.map(String::from),
-                    conditions: Some(EndpointConditions {
-                        ready: Some(*ready),
+            endpoints: Some(
+                eps.iter()
+                    .map(|(ip, host, ready)| Endpoint {
+                        addresses: vec![ip.to_string()],
+                        hostname: host.map(String::from),
+                        conditions: Some(EndpointConditions {
+                            ready: Some(*ready),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
+                    })
+                    .collect(),
+            ),
             ports: Some(
                 ports
                     .iter()
