@@ -183,24 +183,91 @@ pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()
     Ok(())
 }
 
+/// Where `podnet agent` and `podnet dns` read cluster state in Kubernetes
+/// mode.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KubeArgs {
+    /// Read cluster state from the Kubernetes API with this kubeconfig
+    /// (Kubernetes mode) instead of the podnet store. Inside a pod the
+    /// in-cluster service-account config is used without this flag.
+    #[arg(long, env = "KUBECONFIG_PODNET")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Kubernetes mode: the network config, flannel's net-conf.json fields
+    /// (Network, SubnetLen, Backend {Type, VNI, Port, DirectRouting}, plus
+    /// podnet's ServiceCIDR, ClusterDomain...). Default: podnet's defaults.
+    #[arg(long)]
+    pub net_conf: Option<std::path::PathBuf>,
+}
+
+/// The in-cluster service account's token, present inside a pod.
+const IN_CLUSTER_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+impl KubeArgs {
+    /// Kubernetes mode: a kubeconfig was given, or this runs in a pod with
+    /// a service account.
+    pub fn enabled(&self) -> bool {
+        self.kubeconfig.is_some()
+            || (std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+                && std::path::Path::new(IN_CLUSTER_TOKEN).exists())
+    }
+
+    pub async fn client(&self) -> Result<kube::Client> {
+        podnet_source::kube_client(self.kubeconfig.as_deref())
+            .await
+            .context("connecting to the Kubernetes API")
+    }
+
+    /// The network config in Kubernetes mode.
+    pub fn network_config(&self) -> Result<podnet_api::netconfig::Resolved> {
+        let spec: serde_json::Value = match &self.net_conf {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading --net-conf {}", p.display()))?;
+                serde_json::from_str(&text)
+                    .with_context(|| format!("--net-conf {}: not JSON", p.display()))?
+            }
+            None => serde_json::json!({}),
+        };
+        let cfg: podnet_api::netconfig::NetworkConfig =
+            serde_json::from_value(serde_json::json!({ "spec": spec }))
+                .with_context(|| "--net-conf: not a network config".to_string())?;
+        cfg.resolve()
+            .map_err(|(f, m)| anyhow::anyhow!("--net-conf field {f}: {m}"))
+    }
+}
+
 /// `podnet agent`: runs until SIGTERM (leaving the data plane), or with
 /// `--cleanup` removes what it installed.
 pub async fn agent(
     url: &str,
+    kube: &KubeArgs,
     opts: podnet_agent::Options,
     metrics_addr: &str,
     cleanup: bool,
 ) -> Result<()> {
     if cleanup {
-        let store = podnet_store::open(url).await.ok();
+        let store = if kube.enabled() {
+            None
+        } else {
+            podnet_store::open(url).await.ok()
+        };
         for line in podnet_agent::cleanup(store, &opts).await? {
             println!("{line}");
         }
         return Ok(());
     }
-    let store = podnet_store::open(url)
-        .await
-        .with_context(|| format!("opening store {url}"))?;
+    let cluster = if kube.enabled() {
+        podnet_agent::Cluster::Kube {
+            client: kube.client().await?,
+            config: kube.network_config()?,
+        }
+    } else {
+        podnet_agent::Cluster::Store(
+            podnet_store::open(url)
+                .await
+                .with_context(|| format!("opening store {url}"))?,
+        )
+    };
     let metrics = podnet_daemon::Metrics::new();
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
     match podnet_daemon::bind(&addr.to_string()).await {
@@ -209,7 +276,7 @@ pub async fn agent(
         }
         Err(e) => tracing::warn!("metrics address {addr}: {e}; serving no metrics"),
     }
-    podnet_agent::run(store, opts, metrics, podnet_daemon::shutdown_signal()).await?;
+    podnet_agent::run(cluster, opts, metrics, podnet_daemon::shutdown_signal()).await?;
     Ok(())
 }
 

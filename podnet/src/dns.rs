@@ -8,6 +8,8 @@ use podnet_api::{netconfig, Kind, Object};
 /// Flags of `podnet dns`.
 #[derive(clap::Args)]
 pub struct DnsArgs {
+    #[command(flatten)]
+    kube: crate::cmd::KubeArgs,
     /// Address for DNS over UDP and TCP.
     #[arg(long, default_value = "0.0.0.0:53")]
     listen: String,
@@ -118,10 +120,23 @@ pub async fn run(url: &str, a: DnsArgs) -> Result<()> {
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
     };
-    let store = podnet_store::open(url)
-        .await
-        .with_context(|| format!("opening store {url}"))?;
-    let net = network_config(&store).await;
+    let metrics = podnet_daemon::Metrics::new();
+    let (source, net) = if a.kube.enabled() {
+        let client = a.kube.client().await?;
+        (
+            podnet_source::Source::kube(client, metrics.store_watch("dns")),
+            a.kube.network_config()?,
+        )
+    } else {
+        let store = podnet_store::open(url)
+            .await
+            .with_context(|| format!("opening store {url}"))?;
+        let net = network_config(&store).await;
+        (
+            podnet_source::Source::store(store, metrics.store_watch("dns")),
+            net,
+        )
+    };
     let mut reverse = Vec::new();
     for c in &a.reverse_cidr {
         reverse.push(
@@ -171,14 +186,13 @@ pub async fn run(url: &str, a: DnsArgs) -> Result<()> {
     };
     let listen = podnet_daemon::listen_addr(&a.listen).map_err(anyhow::Error::msg)?;
     let sockets = podnet_dns::Sockets::bind(listen)?;
-    let metrics = podnet_daemon::Metrics::new();
     let maddr = podnet_daemon::listen_addr(&a.metrics_addr).map_err(anyhow::Error::msg)?;
     let listener = podnet_daemon::bind(&maddr.to_string())
         .await
         .with_context(|| format!("binding metrics address {maddr}"))?;
     tracing::info!(store = url, dns = %sockets.local_addr(), metrics = %listener.local_addr()?, "dns starting");
     tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
-    podnet_dns::run(cfg, sockets, store, metrics, shutdown).await?;
+    podnet_dns::run(cfg, sockets, source, metrics, shutdown).await?;
     tracing::info!("dns stopped");
     Ok(())
 }

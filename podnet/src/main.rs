@@ -121,6 +121,8 @@ enum Cmd {
         /// local addresses). Never on loopback.
         #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_cidr)]
         nodeport_addresses: Vec<Option<ipnet::IpNet>>,
+        #[command(flatten)]
+        kube: cmd::KubeArgs,
     },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
@@ -341,6 +343,7 @@ fn main() {
             cleanup,
             no_proxy,
             nodeport_addresses,
+            kube,
         } => {
             let opts = podnet_agent::Options {
                 node,
@@ -354,7 +357,7 @@ fn main() {
                 proxy: !no_proxy,
                 nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
             };
-            block_on(cmd::agent(&cli.store, opts, &metrics_addr, cleanup))
+            block_on(cmd::agent(&cli.store, &kube, opts, &metrics_addr, cleanup))
         }
         Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
         Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),

@@ -64,7 +64,8 @@ impl Server {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let s2 = store.clone();
         rt.spawn(async move {
-            podnet_dns::run(cfg, sockets, s2, metrics, async move {
+            let source = podnet_source::Source::store(s2, metrics.store_watch("dns"));
+            podnet_dns::run(cfg, sockets, source, metrics, async move {
                 let _ = rx.await;
             })
             .await
@@ -688,7 +689,7 @@ fn servfail_for_the_zone_until_the_first_load() {
     let h = rt.spawn(podnet_dns::run(
         podnet_dns::Config::default(),
         sockets,
-        store,
+        podnet_source::Source::store(store, metrics.store_watch("dns")),
         metrics.clone(),
         async move {
             let _ = rx.await;

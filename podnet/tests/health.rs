@@ -333,7 +333,7 @@ fn proxied(ns: &TestNs, ip: &str) -> bool {
 }
 
 /// Every watching loop of a daemon, with the daemon that runs it.
-const LOOPS: [(usize, &str); 4] = [(0, "controller"), (1, "dns"), (2, "overlay"), (2, "proxy")];
+const LOOPS: [(usize, &str); 4] = [(0, "controller"), (1, "dns"), (2, "overlay"), (2, "agent")];
 
 #[test]
 fn readyz_follows_the_store_through_an_etcd_crash() {

@@ -24,7 +24,7 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::Object;
 use podnet_kernel::Netns;
-use podnet_store::{EventType, KeyValue};
+use podnet_source::Delta;
 
 #[derive(Parser)]
 struct Args {
@@ -73,14 +73,9 @@ fn slice(i: usize, gen: usize) -> EndpointSlice {
     .unwrap()
 }
 
-fn kv(o: Object, rev: i64) -> KeyValue {
-    KeyValue {
-        key: o.key(),
-        value: podnet_store::objects::encode(&o),
-        create_rev: rev,
-        mod_rev: rev,
-        lease: 0,
-    }
+/// The object source's delta for a created or changed object.
+fn put(o: Object, _rev: i64) -> Delta {
+    Delta::Updated(std::sync::Arc::new(o))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -117,11 +112,8 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
             metrics,
         )?;
         for i in 0..n {
-            p.observe(EventType::Put, &kv(Object::Service(Box::new(svc(i))), 1));
-            p.observe(
-                EventType::Put,
-                &kv(Object::EndpointSlice(Box::new(slice(i, 0))), 1),
-            );
+            p.watch(&put(Object::Service(Box::new(svc(i))), 1));
+            p.watch(&put(Object::EndpointSlice(Box::new(slice(i, 0))), 1));
         }
         let t0 = Instant::now();
         p.sync()?;
@@ -131,24 +123,18 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
         for r in 0..repeats {
             let extra = n + 1 + r;
             let t0 = Instant::now();
-            p.observe(
-                EventType::Put,
-                &kv(Object::Service(Box::new(svc(extra))), 2),
-            );
-            p.observe(
-                EventType::Put,
-                &kv(Object::EndpointSlice(Box::new(slice(extra, 0))), 2),
-            );
+            p.watch(&put(Object::Service(Box::new(svc(extra))), 2));
+            p.watch(&put(Object::EndpointSlice(Box::new(slice(extra, 0))), 2));
             let ops = p.sync()?;
             one_svc.push(t0.elapsed().as_secs_f64() * 1000.0);
             if ops == 0 {
                 bail!("adding a Service sent no operations");
             }
             let t0 = Instant::now();
-            p.observe(
-                EventType::Put,
-                &kv(Object::EndpointSlice(Box::new(slice(r * 7 % n, r + 1))), 3),
-            );
+            p.watch(&put(
+                Object::EndpointSlice(Box::new(slice(r * 7 % n, r + 1))),
+                3,
+            ));
             p.sync()?;
             one_ep.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
@@ -373,8 +359,8 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
             podnet_daemon::Metrics::new(),
         )?;
         for i in 0..n {
-            p.observe(EventType::Put, &kv(Object::Service(Box::new(svc(i))), 1));
-            p.observe(EventType::Put, &kv(Object::EndpointSlice(Box::new(slice(i, 0))), 1));
+            p.watch(&put(Object::Service(Box::new(svc(i))), 1));
+            p.watch(&put(Object::EndpointSlice(Box::new(slice(i, 0))), 1));
         }
         let target: Service = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "target", "namespace": "bench"},
@@ -386,8 +372,8 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
             "addressType": "IPv4",
             "endpoints": [{"addresses": ["10.244.201.2"], "conditions": {"ready": true}, "nodeName": "n1"}],
             "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}))?;
-        p.observe(EventType::Put, &kv(Object::Service(Box::new(target)), 1));
-        p.observe(EventType::Put, &kv(Object::EndpointSlice(Box::new(eps)), 1));
+        p.watch(&put(Object::Service(Box::new(target)), 1));
+        p.watch(&put(Object::EndpointSlice(Box::new(eps)), 1));
         p.sync()?;
         Ok(())
     })??;

@@ -22,7 +22,6 @@ pub mod files;
 pub mod gso;
 pub mod healthcheck;
 pub mod kernel;
-pub mod lease;
 pub mod plan;
 pub mod proxier;
 pub mod proxy;
@@ -33,22 +32,24 @@ use std::future::Future;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use podnet_api::k8s_openapi::api::core::v1::{
-    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus,
-};
 use podnet_api::netconfig::{self, BackendType, Resolved};
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
 use podnet_kernel::Handle;
-use podnet_store::{AnyStore, EventType, Objects, Store, StoreError, WatchMsg};
+pub use podnet_source::subnets::leases as lease;
+use podnet_source::subnets::{self, leases::Leases, podcidr::PodCidr, Subnets};
+use podnet_source::Source;
+use podnet_store::{AnyStore, Objects, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Source(#[from] podnet_source::SourceError),
     #[error("kernel: {0}")]
     Kernel(#[from] podnet_kernel::KernelError),
     #[error("network config {0}: {1}")]
@@ -198,60 +199,7 @@ fn backend_name(b: BackendType) -> &'static str {
     }
 }
 
-/// Registers or refreshes this node's Node object.
-async fn register_node(
-    objs: &Objects,
-    name: &str,
-    ip: Ipv4Addr,
-    subnet: Ipv4Net,
-) -> Result<(), StoreError> {
-    for _ in 0..5 {
-        let existing = objs.get(Kind::Node, None, name).await?;
-        let mut node = match &existing {
-            Some(Object::Node(n)) => (**n).clone(),
-            _ => Node::default(),
-        };
-        node.metadata.name = Some(name.to_string());
-        node.spec = Some(NodeSpec {
-            pod_cidr: Some(subnet.to_string()),
-            pod_cidrs: Some(vec![subnet.to_string()]),
-            ..node.spec.clone().unwrap_or_default()
-        });
-        node.status = Some(NodeStatus {
-            addresses: Some(vec![
-                NodeAddress {
-                    type_: "InternalIP".into(),
-                    address: ip.to_string(),
-                },
-                NodeAddress {
-                    type_: "Hostname".into(),
-                    address: name.to_string(),
-                },
-            ]),
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                reason: Some("PodnetAgentReady".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        });
-        let obj = Object::Node(Box::new(node));
-        let r = match existing {
-            Some(_) => objs.update(obj, vec![]).await,
-            None => objs.create(obj, vec![]).await,
-        };
-        match r {
-            Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists(_)) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 struct Runtime {
-    objs: Objects,
     opts: Options,
     cfg: Resolved,
     underlay: kernel::Underlay,
@@ -396,34 +344,61 @@ impl Runtime {
             .map_err(|e| AgentError::Other(format!("writing {}: {e}", p.display())))?;
         Ok(())
     }
+}
 
-    async fn reacquire(&mut self) -> Result<(), AgentError> {
-        let attrs = self.attrs();
-        self.mine = lease::acquire(
-            &self.objs.store,
-            &self.cfg,
-            &self.opts.node,
-            &attrs,
-            Some(self.mine.subnet),
-            self.opts.lease_ttl,
-        )
-        .await?;
-        tracing::info!(subnet = %self.mine.subnet, "lease re-acquired");
-        self.write_files()?;
-        Ok(())
-    }
+/// Where the agent's cluster state comes from.
+pub enum Cluster {
+    /// The podnet store (standalone): leases for subnets, the store's
+    /// NetworkConfig.
+    Store(AnyStore),
+    /// The Kubernetes API: Node.spec.podCIDRs for subnets, the network
+    /// config from the agent's `--net-conf` (flannel's net-conf.json).
+    Kube {
+        client: kube::Client,
+        config: Resolved,
+    },
 }
 
 /// Runs the agent until `shutdown` resolves; the data plane stays.
 pub async fn run(
-    store: AnyStore,
+    cluster: Cluster,
     opts: Options,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
-    let objs = Objects::new(store.clone());
-    let cfg = load_config(&objs).await?;
+    // One object source for the whole agent; the overlay's subnets and the
+    // proxy subscribe to it.
+    let (mut source, cfg) = match &cluster {
+        Cluster::Store(store) => (
+            Source::store(store.clone(), metrics.store_watch("agent")),
+            load_config(&Objects::new(store.clone())).await?,
+        ),
+        Cluster::Kube { client, config } => (
+            Source::kube(client.clone(), metrics.store_watch("agent")),
+            config.clone(),
+        ),
+    };
+    let proxy_sub = opts
+        .proxy
+        .then(|| source.subscribe(&[Kind::Service, Kind::EndpointSlice, Kind::Node]));
+    let mut subnets = match &cluster {
+        Cluster::Store(store) => Subnets::Leases(Leases::new(
+            store.clone(),
+            cfg.clone(),
+            &opts.node,
+            opts.lease_ttl,
+            metrics.store_watch("overlay"),
+        )),
+        Cluster::Kube { client, .. } => Subnets::PodCidr(PodCidr::new(
+            client.clone(),
+            cfg.clone(),
+            &opts.node,
+            source.subscribe(&[Kind::Node]),
+        )),
+    };
+    let _source = source.start();
+
     let mut h = Handle::new()?;
     let underlay = kernel::find_underlay(&mut h, opts.iface.as_deref())?;
     let mtu = opts
@@ -439,7 +414,6 @@ pub async fn run(
     }
     let overlay = kernel::ensure_device(&mut h, cfg.backend, &cfg, &underlay, mtu)?;
     let mut rt = Runtime {
-        objs: objs.clone(),
         opts: opts.clone(),
         cfg: cfg.clone(),
         underlay: underlay.clone(),
@@ -462,8 +436,11 @@ pub async fn run(
     };
     let attrs = rt.attrs();
     let previous = files::previous_subnet(&opts.subnet_file);
-    rt.mine = lease::acquire(&store, &cfg, &opts.node, &attrs, previous, opts.lease_ttl).await?;
-    tracing::info!(node = %opts.node, subnet = %rt.mine.subnet, public_ip = %underlay.ip, backend = backend_name(cfg.backend), mtu, "lease acquired");
+    rt.mine = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        r = subnets.acquire(&attrs, previous) => r?,
+    };
+    tracing::info!(node = %opts.node, subnet = %rt.mine.subnet, public_ip = %underlay.ip, backend = backend_name(cfg.backend), mtu, "subnet acquired");
     if let Some((idx, _)) = rt.overlay {
         kernel::ensure_overlay_addr(&mut h, idx, rt.mine.subnet)?;
     }
@@ -477,12 +454,12 @@ pub async fn run(
     podnet_nft::apply("installing pod masquerade", &rt.masq_table().script())
         .map_err(|e| AgentError::Other(e.to_string()))?;
     rt.write_files()?;
-    register_node(&objs, &opts.node, underlay.ip, rt.mine.subnet).await?;
+    subnets.network_up(underlay.ip).await?;
 
     // The service proxy runs beside the network loop; its rules stay when
     // the agent stops.
-    let _proxy = opts.proxy.then(|| {
-        let (store, m) = (store.clone(), metrics.clone());
+    let _proxy = proxy_sub.map(|sub| {
+        let m = metrics.clone();
         let have: Vec<std::net::IpAddr> = h
             .addrs(0)
             .map(|a| a.into_iter().map(|a| a.net.addr()).collect())
@@ -505,153 +482,52 @@ pub async fn run(
         ];
         let resync = opts.resync;
         AbortOnDrop(tokio::spawn(async move {
-            // A store outage ends one run; the next starts with a full sync.
-            loop {
-                let run = proxier::run(
-                    store.clone(),
-                    node.clone(),
-                    stacks.clone(),
-                    resync,
-                    m.clone(),
-                    std::future::pending(),
-                );
-                if let Err(e) = run.await {
-                    tracing::error!("service proxy: {e}; restarting in 1s");
-                    m.set_unhealthy(Some(format!("service proxy: {e}")));
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            let run = proxier::run(sub, node, stacks, resync, m.clone(), std::future::pending());
+            if let Err(e) = run.await {
+                tracing::error!("service proxy stopped: {e}");
+                m.set_unhealthy(Some(format!("service proxy stopped: {e}")));
             }
         }))
     });
 
-    let mut next_renew = Instant::now() + Duration::from_secs((opts.lease_ttl / 3).max(1) as u64);
-    // A lost store fails /readyz (component="overlay"); routes stay as they
-    // are meanwhile, and the store's return brings a relist.
-    let health = metrics.store_watch("overlay");
-    let _probe = health.probe({
-        let store = store.clone();
-        move || {
-            let store = store.clone();
-            async move { store.revision().await }
-        }
-    });
-    'relist: loop {
-        let listed = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            r = store.list(lease::PREFIX) => r,
-        };
-        let (kvs, rev) = match listed {
-            Ok(l) => l,
-            Err(e) => {
-                health.broken(&format!("listing leases: {e}"));
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = health.backoff() => continue 'relist,
+    let renew_every = subnets.renew_every();
+    let mut renew = tokio::time::interval(renew_every.unwrap_or(Duration::from_secs(3600)));
+    renew.tick().await;
+    let mut resync =
+        tokio::time::interval_at(tokio::time::Instant::now() + opts.resync, opts.resync);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => {
+                tracing::info!("shutting down; the data plane stays in place");
+                return Ok(());
+            }
+            _ = renew.tick(), if renew_every.is_some() => {
+                if let Err(e) = subnets.renew().await {
+                    tracing::warn!("lease renewal: {e}");
                 }
             }
-        };
-        rt.leases = kvs
-            .iter()
-            .filter_map(lease::decode)
-            .map(|l| (l.subnet, l))
-            .collect();
-        if !rt.leases.contains_key(&rt.mine.subnet)
-            || rt.leases[&rt.mine.subnet].attrs.node != opts.node
-        {
-            rt.reacquire().await?;
-            continue 'relist;
-        }
-        if let Err(e) = rt.sync() {
-            tracing::warn!("sync: {e}");
-        }
-        metrics.set_ready(true);
-        let watch = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            w = store.watch(lease::PREFIX, rev + 1) => w,
-        };
-        let mut w = match watch {
-            Ok(w) => w,
-            Err(e) => {
-                health.broken(&format!("watching leases: {e}"));
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = health.backoff() => continue 'relist,
+            _ = resync.tick() => {
+                // Repair anything deleted behind our back.
+                if let Err(e) = rt.sync() {
+                    tracing::warn!("resync: {e}");
                 }
+                rt.masq_table().repair();
+                ensure_bridge_netfilter(false);
             }
-        };
-        health.watching();
-        let mut next_resync = Instant::now() + opts.resync;
-        loop {
-            let wake = next_resync.min(next_renew);
-            tokio::select! {
-                _ = &mut shutdown => {
-                    tracing::info!("shutting down; the data plane stays in place");
-                    return Ok(());
-                }
-                _ = tokio::time::sleep_until(wake.into()) => {
-                    if Instant::now() >= next_renew {
-                        next_renew = Instant::now() + Duration::from_secs((opts.lease_ttl / 3).max(1) as u64);
-                        match store.keepalive(rt.mine.lease_id).await {
-                            Ok(()) => {}
-                            Err(StoreError::LeaseNotFound(_)) => {
-                                tracing::warn!("lease expired; re-acquiring");
-                                rt.reacquire().await?;
-                                continue 'relist;
-                            }
-                            Err(e) => tracing::warn!("lease renewal: {e}"),
-                        }
-                    }
-                    if Instant::now() >= next_resync {
-                        next_resync = Instant::now() + opts.resync;
-                        if let Err(e) = rt.sync() {
-                            tracing::warn!("resync: {e}");
-                        }
-                        rt.masq_table().repair();
-                        ensure_bridge_netfilter(false);
-                    }
-                }
-                // The store is back after a loss: relist.
-                _ = health.recovered() => continue 'relist,
-                m = w.next() => {
-                    health.event();
-                    let mut relist = false;
-                    for m in w.with_queued(m) {
-                        match m {
-                            Some(Ok(WatchMsg::Events(_, evs))) => {
-                                for ev in evs {
-                                    let Some(subnet) = lease::parse_key(&ev.kv.key) else { continue };
-                                    match ev.typ {
-                                        EventType::Put => {
-                                            if let Some(l) = lease::decode(&ev.kv) {
-                                                rt.leases.insert(subnet, l);
-                                            }
-                                        }
-                                        EventType::Delete => {
-                                            rt.leases.remove(&subnet);
-                                            if subnet == rt.mine.subnet {
-                                                relist = true;
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                            Some(Ok(WatchMsg::Compacted(_))) => relist = true,
-                            Some(Err(e)) => {
-                                health.broken(&format!("lease watch: {e}"));
-                                relist = true;
-                            }
-                            None => {
-                                health.broken(&"lease watch ended");
-                                relist = true;
-                            }
-                        }
-                    }
-                    if relist {
-                        continue 'relist;
-                    }
+            c = subnets.next() => match c? {
+                subnets::Change::Nodes(map) => {
+                    rt.leases = map;
                     if let Err(e) = rt.sync() {
                         tracing::warn!("sync: {e}");
                     }
+                    metrics.set_ready(true);
+                }
+                subnets::Change::LostMine => {
+                    let attrs = rt.attrs();
+                    rt.mine = subnets.acquire(&attrs, Some(rt.mine.subnet)).await?;
+                    tracing::info!(subnet = %rt.mine.subnet, "subnet re-acquired");
+                    rt.write_files()?;
+                    rt.masq_table().repair();
                 }
             }
         }

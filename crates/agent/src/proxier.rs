@@ -39,8 +39,7 @@ use podnet_daemon::Metrics;
 use podnet_nft::diff::{diff, ops, Change};
 use podnet_nft::model::{ElemData, Expr, Proto, Set, Table, Value};
 use podnet_nft::netlink::Conn;
-use podnet_store::objects::decode;
-use podnet_store::{AnyStore, EventType, KeyValue, Store, WatchMsg};
+use podnet_source::{Delta, Subscription};
 
 use crate::healthcheck;
 use crate::proxy::{base_table, fragment, is_fast_count_set, shell, NodeInfo, Stack, TABLE};
@@ -125,12 +124,15 @@ fn service_id(o: &Object) -> Option<String> {
     }
 }
 
-/// An object as the store encodes it; decoded when a plan needs it.
+/// An object as JSON bytes; decoded when a plan needs it.
 type Raw = Arc<[u8]>;
 
+fn encode<T: serde::Serialize>(o: &T) -> Raw {
+    Arc::from(serde_json::to_vec(o).expect("objects serialize"))
+}
+
 /// Straight into the typed object, with no `serde_json::Value` in between:
-/// a full sync decodes every Service and slice once more. The store writes
-/// every object with its apiVersion and kind (see the unit test below).
+/// a full sync decodes every Service and slice once more.
 fn decode_service(raw: &[u8]) -> Option<Service> {
     serde_json::from_slice(raw).ok()
 }
@@ -164,7 +166,7 @@ pub struct Proxier {
     node: NodeInfo,
     stack: Stack,
     services: BTreeMap<String, Raw>,
-    /// Slices by store key, with the Service they belong to.
+    /// Slices by "namespace/name", with the Service they belong to.
     slices: BTreeMap<String, (String, Raw)>,
     by_service: BTreeMap<String, BTreeSet<String>>,
     dirty: BTreeSet<String>,
@@ -272,49 +274,54 @@ impl Proxier {
         })
     }
 
-    /// Records a store event; true if it concerns the proxy.
-    pub fn observe(&mut self, typ: EventType, kv: &KeyValue) -> bool {
-        if kv.key.starts_with(&Kind::Node.prefix(None)) {
-            return self.observe_node(typ, kv);
-        }
-        let is_svc = kv.key.starts_with(&Kind::Service.prefix(None));
-        let is_eps = kv.key.starts_with(&Kind::EndpointSlice.prefix(None));
-        if !is_svc && !is_eps {
-            return false;
-        }
-        let Ok(obj) = decode(kv) else { return false };
-        let Some(id) = service_id(&obj) else {
-            return false;
-        };
-        self.dirty.insert(id.clone());
-        self.touched.insert(id.clone());
-        let raw: Raw = Arc::from(kv.value.as_slice());
-        match (typ, obj) {
-            (EventType::Put, Object::Service(_)) => {
-                self.services.insert(id, raw);
+    /// Takes one delta from the object source into the proxy's view (the
+    /// `watch` verb); true if it concerns the proxy. Only Services,
+    /// EndpointSlices and this node's Node matter.
+    pub fn watch(&mut self, d: &Delta) -> bool {
+        let key = d.key();
+        let ns = key.namespace.clone().unwrap_or_else(|| "default".into());
+        match (key.kind, d.object()) {
+            (Kind::Node, o) => self.watch_node(&key.name, o),
+            (Kind::Service, o) => {
+                let id = format!("{ns}/{}", key.name);
+                self.dirty.insert(id.clone());
+                self.touched.insert(id.clone());
+                match o {
+                    Some(Object::Service(svc)) => {
+                        self.services.insert(id, encode(svc.as_ref()));
+                    }
+                    _ => {
+                        self.services.remove(&id);
+                    }
+                }
+                true
             }
-            (EventType::Delete, Object::Service(_)) => {
-                self.services.remove(&id);
-            }
-            (typ, Object::EndpointSlice(_)) => {
-                if let Some((old, _)) = self.slices.remove(&kv.key) {
+            (Kind::EndpointSlice, o) => {
+                let skey = format!("{ns}/{}", key.name);
+                if let Some((old, _)) = self.slices.remove(&skey) {
                     if let Some(set) = self.by_service.get_mut(&old) {
-                        set.remove(&kv.key);
+                        set.remove(&skey);
                     }
                     self.touched.insert(old.clone());
                     self.dirty.insert(old);
                 }
-                if typ == EventType::Put {
-                    self.by_service
-                        .entry(id.clone())
-                        .or_default()
-                        .insert(kv.key.clone());
-                    self.slices.insert(kv.key.clone(), (id, raw));
-                }
+                let Some(obj @ Object::EndpointSlice(slice)) = o else {
+                    return true;
+                };
+                let Some(id) = service_id(obj) else {
+                    return true;
+                };
+                self.dirty.insert(id.clone());
+                self.touched.insert(id.clone());
+                self.by_service
+                    .entry(id.clone())
+                    .or_default()
+                    .insert(skey.clone());
+                self.slices.insert(skey, (id, encode(slice.as_ref())));
+                true
             }
-            _ => return false,
+            _ => false,
         }
-        true
     }
 
     /// This node's zone label decides which topology hints apply: when it
@@ -322,12 +329,12 @@ impl Proxier {
     /// resyncs on a node label change). A partial sync could not do it:
     /// the applied fragments are remembered as their inputs and re-planned
     /// with the node as it is now, so old and new would look alike.
-    fn observe_node(&mut self, typ: EventType, kv: &KeyValue) -> bool {
-        if kv.key.rsplit('/').next() != Some(self.node.name.as_str()) {
+    fn watch_node(&mut self, name: &str, o: Option<&Object>) -> bool {
+        if name != self.node.name {
             return false;
         }
-        let zone = match (typ, decode(kv)) {
-            (EventType::Put, Ok(Object::Node(n))) => n
+        let zone = match o {
+            Some(Object::Node(n)) => n
                 .metadata
                 .labels
                 .as_ref()
@@ -637,9 +644,15 @@ impl Proxier {
 const STALL: Duration = Duration::from_secs(30);
 
 /// Runs the proxy until `shutdown`, one [`Proxier`] per stack fed from one
-/// watch; the rules stay in place afterwards.
+/// subscription to the object source (Services, EndpointSlices and Nodes);
+/// the rules stay in place afterwards.
+///
+/// Nothing is synced before the source's view is complete
+/// ([`podnet_source::Event::Ready`]): a restarted agent's first sync
+/// replaces the table with one built from every Service and slice, so
+/// established connections keep their endpoints.
 pub async fn run(
-    store: AnyStore,
+    mut sub: Subscription,
     node: NodeInfo,
     stacks: Vec<Stack>,
     resync: Duration,
@@ -676,112 +689,52 @@ pub async fn run(
             )
         }));
     };
-    // A lost store fails /readyz (component="proxy"); the rules stay as
-    // they are meanwhile, and the store's return brings a relist.
-    let store_health = metrics.store_watch("proxy");
-    let _probe = store_health.probe({
-        let store = store.clone();
-        move || {
-            let store = store.clone();
-            async move { store.revision().await }
-        }
-    });
+    let mut ready = false;
+    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
     loop {
-        let listed = tokio::select! {
+        let retry = ready && ps.iter().any(|p| p.applied.is_none());
+        tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            r = store.list("/registry/") => r,
-        };
-        let (kvs, rev) = match listed {
-            Ok(l) => l,
-            Err(e) => {
-                store_health.broken(&format!("listing the store: {e}"));
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = store_health.backoff() => continue,
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+            _ = check.tick() => {
+                // Repair what someone else deleted.
+                for p in ps.iter_mut() {
+                    p.verify();
                 }
             }
-        };
-        for p in ps.iter_mut() {
-            p.reset();
-            for kv in &kvs {
-                p.observe(EventType::Put, kv);
-            }
-        }
-        sync_all(&mut ps);
-        if let Some(p) = ps.first_mut() {
-            p.take_touched();
-            health.resync(p.health_targets());
-        }
-        let watch = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            w = store.watch("/registry/", rev + 1) => w,
-        };
-        let mut w = match watch {
-            Ok(w) => w,
-            Err(e) => {
-                store_health.broken(&format!("watching the store: {e}"));
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = store_health.backoff() => continue,
-                }
-            }
-        };
-        store_health.watching();
-        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-        loop {
-            let retry = ps.iter().any(|p| p.applied.is_none());
-            let m = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                _ = tokio::time::sleep(Duration::from_secs(1)), if retry => None,
-                _ = check.tick() => {
-                    // Repair what someone else deleted.
+            b = sub.next_batch() => {
+                let Some(b) = b else {
+                    return Err(AgentError::Other("the object source stopped".into()));
+                };
+                for d in &b.deltas {
                     for p in ps.iter_mut() {
-                        p.verify();
+                        p.watch(d);
                     }
-                    None
                 }
-                // The store is back after a loss: relist.
-                _ = store_health.recovered() => break,
-                m = w.next() => {
-                    store_health.event();
-                    Some(m)
-                }
-            };
-            let mut relist = false;
-            let msgs = match m {
-                Some(m) => w.with_queued(m),
-                None => Vec::new(),
-            };
-            for m in msgs {
-                match m {
-                    Some(Ok(WatchMsg::Events(_, evs))) => {
-                        for ev in evs {
-                            for p in ps.iter_mut() {
-                                p.observe(ev.typ, &ev.kv);
-                            }
-                        }
+                if b.ready && !ready {
+                    ready = true;
+                    sync_all(&mut ps);
+                    if let Some(p) = ps.first_mut() {
+                        p.take_touched();
+                        health.resync(p.health_targets());
                     }
-                    Some(Ok(WatchMsg::Compacted(_))) => relist = true,
-                    Some(Err(e)) => {
-                        store_health.broken(&format!("watch: {e}"));
-                        relist = true;
-                    }
-                    None => {
-                        store_health.broken(&"watch ended");
-                        relist = true;
-                    }
+                    continue;
                 }
             }
-            if relist {
-                break;
-            }
-            if retry || ps.iter().any(|p| !p.dirty.is_empty()) {
-                sync_all(&mut ps);
-            }
-            if let Some(p) = ps.first_mut() {
-                for id in p.take_touched() {
-                    health.update(&id, p.health_target(&id));
-                }
+        }
+        if !ready {
+            continue;
+        }
+        if retry
+            || ps
+                .iter()
+                .any(|p| !p.dirty.is_empty() || p.applied.is_none())
+        {
+            sync_all(&mut ps);
+        }
+        if let Some(p) = ps.first_mut() {
+            for id in p.take_touched() {
+                health.update(&id, p.health_target(&id));
             }
         }
     }
@@ -825,14 +778,14 @@ mod tests {
     }
 
     #[test]
-    fn store_bytes_decode_straight_into_typed_objects() {
+    fn kept_bytes_decode_straight_into_typed_objects() {
         let (svc, slice) = service(&["10.244.1.2"]);
-        let raw = podnet_store::objects::encode(&Object::Service(Box::new(svc.clone())));
+        let raw = encode(&svc);
         assert_eq!(
             serde_json::from_slice::<Service>(&raw).unwrap().spec,
             svc.spec
         );
-        let raw = podnet_store::objects::encode(&Object::EndpointSlice(Box::new(slice.clone())));
+        let raw = encode(&slice);
         let back = serde_json::from_slice::<EndpointSlice>(&raw).unwrap();
         assert_eq!(back.endpoints, slice.endpoints);
     }

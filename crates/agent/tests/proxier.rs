@@ -3,13 +3,12 @@
 
 mod common;
 
-use common::{kv, NsGuard};
+use common::{del, kv, put, NsGuard};
 use podnet_agent::proxier::Proxier;
 use podnet_agent::proxy::Stack;
 use podnet_kernel::Netns;
-use podnet_store::{EventType, KeyValue};
 
-fn service(cip: &str) -> KeyValue {
+fn service(cip: &str) -> podnet_api::Object {
     kv(serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "default"},
@@ -17,7 +16,7 @@ fn service(cip: &str) -> KeyValue {
     }))
 }
 
-fn slice(family: &str, addrs: &[&str]) -> KeyValue {
+fn slice(family: &str, addrs: &[&str]) -> podnet_api::Object {
     kv(serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": "web-1", "namespace": "default",
@@ -47,8 +46,8 @@ fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
     let _g = NsGuard(vec![name.clone()]);
     ns.run(|| {
         let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
-        p.observe(EventType::Put, &service(cip));
-        p.observe(EventType::Put, &slice(family, &eps[..2]));
+        p.watch(&put(service(cip)));
+        p.watch(&put(slice(family, &eps[..2])));
         assert!(p.sync().unwrap() > 0);
         let t = nft(&name, &format!("list table {fam} podnet"));
         assert!(t.contains(&format!("{cip} . tcp . 80")), "{t}");
@@ -57,7 +56,7 @@ fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
         // Nothing changed: nothing sent.
         assert_eq!(p.sync().unwrap(), 0);
         // A third endpoint: the port moves from fast-2 to fast-3, elements only.
-        p.observe(EventType::Put, &slice(family, &eps));
+        p.watch(&put(slice(family, &eps)));
         let ops = p.sync().unwrap();
         assert!(ops <= 6, "{ops} operations for one endpoint");
         assert!(!nft(&name, &format!("list set {fam} podnet fast-2")).contains(cip));
@@ -67,8 +66,8 @@ fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
             assert!(m.contains(e), "{e} missing in {m}");
         }
         // Deleted: its elements go.
-        p.observe(EventType::Delete, &service(cip));
-        p.observe(EventType::Delete, &slice(family, &eps));
+        p.watch(&del(service(cip)));
+        p.watch(&del(slice(family, &eps)));
         p.sync().unwrap();
         assert!(!nft(&name, &format!("list table {fam} podnet")).contains(cip));
     })

@@ -18,11 +18,10 @@ use std::time::Duration;
 
 mod common;
 
-use common::{kv, NsGuard};
+use common::{kv, put, NsGuard};
 use podnet_agent::proxier::Proxier;
 use podnet_agent::proxy::Stack;
 use podnet_kernel::Netns;
-use podnet_store::{EventType, KeyValue};
 
 /// Runs a shell command; its stdout.
 fn sh(cmd: &str) -> String {
@@ -38,7 +37,7 @@ fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn service(name: &str, cips: &[&str]) -> KeyValue {
+fn service(name: &str, cips: &[&str]) -> podnet_api::Object {
     kv(serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": "default"},
@@ -48,7 +47,7 @@ fn service(name: &str, cips: &[&str]) -> KeyValue {
     }))
 }
 
-fn slice(name: &str, family: &str, addr: &str) -> KeyValue {
+fn slice(name: &str, family: &str, addr: &str) -> podnet_api::Object {
     kv(serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("{name}-{family}"), "namespace": "default",
@@ -186,16 +185,10 @@ fn endpointless_services_are_refused_and_unheld_addresses_dropped_on_the_node() 
         ];
         for stack in stacks {
             let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
-            p.observe(
-                EventType::Put,
-                &service("empty", &["10.96.0.50", "fd00:96::50"]),
-            );
-            p.observe(
-                EventType::Put,
-                &service("full", &["10.96.0.51", "fd00:96::51"]),
-            );
-            p.observe(EventType::Put, &slice("full", "IPv4", "10.244.1.2"));
-            p.observe(EventType::Put, &slice("full", "IPv6", "fd00:244:0:1::2"));
+            p.watch(&put(service("empty", &["10.96.0.50", "fd00:96::50"])));
+            p.watch(&put(service("full", &["10.96.0.51", "fd00:96::51"])));
+            p.watch(&put(slice("full", "IPv4", "10.244.1.2")));
+            p.watch(&put(slice("full", "IPv6", "fd00:244:0:1::2")));
             assert!(p.sync().unwrap() > 0);
         }
     });

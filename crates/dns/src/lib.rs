@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use podnet_daemon::Metrics;
-use podnet_store::AnyStore;
+use podnet_source::Source;
 
 pub use forward::AllowList;
 pub use zone::ZoneConfig;
@@ -117,7 +117,7 @@ impl Sockets {
 pub async fn run(
     cfg: Config,
     sockets: Sockets,
-    store: AnyStore,
+    mut source: Source,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DnsError> {
@@ -173,8 +173,10 @@ pub async fn run(
     );
     let tcp_task = tokio::spawn(server::tcp_accept(tcp, handler.clone()));
     let (stop_watch_tx, stop_watch_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = source.subscribe(&watch::KINDS);
+    let _source = source.start();
     let watch_task = tokio::spawn(watch::run(
-        store,
+        sub,
         zone::Builder::new(cfg.zone.clone()),
         zone.clone(),
         metrics.clone(),

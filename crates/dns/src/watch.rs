@@ -1,66 +1,35 @@
-//! Keeps the served zone in step with the store: list Namespaces, Services
-//! and EndpointSlices, publish the first snapshot (the zone stops answering
-//! SERVFAIL), then apply watch events as they come and publish a new
-//! snapshot after each batch, so answers follow the store within
-//! milliseconds. A compacted watch or a broken stream means a relist into a
-//! cleared [`Builder`]: the next snapshot is computed against what is
-//! served, so only the names that really changed are rebuilt (flannel's
-//! lesson: after a gap, compare a fresh snapshot with the known state).
-//! The watch's health is a `podnet_daemon::StoreWatch`: a store that stays
-//! away fails `/readyz` (answers keep coming from the last snapshot), and
-//! its return brings a relist.
+//! Keeps the served zone in step with the cluster: one subscription to the
+//! object source (Namespaces, Services, EndpointSlices), the first snapshot
+//! published once the source's first list is in (the zone stops answering
+//! SERVFAIL), then a new snapshot after each batch of deltas, so answers
+//! follow the cluster within milliseconds. Gaps in the store's or the API
+//! server's watch are the source's business: it relists and delivers only
+//! the difference. The one relist DNS asks for itself is a Service turning
+//! headless, whose endpoints it did not keep ([`Subscription::resync`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_store::{objects::decode, AnyStore, EventType, KeyValue, Store, WatchMsg};
+use podnet_source::{Delta, Subscription};
 
 use crate::zone::{Builder, Snapshot};
 
-const UNHEALTHY_AFTER: Duration = Duration::from_secs(30);
-const KINDS: [Kind; 3] = [Kind::Namespace, Kind::Service, Kind::EndpointSlice];
-
-/// Namespace and name from a key `/registry/<plural>/[<ns>/]<name>`.
-fn key_parts(key: &str, kind: Kind) -> Option<(String, String)> {
-    let rest = key.strip_prefix(&kind.prefix(None))?;
-    let rest = rest.trim_start_matches('/');
-    match rest.split_once('/') {
-        Some((ns, name)) => Some((ns.to_string(), name.to_string())),
-        None => Some((String::new(), rest.to_string())),
-    }
-}
-
-/// Applies one store change to the builder; false if DNS does not care.
-pub fn observe(b: &mut Builder, typ: EventType, kv: &KeyValue) -> bool {
-    let Some(kind) = KINDS
-        .into_iter()
-        .find(|k| kv.key.starts_with(&k.prefix(None)))
-    else {
-        return false;
-    };
-    let Some((ns, name)) = key_parts(&kv.key, kind) else {
-        return false;
-    };
-    if typ == EventType::Delete {
-        match kind {
-            Kind::Namespace => b.delete_namespace(&name),
-            Kind::Service => b.delete_service(&ns, &name),
-            _ => b.delete_slice(&ns, &name),
-        }
-        return true;
-    }
-    match decode(kv) {
-        Ok(Object::Namespace(_)) => b.upsert_namespace(&name),
-        Ok(Object::Service(s)) => b.upsert_service(&s),
-        Ok(Object::EndpointSlice(s)) => b.upsert_slice(&s),
-        Ok(_) => return false,
-        Err(e) => {
-            tracing::warn!(key = kv.key, "skipping undecodable object: {e}");
-            return false;
-        }
+/// Applies one delta from the object source to the builder; false if DNS
+/// does not care.
+pub fn observe(b: &mut Builder, d: &Delta) -> bool {
+    let key = d.key();
+    let ns = key.namespace.as_deref().unwrap_or_default();
+    match (key.kind, d.object()) {
+        (Kind::Namespace, None) => b.delete_namespace(&key.name),
+        (Kind::Service, None) => b.delete_service(ns, &key.name),
+        (Kind::EndpointSlice, None) => b.delete_slice(ns, &key.name),
+        (_, Some(Object::Namespace(_))) => b.upsert_namespace(&key.name),
+        (_, Some(Object::Service(s))) => b.upsert_service(s),
+        (_, Some(Object::EndpointSlice(s))) => b.upsert_slice(s),
+        _ => return false,
     }
     true
 }
@@ -101,145 +70,78 @@ fn publish(b: &mut Builder, zone: &ArcSwap<Snapshot>, metrics: &Metrics, full: b
     );
 }
 
-/// Lists everything DNS needs; returns the revision to watch from.
-async fn relist(store: &AnyStore, b: &mut Builder) -> podnet_store::Result<i64> {
-    let mut rev = i64::MAX;
-    b.clear_objects();
-    // One kind at a time, so only one kind's raw objects are in memory.
-    for k in KINDS {
-        let (kvs, r) = store.list(&k.prefix(None)).await?;
-        rev = rev.min(r);
-        for kv in &kvs {
-            observe(b, EventType::Put, kv);
-        }
-    }
-    // Lists at slightly different revisions: watching from the oldest
-    // replays a few events onto newer state, which converges (every event
-    // carries a whole object).
-    Ok(rev)
-}
+/// The kinds DNS subscribes to.
+pub const KINDS: [Kind; 3] = [Kind::Namespace, Kind::Service, Kind::EndpointSlice];
 
-/// Runs until `shutdown`: keeps `zone` equal to the store's view. The
-/// watch's health (`component="dns"`) is probed in the background: a store
-/// gone for the watch timeout fails `/readyz` (answers keep coming from the
-/// last snapshot), and its return brings a relist.
+/// Runs until `shutdown`: keeps `zone` equal to the object source's view.
+/// The first snapshot is published once the source's first list is in
+/// (until then the zone answers SERVFAIL); then every batch of deltas
+/// publishes a new one. A lost store or API server fails `/readyz` through
+/// the source's health while answers keep coming from the last snapshot.
 pub async fn run(
-    store: AnyStore,
+    mut sub: Subscription,
     mut b: Builder,
     zone: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let health = metrics.store_watch("dns");
-    let _probe = health.probe({
-        let store = store.clone();
-        move || {
-            let store = store.clone();
-            async move { store.revision().await }
-        }
-    });
-    // When the store has been unreachable this long, /healthz says so
-    // (answers keep coming from the last snapshot meanwhile).
-    let mut failing_since: Option<Instant> = None;
+    let mut ready = false;
     loop {
-        let rev = tokio::select! {
+        let batch = tokio::select! {
             _ = &mut shutdown => return,
-            r = relist(&store, &mut b) => r,
+            b = sub.next_batch() => b,
         };
-        let rev = match rev {
-            Ok(r) => r,
-            Err(e) => {
-                health.broken(&format!("listing the store: {e}"));
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > UNHEALTHY_AFTER {
-                    metrics.set_unhealthy(Some(format!(
-                        "cannot list the store for {}s: {e}",
-                        since.elapsed().as_secs()
-                    )));
-                }
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = health.backoff() => {}
-                }
-                continue;
+        let Some(batch) = batch else {
+            metrics.set_unhealthy(Some("the object source stopped".into()));
+            return;
+        };
+        let mut full = false;
+        if let Some(objs) = &batch.snapshot {
+            // The resync asked for below: everything, from scratch.
+            b.clear_objects();
+            for o in objs {
+                observe(&mut b, &Delta::Updated(o.clone()));
             }
-        };
-        failing_since = None;
-        metrics.set_unhealthy(None);
-        b.take_relist();
-        publish(&mut b, &zone, &metrics, true);
-        // A full load frees megabytes of decoded objects: hand them back
-        // to the system instead of keeping them in malloc's free lists.
-        // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
-        if !metrics.is_ready() {
+            full = true;
+            metrics.inc(
+                "podnet_dns_relists_total",
+                "Full relists of the store.",
+                "",
+                1.0,
+            );
+        }
+        for d in &batch.deltas {
+            observe(&mut b, d);
+        }
+        if batch.ready && !ready {
+            ready = true;
+            full = true;
+        }
+        if !ready {
+            continue;
+        }
+        if b.take_relist() {
+            tracing::info!("a Service turned headless; relisting for its endpoints");
+            sub.resync();
+        }
+        if full || b.has_changes() {
+            publish(&mut b, &zone, &metrics, full);
+        }
+        if full {
+            // A full load frees megabytes of decoded objects: hand them
+            // back to the system instead of keeping them in malloc's free
+            // lists.
+            // SAFETY: malloc_trim only releases free heap memory.
+            unsafe { libc::malloc_trim(0) };
+        }
+        if full && !metrics.is_ready() {
             tracing::info!(
                 names = zone.load().name_count(),
                 services = b.service_count(),
                 "zone loaded; serving"
             );
+            metrics.set_ready(true);
         }
-        metrics.set_ready(true);
-        let w = tokio::select! {
-            _ = &mut shutdown => return,
-            w = store.watch("/registry/", rev + 1) => w,
-        };
-        let mut w = match w {
-            Ok(w) => w,
-            Err(e) => {
-                health.broken(&format!("watching the store: {e}"));
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = health.backoff() => {}
-                }
-                continue;
-            }
-        };
-        health.watching();
-        'watch: loop {
-            let first = tokio::select! {
-                _ = &mut shutdown => return,
-                // The store is back after a loss: the old stream may never
-                // resume, so relist.
-                _ = health.recovered() => break 'watch,
-                m = w.next() => m,
-            };
-            health.event();
-            for m in w.with_queued(first) {
-                match m {
-                    Some(Ok(WatchMsg::Events(_, evs))) => {
-                        for ev in evs {
-                            observe(&mut b, ev.typ, &ev.kv);
-                        }
-                    }
-                    Some(Ok(WatchMsg::Compacted(_))) => {
-                        tracing::info!("watch compacted; relisting");
-                        break 'watch;
-                    }
-                    Some(Err(e)) => {
-                        health.broken(&format!("watch: {e}"));
-                        break 'watch;
-                    }
-                    None => {
-                        health.broken(&"watch ended");
-                        break 'watch;
-                    }
-                }
-            }
-            if b.take_relist() {
-                tracing::info!("a Service turned headless; relisting for its endpoints");
-                break 'watch;
-            }
-            if b.has_changes() {
-                publish(&mut b, &zone, &metrics, false);
-            }
-        }
-        metrics.inc(
-            "podnet_dns_relists_total",
-            "Full relists of the store.",
-            "",
-            1.0,
-        );
     }
 }

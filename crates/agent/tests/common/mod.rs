@@ -1,8 +1,8 @@
-//! What the agent's kernel tests share: namespace guards and store records.
+//! What the agent's kernel tests share: namespace guards and object-source deltas.
 
 use podnet_api::Object;
 use podnet_kernel::Netns;
-use podnet_store::KeyValue;
+use podnet_source::Delta;
 
 /// Removes the named namespaces even when the test panics.
 pub struct NsGuard(pub Vec<String>);
@@ -15,14 +15,19 @@ impl Drop for NsGuard {
     }
 }
 
-/// An object as the store would hand it to the proxier.
-pub fn kv(o: serde_json::Value) -> KeyValue {
-    let o = Object::from_value(o).unwrap();
-    KeyValue {
-        key: o.key(),
-        value: podnet_store::objects::encode(&o),
-        create_rev: 1,
-        mod_rev: 1,
-        lease: 0,
-    }
+/// An object from its JSON.
+pub fn kv(o: serde_json::Value) -> Object {
+    Object::from_value(o).unwrap()
+}
+
+/// The object source's delta for a created or changed object.
+#[allow(dead_code)]
+pub fn put(o: Object) -> Delta {
+    Delta::Updated(std::sync::Arc::new(o))
+}
+
+/// The object source's delta for a deleted object.
+#[allow(dead_code)]
+pub fn del(o: Object) -> Delta {
+    Delta::Deleted(podnet_source::ObjectKey::of(&o))
 }

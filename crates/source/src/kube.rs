@@ -1,0 +1,221 @@
+//! The object source over the Kubernetes API (Kubernetes mode).
+//!
+//! One `kube-runtime` watcher per subscribed kind (list, then watch from
+//! the list's resourceVersion; on 410 Gone or a broken stream it relists by
+//! itself, bracketed by `Init` … `InitDone`). Each relist is turned into
+//! the difference against what consumers already have ([`crate::cache`]),
+//! exactly as the store source does after a gap, so consumers cannot tell
+//! the two apart. Errors back off and retry; while they last, the health
+//! (a `podnet_daemon::StoreWatch`, probed with `GET /version`) fails
+//! `/readyz`, and consumers keep what they have.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event as WEvent};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
+use podnet_api::{Kind, Object};
+use podnet_daemon::StoreWatch;
+
+use crate::cache::Cache;
+use crate::{Hub, ObjectKey};
+
+pub struct KubeSource {
+    client: Client,
+    health: StoreWatch,
+    pub(crate) hub: Hub,
+}
+
+/// One watcher event, made kind-agnostic.
+enum Msg {
+    Init,
+    InitApply(Object),
+    InitDone,
+    Apply(Object),
+    Delete(Object),
+}
+
+type Tagged = (Kind, Result<Msg, watcher::Error>);
+
+fn watch_kind<K>(client: &Client, kind: Kind, wrap: fn(K) -> Object) -> BoxStream<'static, Tagged>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |r| {
+            let m = r.map(|e| match e {
+                WEvent::Init => Msg::Init,
+                WEvent::InitApply(o) => Msg::InitApply(wrap(o)),
+                WEvent::InitDone => Msg::InitDone,
+                WEvent::Apply(o) => Msg::Apply(wrap(o)),
+                WEvent::Delete(o) => Msg::Delete(wrap(o)),
+            });
+            (kind, m)
+        })
+        .boxed()
+}
+
+fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>> {
+    Some(match kind {
+        Kind::Namespace => {
+            watch_kind::<Namespace>(client, kind, |o| Object::Namespace(Box::new(o)))
+        }
+        Kind::Node => watch_kind::<Node>(client, kind, |o| Object::Node(Box::new(o))),
+        Kind::Pod => watch_kind::<Pod>(client, kind, |o| Object::Pod(Box::new(o))),
+        Kind::Service => watch_kind::<Service>(client, kind, |o| Object::Service(Box::new(o))),
+        Kind::EndpointSlice => {
+            watch_kind::<EndpointSlice>(client, kind, |o| Object::EndpointSlice(Box::new(o)))
+        }
+        Kind::NetworkPolicy => {
+            watch_kind::<NetworkPolicy>(client, kind, |o| Object::NetworkPolicy(Box::new(o)))
+        }
+        // podnet's own NetworkConfig is no API resource: in Kubernetes
+        // mode the network config comes from the agent's flags or file.
+        Kind::NetworkConfig => return None,
+    })
+}
+
+async fn list_of<K>(client: &Client, wrap: fn(K) -> Object) -> Result<Vec<Object>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::all(client.clone());
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(wrap)
+        .collect())
+}
+
+/// Every object of `kinds`, listed now (for a consumer's resync).
+async fn list(client: &Client, kinds: &BTreeSet<Kind>) -> Result<Vec<Object>, kube::Error> {
+    let mut out = Vec::new();
+    for k in kinds {
+        out.extend(match k {
+            Kind::Namespace => {
+                list_of::<Namespace>(client, |o| Object::Namespace(Box::new(o))).await?
+            }
+            Kind::Node => list_of::<Node>(client, |o| Object::Node(Box::new(o))).await?,
+            Kind::Pod => list_of::<Pod>(client, |o| Object::Pod(Box::new(o))).await?,
+            Kind::Service => list_of::<Service>(client, |o| Object::Service(Box::new(o))).await?,
+            Kind::EndpointSlice => {
+                list_of::<EndpointSlice>(client, |o| Object::EndpointSlice(Box::new(o))).await?
+            }
+            Kind::NetworkPolicy => {
+                list_of::<NetworkPolicy>(client, |o| Object::NetworkPolicy(Box::new(o))).await?
+            }
+            Kind::NetworkConfig => Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+impl KubeSource {
+    pub fn new(client: Client, health: StoreWatch) -> Self {
+        KubeSource {
+            client,
+            health,
+            hub: Hub::default(),
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let kinds = self.hub.kinds();
+        let streams: Vec<_> = kinds
+            .iter()
+            .filter_map(|&k| stream_for(&self.client, k))
+            .collect();
+        let mut waiting: BTreeSet<Kind> = kinds
+            .iter()
+            .copied()
+            .filter(|k| *k != Kind::NetworkConfig)
+            .collect();
+        if waiting.is_empty() {
+            self.hub.ready();
+            return std::future::pending().await;
+        }
+        let _probe = self.health.probe({
+            let client = self.client.clone();
+            move || {
+                let client = client.clone();
+                async move { client.apiserver_version().await }
+            }
+        });
+        let mut cache = Cache::default();
+        let mut relisting: BTreeMap<Kind, Vec<Object>> = BTreeMap::new();
+        let mut ready = false;
+        // Kinds whose watcher last reported an error (it retries by itself).
+        let mut failing: BTreeSet<Kind> = BTreeSet::new();
+        let mut all = stream::select_all(streams).ready_chunks(1024);
+        loop {
+            let chunk = tokio::select! {
+                Some(id) = self.hub.resync_rx.recv() => {
+                    let kinds = self.hub.kinds_of(id);
+                    match list(&self.client, &kinds).await {
+                        Ok(objs) => self.hub.snapshot(id, objs),
+                        Err(e) => {
+                            self.health.broken(&format!("listing for a resync: {e}"));
+                            let _ = self.hub.resync_tx.send(id);
+                            self.health.backoff().await;
+                        }
+                    }
+                    continue;
+                }
+                c = all.next() => c,
+            };
+            let Some(chunk) = chunk else { break };
+            self.health.event();
+            let mut out = Vec::new();
+            let was_failing = !failing.is_empty();
+            for (kind, m) in chunk {
+                if m.is_ok() {
+                    failing.remove(&kind);
+                }
+                match m {
+                    Ok(Msg::Init) => {
+                        relisting.insert(kind, Vec::new());
+                    }
+                    Ok(Msg::InitApply(o)) => relisting.entry(kind).or_default().push(o),
+                    Ok(Msg::InitDone) => {
+                        let listed = relisting.remove(&kind).unwrap_or_default();
+                        self.hub.send(&out);
+                        out.clear();
+                        out.extend(cache.relist(&[kind].into_iter().collect(), listed));
+                        if waiting.remove(&kind) && waiting.is_empty() {
+                            self.health.watching();
+                        }
+                    }
+                    Ok(Msg::Apply(o)) => out.extend(cache.put(o)),
+                    Ok(Msg::Delete(o)) => out.extend(cache.delete(ObjectKey::of(&o))),
+                    Err(e) => {
+                        tracing::debug!(kind = %kind, "watch: {e}");
+                        self.health.broken(&format!("{kind} watch: {e}"));
+                        failing.insert(kind);
+                    }
+                }
+            }
+            self.hub.send(&out);
+            if was_failing && failing.is_empty() && waiting.is_empty() {
+                self.health.watching();
+            }
+            if !ready && relisting.is_empty() && waiting.is_empty() {
+                ready = true;
+                self.hub.ready();
+            }
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Subnets from `Node.spec.podCIDRs` (Kubernetes mode), flannel's
+//! kube-subnet-mgr conventions with a `podnet.io/` prefix:
+//!
+//! - kube-controller-manager (`--allocate-node-cidrs`) allocates each
+//!   node's podCIDR; the agent never picks one;
+//! - the agent publishes how to reach its node as annotations:
+//!   `podnet.io/backend-type`, `podnet.io/backend-data` (JSON, e.g. the VTEP
+//!   MAC), `podnet.io/public-ip`, and `podnet.io/kube-subnet-manager: true`;
+//! - a node is part of the mesh once it has both a podCIDR and those
+//!   annotations (a node whose agent has not started yet is skipped);
+//! - once the node's network is up the agent sets the `NetworkUnavailable`
+//!   condition to False (reason `PodnetIsUp`).
+//!
+//! Nodes come from the object source (one subscription to Nodes); writes
+//! go to the API with the same client.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::{IpNet, Ipv4Net};
+use kube::api::{Api, Patch, PatchParams};
+use podnet_api::k8s_openapi::api::core::v1::Node;
+use podnet_api::netconfig::Resolved;
+use podnet_api::Object;
+
+use super::{Attrs, Change, SubnetLease, SubnetMap};
+use crate::{Delta, SourceError, Subscription};
+
+pub const PREFIX: &str = "podnet.io/";
+pub const BACKEND_TYPE: &str = "podnet.io/backend-type";
+pub const BACKEND_DATA: &str = "podnet.io/backend-data";
+pub const PUBLIC_IP: &str = "podnet.io/public-ip";
+pub const SUBNET_MANAGER: &str = "podnet.io/kube-subnet-manager";
+/// The field manager of the agent's writes.
+const MANAGER: &str = "podnet-agent";
+
+/// The IPv4 pod subnet the controller manager gave `n`.
+pub fn node_subnet(n: &Node) -> Option<Ipv4Net> {
+    let spec = n.spec.as_ref()?;
+    spec.pod_cidrs
+        .iter()
+        .flatten()
+        .chain(spec.pod_cidr.iter())
+        .filter_map(|c| c.parse::<IpNet>().ok())
+        .find_map(|c| match c {
+            IpNet::V4(v) => Some(v.trunc()),
+            IpNet::V6(_) => None,
+        })
+}
+
+/// The subnet and published attributes of `n`, if it has both.
+pub fn node_lease(n: &Node) -> Option<SubnetLease> {
+    let subnet = node_subnet(n)?;
+    let ann = n.metadata.annotations.as_ref()?;
+    let public_ip: Ipv4Addr = ann.get(PUBLIC_IP)?.parse().ok()?;
+    let backend_type = ann.get(BACKEND_TYPE)?.clone();
+    let backend_data = ann
+        .get(BACKEND_DATA)
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or(serde_json::Value::Null);
+    Some(SubnetLease {
+        subnet,
+        attrs: Attrs {
+            public_ip,
+            backend_type,
+            backend_data,
+            node: n.metadata.name.clone().unwrap_or_default(),
+        },
+        mod_rev: 0,
+        lease_id: 0,
+    })
+}
+
+/// The annotations that publish `attrs`.
+pub fn annotations(attrs: &Attrs) -> BTreeMap<String, String> {
+    [
+        (BACKEND_TYPE, attrs.backend_type.clone()),
+        (BACKEND_DATA, attrs.backend_data.to_string()),
+        (PUBLIC_IP, attrs.public_ip.to_string()),
+        (SUBNET_MANAGER, "true".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+pub struct PodCidr {
+    client: kube::Client,
+    cfg: Resolved,
+    node: String,
+    nodes: Subscription,
+    ready: bool,
+    /// Every node with a podCIDR, by name (published or not yet).
+    all: BTreeMap<String, Node>,
+    mine: Option<Ipv4Net>,
+}
+
+impl PodCidr {
+    /// `nodes` must be a subscription to Nodes from the Kubernetes source.
+    pub fn new(client: kube::Client, cfg: Resolved, node: &str, nodes: Subscription) -> Self {
+        PodCidr {
+            client,
+            cfg,
+            node: node.to_string(),
+            nodes,
+            ready: false,
+            all: BTreeMap::new(),
+            mine: None,
+        }
+    }
+
+    /// Takes the next batch of Node deltas; false once the source stopped.
+    async fn take(&mut self) -> bool {
+        let Some(b) = self.nodes.next_batch().await else {
+            return false;
+        };
+        for d in b.deltas {
+            match d {
+                Delta::Added(o) | Delta::Updated(o) => {
+                    if let Object::Node(n) = &*o {
+                        self.all.insert(o.name().to_string(), (**n).clone());
+                    }
+                }
+                Delta::Deleted(k) => {
+                    self.all.remove(&k.name);
+                }
+            }
+        }
+        self.ready |= b.ready;
+        true
+    }
+
+    fn stopped() -> SourceError {
+        SourceError::Other("the object source stopped".into())
+    }
+
+    pub(crate) async fn acquire(&mut self, attrs: &Attrs) -> Result<SubnetLease, SourceError> {
+        let mut waited = false;
+        let subnet = loop {
+            if self.ready {
+                if let Some(s) = self.all.get(&self.node).and_then(node_subnet) {
+                    break s;
+                }
+                if !waited {
+                    tracing::info!(
+                        node = %self.node,
+                        "waiting for kube-controller-manager to allocate this node's podCIDR \
+                         (Node.spec.podCIDRs; run it with --allocate-node-cidrs)"
+                    );
+                    waited = true;
+                }
+            }
+            if !self.take().await {
+                return Err(Self::stopped());
+            }
+        };
+        if !self.cfg.network.contains(&subnet) {
+            return Err(SourceError::Other(format!(
+                "node {}'s podCIDR {subnet} is outside the network config's Network {} \
+                 (kube-controller-manager's --cluster-cidr must match it)",
+                self.node, self.cfg.network
+            )));
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({"metadata": {"annotations": annotations(attrs)}});
+        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.mine = Some(subnet);
+        Ok(SubnetLease {
+            subnet,
+            attrs: attrs.clone(),
+            mod_rev: 0,
+            lease_id: 0,
+        })
+    }
+
+    fn map(&self) -> SubnetMap {
+        self.all
+            .values()
+            .filter_map(node_lease)
+            .map(|l| (l.subnet, l))
+            .collect()
+    }
+
+    pub(crate) async fn next(&mut self) -> Result<Change, SourceError> {
+        if !self.take().await {
+            return Err(Self::stopped());
+        }
+        let now = self.all.get(&self.node).and_then(node_subnet);
+        if now != self.mine {
+            tracing::warn!(node = %self.node, was = ?self.mine, now = ?now, "this node's podCIDR changed");
+            self.mine = None;
+            return Ok(Change::LostMine);
+        }
+        Ok(Change::Nodes(self.map()))
+    }
+
+    pub(crate) async fn network_up(&self) -> Result<(), SourceError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": "NetworkUnavailable",
+            "status": "False",
+            "reason": "PodnetIsUp",
+            "message": "podnet is running on this node",
+            "lastTransitionTime": now.to_string(),
+            "lastHeartbeatTime": now.to_string(),
+        }]}});
+        api.patch_status(
+            &self.node,
+            &PatchParams::apply(MANAGER),
+            &Patch::Strategic(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn release(&mut self) -> Result<(), SourceError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let gone: BTreeMap<&str, Option<String>> =
+            [BACKEND_TYPE, BACKEND_DATA, PUBLIC_IP, SUBNET_MANAGER]
+                .into_iter()
+                .map(|k| (k, None))
+                .collect();
+        let patch = serde_json::json!({"metadata": {"annotations": gone}});
+        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.mine = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podnet_api::k8s_openapi::api::core::v1::NodeSpec;
+    use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(name: &str, cidrs: &[&str], ann: Option<&Attrs>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: ann.map(annotations),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                pod_cidrs: Some(cidrs.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_joins_the_mesh_with_a_pod_cidr_and_published_annotations() {
+        let a = Attrs {
+            public_ip: "192.168.200.11".parse().unwrap(),
+            backend_type: "vxlan".into(),
+            backend_data: serde_json::json!({"VNI": 1, "VtepMAC": "02:00:00:00:00:01"}),
+            node: "n1".into(),
+        };
+        // Dual-stack: the IPv4 CIDR is the overlay's, whatever the order.
+        let n = node("n1", &["fd00:10:244:1::/64", "10.244.1.0/24"], Some(&a));
+        let l = node_lease(&n).unwrap();
+        assert_eq!(l.subnet.to_string(), "10.244.1.0/24");
+        assert_eq!(l.attrs, a);
+        assert_eq!(l.attrs.vtep_mac(), Some([2, 0, 0, 0, 0, 1]));
+        assert!(
+            node_lease(&node("n2", &["10.244.2.0/24"], None)).is_none(),
+            "no annotations yet"
+        );
+        assert!(
+            node_lease(&node("n3", &[], Some(&a))).is_none(),
+            "no podCIDR yet"
+        );
+        assert!(annotations(&a).keys().all(|k| k.starts_with(PREFIX)));
+    }
+}
