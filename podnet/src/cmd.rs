@@ -173,8 +173,13 @@ pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()
         .with_context(|| format!("binding metrics address {addr}"))?;
     tracing::info!(store = url, metrics = %listener.local_addr()?, "controller starting");
     tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
+    let mut source =
+        podnet_source::Source::store(objs.store.clone(), metrics.store_watch("controller"));
+    let sub = source.subscribe(&podnet_controller::KINDS);
+    let _source = source.start();
     podnet_controller::Controller::new(objs, metrics)
         .run(
+            sub,
             std::time::Duration::from_secs(resync.max(1)),
             podnet_daemon::shutdown_signal(),
         )

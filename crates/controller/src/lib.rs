@@ -9,14 +9,16 @@
 //!   `spec.trafficDistribution` from each Node's zone label;
 //! - release of reservations a deleted Service held.
 //!
-//! The loop: one consistent snapshot of `/registry/`, then a watch from the
-//! snapshot's revision. Events mark Services dirty (a Node whose zone label
-//! changes marks every Service with topology hints); a burst of events is
-//! drained and coalesced before reconciling, so work follows what changed.
-//! A compaction or a watch error falls back to a fresh snapshot, and a
-//! periodic resync repairs anything edited behind our back. The watch's
-//! health is a `podnet_daemon::StoreWatch`: a store that stays away fails
-//! `/readyz`, and its return brings a fresh snapshot.
+//! The loop: one subscription to the object source (standalone mode's
+//! store source) for Nodes, Services, Pods, EndpointSlices and the
+//! NetworkConfig. Deltas mark Services dirty (a Node whose zone label
+//! changes marks every Service with topology hints); a burst of deltas is
+//! coalesced before reconciling, so work follows what changed. Watch gaps
+//! are the source's business (it relists and delivers the difference). A
+//! periodic resync repairs anything edited behind our back and releases
+//! reservations no Service holds, judged on the store itself (the
+//! allocator owns those keys, as the API server owns its allocation
+//! bitmaps).
 
 pub mod endpoints;
 
@@ -24,24 +26,26 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use podnet_api::k8s_openapi::api::core::v1::{Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::netconfig::{self, Resolved};
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_store::objects::decode;
-use podnet_store::{alloc, EventType, KeyValue, Objects, Op, Rev, Store, StoreError, WatchMsg};
+use podnet_source::{Delta, Subscription};
+use podnet_store::{alloc, Objects, Op, Store, StoreError};
 
 type Key = (String, String);
 
-fn key_of(o: &Object) -> Key {
-    (
-        o.namespace().unwrap_or_default().to_string(),
-        o.name().to_string(),
-    )
-}
+/// What the controller subscribes to.
+pub const KINDS: [Kind; 5] = [
+    Kind::Node,
+    Kind::Service,
+    Kind::Pod,
+    Kind::EndpointSlice,
+    Kind::NetworkConfig,
+];
 
 #[derive(Default)]
 struct State {
@@ -79,95 +83,51 @@ impl Controller {
         }
     }
 
-    /// Runs until `shutdown` resolves. `resync` bounds how long a change
-    /// made behind the controller's back can stay unrepaired. The watch's
-    /// health (`component="controller"`) is probed in the background: a
-    /// store gone for the watch timeout fails `/readyz`, and its return
-    /// brings a fresh snapshot.
+    /// Runs until `shutdown` resolves, fed by `sub` (Nodes, Services, Pods,
+    /// EndpointSlices and NetworkConfigs from the object source; see
+    /// [`KINDS`]). `resync` bounds how long a change made behind the
+    /// controller's back can stay unrepaired: every period it reconciles
+    /// every Service and releases orphaned reservations. Nothing is written
+    /// before the source's first complete list.
     pub async fn run(
         mut self,
+        mut sub: Subscription,
         resync: Duration,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), StoreError> {
         tokio::pin!(shutdown);
-        let health = self.metrics.store_watch("controller");
-        let store = self.objs.store.clone();
-        let _probe = health.probe(move || {
-            let store = store.clone();
-            async move { store.revision().await }
-        });
+        let mut ready = false;
+        let mut retry: BTreeSet<Key> = BTreeSet::new();
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
         loop {
-            // A snapshot may wait as long as the store is away.
-            let snap = tokio::select! {
+            let mut dirty = BTreeSet::new();
+            tokio::select! {
                 _ = &mut shutdown => return Ok(()),
-                r = self.snapshot() => r,
-            };
-            let rev = match snap {
-                Ok(rev) => rev,
-                Err(e) => {
-                    health.broken(&format!("snapshot: {e}"));
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = health.backoff() => continue,
+                _ = tick.tick(), if ready => {
+                    self.release_orphans().await;
+                    dirty = self.all_service_keys();
+                }
+                _ = tokio::time::sleep(Duration::from_millis(200)), if !retry.is_empty() => {}
+                b = sub.next_batch() => {
+                    let Some(b) = b else {
+                        return Err(StoreError::Backend("the object source stopped".into()));
+                    };
+                    for d in &b.deltas {
+                        self.watch(d, &mut dirty).await;
+                    }
+                    if b.ready && !ready {
+                        ready = true;
+                        self.release_orphans().await;
+                        dirty = self.all_service_keys();
+                        self.metrics.set_ready(true);
                     }
                 }
-            };
-            let all: BTreeSet<Key> = self.all_service_keys();
-            self.reconcile(all).await;
-            self.metrics.set_ready(true);
-            let watch = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                w = self.objs.store.watch("/registry/", rev + 1) => w,
-            };
-            let mut w = match watch {
-                Ok(w) => w,
-                Err(e) => {
-                    health.broken(&format!("watch: {e}"));
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = health.backoff() => continue,
-                    }
-                }
-            };
-            health.watching();
-            let deadline = Instant::now() + resync;
-            let mut retry: BTreeSet<Key> = BTreeSet::new();
-            loop {
-                let msg = tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = tokio::time::sleep_until(deadline.into()) => None,
-                    // The store is back after a loss: the old stream may
-                    // never resume, so start over from a snapshot.
-                    _ = health.recovered() => None,
-                    _ = tokio::time::sleep(Duration::from_millis(200)), if !retry.is_empty() => Some(Ok(WatchMsg::Events(0, vec![]))),
-                    m = w.next() => {
-                        health.event();
-                        Some(m.unwrap_or(Err(StoreError::Backend("watch closed".into()))))
-                    }
-                };
-                let Some(msg) = msg else { break };
-                let mut dirty = std::mem::take(&mut retry);
-                let mut relist = false;
-                // Coalesce a burst of events into one reconcile pass.
-                for m in w.with_queued(Some(msg)).into_iter().flatten() {
-                    match m {
-                        Ok(WatchMsg::Events(_, evs)) => {
-                            for ev in evs {
-                                self.apply_event(ev.typ, &ev.kv, &mut dirty).await;
-                            }
-                        }
-                        Ok(WatchMsg::Compacted(_)) => relist = true,
-                        Err(e) => {
-                            health.broken(&format!("watch: {e}"));
-                            relist = true;
-                        }
-                    }
-                }
-                if relist {
-                    break;
-                }
-                retry = self.reconcile(dirty).await;
             }
+            if !ready {
+                continue;
+            }
+            dirty.append(&mut retry);
+            retry = self.reconcile(dirty).await;
         }
     }
 
@@ -181,54 +141,71 @@ impl Controller {
         k
     }
 
-    /// Loads everything at one revision and rebuilds the caches.
-    async fn snapshot(&mut self) -> Result<Rev, StoreError> {
-        let (kvs, rev) = self.objs.store.list("/registry/").await?;
-        self.state = State::default();
-        self.cfg = default_cfg();
-        let mut dirty = BTreeSet::new();
-        for kv in &kvs {
-            self.apply_event(EventType::Put, kv, &mut dirty).await;
-        }
-        self.release_orphans(&kvs).await;
-        self.metrics.inc(
-            "podnet_controller_snapshots_total",
-            "Full snapshots of the store.",
-            "",
-            1.0,
-        );
-        Ok(rev)
-    }
-
-    /// Deletes reservations whose Service is gone or no longer holds them.
+    /// Deletes reservations whose Service is gone or no longer holds them,
+    /// and refreshes the taken sets from what the store holds.
     ///
-    /// Judged on the snapshot itself (`kvs`, one revision): reservations
-    /// listed later could belong to a Service another allocator updated
-    /// after the snapshot, and deleting those would free a held address.
-    /// Each delete is guarded by the key's revision, so a reservation that
-    /// changed since the snapshot is left alone.
-    async fn release_orphans(&mut self, kvs: &[KeyValue]) {
-        let held: HashSet<String> = self.state.services.values().flat_map(alloc::keys).collect();
-        let orphans: Vec<&KeyValue> = kvs
+    /// Judged on the store itself, not on the (possibly lagging) object
+    /// source: the reservations are listed first and the Services after,
+    /// so a reservation written with its Service in one transaction always
+    /// finds it. Each delete is guarded by the key's revision, so a
+    /// reservation that changed since is left alone.
+    async fn release_orphans(&mut self) {
+        let store = self.objs.store.clone();
+        let listed = async {
+            let (res, _) = store.list(alloc::ALLOC_PREFIX).await?;
+            let (svcs, _) = self.objs.list(Kind::Service, None).await?;
+            Ok::<_, StoreError>((res, svcs))
+        };
+        let (res, svcs) = match listed.await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("listing reservations: {e}");
+                return;
+            }
+        };
+        let held: HashSet<String> = svcs
             .iter()
-            .filter(|kv| {
-                (kv.key.starts_with(alloc::IP_PREFIX) || kv.key.starts_with(alloc::PORT_PREFIX))
-                    && !held.contains(&kv.key)
-            })
+            .filter_map(alloc::as_service)
+            .flat_map(alloc::keys)
             .collect();
-        for kv in orphans {
+        self.state.ips.clear();
+        self.state.ports.clear();
+        for kv in &res {
+            if held.contains(&kv.key) {
+                self.remember_alloc(&kv.key);
+                continue;
+            }
             tracing::info!(key = %kv.key, "releasing orphaned reservation");
-            let released = self
-                .objs
-                .store
+            let released = store
                 .txn(vec![Op::Delete {
                     key: kv.key.clone(),
                     rev: Some(kv.mod_rev),
                 }])
                 .await;
-            if released.is_ok() {
-                self.forget_alloc(&kv.key);
+            if released.is_err() {
+                self.remember_alloc(&kv.key);
             }
+        }
+        self.metrics.inc(
+            "podnet_controller_snapshots_total",
+            "Full passes over every Service and reservation.",
+            "",
+            1.0,
+        );
+    }
+
+    fn remember_alloc(&mut self, key: &str) {
+        if let Some(ip) = key
+            .strip_prefix(alloc::IP_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            self.state.ips.insert(ip);
+        }
+        if let Some(p) = key
+            .strip_prefix(alloc::PORT_PREFIX)
+            .and_then(|s| s.parse().ok())
+        {
+            self.state.ports.insert(p);
         }
     }
 
@@ -247,59 +224,26 @@ impl Controller {
         }
     }
 
-    async fn apply_event(&mut self, typ: EventType, kv: &KeyValue, dirty: &mut BTreeSet<Key>) {
-        if let Some(ip) = kv
-            .key
-            .strip_prefix(alloc::IP_PREFIX)
-            .and_then(|s| s.parse().ok())
-        {
-            match typ {
-                EventType::Put => self.state.ips.insert(ip),
-                EventType::Delete => self.state.ips.remove(&ip),
-            };
-            return;
-        }
-        if let Some(p) = kv
-            .key
-            .strip_prefix(alloc::PORT_PREFIX)
-            .and_then(|s| s.parse().ok())
-        {
-            match typ {
-                EventType::Put => self.state.ports.insert(p),
-                EventType::Delete => self.state.ports.remove(&p),
-            };
-            return;
-        }
-        let watched = [
-            Kind::Node,
-            Kind::Service,
-            Kind::Pod,
-            Kind::EndpointSlice,
-            Kind::NetworkConfig,
-        ];
-        if !watched.iter().any(|k| kv.key.starts_with(&k.prefix(None))) {
-            return;
-        }
-        let obj = match decode(kv) {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::warn!("{e}");
-                return;
-            }
-        };
-        let k = key_of(&obj);
+    /// Takes one delta into the caches and marks the Services it affects.
+    async fn watch(&mut self, d: &Delta, dirty: &mut BTreeSet<Key>) {
+        let key = d.key();
+        let k: Key = (key.namespace.clone().unwrap_or_default(), key.name.clone());
         let ns = k.0.clone();
-        match (typ, obj) {
-            (EventType::Put, Object::Service(s)) => {
+        match (key.kind, d.object()) {
+            (Kind::Service, Some(Object::Service(s))) => {
                 dirty.insert(k.clone());
-                self.state.services.insert(k, *s);
+                for r in alloc::keys(s) {
+                    self.remember_alloc(&r);
+                }
+                self.state.services.insert(k, (**s).clone());
             }
-            (EventType::Delete, Object::Service(s)) => {
+            (Kind::Service, None) => {
                 dirty.insert(k.clone());
-                self.state.services.remove(&k);
-                self.release_for(&s).await;
+                if let Some(s) = self.state.services.remove(&k) {
+                    self.release_for(&s).await;
+                }
             }
-            (typ, Object::Pod(p)) => {
+            (Kind::Pod, o) => {
                 let empty = BTreeMap::new();
                 let old = self
                     .state
@@ -307,7 +251,10 @@ impl Controller {
                     .get(&k)
                     .and_then(|o| o.metadata.labels.clone())
                     .unwrap_or_default();
-                let new = p.metadata.labels.clone().unwrap_or_default();
+                let new = match o {
+                    Some(Object::Pod(p)) => p.metadata.labels.clone().unwrap_or_default(),
+                    _ => BTreeMap::new(),
+                };
                 for labels in [&old, &new, &empty] {
                     dirty.extend(
                         endpoints::services_selecting(self.state.services.values(), &ns, labels)
@@ -315,17 +262,20 @@ impl Controller {
                             .map(|n| (ns.clone(), n)),
                     );
                 }
-                if typ == EventType::Put {
-                    self.state.pods.insert(k, *p);
-                } else {
-                    self.state.pods.remove(&k);
+                match o {
+                    Some(Object::Pod(p)) => {
+                        self.state.pods.insert(k, (**p).clone());
+                    }
+                    _ => {
+                        self.state.pods.remove(&k);
+                    }
                 }
             }
-            (typ, Object::Node(n)) => {
+            (Kind::Node, o) => {
                 let name = k.1;
-                let zone = match typ {
-                    EventType::Put => endpoints::node_zone(&n).map(str::to_string),
-                    EventType::Delete => None,
+                let zone = match o {
+                    Some(Object::Node(n)) => endpoints::node_zone(n).map(str::to_string),
+                    _ => None,
                 };
                 if self.state.zones.get(&name) == zone.as_ref() {
                     return;
@@ -344,31 +294,38 @@ impl Controller {
                         .map(|(k, _)| k.clone()),
                 );
             }
-            (typ, Object::EndpointSlice(s)) => {
-                if let Some(svc) = endpoints::managed_service(&s) {
-                    dirty.insert((ns.clone(), svc.to_string()));
-                    if typ == EventType::Put {
-                        self.state.slices.insert(k, *s);
-                    } else {
-                        self.state.slices.remove(&k);
+            (Kind::EndpointSlice, o) => {
+                // A deleted slice's Service is known from the cache.
+                let svc = match o {
+                    Some(Object::EndpointSlice(s)) => endpoints::managed_service(s),
+                    _ => self
+                        .state
+                        .slices
+                        .get(&k)
+                        .and_then(endpoints::managed_service),
+                }
+                .map(str::to_string);
+                if let Some(svc) = svc {
+                    dirty.insert((ns.clone(), svc));
+                    match o {
+                        Some(Object::EndpointSlice(s)) => {
+                            self.state.slices.insert(k, (**s).clone());
+                        }
+                        _ => {
+                            self.state.slices.remove(&k);
+                        }
                     }
                 }
             }
-            (EventType::Put, Object::NetworkConfig(c))
-                if c.metadata.name.as_deref() == Some(netconfig::DEFAULT_NAME) =>
-            {
-                match c.resolve() {
+            (Kind::NetworkConfig, o) if key.name == netconfig::DEFAULT_NAME => match o {
+                Some(Object::NetworkConfig(c)) => match c.resolve() {
                     Ok(r) => self.cfg = r,
                     Err((f, m)) => {
                         tracing::warn!("NetworkConfig {f}: {m}; keeping the previous settings")
                     }
-                }
-            }
-            (EventType::Delete, Object::NetworkConfig(c))
-                if c.metadata.name.as_deref() == Some(netconfig::DEFAULT_NAME) =>
-            {
-                self.cfg = default_cfg();
-            }
+                },
+                _ => self.cfg = default_cfg(),
+            },
             _ => {}
         }
     }

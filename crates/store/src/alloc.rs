@@ -20,6 +20,8 @@ use podnet_api::{cidr, Kind, Object};
 
 use crate::{AnyStore, Op, Result, Store};
 
+/// Every reservation, of either kind.
+pub const ALLOC_PREFIX: &str = "/registry/allocations/";
 pub const IP_PREFIX: &str = "/registry/allocations/clusterips/";
 pub const PORT_PREFIX: &str = "/registry/allocations/nodeports/";
 
