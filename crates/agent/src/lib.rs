@@ -39,6 +39,7 @@ use podnet_api::netconfig::{self, BackendType, Resolved};
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
 use podnet_kernel::Handle;
+use podnet_reconcile::{Input, Scope, SyncError};
 pub use podnet_source::subnets::leases as lease;
 use podnet_source::subnets::{self, leases::Leases, podcidr::PodCidr, Subnets};
 use podnet_source::Source;
@@ -238,8 +239,69 @@ impl Runtime {
         }
     }
 
-    /// Plans, observes, diffs and applies; returns the number of ops.
-    fn sync(&mut self) -> Result<usize, AgentError> {
+    fn write_files(&self) -> Result<(), AgentError> {
+        let env = files::subnet_env(self.cfg.network, self.mine.subnet, self.mtu, true);
+        files::write_if_changed(&self.opts.subnet_file, &env).map_err(|e| {
+            AgentError::Other(format!("writing {}: {e}", self.opts.subnet_file.display()))
+        })?;
+        let list = files::conflist(&self.opts.subnet_file, self.opts.cni_data_dir.as_deref());
+        let p = self.opts.cni_conf_dir.join(files::CONFLIST_NAME);
+        files::write_if_changed(&p, &serde_json::to_string_pretty(&list).expect("json"))
+            .map_err(|e| AgentError::Other(format!("writing {}: {e}", p.display())))?;
+        Ok(())
+    }
+}
+
+/// What feeds the overlay's loop: the subnet map, or this node's own
+/// subnet after a (re-)acquisition.
+#[derive(Debug)]
+pub enum OverlayInput {
+    Nodes(subnets::SubnetMap),
+    Mine(lease::SubnetLease),
+}
+
+/// The overlay's plan: routes, neighbours and FDB entries, the userspace
+/// tunnel's table, and what could not be planned.
+pub struct OverlayPlan {
+    want: plan::Desired,
+    tunnel: Vec<(Ipv4Net, Ipv4Addr)>,
+    problems: Vec<String>,
+}
+
+/// What the kernel holds: the backend device's index and our entries.
+pub struct OverlayObserved {
+    device: Option<u32>,
+    have: plan::Desired,
+}
+
+pub struct OverlayChanges {
+    plan: OverlayPlan,
+    /// The backend device is missing or was replaced behind our back.
+    device: bool,
+    diff: plan::Diff,
+}
+
+impl podnet_reconcile::Subsystem for Runtime {
+    type Input = OverlayInput;
+    /// The overlay plans the whole map every time (a route per node).
+    type Key = ();
+    type Plan = OverlayPlan;
+    type Observed = OverlayObserved;
+    type Changes = OverlayChanges;
+
+    fn name(&self) -> &'static str {
+        "overlay"
+    }
+
+    fn watch(&mut self, input: OverlayInput, dirty: &mut std::collections::BTreeSet<()>) {
+        match input {
+            OverlayInput::Nodes(m) => self.leases = m,
+            OverlayInput::Mine(l) => self.mine = l,
+        }
+        dirty.insert(());
+    }
+
+    fn plan(&self, _scope: &Scope<()>) -> OverlayPlan {
         let views: Vec<plan::NodeView> = self
             .leases
             .values()
@@ -264,54 +326,68 @@ impl Runtime {
             self.underlay.net,
             self.cfg.direct_routing,
         );
-        for p in &problems {
+        let tunnel = self
+            .leases
+            .values()
+            .filter(|l| l.subnet != self.mine.subnet)
+            .map(|l| (l.subnet, l.attrs.public_ip))
+            .collect();
+        OverlayPlan {
+            want,
+            tunnel,
+            problems,
+        }
+    }
+
+    fn observe(&mut self, _scope: &Scope<()>) -> Result<OverlayObserved, SyncError> {
+        let mut h = Handle::new()?;
+        let device = match self.cfg.backend {
+            BackendType::HostGw => None,
+            BackendType::Vxlan => h.link(kernel::VXLAN_DEV)?.map(|l| l.index),
+            BackendType::Udp => h.link(kernel::TUN_DEV)?.map(|l| l.index),
+        };
+        let have = kernel::observe(&mut h, device, &self.underlay)?;
+        Ok(OverlayObserved { device, have })
+    }
+
+    fn diff(&self, plan: OverlayPlan, observed: OverlayObserved) -> OverlayChanges {
+        let device =
+            self.cfg.backend != BackendType::HostGw && observed.device != self.overlay.map(|o| o.0);
+        let diff = plan::diff(&plan.want, &observed.have);
+        OverlayChanges { plan, device, diff }
+    }
+
+    fn apply(&mut self, c: OverlayChanges) -> Result<usize, SyncError> {
+        for p in &c.plan.problems {
             tracing::warn!("{p}");
         }
         if let Some(u) = &self.udp {
-            u.set_table(
-                self.leases
-                    .values()
-                    .filter(|l| l.subnet != self.mine.subnet)
-                    .map(|l| (l.subnet, l.attrs.public_ip))
-                    .collect(),
-            );
+            u.set_table(c.plan.tunnel.clone());
         }
         let mut h = Handle::new()?;
-        // The device itself may have been deleted by someone: repair it.
-        if self.cfg.backend != BackendType::HostGw {
-            let dev = if self.cfg.backend == BackendType::Vxlan {
-                kernel::VXLAN_DEV
-            } else {
-                kernel::TUN_DEV
-            };
-            let present = h.link(dev)?.map(|l| l.index);
-            if present != self.overlay.map(|o| o.0) {
-                if self.cfg.backend == BackendType::Udp && present.is_none() {
-                    return Err(AgentError::Other(
-                        "the TUN device vanished; restart the agent".into(),
-                    ));
-                }
-                self.overlay = kernel::ensure_device(
-                    &mut h,
-                    self.cfg.backend,
-                    &self.cfg,
-                    &self.underlay,
-                    self.mtu,
-                )?;
+        if c.device {
+            // Someone deleted the backend device: put it back.
+            if self.cfg.backend == BackendType::Udp {
+                return Err(SyncError(
+                    "the TUN device vanished; restart the agent".into(),
+                ));
             }
-            if let Some((idx, _)) = self.overlay {
-                kernel::ensure_overlay_addr(&mut h, idx, self.mine.subnet)?;
-            }
+            self.overlay = kernel::ensure_device(
+                &mut h,
+                self.cfg.backend,
+                &self.cfg,
+                &self.underlay,
+                self.mtu,
+            )?;
         }
-        let have = kernel::observe(&mut h, self.overlay.map(|o| o.0), &self.underlay)?;
-        let d = plan::diff(&want, &have);
-        let n = d.ops();
+        if let Some((idx, _)) = self.overlay {
+            kernel::ensure_overlay_addr(&mut h, idx, self.mine.subnet)?;
+        }
+        let n = c.diff.ops();
         if n > 0 {
-            let (done, errs) = kernel::apply(&mut h, &d, self.overlay.map(|o| o.0), &self.underlay);
+            let (done, errs) =
+                kernel::apply(&mut h, &c.diff, self.overlay.map(|o| o.0), &self.underlay);
             tracing::info!(ops = n, done, "applied network changes");
-            for e in &errs {
-                tracing::warn!("{e}");
-            }
             self.metrics.inc(
                 "podnet_agent_sync_ops_total",
                 "Kernel operations applied.",
@@ -319,9 +395,14 @@ impl Runtime {
                 done as f64,
             );
             if !errs.is_empty() {
-                return Err(AgentError::Other(errs.join("; ")));
+                return Err(SyncError(errs.join("; ")));
             }
         }
+        // The node's files and the masquerade table follow this node's
+        // subnet; both are rewritten only when they differ.
+        self.write_files().map_err(|e| SyncError(e.to_string()))?;
+        self.masq_table().repair();
+        ensure_bridge_netfilter(false);
         self.metrics
             .inc("podnet_agent_syncs_total", "Syncs run.", "", 1.0);
         self.metrics.set(
@@ -333,16 +414,10 @@ impl Runtime {
         Ok(n)
     }
 
-    fn write_files(&self) -> Result<(), AgentError> {
-        let env = files::subnet_env(self.cfg.network, self.mine.subnet, self.mtu, true);
-        files::write_if_changed(&self.opts.subnet_file, &env).map_err(|e| {
-            AgentError::Other(format!("writing {}: {e}", self.opts.subnet_file.display()))
-        })?;
-        let list = files::conflist(&self.opts.subnet_file, self.opts.cni_data_dir.as_deref());
-        let p = self.opts.cni_conf_dir.join(files::CONFLIST_NAME);
-        files::write_if_changed(&p, &serde_json::to_string_pretty(&list).expect("json"))
-            .map_err(|e| AgentError::Other(format!("writing {}: {e}", p.display())))?;
-        Ok(())
+    fn synced(&mut self, _scope: &Scope<()>, ok: bool) {
+        if ok {
+            self.metrics.set_ready(true);
+        }
     }
 }
 
@@ -454,6 +529,7 @@ pub async fn run(
     podnet_nft::apply("installing pod masquerade", &rt.masq_table().script())
         .map_err(|e| AgentError::Other(e.to_string()))?;
     rt.write_files()?;
+    let mine = rt.mine.clone();
     subnets.network_up(underlay.ip).await?;
 
     // The service proxy runs beside the network loop; its rules stay when
@@ -485,16 +561,27 @@ pub async fn run(
             let run = proxier::run(sub, node, stacks, resync, m.clone(), std::future::pending());
             if let Err(e) = run.await {
                 tracing::error!("service proxy stopped: {e}");
-                m.set_unhealthy(Some(format!("service proxy stopped: {e}")));
+                m.set_unhealthy_for("proxy", Some(format!("service proxy stopped: {e}")));
             }
         }))
     });
 
+    // The overlay's reconcile loop; this task keeps the subnet claim and
+    // feeds it the subnet map.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let overlay_loop = AbortOnDrop(tokio::spawn(podnet_reconcile::run(
+        rt,
+        rx,
+        podnet_reconcile::Options::new(opts.resync),
+        metrics.clone(),
+        std::future::pending(),
+    )));
+    let _overlay_loop = overlay_loop;
+    let mut mine_subnet = mine.subnet;
+    let mut ready = false;
     let renew_every = subnets.renew_every();
     let mut renew = tokio::time::interval(renew_every.unwrap_or(Duration::from_secs(3600)));
     renew.tick().await;
-    let mut resync =
-        tokio::time::interval_at(tokio::time::Instant::now() + opts.resync, opts.resync);
     loop {
         tokio::select! {
             _ = &mut shutdown => {
@@ -506,28 +593,19 @@ pub async fn run(
                     tracing::warn!("lease renewal: {e}");
                 }
             }
-            _ = resync.tick() => {
-                // Repair anything deleted behind our back.
-                if let Err(e) = rt.sync() {
-                    tracing::warn!("resync: {e}");
-                }
-                rt.masq_table().repair();
-                ensure_bridge_netfilter(false);
-            }
             c = subnets.next() => match c? {
                 subnets::Change::Nodes(map) => {
-                    rt.leases = map;
-                    if let Err(e) = rt.sync() {
-                        tracing::warn!("sync: {e}");
+                    let _ = tx.send(Input::Changes(OverlayInput::Nodes(map)));
+                    if !ready {
+                        ready = true;
+                        let _ = tx.send(Input::Ready);
                     }
-                    metrics.set_ready(true);
                 }
                 subnets::Change::LostMine => {
-                    let attrs = rt.attrs();
-                    rt.mine = subnets.acquire(&attrs, Some(rt.mine.subnet)).await?;
-                    tracing::info!(subnet = %rt.mine.subnet, "subnet re-acquired");
-                    rt.write_files()?;
-                    rt.masq_table().repair();
+                    let l = subnets.acquire(&attrs, Some(mine_subnet)).await?;
+                    tracing::info!(subnet = %l.subnet, "subnet re-acquired");
+                    mine_subnet = l.subnet;
+                    let _ = tx.send(Input::Changes(OverlayInput::Mine(l)));
                 }
             }
         }

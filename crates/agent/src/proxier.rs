@@ -39,6 +39,7 @@ use podnet_daemon::Metrics;
 use podnet_nft::diff::{diff, ops, Change};
 use podnet_nft::model::{ElemData, Expr, Proto, Set, Table, Value};
 use podnet_nft::netlink::Conn;
+use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
 
 use crate::healthcheck;
@@ -145,7 +146,7 @@ fn decode_slices<'a>(raws: impl IntoIterator<Item = &'a Raw>) -> Vec<EndpointSli
 
 /// The inputs one Service's applied fragment was planned from.
 #[derive(Clone, Default)]
-struct Inputs {
+pub struct Inputs {
     service: Option<Raw>,
     slices: Vec<Raw>,
 }
@@ -157,7 +158,7 @@ impl Inputs {
 }
 
 /// What the kernel holds for one Service.
-struct Applied {
+pub struct Applied {
     inputs: Inputs,
     endpoints: usize,
 }
@@ -371,24 +372,6 @@ impl Proxier {
         fragment(svc.as_ref(), &slices, &self.node, &self.stack)
     }
 
-    /// Checks that nobody deleted the table or its chains and sets since
-    /// our last apply; if someone did, forgets the applied state so the
-    /// next sync rebuilds the table. Costs one netlink round trip.
-    pub fn verify(&mut self) {
-        if self.applied.is_none() {
-            return;
-        }
-        let now = self.table_use();
-        if now.is_none() || now != self.expect_use {
-            tracing::warn!(
-                "table {} {TABLE} changed outside podnet (use {now:?}, expected {:?}); rebuilding it",
-                self.stack.family.name(),
-                self.expect_use
-            );
-            self.applied = None;
-        }
-    }
-
     /// The table's use count; None when it is missing or unreadable.
     fn table_use(&mut self) -> Option<u32> {
         let c = self.conn.as_mut()?;
@@ -493,23 +476,104 @@ impl Proxier {
         self.finish(t0, true, n, res, planned, BTreeSet::new())
     }
 
-    /// One sync; returns the number of operations sent.
+    /// One sync of what was watched since the last one (plan, observe,
+    /// diff, apply); returns the number of operations sent. The agent's
+    /// loop drives the same verbs through [`podnet_reconcile`]; this is for
+    /// tests and benchmarks that drive a proxier by hand.
     pub fn sync(&mut self) -> Result<usize, AgentError> {
-        let t0 = Instant::now();
-        let Some(applied) = &self.applied else {
-            return self.full_sync(t0);
+        let scope = Scope::Only(std::mem::take(&mut self.dirty));
+        podnet_reconcile::sync(self, &scope).map_err(|e| AgentError::Other(e.0))
+    }
+}
+
+/// What one proxier's sync will do, before the kernel is consulted.
+pub enum ProxyPlan {
+    /// Replace the whole table (the first sync, a sync after a failure or
+    /// a zone change). Planned while it is encoded, Service by Service, so
+    /// the peak is the wire buffer and not the ruleset as trees.
+    Full,
+    /// The new fragments of the dirty Services, with their inputs.
+    Partial(Vec<(String, Inputs, Table)>),
+}
+
+/// What one proxier's sync sends.
+pub enum ProxyChanges {
+    /// Replace the table.
+    Replace,
+    /// Per-Service fragment changes, as one batch.
+    Partial {
+        changes: Vec<Change>,
+        planned: BTreeMap<String, Applied>,
+        gone_udp: BTreeSet<(IpAddr, u16)>,
+    },
+}
+
+impl Subsystem for Proxier {
+    type Input = Vec<Delta>;
+    type Key = String;
+    type Plan = ProxyPlan;
+    /// The table's use count (chains + sets): equal to what our last apply
+    /// left unless someone changed the table. None: missing or unreadable.
+    type Observed = Option<u32>;
+    type Changes = ProxyChanges;
+
+    fn name(&self) -> &'static str {
+        match self.stack.family {
+            podnet_nft::model::Family::Ip6 => "proxy-ipv6",
+            _ => "proxy-ipv4",
+        }
+    }
+
+    fn watch(&mut self, input: Vec<Delta>, dirty: &mut BTreeSet<String>) {
+        for d in &input {
+            Proxier::watch(self, d);
+        }
+        dirty.append(&mut self.dirty);
+    }
+
+    fn plan(&self, scope: &Scope<String>) -> ProxyPlan {
+        match (scope, &self.applied) {
+            (Scope::Only(ids), Some(_)) => ProxyPlan::Partial(
+                ids.iter()
+                    .map(|id| {
+                        let inputs = self.inputs(id);
+                        let t = Proxier::plan(self, &inputs);
+                        (id.clone(), inputs, t)
+                    })
+                    .collect(),
+            ),
+            _ => ProxyPlan::Full,
+        }
+    }
+
+    fn observe(&mut self, _scope: &Scope<String>) -> Result<Option<u32>, SyncError> {
+        Ok(self.table_use())
+    }
+
+    fn diff(&self, plan: ProxyPlan, observed: Option<u32>) -> ProxyChanges {
+        let ProxyPlan::Partial(fragments) = plan else {
+            return ProxyChanges::Replace;
         };
-        let dirty = std::mem::take(&mut self.dirty);
-        // Per Service touched: the inputs now planned and their endpoints.
+        let Some(applied) = &self.applied else {
+            return ProxyChanges::Replace;
+        };
+        if observed.is_none() || observed != self.expect_use {
+            // Someone deleted the table or one of its chains or sets.
+            tracing::warn!(
+                "table {} {TABLE} changed outside podnet (use {observed:?}, expected {:?}); rebuilding it",
+                self.stack.family.name(),
+                self.expect_use
+            );
+            return ProxyChanges::Replace;
+        }
         let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
         let mut changes: Vec<Change> = Vec::new();
         let mut gone_udp = BTreeSet::new();
-        for id in &dirty {
-            let inputs = self.inputs(id);
-            let new = self.plan(&inputs);
-            let old = self.plan(
+        for (id, inputs, new) in fragments {
+            let old = Proxier::plan(
+                self,
                 &applied
-                    .get(id)
+                    .get(&id)
                     .map(|a| a.inputs.clone())
                     .unwrap_or_default(),
             );
@@ -520,21 +584,47 @@ impl Proxier {
             );
             let endpoints = endpoint_count(&new);
             changes.extend(fragment_diff(old, new));
-            planned.insert(id.clone(), Applied { inputs, endpoints });
+            planned.insert(id, Applied { inputs, endpoints });
         }
-        let n = ops(&changes);
-        let res = if n == 0 {
-            Ok(())
-        } else {
-            let table = Table::new(self.stack.family, TABLE);
-            match &mut self.conn {
-                Some(c) => c.apply(&table, &changes).map_err(|e| e.to_string()),
-                None => Err("no nfnetlink socket".to_string()),
-            }
-        };
-        self.finish(t0, false, n, res, planned, gone_udp)
+        ProxyChanges::Partial {
+            changes,
+            planned,
+            gone_udp,
+        }
     }
 
+    fn apply(&mut self, changes: ProxyChanges) -> Result<usize, SyncError> {
+        let t0 = Instant::now();
+        let r = match changes {
+            ProxyChanges::Replace => self.full_sync(t0),
+            ProxyChanges::Partial {
+                changes,
+                planned,
+                gone_udp,
+            } => {
+                let n = ops(&changes);
+                let res = if n == 0 {
+                    Ok(())
+                } else {
+                    let table = Table::new(self.stack.family, TABLE);
+                    match &mut self.conn {
+                        Some(c) => c.apply(&table, &changes).map_err(|e| e.to_string()),
+                        None => Err("no nfnetlink socket".to_string()),
+                    }
+                };
+                self.finish(t0, false, n, res, planned, gone_udp)
+            }
+        };
+        r.map_err(|e| SyncError(e.to_string()))
+    }
+
+    /// A resync only observes: the table is rebuilt when it drifted.
+    fn resync(&self) -> Scope<String> {
+        Scope::Only(BTreeSet::new())
+    }
+}
+
+impl Proxier {
     /// Records the outcome of an applied sync: state, counters, metrics.
     fn finish(
         &mut self,
@@ -639,105 +729,123 @@ impl Proxier {
     }
 }
 
-/// How long syncs may keep failing (or not happen while changes wait)
-/// before `/healthz` reports the proxy unhealthy.
-const STALL: Duration = Duration::from_secs(30);
+/// The service proxy as one reconcile subsystem: a [`Proxier`] per
+/// address family (each applies its own batch), and the health-check node
+/// ports, which follow the first family's view of Services (every proxier
+/// sees the same Services and slices).
+pub struct ServiceProxy {
+    ps: Vec<Proxier>,
+    health: healthcheck::Server,
+}
 
-/// Runs the proxy until `shutdown`, one [`Proxier`] per stack fed from one
-/// subscription to the object source (Services, EndpointSlices and Nodes);
-/// the rules stay in place afterwards.
+impl ServiceProxy {
+    pub fn new(
+        node: NodeInfo,
+        stacks: Vec<Stack>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, AgentError> {
+        Ok(ServiceProxy {
+            ps: stacks
+                .into_iter()
+                .map(|st| Proxier::new(node.clone(), st, metrics.clone()))
+                .collect::<Result<Vec<_>, _>>()?,
+            health: healthcheck::Server::new(),
+        })
+    }
+}
+
+impl Subsystem for ServiceProxy {
+    type Input = Vec<Delta>;
+    type Key = String;
+    type Plan = Vec<ProxyPlan>;
+    type Observed = Vec<Option<u32>>;
+    type Changes = Vec<ProxyChanges>;
+
+    fn name(&self) -> &'static str {
+        "proxy"
+    }
+
+    fn watch(&mut self, input: Vec<Delta>, dirty: &mut BTreeSet<String>) {
+        for p in &mut self.ps {
+            Subsystem::watch(p, input.clone(), dirty);
+        }
+    }
+
+    fn plan(&self, scope: &Scope<String>) -> Vec<ProxyPlan> {
+        self.ps.iter().map(|p| Subsystem::plan(p, scope)).collect()
+    }
+
+    fn observe(&mut self, scope: &Scope<String>) -> Result<Vec<Option<u32>>, SyncError> {
+        self.ps
+            .iter_mut()
+            .map(|p| Subsystem::observe(p, scope))
+            .collect()
+    }
+
+    fn diff(&self, plan: Vec<ProxyPlan>, observed: Vec<Option<u32>>) -> Vec<ProxyChanges> {
+        self.ps
+            .iter()
+            .zip(plan.into_iter().zip(observed))
+            .map(|(p, (pl, ob))| Subsystem::diff(p, pl, ob))
+            .collect()
+    }
+
+    /// Applies every family's batch; a failure in one fails the sync (the
+    /// loop retries with a full sync) after the others were applied.
+    fn apply(&mut self, changes: Vec<ProxyChanges>) -> Result<usize, SyncError> {
+        let mut n = 0;
+        let mut err = None;
+        for (p, c) in self.ps.iter_mut().zip(changes) {
+            match Subsystem::apply(p, c) {
+                Ok(k) => n += k,
+                Err(e) => err = Some(e),
+            }
+        }
+        err.map_or(Ok(n), Err)
+    }
+
+    fn resync(&self) -> Scope<String> {
+        Scope::Only(BTreeSet::new())
+    }
+
+    fn synced(&mut self, scope: &Scope<String>, _ok: bool) {
+        let Some(p) = self.ps.first_mut() else { return };
+        if scope.is_full() {
+            p.take_touched();
+            self.health.resync(p.health_targets());
+        } else {
+            for id in p.take_touched() {
+                self.health.update(&id, p.health_target(&id));
+            }
+        }
+    }
+}
+
+/// Runs the proxy until `shutdown`: a [`ServiceProxy`] in the reconcile
+/// loop, fed by one subscription to the object source (Services,
+/// EndpointSlices and Nodes); the rules stay in place afterwards.
 ///
-/// Nothing is synced before the source's view is complete
-/// ([`podnet_source::Event::Ready`]): a restarted agent's first sync
-/// replaces the table with one built from every Service and slice, so
-/// established connections keep their endpoints.
+/// Nothing is synced before the source's view is complete: a restarted
+/// agent's first sync replaces the table with one built from every Service
+/// and slice, so established connections keep their endpoints.
 pub async fn run(
-    mut sub: Subscription,
+    sub: Subscription,
     node: NodeInfo,
     stacks: Vec<Stack>,
     resync: Duration,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    tokio::pin!(shutdown);
-    let mut ps = stacks
-        .into_iter()
-        .map(|st| Proxier::new(node.clone(), st, metrics.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let started = Instant::now();
-    // Health-check node ports follow the first family's view of Services
-    // (every proxier sees the same Services and slices).
-    let mut health = healthcheck::Server::new();
-    // Syncs every proxier with pending work; reports health.
-    let sync_all = |ps: &mut Vec<Proxier>| {
-        for p in ps.iter_mut() {
-            if p.applied.is_some() && p.dirty.is_empty() {
-                continue;
-            }
-            if let Err(e) = p.sync() {
-                tracing::warn!("{e}");
-            }
-        }
-        let stalled = ps
-            .iter()
-            .find(|p| p.applied.is_none() && p.last_ok.unwrap_or(started).elapsed() > STALL);
-        metrics.set_unhealthy(stalled.map(|p| {
-            format!(
-                "service proxy ({}) has not synced for {}s",
-                p.stack.label(),
-                p.last_ok.unwrap_or(started).elapsed().as_secs()
-            )
-        }));
-    };
-    let mut ready = false;
-    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-    loop {
-        let retry = ready && ps.iter().any(|p| p.applied.is_none());
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
-            _ = check.tick() => {
-                // Repair what someone else deleted.
-                for p in ps.iter_mut() {
-                    p.verify();
-                }
-            }
-            b = sub.next_batch() => {
-                let Some(b) = b else {
-                    return Err(AgentError::Other("the object source stopped".into()));
-                };
-                for d in &b.deltas {
-                    for p in ps.iter_mut() {
-                        p.watch(d);
-                    }
-                }
-                if b.ready && !ready {
-                    ready = true;
-                    sync_all(&mut ps);
-                    if let Some(p) = ps.first_mut() {
-                        p.take_touched();
-                        health.resync(p.health_targets());
-                    }
-                    continue;
-                }
-            }
-        }
-        if !ready {
-            continue;
-        }
-        if retry
-            || ps
-                .iter()
-                .any(|p| !p.dirty.is_empty() || p.applied.is_none())
-        {
-            sync_all(&mut ps);
-        }
-        if let Some(p) = ps.first_mut() {
-            for id in p.take_touched() {
-                health.update(&id, p.health_target(&id));
-            }
-        }
-    }
+    let proxy = ServiceProxy::new(node, stacks, metrics.clone())?;
+    podnet_reconcile::run(
+        proxy,
+        podnet_reconcile::from_subscription(sub),
+        podnet_reconcile::Options::new(resync),
+        metrics,
+        shutdown,
+    )
+    .await;
+    Ok(())
 }
 
 /// Removes the proxy's tables (for --cleanup); returns the ones removed.

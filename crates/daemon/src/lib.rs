@@ -61,7 +61,8 @@ struct Family {
 pub struct Metrics {
     families: Mutex<BTreeMap<&'static str, Family>>,
     ready: AtomicBool,
-    unhealthy: Mutex<Option<String>>,
+    /// Why `/healthz` fails, per component (`""` for the daemon itself).
+    unhealthy: Mutex<BTreeMap<&'static str, String>>,
     watches: Mutex<BTreeMap<&'static str, Arc<WatchState>>>,
 }
 
@@ -130,15 +131,26 @@ impl Metrics {
     /// Marks the daemon unhealthy (with the reason `/healthz` shows) or
     /// healthy again (`None`).
     pub fn set_unhealthy(&self, why: Option<String>) {
-        *self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()) = why;
+        self.set_unhealthy_for("", why);
     }
 
-    /// Why `/healthz` fails, if it does.
+    /// Like [`Metrics::set_unhealthy`] for one component of the daemon, so
+    /// two loops never overwrite each other's reason.
+    pub fn set_unhealthy_for(&self, component: &'static str, why: Option<String>) {
+        let mut u = self.unhealthy.lock().unwrap_or_else(|p| p.into_inner());
+        match why {
+            Some(w) => u.insert(component, w),
+            None => u.remove(component),
+        };
+    }
+
+    /// Why `/healthz` fails, if it does (every component's reason).
     pub fn unhealthy(&self) -> Option<String> {
-        self.unhealthy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let u = self.unhealthy.lock().unwrap_or_else(|p| p.into_inner());
+        if u.is_empty() {
+            return None;
+        }
+        Some(u.values().cloned().collect::<Vec<_>>().join("; "))
     }
 
     /// Adds to a counter; `labels` is Prometheus label text like `kind="svc"`.
