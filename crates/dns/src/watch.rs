@@ -6,14 +6,19 @@
 //! server's watch are the source's business: it relists and delivers only
 //! the difference. The one relist DNS asks for itself is a Service turning
 //! headless, whose endpoints it did not keep ([`Subscription::resync`]).
+//! The zone is a subsystem of the one reconcile loop ([`Zone`]), like the
+//! overlay and the proxy: the loop coalesces bursts and publishes nothing
+//! before the source's first complete list.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_source::{Delta, Subscription};
+use podnet_reconcile::{Input, Scope, Subsystem, SyncError};
+use podnet_source::{Delta, Resyncer, Subscription};
 
 use crate::zone::{Builder, Snapshot};
 
@@ -73,75 +78,159 @@ fn publish(b: &mut Builder, zone: &ArcSwap<Snapshot>, metrics: &Metrics, full: b
 /// The kinds DNS subscribes to.
 pub const KINDS: [Kind; 3] = [Kind::Namespace, Kind::Service, Kind::EndpointSlice];
 
-/// Runs until `shutdown`: keeps `zone` equal to the object source's view.
-/// The first snapshot is published once the source's first list is in
-/// (until then the zone answers SERVFAIL); then every batch of deltas
-/// publishes a new one. A lost store or API server fails `/readyz` through
-/// the source's health while answers keep coming from the last snapshot.
+/// What feeds the zone's loop.
+pub enum ZoneInput {
+    Deltas(Vec<Delta>),
+    /// Everything, asked for with a resync: rebuild from scratch.
+    Snapshot(Vec<Arc<Object>>),
+}
+
+/// The cluster zone as a reconcile subsystem. DNS owns no kernel state:
+/// its "kernel" is the snapshot the servers answer from, swapped
+/// atomically. The [`Builder`] keeps the plan incrementally (the names
+/// pending since the last publish), so:
+/// - watch: deltas into the builder (a Service turning headless asks the
+///   source for a snapshot, since its endpoints were not kept);
+/// - plan: which names are pending (pure);
+/// - observe: the snapshot being served;
+/// - diff: whether anything must be republished;
+/// - apply: publish the new snapshot (one atomic swap).
+pub struct Zone {
+    b: Builder,
+    zone: Arc<ArcSwap<Snapshot>>,
+    metrics: Arc<Metrics>,
+    resyncer: Resyncer,
+    /// A snapshot rebuilt the builder since the last publish.
+    rebuilt: bool,
+}
+
+impl Subsystem for Zone {
+    type Input = ZoneInput;
+    type Key = ();
+    /// Whether the builder has pending names.
+    type Plan = bool;
+    type Observed = Arc<Snapshot>;
+    type Changes = bool;
+
+    fn name(&self) -> &'static str {
+        "dns"
+    }
+
+    fn watch(&mut self, input: ZoneInput, dirty: &mut BTreeSet<()>) {
+        match input {
+            ZoneInput::Snapshot(objs) => {
+                self.b.clear_objects();
+                for o in objs {
+                    observe(&mut self.b, &Delta::Updated(o));
+                }
+                self.rebuilt = true;
+                self.metrics.inc(
+                    "podnet_dns_relists_total",
+                    "Full relists of the store.",
+                    "",
+                    1.0,
+                );
+            }
+            ZoneInput::Deltas(ds) => {
+                for d in &ds {
+                    observe(&mut self.b, d);
+                }
+            }
+        }
+        if self.b.take_relist() {
+            tracing::info!("a Service turned headless; relisting for its endpoints");
+            self.resyncer.resync();
+        }
+        dirty.insert(());
+    }
+
+    fn plan(&self, scope: &Scope<()>) -> bool {
+        scope.is_full() || self.rebuilt || self.b.has_changes()
+    }
+
+    fn observe(&mut self, _scope: &Scope<()>) -> Result<Arc<Snapshot>, SyncError> {
+        Ok(self.zone.load_full())
+    }
+
+    fn diff(&self, plan: bool, _served: Arc<Snapshot>) -> bool {
+        plan
+    }
+
+    fn apply(&mut self, publish_now: bool) -> Result<usize, SyncError> {
+        if !publish_now {
+            return Ok(0);
+        }
+        let full = std::mem::take(&mut self.rebuilt) || !self.metrics.is_ready();
+        publish(&mut self.b, &self.zone, &self.metrics, full);
+        Ok(1)
+    }
+
+    /// No kernel to drift: a resync changes nothing.
+    fn resync(&self) -> Scope<()> {
+        Scope::Only(BTreeSet::new())
+    }
+
+    fn synced(&mut self, scope: &Scope<()>, ok: bool) {
+        if !ok || !scope.is_full() {
+            return;
+        }
+        // A full load frees megabytes of decoded objects: hand them back
+        // to the system instead of keeping them in malloc's free lists.
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe { libc::malloc_trim(0) };
+        if !self.metrics.is_ready() {
+            tracing::info!(
+                names = self.zone.load().name_count(),
+                services = self.b.service_count(),
+                "zone loaded; serving"
+            );
+            self.metrics.set_ready(true);
+        }
+    }
+}
+
+/// Runs until `shutdown`: keeps `zone` equal to the object source's view,
+/// as a [`Zone`] in the reconcile loop. The first snapshot is published
+/// once the source's first list is in (until then the zone answers
+/// SERVFAIL); then every batch of deltas publishes a new one. A lost store
+/// or API server fails `/readyz` through the source's health while answers
+/// keep coming from the last snapshot.
 pub async fn run(
     mut sub: Subscription,
-    mut b: Builder,
+    b: Builder,
     zone: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
-    let mut ready = false;
-    loop {
-        let batch = tokio::select! {
-            _ = &mut shutdown => return,
-            b = sub.next_batch() => b,
-        };
-        let Some(batch) = batch else {
-            metrics.set_unhealthy(Some("the object source stopped".into()));
-            return;
-        };
-        let mut full = false;
-        if let Some(objs) = &batch.snapshot {
-            // The resync asked for below: everything, from scratch.
-            b.clear_objects();
-            for o in objs {
-                observe(&mut b, &Delta::Updated(o.clone()));
+    let z = Zone {
+        b,
+        zone,
+        metrics: metrics.clone(),
+        resyncer: sub.resyncer(),
+        rebuilt: false,
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let forward = tokio::spawn(async move {
+        while let Some(batch) = sub.next_batch().await {
+            if let Some(objs) = batch.snapshot {
+                if tx.send(Input::Changes(ZoneInput::Snapshot(objs))).is_err() {
+                    return;
+                }
             }
-            full = true;
-            metrics.inc(
-                "podnet_dns_relists_total",
-                "Full relists of the store.",
-                "",
-                1.0,
-            );
+            if !batch.deltas.is_empty()
+                && tx
+                    .send(Input::Changes(ZoneInput::Deltas(batch.deltas)))
+                    .is_err()
+            {
+                return;
+            }
+            if batch.ready && tx.send(Input::Ready).is_err() {
+                return;
+            }
         }
-        for d in &batch.deltas {
-            observe(&mut b, d);
-        }
-        if batch.ready && !ready {
-            ready = true;
-            full = true;
-        }
-        if !ready {
-            continue;
-        }
-        if b.take_relist() {
-            tracing::info!("a Service turned headless; relisting for its endpoints");
-            sub.resync();
-        }
-        if full || b.has_changes() {
-            publish(&mut b, &zone, &metrics, full);
-        }
-        if full {
-            // A full load frees megabytes of decoded objects: hand them
-            // back to the system instead of keeping them in malloc's free
-            // lists.
-            // SAFETY: malloc_trim only releases free heap memory.
-            unsafe { libc::malloc_trim(0) };
-        }
-        if full && !metrics.is_ready() {
-            tracing::info!(
-                names = zone.load().name_count(),
-                services = b.service_count(),
-                "zone loaded; serving"
-            );
-            metrics.set_ready(true);
-        }
-    }
+    });
+    // Resync period: DNS has nothing to repair; a long one.
+    let opts = podnet_reconcile::Options::new(Duration::from_secs(3600));
+    podnet_reconcile::run(z, rx, opts, metrics, shutdown).await;
+    forward.abort();
 }

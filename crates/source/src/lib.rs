@@ -150,6 +150,15 @@ impl Subscription {
         let _ = self.resync.send(self.id);
     }
 
+    /// A handle that asks for this subscription's snapshot from elsewhere
+    /// (the subscription itself may be owned by a forwarding task).
+    pub fn resyncer(&self) -> Resyncer {
+        Resyncer {
+            id: self.id,
+            tx: self.resync.clone(),
+        }
+    }
+
     /// The next event; `None` once the source has stopped.
     pub async fn recv(&mut self) -> Option<Event> {
         self.rx.recv().await
@@ -166,6 +175,20 @@ impl Subscription {
             b.push(e);
         }
         Some(b)
+    }
+}
+
+/// See [`Subscription::resyncer`].
+#[derive(Clone)]
+pub struct Resyncer {
+    id: usize,
+    tx: mpsc::UnboundedSender<usize>,
+}
+
+impl Resyncer {
+    /// As [`Subscription::resync`].
+    pub fn resync(&self) {
+        let _ = self.tx.send(self.id);
     }
 }
 
