@@ -16,6 +16,7 @@ impl Drop for NsGuard {
 }
 
 /// An object as the store would hand it to the proxier.
+#[allow(dead_code)] // not every test binary uses it
 pub fn kv(o: serde_json::Value) -> KeyValue {
     let o = Object::from_value(o).unwrap();
     KeyValue {
