@@ -397,6 +397,15 @@ fn expr_fields(e: &Expr) -> &[Field] {
 
 fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
     x.family_dep(expr_fields(e));
+    if let Expr::Cmp {
+        field: Field::NfProto,
+        neg: false,
+        value: Value::U8(p),
+    } = e
+    {
+        // An explicit family check stands for the implicit one.
+        x.checked = Some(*p);
+    }
     match e {
         Expr::Cmp { field, neg, value } => {
             let len = x.load(*field, NFT_REG_1);
@@ -685,6 +694,13 @@ fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
         m.u64_be(11, secs as u64 * 1000);
     }
     m.u32_be(10, 1); // NFTA_SET_ID
+    if s.key == [KeyType::IfName] {
+        // libnftnl user data: the key is a host-endian string (without
+        // it `nft list` shows the names as empty strings).
+        let mut ud = vec![0u8, 4]; // NFTNL_UDATA_SET_KEYBYTEORDER
+        ud.extend_from_slice(&1u32.to_ne_bytes()); // BYTEORDER_HOST_ENDIAN
+        m.attr(13, &ud); // NFTA_SET_USERDATA
+    }
     if s.key.len() > 1 || s.size.is_some() {
         m.begin(9); // NFTA_SET_DESC
         if let Some(n) = s.size {
