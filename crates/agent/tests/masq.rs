@@ -45,6 +45,12 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         subnet: "10.244.1.0/24".parse().unwrap(),
         tunnel: Some(("192.168.200.11".parse().unwrap(), 8472)),
     };
+    // Another table of the family, with chains, sets and rules of its own,
+    // is none of the masquerade table's business.
+    nft(
+        &name,
+        "-f - <<'EOF'\ntable ip other {\n\tset s { type ipv4_addr; }\n\tcounter c { }\n\tchain postrouting { type nat hook postrouting priority srcnat; ip saddr @s masquerade; }\n\tchain stray { counter; }\n}\nEOF",
+    );
     ns.run(|| {
         let first = with_tunnel.sync().unwrap();
         assert!(!first.is_empty());
@@ -106,5 +112,6 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         assert!(!masq::remove().unwrap(), "removing twice is fine");
     })
     .unwrap();
-    assert_eq!(nft(&name, "list tables"), "");
+    assert_eq!(nft(&name, "list tables"), "table ip other\n");
+    assert!(nft(&name, "list table ip other").contains("chain stray"));
 }

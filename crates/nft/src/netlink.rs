@@ -1151,6 +1151,7 @@ impl Conn {
     fn dump(
         &mut self,
         family: Family,
+        table: Option<&str>,
         cmd: u16,
         attrs: &dyn Fn(&mut Msg),
         what: &dyn Fn() -> String,
@@ -1159,9 +1160,16 @@ impl Conn {
         m.raw(&[family_num(family), 0, 0, 0]);
         attrs(&mut m);
         match self.sock.request(m, what) {
+            // Some dumps (chains) list every table of the family whatever
+            // the filter says: keep the table asked for (attribute 1 is
+            // the table name in chain, rule, set and object messages).
             Ok(r) => Ok(Some(
                 r.into_iter()
                     .map(|r| r.body.get(4..).unwrap_or_default().to_vec())
+                    .filter(|a| {
+                        table
+                            .is_none_or(|t| Attrs::new(a).any(|(ty, v)| ty == 1 && get_str(v) == t))
+                    })
                     .collect(),
             )),
             Err(e) if e.is_not_found() => Ok(None),
@@ -1182,13 +1190,46 @@ impl Conn {
         let by_table = |m: &mut Msg| {
             m.str(1, name);
         };
-        if self.table_use(fam, name)?.is_none() {
-            return Ok(None);
-        }
-        let mut t = Table::new(fam, name);
-        let Some(chains) = self.dump(fam, NFT_MSG_GETCHAIN, &by_table, &what)? else {
+        let Some(used) = self.table_use(fam, name)? else {
             return Ok(None);
         };
+        let mut t = Table::new(fam, name);
+        // Chains one at a time by name: a chain dump lists every chain of
+        // the family (the service proxy's thousands too). Only when the
+        // table holds more than that (its use count covers chains, sets
+        // and objects) is the whole family dumped, to find the strays.
+        let mut chains = Vec::new();
+        for cname in want.chains.keys() {
+            let mut m = msg(want, NFT_MSG_GETCHAIN, 0);
+            m.str(1, name).str(3, cname);
+            match self.sock.request(m, &what) {
+                Ok(r) => chains.extend(
+                    r.into_iter()
+                        .map(|r| r.body.get(4..).unwrap_or_default().to_vec()),
+                ),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let sets = self
+            .dump(fam, Some(name), NFT_MSG_GETSET, &by_table, &what)?
+            .unwrap_or_default();
+        let objs = self
+            .dump(
+                fam,
+                Some(name),
+                NFT_MSG_GETOBJ,
+                &|m: &mut Msg| {
+                    m.str(1, name).u32_be(3, NFT_OBJECT_COUNTER);
+                },
+                &what,
+            )?
+            .unwrap_or_default();
+        if used as usize > chains.len() + sets.len() + objs.len() {
+            chains = self
+                .dump(fam, Some(name), NFT_MSG_GETCHAIN, &by_table, &what)?
+                .unwrap_or_default();
+        }
         for a in chains {
             let (mut cname, mut hook, mut prio, mut kind) = (None, None, 0i32, ChainType::Filter);
             for (ty, v) in Attrs::new(&a) {
@@ -1223,7 +1264,7 @@ impl Conn {
         }
         let mut shapes: BTreeMap<String, Vec<Shape>> = BTreeMap::new();
         for a in self
-            .dump(fam, NFT_MSG_GETRULE, &by_table, &what)?
+            .dump(fam, Some(name), NFT_MSG_GETRULE, &by_table, &what)?
             .unwrap_or_default()
         {
             if let (Some(c), shape) = shape_of(&a) {
@@ -1251,10 +1292,7 @@ impl Conn {
                     .collect(),
             };
         }
-        for a in self
-            .dump(fam, NFT_MSG_GETSET, &by_table, &what)?
-            .unwrap_or_default()
-        {
+        for a in sets {
             let (mut sname, mut flags, mut kt, mut kl, mut dt) = (None, 0, 0, 0, None);
             for (ty, v) in Attrs::new(&a) {
                 match ty {
@@ -1287,17 +1325,7 @@ impl Conn {
             };
             t.sets.insert(sname, set);
         }
-        for a in self
-            .dump(
-                fam,
-                NFT_MSG_GETOBJ,
-                &|m: &mut Msg| {
-                    m.str(1, name).u32_be(3, NFT_OBJECT_COUNTER);
-                },
-                &what,
-            )?
-            .unwrap_or_default()
-        {
+        for a in objs {
             if let Some((_, v)) = Attrs::new(&a).find(|(t, _)| *t == 2) {
                 t.counters.insert(get_str(v));
             }
@@ -1327,6 +1355,7 @@ impl Conn {
     ) -> Result<Option<Set>, KernelError> {
         let Some(replies) = self.dump(
             family,
+            None, // element lists name their table, but the request is exact
             NFT_MSG_GETSETELEM,
             &|m: &mut Msg| {
                 m.str(1, table).str(2, set);
