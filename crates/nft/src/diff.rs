@@ -502,4 +502,57 @@ mod tests {
         assert!(r.contains("10.96.0.1 . tcp . 443 : goto svc-a"));
         assert!(r.contains("dnat ip to 10.244.1.5:80"));
     }
+
+    #[test]
+    fn comments_and_counters_are_part_of_the_state() {
+        let mut old = Table::new(Family::Inet, "t");
+        let mut s = Set::new(vec![KeyType::Ipv4Addr]);
+        let k = vec![Value::Addr("10.1.0.2".parse().unwrap())];
+        s.elements.insert(k.clone(), None);
+        s.comments.insert(k.clone(), "n/a".into());
+        old.sets.insert("masq4".into(), s);
+        let mut new = old.clone();
+        assert!(diff(Some(&old), &new).is_empty());
+        new.sets
+            .get_mut("masq4")
+            .unwrap()
+            .comments
+            .insert(k.clone(), "n/b".into());
+        new.counters.insert("hits".into());
+        let d = diff(Some(&old), &new);
+        assert_eq!(
+            d,
+            vec![
+                Change::AddCounter {
+                    name: "hits".into()
+                },
+                Change::DelElems {
+                    set: "masq4".into(),
+                    keys: vec![k.clone()]
+                },
+                Change::AddCommented {
+                    set: "masq4".into(),
+                    elems: vec![(k, None, "n/b".into())]
+                },
+            ]
+        );
+        assert!(render(&new, &d).contains("add element inet t masq4 { 10.1.0.2 comment \"n/b\" }"));
+        let gone = diff(Some(&new), &old);
+        assert_eq!(
+            gone.last(),
+            Some(&Change::DelCounter {
+                name: "hits".into()
+            })
+        );
+        // ensure declares everything and rewrites the rules, touching no element.
+        let e = ensure(&new);
+        assert_eq!(e[0], Change::AddTable);
+        assert!(e.iter().all(|c| !matches!(
+            c,
+            Change::AddElems { .. } | Change::AddCommented { .. } | Change::DelElems { .. }
+        )));
+        assert!(
+            matches!(&e[1], Change::AddSet { set, .. } if set.elements.is_empty() && set.comments.is_empty())
+        );
+    }
 }
