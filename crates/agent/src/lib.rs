@@ -1,19 +1,25 @@
-//! `podnet agent`: one per node. It leases the node a subnet of the cluster
+//! `podnet agent`: one per node. It takes the node a subnet of the cluster
 //! network, connects the nodes with the configured backend (vxlan, host-gw
-//! or udp), masquerades pod traffic leaving the cluster, and writes the
-//! files the CNI plugins read.
+//! or udp), masquerades pod traffic leaving the cluster, writes the files
+//! the CNI plugins read, and runs the service proxy.
 //!
-//! - [`lease`]: subnet leases in the store (flannel semantics);
 //! - [`plan`]: the pure plan and diff of routes, neighbours and FDB entries;
 //! - [`kernel`]: the netlink edge that observes and applies;
 //! - [`udp`]: the userspace UDP tunnel;
-//! - [`files`]: subnet.env and the conflist.
+//! - [`files`]: subnet.env and the conflist;
+//! - [`masq`]: the masquerade table `ip podnet-masq`;
+//! - [`proxy`], [`proxier`], [`healthcheck`]: the service proxy;
+//! - [`lease`]: re-exported from `podnet_source::subnets::leases`.
 //!
-//! The loop watches the leases; every change (and a periodic resync that
-//! repairs anything deleted behind our back) re-plans, observes the kernel,
-//! and applies only the difference. A repeated sync changes nothing. The
-//! lease and proxy watches report their health as `podnet_daemon::StoreWatch`
-//! components `overlay` and `proxy`: a lost store fails `/readyz`, the data
+//! Cluster state comes from one object source per agent
+//! (`podnet_source::Source`: the store, or the Kubernetes API), and subnets
+//! from one subnet source (leases, or Node podCIDRs). The overlay and the
+//! proxy are each a subsystem of the one reconcile loop
+//! (`podnet_reconcile`): every change, and a periodic resync that repairs
+//! anything deleted behind our back, re-plans, observes the kernel, and
+//! applies only the difference. A repeated sync changes nothing. The
+//! object source's and the lease watch's health are `podnet_daemon::StoreWatch`
+//! components `agent` and `overlay`: a lost store fails `/readyz`, the data
 //! plane stays as it is, and the store's return brings a relist. SIGTERM
 //! leaves the data plane in place, so established connections survive a
 //! restart; `--cleanup` removes everything.
@@ -22,6 +28,7 @@ pub mod files;
 pub mod gso;
 pub mod healthcheck;
 pub mod kernel;
+pub mod masq;
 pub mod plan;
 pub mod proxier;
 pub mod proxy;
@@ -102,84 +109,7 @@ pub fn nodeport_ips(
     Some(v)
 }
 
-pub const MASQ_TABLE: &str = "podnet-masq";
-
-/// The agent's own nftables table, `ip podnet-masq`: masquerade for pod
-/// traffic leaving the cluster network, never between pods (flannel's rules,
-/// as one chain); and, with a tunnel backend, the tunnel's own UDP packets
-/// exempted from connection tracking.
-///
-/// The exemption matters because the service proxy's and the masquerade's
-/// nat hooks switch conntrack on for the whole node: without it every
-/// encapsulated packet is tracked twice more (the tunnel flow on the way out
-/// and on the way in) on top of the pod flow inside it. Nothing NATs or
-/// filters tunnel packets by state, so tracking them buys nothing; a host
-/// firewall that only admits "established" UDP must allow the tunnel port
-/// explicitly, as flannel's documentation already asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MasqTable {
-    pub network: Ipv4Net,
-    pub subnet: Ipv4Net,
-    /// This node's underlay address and the tunnel's UDP port.
-    pub tunnel: Option<(Ipv4Addr, u16)>,
-}
-
-impl MasqTable {
-    /// The table as an `nft -f` script; applying it again replaces the rules.
-    pub fn script(&self) -> String {
-        let t = MASQ_TABLE;
-        let (network, subnet) = (self.network, self.subnet);
-        let mut s = format!(
-            "add table ip {t}\n\
-             add chain ip {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
-             flush chain ip {t} postrouting\n\
-             add rule ip {t} postrouting ip saddr {network} ip daddr {network} return\n\
-             add rule ip {t} postrouting ip saddr {network} ip daddr != 224.0.0.0/4 masquerade\n\
-             add rule ip {t} postrouting ip saddr != {network} ip daddr {subnet} return\n\
-             add rule ip {t} postrouting ip saddr != {network} ip daddr {network} masquerade\n"
-        );
-        for (chain, hook, dir) in [
-            ("tunnel-in", "prerouting", "daddr"),
-            ("tunnel-out", "output", "saddr"),
-        ] {
-            s.push_str(&format!(
-                "add chain ip {t} {chain} {{ type filter hook {hook} priority raw; policy accept; }}\n\
-                 flush chain ip {t} {chain}\n"
-            ));
-            match self.tunnel {
-                Some((ip, port)) => s.push_str(&format!(
-                    "add rule ip {t} {chain} ip {dir} {ip} udp dport {port} notrack\n"
-                )),
-                // Left by an agent that ran a tunnel backend before.
-                None => s.push_str(&format!("delete chain ip {t} {chain}\n")),
-            }
-        }
-        s
-    }
-
-    /// The table's use count when complete (its chains).
-    fn chains(&self) -> u32 {
-        if self.tunnel.is_some() {
-            3
-        } else {
-            1
-        }
-    }
-
-    /// Puts the table back if someone deleted it or one of its chains (one
-    /// netlink round trip when all is well).
-    fn repair(&self) {
-        let present = podnet_nft::netlink::Conn::open()
-            .and_then(|mut c| c.table_use(podnet_nft::model::Family::Ip, MASQ_TABLE))
-            .map(|u| u == Some(self.chains()));
-        if let Ok(false) = present {
-            tracing::warn!("table ip {MASQ_TABLE} was changed or removed; restoring it");
-            if let Err(e) = podnet_nft::apply("restoring pod masquerade", &self.script()) {
-                tracing::warn!("{e}");
-            }
-        }
-    }
-}
+pub use masq::{MasqTable, MASQ_TABLE};
 
 async fn load_config(objs: &Objects) -> Result<Resolved, AgentError> {
     let cfg = match objs
@@ -526,8 +456,9 @@ pub async fn run(
             })?,
         );
     }
-    podnet_nft::apply("installing pod masquerade", &rt.masq_table().script())
-        .map_err(|e| AgentError::Other(e.to_string()))?;
+    rt.masq_table()
+        .sync()
+        .map_err(|e| AgentError::Other(format!("installing pod masquerade: {e}")))?;
     rt.write_files()?;
     let mine = rt.mine.clone();
     subnets.network_up(underlay.ip).await?;
@@ -638,12 +569,7 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
     for t in proxier::cleanup()? {
         done.push(format!("removed nft table {t}"));
     }
-    if podnet_nft::table_exists("ip", MASQ_TABLE).unwrap_or(false) {
-        podnet_nft::apply(
-            "removing pod masquerade",
-            &format!("delete table ip {MASQ_TABLE}\n"),
-        )
-        .map_err(|e| AgentError::Other(e.to_string()))?;
+    if masq::remove().map_err(|e| AgentError::Other(format!("removing pod masquerade: {e}")))? {
         done.push(format!("removed nft table ip {MASQ_TABLE}"));
     }
     for p in [

@@ -97,12 +97,6 @@ impl From<podnet_kernel::KernelError> for CniError {
     }
 }
 
-impl From<podnet_nft::NftError> for CniError {
-    fn from(e: podnet_nft::NftError) -> Self {
-        CniError::internal(e.to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

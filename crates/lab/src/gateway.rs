@@ -17,16 +17,25 @@
 //!
 //! The underlay is IPv4 only (nodes have link-local IPv6 addresses and no
 //! IPv6 routes); the table counts IPv6 too, should that change.
+//!
+//! The table is planned as a typed [`Table`] ([`table`], pure), installed
+//! over nf_tables netlink ([`sync_table`]) and read back over netlink too
+//! (the named counter and the dynamic sets, [`leaks`]).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 
 use ipnet::Ipv4Net;
 use podnet_kernel::rtnl::Route;
-use podnet_kernel::{Handle, Netns};
+use podnet_kernel::{Handle, KernelError, Netns};
+use podnet_nft::diff::Change;
+use podnet_nft::model::{
+    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value,
+    Verdict,
+};
+use podnet_nft::netlink::Conn;
 
-use crate::{io, msg, LabError};
+use crate::{msg, LabError};
 
 /// The underlay bridge in the underlay namespace.
 pub const BRIDGE: &str = "br0";
@@ -60,27 +69,72 @@ fn host(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(o[0], o[1], o[2], n)
 }
 
-/// The leak table as an `nft -f` script: a named counter, a set of the
-/// (source, destination) pairs seen per family, then drop.
-pub fn script() -> String {
-    let t = TABLE;
-    format!(
-        "table inet {t} {{\n\
-         \tcounter leaked {{ }}\n\
-         \tset leaked-v4 {{ type ipv4_addr . ipv4_addr; size 65535; flags dynamic; }}\n\
-         \tset leaked-v6 {{ type ipv6_addr . ipv6_addr; size 65535; flags dynamic; }}\n\
-         \tchain prerouting {{\n\
-         \t\ttype filter hook prerouting priority raw; policy accept;\n\
-         \t\tiifname \"{IFACE}\" meta pkttype host fib daddr type != local goto leaked\n\
-         \t}}\n\
-         \tchain leaked {{\n\
-         \t\tcounter name \"leaked\"\n\
-         \t\tmeta nfproto ipv4 add @leaked-v4 {{ ip saddr . ip daddr }}\n\
-         \t\tmeta nfproto ipv6 add @leaked-v6 {{ ip6 saddr . ip6 daddr }}\n\
-         \t\tdrop\n\
-         \t}}\n\
-         }}\n"
-    )
+/// The named counter every leaked packet counts in.
+const COUNTER: &str = "leaked";
+/// The sets of leaked (source, destination) pairs, per family.
+const FLOW_SETS: [&str; 2] = ["leaked-v4", "leaked-v6"];
+
+/// The leak table: frames sent to the gateway's MAC on its underlay port
+/// but not addressed to it are counted in a named counter, their (source,
+/// destination) pairs noted in a dynamic set per family, then dropped.
+pub fn table() -> Table {
+    let mut t = Table::new(Family::Inet, TABLE);
+    t.counters.insert(COUNTER.into());
+    for (name, addr) in FLOW_SETS.iter().zip([KeyType::Ipv4Addr, KeyType::Ipv6Addr]) {
+        let mut s = Set::new(vec![addr, addr]);
+        s.dynamic = true;
+        s.size = Some(65535);
+        t.sets.insert(name.to_string(), s);
+    }
+    let cmp = |field, value| Expr::Cmp {
+        field,
+        neg: false,
+        value,
+    };
+    t.chains.insert(
+        "prerouting".into(),
+        Chain {
+            base: Some(BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Prerouting,
+                priority: -300, // raw
+            }),
+            rules: vec![Rule::new(vec![
+                cmp(Field::IifName, Value::Name(IFACE.into())),
+                cmp(Field::PktType, Value::U8(0)), // host
+                Expr::FibDaddrNotLocal,
+                Expr::Verdict(Verdict::Goto("leaked".into())),
+            ])],
+        },
+    );
+    let mut leaked = vec![Rule::new(vec![Expr::CounterRef(COUNTER.into())])];
+    for (set, nfproto, (s, d)) in [
+        (FLOW_SETS[0], 2, (Field::IpSaddr, Field::IpDaddr)),
+        (FLOW_SETS[1], 10, (Field::Ip6Saddr, Field::Ip6Daddr)),
+    ] {
+        leaked.push(Rule::new(vec![
+            cmp(Field::NfProto, Value::U8(nfproto)),
+            Expr::AddSet {
+                keys: vec![s, d],
+                set: set.into(),
+            },
+        ]));
+    }
+    leaked.push(Rule::new(vec![Expr::Verdict(Verdict::Drop)]));
+    t.chains.insert(
+        "leaked".into(),
+        Chain {
+            base: None,
+            rules: leaked,
+        },
+    );
+    t
+}
+
+/// Installs (or repairs) the leak table in the calling thread's namespace;
+/// returns what it changed. The count and the flows seen survive a repair.
+pub fn sync_table() -> Result<Vec<Change>, KernelError> {
+    Conn::open()?.sync(&table())
 }
 
 /// Switches IPv4 and IPv6 forwarding off in the calling thread's namespace.
@@ -118,7 +172,7 @@ pub fn install(under: &Netns, gw: &Netns) -> Result<(), LabError> {
     uh.set_up(p.index)?;
     gw.run(|| -> Result<(), LabError> {
         no_forwarding()?;
-        nft(&["-f", "-"], Some(&script()))?;
+        sync_table()?;
         Ok(())
     })??;
     let mut gh = Handle::in_netns(gw)?;
@@ -155,72 +209,31 @@ pub struct Leaks {
 
 /// Reads the leak table in the gateway namespace `ns`.
 pub fn leaks(ns: &Netns) -> Result<Leaks, LabError> {
-    let out = ns.run(|| nft(&["-j", "list", "table", "inet", TABLE], None))??;
-    parse_leaks(&out)
+    ns.run(leaks_here)?
 }
 
-fn parse_leaks(json: &str) -> Result<Leaks, LabError> {
-    let v: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| msg(format!("nft -j output: {e}")))?;
-    let mut l = Leaks::default();
-    let mut found = false;
-    for o in v["nftables"].as_array().into_iter().flatten() {
-        if let Some(c) = o.get("counter").filter(|c| c["name"] == "leaked") {
-            l.packets = c["packets"].as_u64().unwrap_or(0);
-            found = true;
-        }
-        if let Some(s) = o
-            .get("set")
-            .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("leaked-")))
-        {
-            for e in s["elem"].as_array().into_iter().flatten() {
-                // Plain `{"concat": [..]}`, or wrapped when elements carry
-                // metadata: `{"elem": {"val": {"concat": [..]}}}`.
-                let c = e.get("elem").map(|x| &x["val"]).unwrap_or(e);
-                let pair: Vec<IpAddr> = c["concat"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|a| a.as_str()?.parse().ok())
-                    .collect();
-                if let [src, dst] = pair[..] {
-                    l.flows.insert((src, dst));
-                }
+/// Reads the leak table in the calling thread's namespace, over netlink.
+pub fn leaks_here() -> Result<Leaks, LabError> {
+    let mut c = Conn::open()?;
+    let (packets, _) = c
+        .counter(Family::Inet, TABLE, COUNTER)?
+        .ok_or_else(|| msg(format!("no counter \"{COUNTER}\" in table inet {TABLE}")))?;
+    let t = table();
+    let mut l = Leaks {
+        packets,
+        flows: BTreeSet::new(),
+    };
+    for name in FLOW_SETS {
+        let Some(set) = c.elements(Family::Inet, TABLE, name, &t.sets[name])? else {
+            continue;
+        };
+        for k in set.elements.keys() {
+            if let [Value::Addr(src), Value::Addr(dst)] = k[..] {
+                l.flows.insert((src, dst));
             }
         }
     }
-    if !found {
-        return Err(msg(format!("no counter \"leaked\" in table inet {TABLE}")));
-    }
     Ok(l)
-}
-
-/// Runs `nft ARGS` in the calling thread's namespace, with `stdin` fed in.
-fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
-    use std::io::Write;
-    use std::process::Stdio;
-    let what = || format!("nft {}", args.join(" "));
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io(what(), e))?;
-    let mut pipe = child.stdin.take().expect("piped stdin");
-    if let Some(s) = stdin {
-        pipe.write_all(s.as_bytes()).map_err(|e| io(what(), e))?;
-    }
-    drop(pipe);
-    let out = child.wait_with_output().map_err(|e| io(what(), e))?;
-    if !out.status.success() {
-        return Err(msg(format!(
-            "{}: {}",
-            what(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]
@@ -237,34 +250,31 @@ mod tests {
     }
 
     #[test]
-    fn leaks_parse_from_nft_json() {
-        let j = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
-            {"table": {"family": "inet", "name": "podnet-lab-gateway", "handle": 1}},
-            {"counter": {"family": "inet", "name": "leaked", "table": "podnet-lab-gateway", "packets": 4, "bytes": 288}},
-            {"set": {"family": "inet", "name": "leaked-v4", "type": ["ipv4_addr", "ipv4_addr"],
-                     "elem": [{"concat": ["192.168.200.11", "198.51.100.7"]},
-                              {"elem": {"val": {"concat": ["192.168.200.12", "198.51.100.8"]}, "expires": 1}}]}},
-            {"set": {"family": "inet", "name": "leaked-v6", "type": ["ipv6_addr", "ipv6_addr"]}}]}"#;
-        let l = parse_leaks(j).unwrap();
-        assert_eq!(l.packets, 4);
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(
-            l.flows,
-            BTreeSet::from([
-                (ip("192.168.200.11"), ip("198.51.100.7")),
-                (ip("192.168.200.12"), ip("198.51.100.8")),
-            ])
-        );
-        assert!(parse_leaks(r#"{"nftables": []}"#).is_err());
-    }
-
-    #[test]
-    fn script_counts_only_frames_for_the_gateway_mac_not_for_it() {
-        let s = script();
+    fn only_frames_for_the_gateway_mac_not_for_it_are_counted_and_dropped() {
+        use podnet_nft::model::Proto;
+        use podnet_nft::trace::{Fate, Packet, Tracer};
+        let t = table();
+        let mut tr = Tracer::new(&t).with_local(&["192.168.200.1"]);
+        let leak = Packet::new("192.168.200.11", "198.51.100.7", Proto::Udp, 53).on("eth0");
+        let o = tr.incoming(&leak, &mut |_| 0);
+        assert_eq!(o.fate, Fate::Drop);
+        assert_eq!(o.path, ["prerouting", "leaked"]);
+        let v6 = Packet::new("fd00::11", "2001:db8::7", Proto::Tcp, 80).on("eth0");
+        assert_eq!(tr.incoming(&v6, &mut |_| 0).fate, Fate::Drop);
+        assert_eq!(tr.counters[COUNTER], 2);
+        // For the gateway itself, not to its MAC, or from elsewhere: untouched.
+        let mine = Packet::new("192.168.200.11", "192.168.200.1", Proto::Udp, 53).on("eth0");
+        let mut broadcast = leak.clone();
+        broadcast.pkttype = 1;
+        for p in [mine, broadcast, leak.clone().on("lo")] {
+            assert_eq!(tr.incoming(&p, &mut |_| 0).fate, Fate::Accept, "{p:?}");
+        }
+        assert_eq!(tr.counters[COUNTER], 2);
+        let r = t.render();
         assert!(
-            s.contains("iifname \"eth0\" meta pkttype host fib daddr type != local goto leaked")
+            r.contains("iifname \"eth0\" meta pkttype 0 fib daddr type != local goto leaked"),
+            "{r}"
         );
-        assert!(s.contains("counter name \"leaked\""));
-        assert!(s.trim_end().ends_with("drop\n\t}\n}"));
+        assert!(r.contains("counter name \"leaked\""));
     }
 }

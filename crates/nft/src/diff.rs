@@ -40,6 +40,18 @@ pub enum Change {
         set: String,
         elems: Vec<(Vec<Value>, Option<ElemData>)>,
     },
+    /// Elements that carry a comment (their owner, in a shared set).
+    AddCommented {
+        set: String,
+        elems: Vec<(Vec<Value>, Option<ElemData>, String)>,
+    },
+    /// A named counter (`counter NAME {}`), starting at zero.
+    AddCounter {
+        name: String,
+    },
+    DelCounter {
+        name: String,
+    },
     DelElems {
         set: String,
         keys: Vec<Vec<Value>>,
@@ -52,6 +64,7 @@ impl Change {
         match self {
             Change::AddRules { rules, .. } => rules.len(),
             Change::AddElems { elems, .. } => elems.len(),
+            Change::AddCommented { elems, .. } => elems.len(),
             Change::DelElems { keys, .. } => keys.len(),
             _ => 1,
         }
@@ -64,7 +77,84 @@ pub fn ops(changes: &[Change]) -> usize {
 }
 
 fn same_decl(a: &Set, b: &Set) -> bool {
-    a.key == b.key && a.data == b.data && a.interval == b.interval && a.timeout == b.timeout
+    a.key == b.key
+        && a.data == b.data
+        && a.interval == b.interval
+        && a.timeout == b.timeout
+        && a.dynamic == b.dynamic
+        && a.size == b.size
+}
+
+/// Whether element `k` of `new` is held by `old` as it is (data and comment).
+fn same_elem(old: &Set, new: &Set, k: &Vec<Value>) -> bool {
+    old.elements.get(k) == new.elements.get(k) && old.comments.get(k) == new.comments.get(k)
+}
+
+/// The changes that add `elems` of set `name` (keys and data from `s`),
+/// split into plain and commented ones.
+fn add_elems<'a>(
+    out: &mut Vec<Change>,
+    name: &str,
+    s: &Set,
+    keys: impl Iterator<Item = &'a Vec<Value>>,
+) {
+    let (mut plain, mut commented) = (Vec::new(), Vec::new());
+    for k in keys {
+        let d = s.elements.get(k).cloned().flatten();
+        match s.comments.get(k) {
+            Some(c) => commented.push((k.clone(), d, c.clone())),
+            None => plain.push((k.clone(), d)),
+        }
+    }
+    if !plain.is_empty() {
+        out.push(Change::AddElems {
+            set: name.to_string(),
+            elems: plain,
+        });
+    }
+    if !commented.is_empty() {
+        out.push(Change::AddCommented {
+            set: name.to_string(),
+            elems: commented,
+        });
+    }
+}
+
+/// The declarations of `t` (table, sets, counters, chains) and its rules,
+/// for a table several processes share (the CNI plugins' tables): whatever
+/// exists is kept, the base rules are rewritten, no element is touched.
+/// Applying it twice is harmless.
+pub fn ensure(t: &Table) -> Vec<Change> {
+    let mut out = vec![Change::AddTable];
+    for (name, s) in &t.sets {
+        out.push(Change::AddSet {
+            name: name.clone(),
+            set: Set {
+                elements: Default::default(),
+                comments: Default::default(),
+                ..s.clone()
+            },
+        });
+    }
+    for name in &t.counters {
+        out.push(Change::AddCounter { name: name.clone() });
+    }
+    for (name, c) in &t.chains {
+        out.push(Change::AddChain {
+            name: name.clone(),
+            base: c.base,
+        });
+    }
+    for (name, c) in &t.chains {
+        out.push(Change::FlushChain { name: name.clone() });
+        if !c.rules.is_empty() {
+            out.push(Change::AddRules {
+                chain: name.clone(),
+                rules: c.rules.clone(),
+            });
+        }
+    }
+    out
 }
 
 /// Plans the transaction from `old` (None: nothing applied yet) to `new`.
@@ -86,11 +176,17 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
                 name: name.clone(),
                 set: Set {
                     elements: Default::default(),
+                    comments: Default::default(),
                     ..s.clone()
                 },
             }),
             Some(o) if !same_decl(o, s) => recreated.push(name.clone()),
             _ => {}
+        }
+    }
+    for name in &new.counters {
+        if !old.counters.contains(name) {
+            out.push(Change::AddCounter { name: name.clone() });
         }
     }
     for (name, c) in &new.chains {
@@ -116,9 +212,9 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
         let keys: Vec<Vec<Value>> = match new.sets.get(name) {
             Some(n) if same_decl(s, n) => s
                 .elements
-                .iter()
-                .filter(|(k, d)| n.elements.get(*k) != Some(d))
-                .map(|(k, _)| k.clone())
+                .keys()
+                .filter(|k| !same_elem(s, n, k))
+                .cloned()
                 .collect(),
             _ => continue,
         };
@@ -162,6 +258,7 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             name: name.clone(),
             set: Set {
                 elements: Default::default(),
+                comments: Default::default(),
                 ..s.clone()
             },
         });
@@ -178,23 +275,21 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             .sets
             .get(name)
             .filter(|o| same_decl(o, s) && !recreated.contains(name));
-        let elems: Vec<(Vec<Value>, Option<ElemData>)> = s
+        let keys = s
             .elements
-            .iter()
-            .filter(|(k, d)| prev.map(|p| p.elements.get(*k) != Some(d)).unwrap_or(true))
-            .map(|(k, d)| (k.clone(), d.clone()))
-            .collect();
-        if !elems.is_empty() {
-            out.push(Change::AddElems {
-                set: name.clone(),
-                elems,
-            });
-        }
+            .keys()
+            .filter(|k| prev.map(|p| !same_elem(p, s, k)).unwrap_or(true));
+        add_elems(&mut out, name, s, keys);
     }
     // 7. Sets that are gone (nothing references them any more).
     for name in old.sets.keys() {
         if !new.sets.contains_key(name) {
             out.push(Change::DelSet { name: name.clone() });
+        }
+    }
+    for name in &old.counters {
+        if !new.counters.contains(name) {
+            out.push(Change::DelCounter { name: name.clone() });
         }
     }
     out
@@ -254,6 +349,21 @@ pub fn render(t: &Table, changes: &[Change]) -> String {
                         els.join(", ")
                     ));
                 }
+            }
+            Change::AddCommented { set, elems } => {
+                for (k, d, c) in elems {
+                    s.push_str(&format!(
+                        "add element {f} {n} {set} {{ {} comment \"{}\" }}\n",
+                        Set::element_text(k, d),
+                        c.replace('"', "'")
+                    ));
+                }
+            }
+            Change::AddCounter { name } => {
+                s.push_str(&format!("add counter {f} {n} {name}\n"));
+            }
+            Change::DelCounter { name } => {
+                s.push_str(&format!("delete counter {f} {n} {name}\n"));
             }
             Change::DelElems { set, keys } => {
                 for chunk in keys.chunks(1000) {
@@ -391,5 +501,58 @@ mod tests {
         );
         assert!(r.contains("10.96.0.1 . tcp . 443 : goto svc-a"));
         assert!(r.contains("dnat ip to 10.244.1.5:80"));
+    }
+
+    #[test]
+    fn comments_and_counters_are_part_of_the_state() {
+        let mut old = Table::new(Family::Inet, "t");
+        let mut s = Set::new(vec![KeyType::Ipv4Addr]);
+        let k = vec![Value::Addr("10.1.0.2".parse().unwrap())];
+        s.elements.insert(k.clone(), None);
+        s.comments.insert(k.clone(), "n/a".into());
+        old.sets.insert("masq4".into(), s);
+        let mut new = old.clone();
+        assert!(diff(Some(&old), &new).is_empty());
+        new.sets
+            .get_mut("masq4")
+            .unwrap()
+            .comments
+            .insert(k.clone(), "n/b".into());
+        new.counters.insert("hits".into());
+        let d = diff(Some(&old), &new);
+        assert_eq!(
+            d,
+            vec![
+                Change::AddCounter {
+                    name: "hits".into()
+                },
+                Change::DelElems {
+                    set: "masq4".into(),
+                    keys: vec![k.clone()]
+                },
+                Change::AddCommented {
+                    set: "masq4".into(),
+                    elems: vec![(k, None, "n/b".into())]
+                },
+            ]
+        );
+        assert!(render(&new, &d).contains("add element inet t masq4 { 10.1.0.2 comment \"n/b\" }"));
+        let gone = diff(Some(&new), &old);
+        assert_eq!(
+            gone.last(),
+            Some(&Change::DelCounter {
+                name: "hits".into()
+            })
+        );
+        // ensure declares everything and rewrites the rules, touching no element.
+        let e = ensure(&new);
+        assert_eq!(e[0], Change::AddTable);
+        assert!(e.iter().all(|c| !matches!(
+            c,
+            Change::AddElems { .. } | Change::AddCommented { .. } | Change::DelElems { .. }
+        )));
+        assert!(
+            matches!(&e[1], Change::AddSet { set, .. } if set.elements.is_empty() && set.comments.is_empty())
+        );
     }
 }

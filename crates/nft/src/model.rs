@@ -1,13 +1,15 @@
 //! A typed model of the nftables state podnet owns: one table, its sets and
-//! maps, its chains and their rules, expressed in the handful of
-//! expressions a service proxy and a policy engine need.
+//! maps, its named counters, its chains and their rules, expressed in the
+//! handful of expressions podnet's tables need (the service proxy, the
+//! node's masquerade, the CNI plugins' masquerade, MAC spoof check and
+//! port mappings, the lab gateway's leak counter).
 //!
 //! The model is plain data: it is planned by pure code, diffed against the
 //! last applied model ([`crate::diff`]), rendered as `nft` text for humans and
 //! golden tests ([`Table::render`]), and evaluated by the packet tracer
 //! ([`crate::trace`]) in unit tests without root.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::net::IpAddr;
 
@@ -18,6 +20,8 @@ pub enum Family {
     Ip,
     Ip6,
     Inet,
+    /// Frames crossing a Linux bridge (the CNI MAC spoof check).
+    Bridge,
 }
 
 impl Family {
@@ -26,6 +30,7 @@ impl Family {
             Family::Ip => "ip",
             Family::Ip6 => "ip6",
             Family::Inet => "inet",
+            Family::Bridge => "bridge",
         }
     }
 }
@@ -69,6 +74,18 @@ pub enum Field {
     CtOrigIpDaddr,
     CtOrigIp6Daddr,
     CtOrigDport,
+    /// meta iifname: the interface the packet came in on (in a bridge
+    /// table, the bridge port).
+    IifName,
+    /// meta oifname
+    OifName,
+    /// ether saddr (bridge tables)
+    EtherSaddr,
+    /// meta nfproto: the packet's layer-3 family in an `inet` table
+    /// (`Value::U8(2)` IPv4, `Value::U8(10)` IPv6).
+    NfProto,
+    /// meta pkttype (`Value::U8(0)` is `host`: addressed to our MAC).
+    PktType,
 }
 
 impl Field {
@@ -84,6 +101,11 @@ impl Field {
             Field::CtOrigIpDaddr => "ct original ip daddr",
             Field::CtOrigIp6Daddr => "ct original ip6 daddr",
             Field::CtOrigDport => "ct original proto-dst",
+            Field::IifName => "iifname",
+            Field::OifName => "oifname",
+            Field::EtherSaddr => "ether saddr",
+            Field::NfProto => "meta nfproto",
+            Field::PktType => "meta pkttype",
         }
     }
 
@@ -95,6 +117,10 @@ impl Field {
             Field::L4Proto => KeyType::InetProto,
             Field::Dport | Field::CtOrigDport => KeyType::InetService,
             Field::Mark => KeyType::Mark,
+            Field::IifName | Field::OifName => KeyType::IfName,
+            Field::EtherSaddr => KeyType::EtherAddr,
+            Field::NfProto => KeyType::NfProto,
+            Field::PktType => KeyType::PktType,
         }
     }
 }
@@ -106,6 +132,11 @@ pub enum KeyType {
     InetProto,
     InetService,
     Mark,
+    /// An interface name (16 bytes, NUL padded).
+    IfName,
+    EtherAddr,
+    NfProto,
+    PktType,
 }
 
 impl KeyType {
@@ -116,6 +147,10 @@ impl KeyType {
             KeyType::InetProto => "inet_proto",
             KeyType::InetService => "inet_service",
             KeyType::Mark => "mark",
+            KeyType::IfName => "ifname",
+            KeyType::EtherAddr => "ether_addr",
+            KeyType::NfProto => "nf_proto",
+            KeyType::PktType => "pkt_type",
         }
     }
 }
@@ -128,6 +163,11 @@ pub enum Value {
     Proto(Proto),
     Port(u16),
     U32(u32),
+    /// A one-byte value (nfproto, pkttype).
+    U8(u8),
+    /// An interface name.
+    Name(String),
+    Mac([u8; 6]),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -162,6 +202,13 @@ impl Value {
             Value::Proto(p) => p.name().to_string(),
             Value::Port(p) => p.to_string(),
             Value::U32(v) => format!("0x{v:08x}"),
+            Value::U8(v) => v.to_string(),
+            Value::Name(n) => format!("\"{}\"", n.replace('"', "_")),
+            Value::Mac(m) => m
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
         }
     }
 }
@@ -216,6 +263,8 @@ pub enum Expr {
     },
     /// `fib daddr type local`
     FibDaddrLocal,
+    /// `fib daddr type != local`: the packet is not for this host.
+    FibDaddrNotLocal,
     /// `fib saddr type local`: the packet was sent by this host (from one
     /// of its own addresses), whichever hook sees it.
     FibSaddrLocal,
@@ -237,7 +286,16 @@ pub enum Expr {
         keys: Vec<Field>,
         set: String,
     },
+    /// `add @set { key }`: add the key if absent (never refreshes).
+    AddSet {
+        keys: Vec<Field>,
+        set: String,
+    },
     Counter,
+    /// `counter name NAME`: count into the table's named counter.
+    CounterRef(String),
+    /// `notrack`: no connection tracking for this packet.
+    Notrack,
     Dnat {
         addr: IpAddr,
         port: Option<u16>,
@@ -248,6 +306,13 @@ pub enum Expr {
         keys: Vec<Field>,
         modulus: u32,
         map: String,
+    },
+    /// `dnat ip[6] to keys map @map`: DNAT to the address . port the data
+    /// map holds for the key; no element, no change (the rule goes on).
+    MapDnat {
+        keys: Vec<Field>,
+        map: String,
+        v6: bool,
     },
     Masquerade {
         fully_random: bool,
@@ -304,8 +369,15 @@ pub struct Set {
     pub interval: bool,
     /// Element timeout in seconds (dynamic sets, e.g. session affinity).
     pub timeout: Option<u32>,
+    /// Filled from the packet path (`add @set`): `flags dynamic`.
+    pub dynamic: bool,
+    /// The most elements the set holds (`size N`).
+    pub size: Option<u32>,
     /// Elements, keyed by their concatenated key.
     pub elements: BTreeMap<Vec<Value>, Option<ElemData>>,
+    /// Element comments, by key (elements without one are not listed):
+    /// how a shared set records who owns an element.
+    pub comments: BTreeMap<Vec<Value>, String>,
 }
 
 impl Set {
@@ -315,8 +387,17 @@ impl Set {
             data: None,
             interval: false,
             timeout: None,
+            dynamic: false,
+            size: None,
             elements: BTreeMap::new(),
+            comments: BTreeMap::new(),
         }
+    }
+
+    /// Whether the kernel adds this set's elements itself (from rules), so
+    /// its elements are not part of the planned state.
+    pub fn kernel_filled(&self) -> bool {
+        self.dynamic || self.timeout.is_some()
     }
     pub fn map(key: Vec<KeyType>) -> Set {
         Set {
@@ -337,6 +418,9 @@ pub struct Table {
     pub family: Family,
     pub name: String,
     pub sets: BTreeMap<String, Set>,
+    /// Named counters (`counter NAME {}`), read back with
+    /// [`crate::netlink::Conn::counter`].
+    pub counters: BTreeSet<String>,
     pub chains: BTreeMap<String, Chain>,
 }
 
@@ -364,13 +448,22 @@ impl Expr {
             Expr::VMap { keys, map } => format!("{} vmap @{map}", keys_text(keys)),
             Expr::Numgen { modulus, value } => format!("numgen random mod {modulus} {value}"),
             Expr::FibDaddrLocal => "fib daddr type local".into(),
+            Expr::FibDaddrNotLocal => "fib daddr type != local".into(),
             Expr::FibSaddrLocal => "fib saddr type local".into(),
             Expr::CtDnat => "ct status dnat".into(),
             Expr::CtStateNew => "ct state new".into(),
             Expr::MarkSet { mask } => format!("meta mark & 0x{mask:08x} != 0"),
             Expr::SetMark { bits } => format!("meta mark set meta mark | 0x{bits:08x}"),
             Expr::UpdateSet { keys, set } => format!("update @{set} {{ {} }}", keys_text(keys)),
+            Expr::AddSet { keys, set } => format!("add @{set} {{ {} }}", keys_text(keys)),
             Expr::Counter => "counter".into(),
+            Expr::CounterRef(n) => format!("counter name \"{n}\""),
+            Expr::Notrack => "notrack".into(),
+            Expr::MapDnat { keys, map, v6 } => format!(
+                "dnat {} to {} map @{map}",
+                if *v6 { "ip6" } else { "ip" },
+                keys_text(keys)
+            ),
             Expr::Dnat {
                 addr: IpAddr::V4(a),
                 port,
@@ -461,11 +554,17 @@ impl Set {
         if self.timeout.is_some() {
             flags.push("timeout");
         }
+        if self.dynamic {
+            flags.push("dynamic");
+        }
         if !flags.is_empty() {
             let _ = write!(s, " flags {};", flags.join(","));
         }
         if let Some(t) = self.timeout {
             let _ = write!(s, " timeout {t}s;");
+        }
+        if let Some(n) = self.size {
+            let _ = write!(s, " size {n};");
         }
         s
     }
@@ -481,6 +580,7 @@ impl Table {
             family,
             name: name.to_string(),
             sets: BTreeMap::new(),
+            counters: BTreeSet::new(),
             chains: BTreeMap::new(),
         }
     }
@@ -488,11 +588,23 @@ impl Table {
     /// The whole table as `nft -f` input (deterministic: for golden tests).
     pub fn render(&self) -> String {
         let mut s = format!("table {} {} {{\n", self.family.name(), self.name);
+        for c in &self.counters {
+            let _ = writeln!(s, "\tcounter {c} {{\n\t}}");
+        }
         for (name, set) in &self.sets {
             let kw = if set.data.is_some() { "map" } else { "set" };
             let _ = writeln!(s, "\t{kw} {name} {{\n\t\t{}", set.decl_text());
             if !set.elements.is_empty() {
-                let els: Vec<String> = set.elements.iter().map(|(k, d)| elem_text(k, d)).collect();
+                let els: Vec<String> = set
+                    .elements
+                    .iter()
+                    .map(|(k, d)| match set.comments.get(k) {
+                        Some(c) => {
+                            format!("{} comment \"{}\"", elem_text(k, d), c.replace('"', "'"))
+                        }
+                        None => elem_text(k, d),
+                    })
+                    .collect();
                 let _ = writeln!(s, "\t\telements = {{ {} }}", els.join(",\n\t\t\t     "));
             }
             s.push_str("\t}\n");

@@ -2,20 +2,34 @@
 //! one nfnetlink batch, applied as one kernel transaction (all or nothing),
 //! without the `nft` tool re-reading the table on every call.
 //!
+//! Reading back ([`Conn::observe`], [`Conn::elements`], [`Conn::counter`])
+//! is netlink too: chains, rules, sets, their elements (with comments) and
+//! named counters are dumped and decoded into the same model, so a sync is
+//! observe → diff → apply, and a table changed behind our back is repaired
+//! by the same diff. Rules are compared by shape (the kernel expressions
+//! each rule is made of, and its comment) rather than decoded: enough to
+//! notice a rule deleted, added or replaced.
+//!
+//! In `inet` tables a match on an IPv4 or IPv6 header field first checks
+//! `meta nfproto`, as `nft` does, so an IPv6 packet is never read as IPv4.
+//!
 //! Registers: single values go in the 16-byte `NFT_REG_1`/`NFT_REG_2`;
 //! concatenated keys are laid out in consecutive 32-bit registers from
 //! `NFT_REG32_00`, each field padded to four bytes, which is also how set
 //! keys are laid out in elements.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use podnet_kernel::nl::{Msg, Socket, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
+use podnet_kernel::nl::{
+    get_str, Attrs, Msg, Socket, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP,
+};
 use podnet_kernel::KernelError;
 
 use crate::diff::Change;
 use crate::model::{
-    BaseChain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, MapData, Rule, Set, Table,
-    Value, Verdict,
+    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, MapData, Proto,
+    Rule, Set, Table, Value, Verdict,
 };
 
 const NETLINK_NETFILTER: i32 = 12;
@@ -32,8 +46,21 @@ const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_GETRULE: u16 = 7;
+const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_DELSETELEM: u16 = 14;
+const NFT_MSG_NEWOBJ: u16 = 18;
+const NFT_MSG_GETOBJ: u16 = 19;
+const NFT_MSG_DELOBJ: u16 = 20;
+const NFT_OBJECT_COUNTER: u32 = 1;
+
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_SET_ELEM_KEY_END: u16 = 10;
 
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_DATA_VALUE: u16 = 1;
@@ -57,6 +84,7 @@ fn family_num(f: Family) -> u8 {
         Family::Ip => 2,
         Family::Ip6 => 10,
         Family::Inet => 1,
+        Family::Bridge => 7,
     }
 }
 
@@ -73,6 +101,9 @@ fn field_len(k: KeyType) -> usize {
         KeyType::InetProto => 1,
         KeyType::InetService => 2,
         KeyType::Mark => 4,
+        KeyType::IfName => 16,
+        KeyType::EtherAddr => 6,
+        KeyType::NfProto | KeyType::PktType => 1,
     }
 }
 
@@ -88,6 +119,10 @@ fn type_id(k: KeyType) -> u32 {
         KeyType::InetProto => 12,
         KeyType::InetService => 13,
         KeyType::Mark => 19,
+        KeyType::IfName => 41,
+        KeyType::EtherAddr => 9,
+        KeyType::NfProto => 2,
+        KeyType::PktType => 31,
     }
 }
 
@@ -102,7 +137,63 @@ fn value_bytes(v: &Value) -> Vec<u8> {
         Value::Proto(p) => vec![p.number()],
         Value::Port(p) => p.to_be_bytes().to_vec(),
         Value::U32(x) => x.to_ne_bytes().to_vec(),
+        Value::U8(x) => vec![*x],
+        Value::Name(n) => {
+            // IFNAMSIZ, NUL padded (what `meta iifname` loads).
+            let mut b = n.as_bytes()[..n.len().min(15)].to_vec();
+            b.resize(16, 0);
+            b
+        }
+        Value::Mac(m) => m.to_vec(),
     }
+}
+
+/// The last value of a range element: a prefix's last address, else the
+/// value itself.
+fn value_end_bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::Net(n) => match n.broadcast() {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        },
+        v => value_bytes(v),
+    }
+}
+
+/// A concatenated range end, laid out like [`key_bytes`].
+fn key_end_bytes(vals: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in vals {
+        let b = value_end_bytes(v);
+        let l = padded(b.len());
+        out.extend_from_slice(&b);
+        out.resize(out.len() + (l - b.len()), 0);
+    }
+    out
+}
+
+/// libnftnl's user data for a comment (rules: type 0, element: type 0):
+/// type, length, NUL-terminated text.
+fn comment_udata(c: &str) -> Vec<u8> {
+    let text = &c.as_bytes()[..c.len().min(254)];
+    let mut ud = vec![0u8, (text.len() + 1) as u8];
+    ud.extend_from_slice(text);
+    ud.push(0);
+    ud
+}
+
+fn comment_from_udata(ud: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i + 2 <= ud.len() {
+        let (ty, len) = (ud[i], ud[i + 1] as usize);
+        let v = ud.get(i + 2..i + 2 + len)?;
+        if ty == 0 {
+            let end = v.iter().position(|&b| b == 0).unwrap_or(v.len());
+            return Some(String::from_utf8_lossy(&v[..end]).into_owned());
+        }
+        i += 2 + len;
+    }
+    None
 }
 
 /// A concatenated key, each field padded to a 4-byte boundary.
@@ -135,6 +226,9 @@ fn verdict(m: &mut Msg, v: &Verdict) {
 
 struct Ex<'a> {
     m: &'a mut Msg,
+    family: Family,
+    /// The `meta nfproto` this rule has checked so far (inet tables).
+    checked: Option<u8>,
 }
 
 impl Ex<'_> {
@@ -206,8 +300,33 @@ impl Ex<'_> {
             Field::CtOrigIpDaddr => self.ct_orig(20, reg),
             Field::CtOrigIp6Daddr => self.ct_orig(22, reg),
             Field::CtOrigDport => self.ct_orig(12, reg),
+            Field::IifName => self.meta(6, reg),
+            Field::OifName => self.meta(7, reg),
+            Field::EtherSaddr => self.payload(0, 6, 6, reg),
+            Field::NfProto => self.meta(15, reg),
+            Field::PktType => self.meta(19, reg),
         }
         field_len(f.key_type())
+    }
+
+    /// In an `inet` table, checks the layer-3 family the fields need before
+    /// they are loaded (once per rule).
+    fn family_dep(&mut self, fields: &[Field]) {
+        if self.family != Family::Inet {
+            return;
+        }
+        let need = fields.iter().find_map(|f| match f {
+            Field::IpSaddr | Field::IpDaddr | Field::CtOrigIpDaddr => Some(2u8),
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOrigIp6Daddr => Some(10u8),
+            _ => None,
+        });
+        if let Some(p) = need {
+            if self.checked != Some(p) {
+                self.meta(15, NFT_REG_1);
+                self.cmp(NFT_REG_1, false, &[p]);
+                self.checked = Some(p);
+            }
+        }
     }
 
     fn ct_orig(&mut self, key: u32, dreg: u32) {
@@ -262,7 +381,31 @@ fn prefix_mask(len: u8, bytes: usize) -> Vec<u8> {
     out
 }
 
+/// The fields an expression reads from the packet's headers.
+fn expr_fields(e: &Expr) -> &[Field] {
+    match e {
+        Expr::Cmp { field, .. } => std::slice::from_ref(field),
+        Expr::InSet { keys, .. }
+        | Expr::VMap { keys, .. }
+        | Expr::UpdateSet { keys, .. }
+        | Expr::AddSet { keys, .. }
+        | Expr::PickDnat { keys, .. }
+        | Expr::MapDnat { keys, .. } => keys,
+        _ => &[],
+    }
+}
+
 fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
+    x.family_dep(expr_fields(e));
+    if let Expr::Cmp {
+        field: Field::NfProto,
+        neg: false,
+        value: Value::U8(p),
+    } = e
+    {
+        // An explicit family check stands for the implicit one.
+        x.checked = Some(*p);
+    }
     match e {
         Expr::Cmp { field, neg, value } => {
             let len = x.load(*field, NFT_REG_1);
@@ -305,6 +448,12 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                 m.u32_be(1, NFT_REG_1).u32_be(2, 3).u32_be(3, 2);
             });
             x.cmp(NFT_REG_1, false, &2u32.to_ne_bytes()); // RTN_LOCAL
+        }
+        Expr::FibDaddrNotLocal => {
+            x.expr("fib", |m| {
+                m.u32_be(1, NFT_REG_1).u32_be(2, 3).u32_be(3, 2);
+            });
+            x.cmp(NFT_REG_1, true, &2u32.to_ne_bytes()); // != RTN_LOCAL
         }
         Expr::FibSaddrLocal => {
             x.expr("fib", |m| {
@@ -350,9 +499,36 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                 m.str(1, set).u32_be(3, 1).u32_be(4, r);
             });
         }
+        Expr::AddSet { keys, set } => {
+            let r = if keys.len() == 1 {
+                x.load(keys[0], NFT_REG_1);
+                NFT_REG_1
+            } else {
+                x.load_keys(keys)
+            };
+            x.expr("dynset", |m| {
+                m.str(1, set).u32_be(3, 0).u32_be(4, r); // NFT_DYNSET_OP_ADD
+            });
+        }
         Expr::Counter => x.expr("counter", |m| {
             m.u64_be(1, 0).u64_be(2, 0);
         }),
+        Expr::CounterRef(name) => x.expr("objref", |m| {
+            m.u32_be(1, NFT_OBJECT_COUNTER).str(2, name);
+        }),
+        Expr::Notrack => x.expr("notrack", |_| {}),
+        Expr::MapDnat { keys, map, v6 } => {
+            let addr = x.load_keys_end(keys);
+            x.lookup(map, NFT_REG32_00, Some(addr), false);
+            let port = addr + if *v6 { 4 } else { 1 };
+            x.expr("nat", |m| {
+                m.u32_be(1, 1) // NFT_NAT_DNAT
+                    .u32_be(2, if *v6 { 10 } else { 2 })
+                    .u32_be(3, addr)
+                    .u32_be(5, port)
+                    .u32_be(7, 3); // MAP_IPS | PROTO_SPECIFIED
+            });
+        }
         Expr::Dnat { addr, port } => {
             x.immediate_data(NFT_REG_1, &value_bytes(&Value::Addr(*addr)));
             if let Some(p) = port {
@@ -424,20 +600,58 @@ fn rule_msg(t: &Table, chain: &str, r: &Rule) -> Msg {
     m.str(1, &t.name).str(2, chain);
     m.begin(4);
     {
-        let mut x = Ex { m: &mut m };
+        let mut x = Ex {
+            m: &mut m,
+            family: t.family,
+            checked: None,
+        };
         for e in &r.exprs {
             encode_expr(&mut x, e, t.family);
         }
     }
     m.end();
     if let Some(c) = &r.comment {
-        // libnftnl udata: type 0 (comment), length, NUL-terminated text.
-        let mut ud = vec![0u8, (c.len() + 1).min(255) as u8];
-        ud.extend_from_slice(&c.as_bytes()[..c.len().min(254)]);
-        ud.push(0);
-        m.attr(7, &ud);
+        m.attr(7, &comment_udata(c));
     }
     m
+}
+
+/// What a rule looks like in a dump: its expressions' names and its user
+/// data (the comment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Shape {
+    exprs: Vec<String>,
+    udata: Option<Vec<u8>>,
+}
+
+/// Reads a rule's shape from its attributes (after the nfgenmsg header).
+fn shape_of(attrs: &[u8]) -> (Option<String>, Shape) {
+    let mut chain = None;
+    let mut shape = Shape {
+        exprs: Vec::new(),
+        udata: None,
+    };
+    for (ty, v) in Attrs::new(attrs) {
+        match ty {
+            2 => chain = Some(get_str(v)),
+            4 => {
+                for (_, e) in Attrs::new(v) {
+                    if let Some((_, n)) = Attrs::new(e).find(|(t, _)| *t == 1) {
+                        shape.exprs.push(get_str(n));
+                    }
+                }
+            }
+            7 => shape.udata = Some(v.to_vec()),
+            _ => {}
+        }
+    }
+    (chain, shape)
+}
+
+/// The shape the kernel will report for one of our rules.
+fn rule_shape(t: &Table, chain: &str, r: &Rule) -> Shape {
+    let bytes = rule_msg(t, chain, r).finish(0);
+    shape_of(&bytes[20..]).1
 }
 
 fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
@@ -452,6 +666,9 @@ fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
     }
     if s.timeout.is_some() {
         flags |= 0x10;
+    }
+    if s.dynamic {
+        flags |= 0x20; // NFT_SET_EVAL
     }
     if s.key.len() > 1 {
         flags |= 0x80; // NFT_SET_CONCAT
@@ -477,24 +694,72 @@ fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
         m.u64_be(11, secs as u64 * 1000);
     }
     m.u32_be(10, 1); // NFTA_SET_ID
-    if s.key.len() > 1 {
-        m.begin(9).begin(2);
-        for k in &s.key {
-            m.begin(NFTA_LIST_ELEM)
-                .u32_be(1, field_len(*k) as u32)
-                .end();
+    if s.key == [KeyType::IfName] {
+        // libnftnl user data: the key is a host-endian string (without
+        // it `nft list` shows the names as empty strings).
+        let mut ud = vec![0u8, 4]; // NFTNL_UDATA_SET_KEYBYTEORDER
+        ud.extend_from_slice(&1u32.to_ne_bytes()); // BYTEORDER_HOST_ENDIAN
+        m.attr(13, &ud); // NFTA_SET_USERDATA
+    }
+    if s.key.len() > 1 || s.size.is_some() {
+        m.begin(9); // NFTA_SET_DESC
+        if let Some(n) = s.size {
+            m.u32_be(1, n);
         }
-        m.end().end();
+        if s.key.len() > 1 {
+            m.begin(2);
+            for k in &s.key {
+                m.begin(NFTA_LIST_ELEM)
+                    .u32_be(1, field_len(*k) as u32)
+                    .end();
+            }
+            m.end();
+        }
+        m.end();
     }
     m
 }
 
-fn elems_msgs(
-    t: &Table,
-    set: &str,
-    elems: &[(Vec<Value>, Option<ElemData>)],
-    add: bool,
-) -> Vec<Msg> {
+/// What the kernel reports for a set we declared this way: flags, key
+/// type, key length, data type, data length.
+fn set_decl_attrs(s: &Set) -> (u32, u32, u32, Option<(u32, u32)>) {
+    let bytes = set_msg(&Table::new(Family::Ip, "x"), "x", s).finish(0);
+    let (mut flags, mut kt, mut kl, mut dt, mut dl) = (0, 0, 0, None, 0);
+    for (ty, v) in Attrs::new(&bytes[20..]) {
+        match ty {
+            3 => flags = be32(v),
+            4 => kt = be32(v),
+            5 => kl = be32(v),
+            6 => dt = Some(be32(v)),
+            7 => dl = be32(v),
+            _ => {}
+        }
+    }
+    (flags, kt, kl, dt.map(|t| (t, dl)))
+}
+
+fn be32(v: &[u8]) -> u32 {
+    v.get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(0)
+}
+
+fn be64(v: &[u8]) -> u64 {
+    v.get(..8)
+        .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+        .unwrap_or(0)
+}
+
+/// One element as the encoder takes it: key, data, comment.
+type Elem<'e> = (&'e [Value], Option<&'e ElemData>, Option<&'e str>);
+
+fn elems_msgs(t: &Table, set: &str, elems: &[Elem<'_>], add: bool) -> Vec<Msg> {
+    // Concatenated ranges (pipapo) carry their end in KEY_END.
+    let ranges = t
+        .sets
+        .get(set)
+        .map(|s| s.interval && s.key.len() > 1)
+        .unwrap_or(false);
     let mut out = Vec::new();
     // Keep every message's nested element list under the 64 KiB attribute limit.
     for chunk in elems.chunks(256) {
@@ -509,20 +774,32 @@ fn elems_msgs(
         );
         m.str(1, &t.name).str(2, set);
         m.begin(3);
-        for (k, d) in chunk {
+        for (k, d, c) in chunk {
             m.begin(NFTA_LIST_ELEM);
-            m.begin(1).attr(NFTA_DATA_VALUE, &key_bytes(k)).end();
+            m.begin(NFTA_SET_ELEM_KEY)
+                .attr(NFTA_DATA_VALUE, &key_bytes(k))
+                .end();
+            if ranges {
+                m.begin(NFTA_SET_ELEM_KEY_END)
+                    .attr(NFTA_DATA_VALUE, &key_end_bytes(k))
+                    .end();
+            }
             if add {
                 match d {
                     Some(ElemData::Verdict(v)) => {
-                        m.begin(2);
+                        m.begin(NFTA_SET_ELEM_DATA);
                         verdict(&mut m, v);
                         m.end();
                     }
                     Some(ElemData::Data(vals)) => {
-                        m.begin(2).attr(NFTA_DATA_VALUE, &key_bytes(vals)).end();
+                        m.begin(NFTA_SET_ELEM_DATA)
+                            .attr(NFTA_DATA_VALUE, &key_bytes(vals))
+                            .end();
                     }
                     None => {}
+                }
+                if let Some(c) = c {
+                    m.attr(NFTA_SET_ELEM_USERDATA, &comment_udata(c));
                 }
             }
             m.end();
@@ -604,7 +881,11 @@ fn describe(t: &Table, c: &Change, sub: usize) -> String {
             Some(r) => format!("adding rule to {chain}: {}", r.text()),
             None => format!("adding rule to {chain}"),
         },
-        Change::AddElems { set, .. } => format!("adding elements to {set}"),
+        Change::AddElems { set, .. } | Change::AddCommented { set, .. } => {
+            format!("adding elements to {set}")
+        }
+        Change::AddCounter { name } => format!("adding counter {name}"),
+        Change::DelCounter { name } => format!("deleting counter {name}"),
         Change::DelElems { set, .. } => format!("deleting elements from {set}"),
     }
 }
@@ -637,19 +918,137 @@ fn encode_each(t: &Table, changes: &[Change], emit: &mut dyn FnMut(Msg, usize, u
                 }
             }
             Change::AddElems { set, elems } => {
-                for (i, m) in elems_msgs(t, set, elems, true).into_iter().enumerate() {
+                let e: Vec<Elem<'_>> = elems
+                    .iter()
+                    .map(|(k, d)| (k.as_slice(), d.as_ref(), None))
+                    .collect();
+                for (i, m) in elems_msgs(t, set, &e, true).into_iter().enumerate() {
+                    emit(m, ci, i);
+                }
+            }
+            Change::AddCommented { set, elems } => {
+                let e: Vec<Elem<'_>> = elems
+                    .iter()
+                    .map(|(k, d, c)| (k.as_slice(), d.as_ref(), Some(c.as_str())))
+                    .collect();
+                for (i, m) in elems_msgs(t, set, &e, true).into_iter().enumerate() {
                     emit(m, ci, i);
                 }
             }
             Change::DelElems { set, keys } => {
-                let e: Vec<(Vec<Value>, Option<ElemData>)> =
-                    keys.iter().map(|k| (k.clone(), None)).collect();
+                let e: Vec<Elem<'_>> = keys.iter().map(|k| (k.as_slice(), None, None)).collect();
                 for (i, m) in elems_msgs(t, set, &e, false).into_iter().enumerate() {
                     emit(m, ci, i);
                 }
             }
+            Change::AddCounter { name } => {
+                let mut m = msg(t, NFT_MSG_NEWOBJ, NLM_F_CREATE);
+                m.str(1, &t.name).str(2, name).u32_be(3, NFT_OBJECT_COUNTER);
+                m.begin(4).u64_be(1, 0).u64_be(2, 0).end();
+                emit(m, ci, 0);
+            }
+            Change::DelCounter { name } => {
+                let mut m = msg(t, NFT_MSG_DELOBJ, 0);
+                m.str(1, &t.name).str(2, name).u32_be(3, NFT_OBJECT_COUNTER);
+                emit(m, ci, 0);
+            }
         }
     }
+}
+
+fn hook_from_num(n: u32) -> Option<Hook> {
+    Some(match n {
+        0 => Hook::Prerouting,
+        1 => Hook::Input,
+        2 => Hook::Forward,
+        3 => Hook::Output,
+        4 => Hook::Postrouting,
+        _ => return None,
+    })
+}
+
+/// One field's value from its bytes (and its range end, which turns an
+/// address into the prefix it spans).
+fn decode_value(k: KeyType, b: &[u8], end: Option<&[u8]>) -> Option<Value> {
+    let addr = |b: &[u8]| -> Option<IpAddr> {
+        Some(match b.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(b).ok()?),
+            _ => IpAddr::from(<[u8; 16]>::try_from(b).ok()?),
+        })
+    };
+    Some(match k {
+        KeyType::Ipv4Addr | KeyType::Ipv6Addr => {
+            let start = addr(b)?;
+            match end.filter(|e| *e != b) {
+                Some(e) => {
+                    let bits = b.len() * 8;
+                    let (s, e) = (be_uint(b), be_uint(e));
+                    let prefix = (s ^ e).leading_zeros() as usize - (128 - bits);
+                    Value::Net(ipnet::IpNet::new(start, prefix as u8).ok()?)
+                }
+                None => Value::Addr(start),
+            }
+        }
+        KeyType::InetProto => match b.first()? {
+            6 => Value::Proto(Proto::Tcp),
+            17 => Value::Proto(Proto::Udp),
+            132 => Value::Proto(Proto::Sctp),
+            n => Value::U8(*n),
+        },
+        KeyType::InetService => Value::Port(u16::from_be_bytes([*b.first()?, *b.get(1)?])),
+        KeyType::Mark => Value::U32(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?)),
+        KeyType::IfName => Value::Name(get_str(b)),
+        KeyType::EtherAddr => Value::Mac(b.get(..6)?.try_into().ok()?),
+        KeyType::NfProto | KeyType::PktType => Value::U8(*b.first()?),
+    })
+}
+
+fn be_uint(b: &[u8]) -> u128 {
+    b.iter().fold(0u128, |acc, x| (acc << 8) | *x as u128)
+}
+
+/// A concatenated key (and range end) split by the key types.
+fn decode_key(types: &[KeyType], b: &[u8], end: Option<&[u8]>) -> Option<Vec<Value>> {
+    let mut off = 0;
+    let mut out = Vec::with_capacity(types.len());
+    for k in types {
+        let len = field_len(*k);
+        let field = b.get(off..off + len)?;
+        let fend = end.and_then(|e| e.get(off..off + len));
+        out.push(decode_value(*k, field, fend)?);
+        off += padded(len);
+    }
+    Some(out)
+}
+
+fn decode_data(attr: &[u8], data: &Option<MapData>) -> Option<ElemData> {
+    for (ty, v) in Attrs::new(attr) {
+        match (ty, data) {
+            (NFTA_DATA_VALUE, Some(MapData::Data(types))) => {
+                return decode_key(types, v, None).map(ElemData::Data)
+            }
+            (NFTA_DATA_VERDICT, _) => {
+                let (mut code, mut chain) = (None, None);
+                for (vt, vv) in Attrs::new(v) {
+                    match vt {
+                        NFTA_VERDICT_CODE => code = Some(be32(vv) as i32),
+                        NFTA_VERDICT_CHAIN => chain = Some(get_str(vv)),
+                        _ => {}
+                    }
+                }
+                return Some(ElemData::Verdict(match (code?, chain) {
+                    (NF_ACCEPT, _) => Verdict::Accept,
+                    (NF_DROP, _) => Verdict::Drop,
+                    (NFT_RETURN, _) => Verdict::Return,
+                    (NFT_JUMP, Some(c)) => Verdict::Jump(c),
+                    (NFT_GOTO, Some(c)) => Verdict::Goto(c),
+                    _ => return None,
+                }));
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// An nfnetlink socket for applying batches (reuse it: opening costs).
@@ -747,6 +1146,306 @@ impl Conn {
         Ok(Some(0))
     }
 
+    /// Sends a dump request and returns each reply's attributes (after the
+    /// nfgenmsg header); `Ok(None)` when the table (or set) is missing.
+    fn dump(
+        &mut self,
+        family: Family,
+        table: Option<&str>,
+        cmd: u16,
+        attrs: &dyn Fn(&mut Msg),
+        what: &dyn Fn() -> String,
+    ) -> Result<Option<Vec<Vec<u8>>>, KernelError> {
+        let mut m = Msg::new((NFNL_SUBSYS_NFTABLES << 8) | cmd, NLM_F_DUMP);
+        m.raw(&[family_num(family), 0, 0, 0]);
+        attrs(&mut m);
+        match self.sock.request(m, what) {
+            // Some dumps (chains) list every table of the family whatever
+            // the filter says: keep the table asked for (attribute 1 is
+            // the table name in chain, rule, set and object messages).
+            Ok(r) => Ok(Some(
+                r.into_iter()
+                    .map(|r| r.body.get(4..).unwrap_or_default().to_vec())
+                    .filter(|a| {
+                        table
+                            .is_none_or(|t| Attrs::new(a).any(|(ty, v)| ty == 1 && get_str(v) == t))
+                    })
+                    .collect(),
+            )),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The kernel's copy of table `want.family`/`want.name` in the model's
+    /// terms, or None when it does not exist. Chains, sets, counters and
+    /// elements are read as they are; a chain whose rules have the shapes of
+    /// `want`'s rules is taken to hold them, any other rule shows up as an
+    /// unplanned one, and a set declared otherwise than in `want` as an
+    /// undeclared one, so [`crate::diff::diff`] from this to `want` is the
+    /// repair. The elements of sets the kernel fills itself are not read.
+    pub fn observe(&mut self, want: &Table) -> Result<Option<Table>, KernelError> {
+        let (fam, name) = (want.family, want.name.as_str());
+        let what = || format!("reading table {} {name}", fam.name());
+        let by_table = |m: &mut Msg| {
+            m.str(1, name);
+        };
+        let Some(used) = self.table_use(fam, name)? else {
+            return Ok(None);
+        };
+        let mut t = Table::new(fam, name);
+        // Chains one at a time by name: a chain dump lists every chain of
+        // the family (the service proxy's thousands too). Only when the
+        // table holds more than that (its use count covers chains, sets
+        // and objects) is the whole family dumped, to find the strays.
+        let mut chains = Vec::new();
+        for cname in want.chains.keys() {
+            let mut m = msg(want, NFT_MSG_GETCHAIN, 0);
+            m.str(1, name).str(3, cname);
+            match self.sock.request(m, &what) {
+                Ok(r) => chains.extend(
+                    r.into_iter()
+                        .map(|r| r.body.get(4..).unwrap_or_default().to_vec()),
+                ),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let sets = self
+            .dump(fam, Some(name), NFT_MSG_GETSET, &by_table, &what)?
+            .unwrap_or_default();
+        let objs = self
+            .dump(
+                fam,
+                Some(name),
+                NFT_MSG_GETOBJ,
+                &|m: &mut Msg| {
+                    m.str(1, name).u32_be(3, NFT_OBJECT_COUNTER);
+                },
+                &what,
+            )?
+            .unwrap_or_default();
+        if used as usize > chains.len() + sets.len() + objs.len() {
+            chains = self
+                .dump(fam, Some(name), NFT_MSG_GETCHAIN, &by_table, &what)?
+                .unwrap_or_default();
+        }
+        for a in chains {
+            let (mut cname, mut hook, mut prio, mut kind) = (None, None, 0i32, ChainType::Filter);
+            for (ty, v) in Attrs::new(&a) {
+                match ty {
+                    3 => cname = Some(get_str(v)),
+                    4 => {
+                        for (hty, hv) in Attrs::new(v) {
+                            match hty {
+                                1 => hook = Some(be32(hv)),
+                                2 => prio = be32(hv) as i32,
+                                _ => {}
+                            }
+                        }
+                    }
+                    7 if get_str(v) == "nat" => kind = ChainType::Nat,
+                    _ => {}
+                }
+            }
+            let Some(cname) = cname else { continue };
+            let base = hook.and_then(hook_from_num).map(|hook| BaseChain {
+                kind,
+                hook,
+                priority: prio,
+            });
+            t.chains.insert(
+                cname,
+                Chain {
+                    base,
+                    rules: vec![],
+                },
+            );
+        }
+        let mut shapes: BTreeMap<String, Vec<Shape>> = BTreeMap::new();
+        for a in self
+            .dump(fam, Some(name), NFT_MSG_GETRULE, &by_table, &what)?
+            .unwrap_or_default()
+        {
+            if let (Some(c), shape) = shape_of(&a) {
+                shapes.entry(c).or_default().push(shape);
+            }
+        }
+        for (cname, c) in t.chains.iter_mut() {
+            let got = shapes.remove(cname).unwrap_or_default();
+            c.rules = match want.chains.get(cname) {
+                Some(w)
+                    if w.rules.len() == got.len()
+                        && w.rules
+                            .iter()
+                            .zip(&got)
+                            .all(|(r, s)| rule_shape(want, cname, r) == *s) =>
+                {
+                    w.rules.clone()
+                }
+                _ => got
+                    .iter()
+                    .map(|_| Rule {
+                        exprs: vec![],
+                        comment: Some("not planned".into()),
+                    })
+                    .collect(),
+            };
+        }
+        for a in sets {
+            let (mut sname, mut flags, mut kt, mut kl, mut dt) = (None, 0, 0, 0, None);
+            for (ty, v) in Attrs::new(&a) {
+                match ty {
+                    2 => sname = Some(get_str(v)),
+                    3 => flags = be32(v),
+                    4 => kt = be32(v),
+                    5 => kl = be32(v),
+                    6 => dt = Some(be32(v)),
+                    _ => {}
+                }
+            }
+            let Some(sname) = sname else { continue };
+            let set = match want.sets.get(&sname) {
+                Some(w)
+                    if {
+                        let (f, k, l, d) = set_decl_attrs(w);
+                        (f, k, l, d.map(|d| d.0)) == (flags, kt, kl, dt)
+                    } =>
+                {
+                    if w.kernel_filled() {
+                        w.clone()
+                    } else {
+                        match self.elements(fam, name, &sname, w)? {
+                            Some(s) => s,
+                            None => continue,
+                        }
+                    }
+                }
+                _ => Set::new(vec![]),
+            };
+            t.sets.insert(sname, set);
+        }
+        for a in objs {
+            if let Some((_, v)) = Attrs::new(&a).find(|(t, _)| *t == 2) {
+                t.counters.insert(get_str(v));
+            }
+        }
+        Ok(Some(t))
+    }
+
+    /// Brings the kernel's table to `want` (observe, diff, apply in one
+    /// transaction) and returns the changes it took: none when the kernel
+    /// already held `want`.
+    pub fn sync(&mut self, want: &Table) -> Result<Vec<Change>, KernelError> {
+        let have = self.observe(want)?;
+        let changes = crate::diff::diff(have.as_ref(), want);
+        self.apply(want, &changes)?;
+        Ok(changes)
+    }
+
+    /// Set `set` of the table as the kernel holds it: `decl`'s declaration
+    /// with the kernel's elements and their comments (None when the table
+    /// or the set does not exist). Keys are decoded with `decl`'s key types.
+    pub fn elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        decl: &Set,
+    ) -> Result<Option<Set>, KernelError> {
+        let Some(replies) = self.dump(
+            family,
+            None, // element lists name their table, but the request is exact
+            NFT_MSG_GETSETELEM,
+            &|m: &mut Msg| {
+                m.str(1, table).str(2, set);
+            },
+            &|| format!("reading set {set} of table {} {table}", family.name()),
+        )?
+        else {
+            return Ok(None);
+        };
+        let mut out = Set {
+            elements: BTreeMap::new(),
+            comments: BTreeMap::new(),
+            ..decl.clone()
+        };
+        for a in replies {
+            for (ty, list) in Attrs::new(&a) {
+                if ty != 3 {
+                    continue;
+                }
+                for (_, el) in Attrs::new(list) {
+                    let (mut key, mut end, mut data, mut comment) = (None, None, None, None);
+                    let mut interval_end = false;
+                    for (ety, ev) in Attrs::new(el) {
+                        let value = || {
+                            Attrs::new(ev)
+                                .find(|(t, _)| *t == NFTA_DATA_VALUE)
+                                .map(|(_, v)| v.to_vec())
+                        };
+                        match ety {
+                            NFTA_SET_ELEM_KEY => key = value(),
+                            NFTA_SET_ELEM_KEY_END => end = value(),
+                            NFTA_SET_ELEM_DATA => data = Some(decode_data(ev, &decl.data)),
+                            3 => interval_end = be32(ev) & 1 != 0,
+                            NFTA_SET_ELEM_USERDATA => comment = comment_from_udata(ev),
+                            _ => {}
+                        }
+                    }
+                    if interval_end {
+                        continue;
+                    }
+                    let Some(k) = key.and_then(|k| decode_key(&decl.key, &k, end.as_deref()))
+                    else {
+                        continue;
+                    };
+                    if let Some(c) = comment {
+                        out.comments.insert(k.clone(), c);
+                    }
+                    out.elements.insert(k, data.flatten());
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Named counter `name`'s (packets, bytes), or None when it (or its
+    /// table) does not exist.
+    pub fn counter(
+        &mut self,
+        family: Family,
+        table: &str,
+        name: &str,
+    ) -> Result<Option<(u64, u64)>, KernelError> {
+        let t = Table::new(family, table);
+        let mut m = msg(&t, NFT_MSG_GETOBJ, 0);
+        m.str(1, table).str(2, name).u32_be(3, NFT_OBJECT_COUNTER);
+        let replies = match self.sock.request(m, &|| {
+            format!("reading counter {name} of table {} {table}", family.name())
+        }) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for r in replies {
+            for (ty, v) in Attrs::new(r.body.get(4..).unwrap_or_default()) {
+                if ty == 4 {
+                    let (mut packets, mut bytes) = (0, 0);
+                    for (cty, cv) in Attrs::new(v) {
+                        match cty {
+                            1 => bytes = be64(cv),
+                            2 => packets = be64(cv),
+                            _ => {}
+                        }
+                    }
+                    return Ok(Some((packets, bytes)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Deletes a whole table (missing is fine).
     pub fn delete_table(&mut self, family: Family, name: &str) -> Result<bool, KernelError> {
         let t = Table::new(family, name);
@@ -781,5 +1480,62 @@ mod tests {
         assert_eq!(k, vec![10, 96, 0, 1, 6, 0, 0, 0, 1, 187, 0, 0]);
         assert_eq!(prefix_mask(20, 4), vec![255, 255, 240, 0]);
         assert_eq!(prefix_mask(0, 4), vec![0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn keys_and_ranges_decode_back() {
+        let types = [KeyType::Ipv4Addr, KeyType::Ipv4Addr];
+        let k = vec![
+            Value::Addr("10.1.0.2".parse().unwrap()),
+            Value::Net("10.1.0.0/24".parse().unwrap()),
+        ];
+        let (start, end) = (key_bytes(&k), key_end_bytes(&k));
+        assert_eq!(&end[4..], &[10, 1, 0, 255]);
+        assert_eq!(decode_key(&types, &start, Some(&end)), Some(k));
+        let types = [KeyType::IfName, KeyType::EtherAddr];
+        let k = vec![Value::Name("veth1".into()), Value::Mac([2, 0, 0, 0, 0, 1])];
+        assert_eq!(key_bytes(&k).len(), 24);
+        assert_eq!(decode_key(&types, &key_bytes(&k), None), Some(k));
+        let v6 = vec![Value::Net("fd00::/64".parse().unwrap())];
+        assert_eq!(
+            decode_key(
+                &[KeyType::Ipv6Addr],
+                &key_bytes(&v6),
+                Some(&key_end_bytes(&v6))
+            ),
+            Some(v6)
+        );
+        assert_eq!(
+            comment_from_udata(&comment_udata("n/ctr")).as_deref(),
+            Some("n/ctr")
+        );
+    }
+
+    #[test]
+    fn inet_rules_check_the_family_once() {
+        let mut t = Table::new(Family::Inet, "x");
+        t.sets.insert("s".into(), Set::new(vec![KeyType::Ipv4Addr]));
+        let r = Rule::new(vec![
+            Expr::InSet {
+                keys: vec![Field::IpSaddr],
+                set: "s".into(),
+                neg: false,
+            },
+            Expr::Cmp {
+                field: Field::IpDaddr,
+                neg: true,
+                value: Value::Net("224.0.0.0/4".parse().unwrap()),
+            },
+            Expr::Masquerade {
+                fully_random: false,
+            },
+        ]);
+        let shape = rule_shape(&t, "c", &r).exprs;
+        assert_eq!(
+            shape,
+            ["meta", "cmp", "payload", "lookup", "payload", "bitwise", "cmp", "masq"]
+        );
+        t.family = Family::Ip;
+        assert_eq!(rule_shape(&t, "c", &r).exprs[0], "payload");
     }
 }

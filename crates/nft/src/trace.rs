@@ -6,8 +6,13 @@
 //! hook run by priority; `jump` returns, `goto` does not.
 //!
 //! `numgen random` draws from a caller-supplied picker, so a test can walk
-//! every branch; `update @set` adds to a per-trace copy of dynamic sets, so
-//! affinity can be traced across packets with [`Tracer`].
+//! every branch; `update @set` and `add @set` add to a per-trace copy of
+//! dynamic sets, so affinity can be traced across packets with [`Tracer`],
+//! and named counters count in [`Tracer::counters`].
+//!
+//! A packet may name the interfaces it came in and goes out on, its source
+//! MAC and its packet type, for the CNI plugins' and the lab gateway's
+//! tables; in an `inet` table, IPv4 fields match IPv4 packets only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -21,6 +26,14 @@ pub struct Packet {
     pub proto: Proto,
     pub dport: u16,
     pub mark: u32,
+    /// The interface it arrived on (`iifname`), if any.
+    pub iif: Option<String>,
+    /// The interface it leaves by (`oifname`), if known.
+    pub oif: Option<String>,
+    /// Its source MAC (`ether saddr`), if it is a frame.
+    pub src_mac: Option<[u8; 6]>,
+    /// `meta pkttype`: 0 for a frame addressed to this host's MAC.
+    pub pkttype: u8,
 }
 
 impl Packet {
@@ -31,7 +44,23 @@ impl Packet {
             proto,
             dport,
             mark: 0,
+            iif: None,
+            oif: None,
+            src_mac: None,
+            pkttype: 0,
         }
+    }
+
+    /// The same packet arriving on interface `iif`.
+    pub fn on(mut self, iif: &str) -> Packet {
+        self.iif = Some(iif.to_string());
+        self
+    }
+
+    /// The same packet as a frame from MAC `mac`.
+    pub fn from_mac(mut self, mac: [u8; 6]) -> Packet {
+        self.src_mac = Some(mac);
+        self
     }
 }
 
@@ -47,6 +76,8 @@ pub struct Outcome {
     pub fate: Fate,
     pub dnat: Option<(IpAddr, Option<u16>)>,
     pub masquerade: bool,
+    /// Whether a rule exempted it from connection tracking.
+    pub notrack: bool,
     /// Chains visited, in order.
     pub path: Vec<String>,
 }
@@ -67,6 +98,8 @@ pub struct Tracer<'a> {
     /// consider local.
     pub local: BTreeSet<IpAddr>,
     dynamic: BTreeMap<String, BTreeSet<Vec<Value>>>,
+    /// Packets counted by each named counter so far.
+    pub counters: BTreeMap<String, u64>,
 }
 
 struct Run<'p> {
@@ -75,6 +108,7 @@ struct Run<'p> {
     orig: Packet,
     dnat: Option<(IpAddr, Option<u16>)>,
     masq: bool,
+    notrack: bool,
     path: Vec<String>,
     pick: &'p mut dyn FnMut(u32) -> u32,
 }
@@ -91,6 +125,11 @@ fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
         Field::L4Proto => Value::Proto(pkt.proto),
         Field::Dport => Value::Port(pkt.dport),
         Field::Mark => Value::U32(pkt.mark),
+        Field::IifName => Value::Name(pkt.iif.clone()?),
+        Field::OifName => Value::Name(pkt.oif.clone()?),
+        Field::EtherSaddr => Value::Mac(pkt.src_mac?),
+        Field::NfProto => Value::U8(if pkt.src.is_ipv4() { 2 } else { 10 }),
+        Field::PktType => Value::U8(pkt.pkttype),
         _ => return None,
     })
 }
@@ -113,6 +152,7 @@ impl<'a> Tracer<'a> {
             table,
             local: BTreeSet::new(),
             dynamic: BTreeMap::new(),
+            counters: BTreeMap::new(),
         }
     }
 
@@ -217,6 +257,11 @@ impl<'a> Tracer<'a> {
                             continue 'rules;
                         }
                     }
+                    Expr::FibDaddrNotLocal => {
+                        if self.local.contains(&run.pkt.dst) {
+                            continue 'rules;
+                        }
+                    }
                     Expr::FibSaddrLocal => {
                         if !self.local.contains(&run.pkt.src) {
                             continue 'rules;
@@ -235,12 +280,31 @@ impl<'a> Tracer<'a> {
                         }
                     }
                     Expr::SetMark { bits } => run.pkt.mark |= bits,
-                    Expr::UpdateSet { keys, set } => {
+                    Expr::UpdateSet { keys, set } | Expr::AddSet { keys, set } => {
                         if let Some(k) = Self::keys(run, keys) {
                             self.dynamic.entry(set.clone()).or_default().insert(k);
                         }
                     }
                     Expr::Counter => {}
+                    Expr::CounterRef(name) => *self.counters.entry(name.clone()).or_default() += 1,
+                    Expr::Notrack => run.notrack = true,
+                    Expr::MapDnat { keys, map, .. } => {
+                        let Some(k) = Self::keys(run, keys) else {
+                            continue 'rules;
+                        };
+                        let Some(Some(ElemData::Data(d))) = self.lookup(map, &k) else {
+                            continue 'rules;
+                        };
+                        let (Some(Value::Addr(addr)), Some(Value::Port(port))) =
+                            (d.first(), d.get(1))
+                        else {
+                            continue 'rules;
+                        };
+                        run.dnat = Some((*addr, Some(*port)));
+                        run.pkt.dst = *addr;
+                        run.pkt.dport = *port;
+                        return Flow::Accept;
+                    }
                     Expr::Dnat { addr, port } => {
                         run.dnat = Some((*addr, *port));
                         run.pkt.dst = *addr;
@@ -321,6 +385,7 @@ impl<'a> Tracer<'a> {
             orig: pkt.clone(),
             dnat: None,
             masq: false,
+            notrack: false,
             path: Vec::new(),
             pick,
         };
@@ -340,6 +405,7 @@ impl<'a> Tracer<'a> {
             fate,
             dnat: run.dnat,
             masquerade: run.masq,
+            notrack: run.notrack,
             path: run.path,
         }
     }

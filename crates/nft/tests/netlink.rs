@@ -368,3 +368,194 @@ fn every_expression_reads_back_as_written() {
     assert!(!list(&name).contains("pntest"));
     assert_eq!(use_of(), None);
 }
+
+/// A table with what the node's and the CNI plugins' tables need beyond
+/// the proxy's: an `inet` table with concatenated ranges, commented
+/// elements, a named counter, a dynamic set filled by `add @set`.
+fn shared_table() -> Table {
+    let mut t = Table::new(Family::Inet, "pnshared");
+    let mut masq = Set::new(vec![KeyType::Ipv4Addr]);
+    let pod = vec![Value::Addr("10.1.0.2".parse().unwrap())];
+    masq.elements.insert(pod.clone(), None);
+    masq.comments.insert(pod, "net/ctr1".into());
+    masq.elements
+        .insert(vec![Value::Addr("10.1.0.9".parse().unwrap())], None);
+    t.sets.insert("masq4".into(), masq);
+    let mut nomasq = Set::new(vec![KeyType::Ipv4Addr, KeyType::Ipv4Addr]);
+    nomasq.interval = true;
+    let pair = vec![
+        Value::Addr("10.1.0.2".parse().unwrap()),
+        Value::Net("10.1.0.0/24".parse().unwrap()),
+    ];
+    nomasq.elements.insert(pair.clone(), None);
+    nomasq.comments.insert(pair, "net/ctr1".into());
+    t.sets.insert("nomasq4".into(), nomasq);
+    let mut hp = Set::data_map(
+        vec![KeyType::InetProto, KeyType::InetService],
+        vec![KeyType::Ipv4Addr, KeyType::InetService],
+    );
+    hp.elements.insert(
+        vec![Value::Proto(Proto::Tcp), Value::Port(8080)],
+        Some(ElemData::Data(vec![
+            Value::Addr("10.1.0.2".parse().unwrap()),
+            Value::Port(80),
+        ])),
+    );
+    t.sets.insert("hp4any".into(), hp);
+    let mut seen = Set::new(vec![KeyType::Ipv4Addr, KeyType::Ipv4Addr]);
+    seen.dynamic = true;
+    seen.size = Some(65535);
+    t.sets.insert("seen".into(), seen);
+    t.counters.insert("hits".into());
+    t.chains.insert(
+        "post".into(),
+        Chain {
+            base: Some(BaseChain {
+                kind: ChainType::Nat,
+                hook: Hook::Postrouting,
+                priority: 100,
+            }),
+            rules: vec![
+                Rule::new(vec![
+                    Expr::InSet {
+                        keys: vec![Field::IpSaddr, Field::IpDaddr],
+                        set: "nomasq4".into(),
+                        neg: false,
+                    },
+                    Expr::Verdict(Verdict::Return),
+                ]),
+                Rule::new(vec![
+                    Expr::InSet {
+                        keys: vec![Field::IpSaddr],
+                        set: "masq4".into(),
+                        neg: false,
+                    },
+                    Expr::Masquerade {
+                        fully_random: false,
+                    },
+                ]),
+            ],
+        },
+    );
+    t.chains.insert(
+        "pre".into(),
+        Chain {
+            base: Some(BaseChain {
+                kind: ChainType::Nat,
+                hook: Hook::Prerouting,
+                priority: -100,
+            }),
+            rules: vec![Rule::new(vec![
+                Expr::FibDaddrLocal,
+                Expr::Cmp {
+                    field: Field::NfProto,
+                    neg: false,
+                    value: Value::U8(2),
+                },
+                Expr::MapDnat {
+                    keys: vec![Field::L4Proto, Field::Dport],
+                    map: "hp4any".into(),
+                    v6: false,
+                },
+            ])],
+        },
+    );
+    t.chains.insert(
+        "raw".into(),
+        Chain {
+            base: Some(BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Prerouting,
+                priority: -300,
+            }),
+            rules: vec![Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::IifName,
+                    neg: false,
+                    value: Value::Name("lo".into()),
+                },
+                Expr::Cmp {
+                    field: Field::PktType,
+                    neg: false,
+                    value: Value::U8(0),
+                },
+                Expr::FibDaddrNotLocal,
+                Expr::CounterRef("hits".into()),
+                Expr::AddSet {
+                    keys: vec![Field::IpSaddr, Field::IpDaddr],
+                    set: "seen".into(),
+                },
+                Expr::Notrack,
+            ])],
+        },
+    );
+    t
+}
+
+#[test]
+fn shared_table_features_round_trip_through_the_kernel() {
+    let name = format!("pn-nftshared-{}-0", std::process::id());
+    let ns = Netns::create_named(&name).unwrap();
+    let _g = Ns(name.clone());
+    let t = shared_table();
+    let sync = |t: &Table| ns.run(|| Conn::open().unwrap().sync(t)).unwrap().unwrap();
+    assert!(!sync(&t).is_empty());
+    assert_eq!(sync(&t), vec![], "the second sync changes nothing");
+    let got = list(&name);
+    for want in [
+        "counter hits",
+        "10.1.0.2 comment \"net/ctr1\"",
+        "10.1.0.2 . 10.1.0.0/24 comment \"net/ctr1\"",
+        "tcp . 8080 : 10.1.0.2 . 80",
+        "ip saddr . ip daddr @nomasq4 return",
+        "ip saddr @masq4 masquerade",
+        "dnat ip to meta l4proto . th dport map @hp4any",
+        "iifname \"lo\" meta pkttype host fib daddr type != local counter name \"hits\" add @seen { ip saddr . ip daddr } notrack",
+        "size 65535",
+    ] {
+        assert!(got.contains(want), "{want:?} in\n{got}");
+    }
+    // Elements, comments and counters read back over netlink.
+    let (masq, counter) = ns
+        .run(|| {
+            let mut c = Conn::open().unwrap();
+            (
+                c.elements(Family::Inet, "pnshared", "nomasq4", &t.sets["nomasq4"])
+                    .unwrap()
+                    .unwrap(),
+                c.counter(Family::Inet, "pnshared", "hits").unwrap(),
+            )
+        })
+        .unwrap();
+    assert_eq!(masq, t.sets["nomasq4"]);
+    assert_eq!(counter, Some((0, 0)));
+    // Changed behind our back: one element, one rule; the sync repairs both.
+    let sh = |cmd: &str| {
+        let ok = std::process::Command::new("sh")
+            .args(["-c", &format!("ip netns exec {name} nft '{cmd}'")])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "nft {cmd}");
+    };
+    sh("delete element inet pnshared masq4 { 10.1.0.9 }");
+    sh("add rule inet pnshared post counter");
+    let repair = sync(&t);
+    assert_eq!(podnet_nft::diff::ops(&repair), 4, "{repair:?}");
+    assert_eq!(sync(&t), vec![]);
+    assert_eq!(list(&name), got);
+    // A comment that changes hands is an element replaced.
+    let mut t2 = t.clone();
+    let pod = vec![Value::Addr("10.1.0.2".parse().unwrap())];
+    t2.sets
+        .get_mut("masq4")
+        .unwrap()
+        .comments
+        .insert(pod, "net/ctr2".into());
+    assert_eq!(podnet_nft::diff::ops(&sync(&t2)), 2);
+    assert!(list(&name).contains("10.1.0.2 comment \"net/ctr2\""));
+    assert!(ns
+        .run(|| Conn::open().unwrap().delete_table(Family::Inet, "pnshared"))
+        .unwrap()
+        .unwrap());
+}

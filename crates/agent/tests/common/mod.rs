@@ -16,6 +16,7 @@ impl Drop for NsGuard {
 }
 
 /// An object from its JSON.
+#[allow(dead_code)] // not every test binary uses it
 pub fn kv(o: serde_json::Value) -> Object {
     Object::from_value(o).unwrap()
 }

@@ -9,13 +9,25 @@
 //!
 //! What one attachment added is recorded in a small state file, so DEL and GC
 //! remove exactly that even when the runtime sends no portMappings.
+//!
+//! The table is planned as a typed [`Table`] ([`table`], pure) and changed
+//! over nf_tables netlink: ADD declares it (rules rewritten, nothing
+//! replaced) and adds its elements in one transaction; DEL reads the maps
+//! back and removes only the elements that still carry this attachment's
+//! values, so a host port another pod has since taken stays with it.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
 use podnet_kernel::Handle;
-use podnet_nft::{apply, NftError};
+use podnet_kernel::KernelError;
+use podnet_nft::diff::{self, Change};
+use podnet_nft::model::{
+    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
+    Table, Value as NftValue, Verdict,
+};
+use podnet_nft::netlink::Conn;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -165,94 +177,313 @@ pub fn plan(maps: &[PortMapping], pod_ips: &[IpNet], snat: bool) -> Vec<Element>
     out
 }
 
-fn header() -> String {
-    let t = TABLE;
-    let mut s = format!(
-        "add table inet {t}\n\
-         add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n\
-         add chain inet {t} output {{ type nat hook output priority -100; policy accept; }}\n\
-         add chain inet {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
-         add chain inet {t} hostports\n"
+/// Table `inet podnet-portmap` without elements: host ports DNATed by map
+/// lookup (from outside and from this host), and the masquerade of
+/// localhost and hairpin connections.
+pub fn table() -> Table {
+    let mut t = Table::new(Family::Inet, TABLE);
+    let nat = |hook, priority, rules| Chain {
+        base: Some(BaseChain {
+            kind: ChainType::Nat,
+            hook,
+            priority,
+        }),
+        rules,
+    };
+    let to_hostports = || {
+        vec![Rule::new(vec![
+            Expr::FibDaddrLocal,
+            Expr::Verdict(Verdict::Jump("hostports".into())),
+        ])]
+    };
+    t.chains.insert(
+        "prerouting".into(),
+        nat(Hook::Prerouting, -100, to_hostports()),
     );
-    for (f, a) in [("4", "ipv4_addr"), ("6", "ipv6_addr")] {
-        s.push_str(&format!(
-            "add map inet {t} hp{f} {{ type {a} . inet_proto . inet_service : {a} . inet_service; }}\n\
-             add map inet {t} hp{f}any {{ type inet_proto . inet_service : {a} . inet_service; }}\n\
-             add set inet {t} snat{f} {{ type {a}; }}\n\
-             add set inet {t} hairpin{f} {{ type {a} . {a}; flags interval; }}\n"
-        ));
+    t.chains
+        .insert("output".into(), nat(Hook::Output, -100, to_hostports()));
+    let (mut hostports, mut post) = (Vec::new(), Vec::new());
+    for v6 in [false, true] {
+        let (f, addr, saddr, daddr, lo, nfproto) = if v6 {
+            (
+                "6",
+                KeyType::Ipv6Addr,
+                Field::Ip6Saddr,
+                Field::Ip6Daddr,
+                "::1/128",
+                10,
+            )
+        } else {
+            (
+                "4",
+                KeyType::Ipv4Addr,
+                Field::IpSaddr,
+                Field::IpDaddr,
+                "127.0.0.0/8",
+                2,
+            )
+        };
+        let svc = vec![KeyType::InetProto, KeyType::InetService];
+        let target = vec![addr, KeyType::InetService];
+        t.sets.insert(
+            format!("hp{f}"),
+            Set::data_map(
+                vec![addr, KeyType::InetProto, KeyType::InetService],
+                target.clone(),
+            ),
+        );
+        t.sets
+            .insert(format!("hp{f}any"), Set::data_map(svc, target));
+        t.sets.insert(format!("snat{f}"), Set::new(vec![addr]));
+        let mut hairpin = Set::new(vec![addr, addr]);
+        hairpin.interval = true;
+        t.sets.insert(format!("hairpin{f}"), hairpin);
+        hostports.push(Rule::new(vec![Expr::MapDnat {
+            keys: vec![daddr, Field::L4Proto, Field::Dport],
+            map: format!("hp{f}"),
+            v6,
+        }]));
+        hostports.push(Rule::new(vec![
+            Expr::Cmp {
+                field: Field::NfProto,
+                neg: false,
+                value: NftValue::U8(nfproto),
+            },
+            Expr::MapDnat {
+                keys: vec![Field::L4Proto, Field::Dport],
+                map: format!("hp{f}any"),
+                v6,
+            },
+        ]));
+        let lo: ipnet::IpNet = lo.parse().expect("prefix");
+        let lo = if lo.prefix_len() == lo.max_prefix_len() {
+            NftValue::Addr(lo.addr())
+        } else {
+            NftValue::Net(lo)
+        };
+        post.push(Rule::new(vec![
+            Expr::CtDnat,
+            Expr::Cmp {
+                field: saddr,
+                neg: false,
+                value: lo,
+            },
+            Expr::InSet {
+                keys: vec![daddr],
+                set: format!("snat{f}"),
+                neg: false,
+            },
+            Expr::Masquerade {
+                fully_random: false,
+            },
+        ]));
+        post.push(Rule::new(vec![
+            Expr::CtDnat,
+            Expr::InSet {
+                keys: vec![saddr, daddr],
+                set: format!("hairpin{f}"),
+                neg: false,
+            },
+            Expr::Masquerade {
+                fully_random: false,
+            },
+        ]));
     }
-    s
+    t.chains.insert(
+        "hostports".into(),
+        Chain {
+            base: None,
+            rules: hostports,
+        },
+    );
+    t.chains
+        .insert("postrouting".into(), nat(Hook::Postrouting, 100, post));
+    t
 }
 
-fn rules() -> String {
-    let t = TABLE;
-    format!(
-        "flush chain inet {t} prerouting\n\
-         flush chain inet {t} output\n\
-         flush chain inet {t} postrouting\n\
-         flush chain inet {t} hostports\n\
-         add rule inet {t} prerouting fib daddr type local jump hostports\n\
-         add rule inet {t} output fib daddr type local jump hostports\n\
-         add rule inet {t} hostports meta l4proto {{ tcp, udp, sctp }} dnat ip to ip daddr . meta l4proto . th dport map @hp4\n\
-         add rule inet {t} hostports meta nfproto ipv4 meta l4proto {{ tcp, udp, sctp }} dnat ip to meta l4proto . th dport map @hp4any\n\
-         add rule inet {t} hostports meta l4proto {{ tcp, udp, sctp }} dnat ip6 to ip6 daddr . meta l4proto . th dport map @hp6\n\
-         add rule inet {t} hostports meta nfproto ipv6 meta l4proto {{ tcp, udp, sctp }} dnat ip6 to meta l4proto . th dport map @hp6any\n\
-         add rule inet {t} postrouting ct status dnat ip saddr 127.0.0.0/8 ip daddr @snat4 masquerade\n\
-         add rule inet {t} postrouting ct status dnat ip saddr . ip daddr @hairpin4 masquerade\n\
-         add rule inet {t} postrouting ct status dnat ip6 saddr ::1 ip6 daddr @snat6 masquerade\n\
-         add rule inet {t} postrouting ct status dnat ip6 saddr . ip6 daddr @hairpin6 masquerade\n"
-    )
+/// One value of an element in nft syntax: a protocol, a prefix, an
+/// address or a port.
+fn parse_value(s: &str) -> Option<NftValue> {
+    Some(match s {
+        "tcp" => NftValue::Proto(Proto::Tcp),
+        "udp" => NftValue::Proto(Proto::Udp),
+        "sctp" => NftValue::Proto(Proto::Sctp),
+        s if s.contains('/') => {
+            let n: IpNet = s.parse().ok()?;
+            if n.prefix_len() == n.max_prefix_len() {
+                NftValue::Addr(n.addr())
+            } else {
+                NftValue::Net(n)
+            }
+        }
+        s => match s.parse::<IpAddr>() {
+            Ok(a) => NftValue::Addr(a),
+            Err(_) => NftValue::Port(s.parse().ok()?),
+        },
+    })
 }
 
-fn add_elements(els: &[Element]) -> Result<(), NftError> {
-    let mut s = header();
-    s.push_str(&rules());
+fn parse_values(s: &str) -> Option<Vec<NftValue>> {
+    s.split(" . ").map(parse_value).collect()
+}
+
+impl Element {
+    /// The element in the model: key and data (the state file keeps the
+    /// nft syntax, as earlier versions wrote it).
+    pub fn typed(&self) -> Option<(Vec<NftValue>, Option<ElemData>)> {
+        let key = parse_values(&self.key)?;
+        let data = match &self.value {
+            Some(v) => Some(ElemData::Data(parse_values(v)?)),
+            None => None,
+        };
+        Some((key, data))
+    }
+}
+
+fn bad_element(e: &Element) -> KernelError {
+    KernelError::Netlink {
+        op: format!("port mapping {} in {}", e.full(), e.set),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        detail: Some("not an element of this table".into()),
+    }
+}
+
+/// Elements of one set, in the model.
+type SetElems = (String, Vec<(Vec<NftValue>, Option<ElemData>)>);
+
+/// Groups typed elements by set (first-seen order).
+fn by_set(els: &[Element]) -> Result<Vec<SetElems>, KernelError> {
+    let mut out: Vec<(String, Vec<_>)> = Vec::new();
     for e in els {
-        s.push_str(&format!(
-            "add element inet {TABLE} {} {{ {} }}\n",
-            e.set,
-            e.full()
-        ));
+        let typed = e.typed().ok_or_else(|| bad_element(e))?;
+        match out.iter_mut().find(|(s, _)| *s == e.set) {
+            Some((_, v)) => v.push(typed),
+            None => out.push((e.set.clone(), vec![typed])),
+        }
     }
-    apply("adding port mappings", &s)
+    Ok(out)
 }
 
-fn del_elements(els: &[Element]) -> Result<(), NftError> {
+/// The transaction that adds these elements (the table declared first).
+pub fn add_changes(els: &[Element]) -> Result<Vec<Change>, KernelError> {
+    let mut out = diff::ensure(&table());
+    for (set, elems) in by_set(els)? {
+        out.push(Change::AddElems { set, elems });
+    }
+    Ok(out)
+}
+
+/// Adds the mappings; a host port mapped to another pod fails with EEXIST.
+pub fn add_elements(els: &[Element]) -> Result<(), KernelError> {
+    Conn::open()?.apply(&table(), &add_changes(els)?)
+}
+
+/// The transaction that removes those of `els` that `have` (the kernel's
+/// sets) still holds as they are: a map key now pointing at another pod is
+/// left alone. Plain set elements are added then deleted, which cannot fail.
+pub fn del_changes(els: &[Element], have: &Table) -> Result<Vec<Change>, KernelError> {
+    let mut out = Vec::new();
+    for (set, elems) in by_set(els)? {
+        let held = have.sets.get(&set);
+        let mut keys = Vec::new();
+        let mut readd = Vec::new();
+        for (k, d) in elems {
+            match &d {
+                None => {
+                    readd.push((k.clone(), None));
+                    keys.push(k);
+                }
+                Some(_) if held.and_then(|s| s.elements.get(&k)) == Some(&d) => keys.push(k),
+                Some(_) => {}
+            }
+        }
+        if !readd.is_empty() {
+            out.push(Change::AddElems {
+                set: set.clone(),
+                elems: readd,
+            });
+        }
+        if !keys.is_empty() {
+            out.push(Change::DelElems { set, keys });
+        }
+    }
+    Ok(out)
+}
+
+/// The table's sets as the kernel holds them (None: no table).
+fn read_sets(conn: &mut Conn, sets: &[&str]) -> Result<Option<Table>, KernelError> {
+    let want = table();
+    let mut t = Table::new(Family::Inet, TABLE);
+    for name in sets {
+        let Some(decl) = want.sets.get(*name) else {
+            continue;
+        };
+        match conn.elements(Family::Inet, TABLE, name, decl)? {
+            Some(s) => {
+                t.sets.insert(name.to_string(), s);
+            }
+            None if t.sets.is_empty() => return Ok(None),
+            None => {}
+        }
+    }
+    Ok(Some(t))
+}
+
+/// Removes the mappings this attachment still owns (missing is fine).
+pub fn del_elements(els: &[Element]) -> Result<(), KernelError> {
     if els.is_empty() {
         return Ok(());
     }
-    let mut s = header();
+    let mut sets: Vec<&str> = els.iter().map(|e| e.set.as_str()).collect();
+    sets.sort();
+    sets.dedup();
+    let mut conn = Conn::open()?;
+    // A second round covers an element another DEL removed in between.
+    let mut last = None;
+    for _ in 0..2 {
+        let Some(have) = read_sets(&mut conn, &sets)? else {
+            return Ok(());
+        };
+        let changes = del_changes(els, &have)?;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut all = diff::ensure(&table());
+        all.extend(changes);
+        match conn.apply(&table(), &all) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("a failed round"))
+}
+
+/// The first planned element the kernel does not hold as planned.
+pub fn check_elements(els: &[Element]) -> Result<Option<String>, KernelError> {
+    let mut sets: Vec<&str> = els.iter().map(|e| e.set.as_str()).collect();
+    sets.sort();
+    sets.dedup();
+    let have = read_sets(&mut Conn::open()?, &sets)?.unwrap_or_else(table);
     for e in els {
-        // add-then-delete makes removal idempotent; for map keys held by
-        // another pod the add fails, so delete by key alone there.
-        if e.value.is_none() {
-            s.push_str(&format!(
-                "add element inet {TABLE} {} {{ {} }}\n",
-                e.set, e.key
-            ));
-        }
-        s.push_str(&format!(
-            "delete element inet {TABLE} {} {{ {} }}\n",
-            e.set, e.key
-        ));
-    }
-    match apply("removing port mappings", &s) {
-        Ok(()) => Ok(()),
-        // A map key someone already removed: fall back to one element at a time.
-        Err(NftError::Failed { .. }) => {
-            for e in els {
-                let mut s = header();
-                s.push_str(&format!(
-                    "delete element inet {TABLE} {} {{ {} }}\n",
-                    e.set, e.key
-                ));
-                let _ = apply("removing a port mapping", &s);
+        let (k, d) = e.typed().ok_or_else(|| bad_element(e))?;
+        match have.sets.get(&e.set).and_then(|s| s.elements.get(&k)) {
+            None => {
+                return Ok(Some(format!(
+                    "portmap: mapping {} missing from {}",
+                    e.key, e.set
+                )))
             }
-            Ok(())
+            Some(got) if *got != d => {
+                return Ok(Some(format!(
+                    "portmap: mapping {} points elsewhere (want {})",
+                    e.key,
+                    e.value.as_deref().unwrap_or("")
+                )))
+            }
+            Some(_) => {}
         }
-        Err(e) => Err(e),
     }
+    Ok(None)
 }
 
 fn state_path(dir: &str, id: &str, ifname: &str) -> PathBuf {
@@ -347,7 +578,7 @@ impl Plugin for Portmap {
         if let Err(e) = add_elements(&els) {
             let _ = std::fs::remove_file(&path);
             let msg = e.to_string();
-            if msg.contains("File exists") || msg.contains("busy") {
+            if e.is_exists() || e.errno() == Some(libc::EBUSY) {
                 return Err(CniError::internal(format!(
                     "portmap: a host port in {} is already mapped to another pod",
                     maps.iter()
@@ -399,26 +630,10 @@ impl Plugin for Portmap {
             .ok_or_else(|| CniError::config("portmap: required prevResult missing"))
             .and_then(CniResult::from_value)?;
         let maps = parse_mappings(&c.runtime_config)?;
-        for e in plan(&maps, &pod_ips(&prev), c.snat.unwrap_or(true)) {
-            let out = podnet_nft::query(&[
-                "get",
-                "element",
-                "inet",
-                TABLE,
-                &e.set,
-                &format!("{{ {} }}", e.key),
-            ])
-            .map_err(|_| {
-                CniError::internal(format!("portmap: mapping {} missing from {}", e.key, e.set))
-            })?;
-            if let Some(v) = &e.value {
-                if !out.contains(v.as_str()) {
-                    return Err(CniError::internal(format!(
-                        "portmap: mapping {} points elsewhere (want {v})",
-                        e.key
-                    )));
-                }
-            }
+        if let Some(problem) =
+            check_elements(&plan(&maps, &pod_ips(&prev), c.snat.unwrap_or(true)))?
+        {
+            return Err(CniError::internal(problem));
         }
         Ok(())
     }
@@ -451,6 +666,7 @@ impl Plugin for Portmap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use podnet_nft::trace::{Packet, Tracer};
     use serde_json::json;
 
     #[test]
@@ -569,5 +785,177 @@ mod tests {
         let els = plan(&v4only, &ips, false);
         assert_eq!(els.len(), 1);
         assert_eq!(els[0].key, "192.0.2.1 . tcp . 8080");
+    }
+
+    /// The planned table with these elements in it.
+    fn planned(els: &[Element]) -> Table {
+        let mut t = table();
+        for c in add_changes(els).unwrap() {
+            if let Change::AddElems { set, elems } = c {
+                t.sets.get_mut(&set).unwrap().elements.extend(elems);
+            }
+        }
+        t
+    }
+
+    fn web_and_dns() -> Table {
+        let maps = vec![
+            PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None,
+            },
+            PortMapping {
+                host_port: 5353,
+                container_port: 53,
+                protocol: "udp".into(),
+                host_ip: Some("192.0.2.1".parse().unwrap()),
+            },
+        ];
+        let ips: Vec<IpNet> = vec![
+            "10.1.0.5/24".parse().unwrap(),
+            "fd00::5/64".parse().unwrap(),
+        ];
+        planned(&plan(&maps, &ips, true))
+    }
+
+    const HOST: [&str; 4] = ["192.0.2.1", "192.0.2.2", "127.0.0.1", "2001:db8::1"];
+
+    type Seen = (Option<(IpAddr, Option<u16>)>, bool);
+
+    fn incoming(t: &Table, src: &str, dst: &str, proto: Proto, port: u16) -> Seen {
+        let o = Tracer::new(t)
+            .with_local(&HOST)
+            .incoming(&Packet::new(src, dst, proto, port), &mut |_| 0);
+        (o.dnat, o.masquerade)
+    }
+
+    fn to(ip: &str, port: u16) -> Option<(IpAddr, Option<u16>)> {
+        Some((ip.parse().unwrap(), Some(port)))
+    }
+
+    #[test]
+    fn host_ports_dnat_to_the_pod() {
+        let t = web_and_dns();
+        let tcp = Proto::Tcp;
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.1", tcp, 8080),
+            (to("10.1.0.5", 80), false),
+            "any host address, source kept"
+        );
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.2", tcp, 8080),
+            (to("10.1.0.5", 80), false)
+        );
+        assert_eq!(
+            incoming(&t, "2001:db8::7", "2001:db8::1", tcp, 8080),
+            (to("fd00::5", 80), false),
+            "IPv6"
+        );
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "203.0.113.9", tcp, 8080),
+            (None, false),
+            "not for this host"
+        );
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.1", tcp, 8081),
+            (None, false)
+        );
+        // hostIP: that address, that protocol only.
+        let udp = Proto::Udp;
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.1", udp, 5353),
+            (to("10.1.0.5", 53), false)
+        );
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.2", udp, 5353),
+            (None, false)
+        );
+        assert_eq!(
+            incoming(&t, "198.51.100.7", "192.0.2.1", tcp, 5353),
+            (None, false)
+        );
+    }
+
+    #[test]
+    fn hairpin_and_localhost_are_masqueraded() {
+        let t = web_and_dns();
+        assert_eq!(
+            incoming(&t, "10.1.0.5", "192.0.2.1", Proto::Tcp, 8080),
+            (to("10.1.0.5", 80), true),
+            "the pod reaching itself through its host port"
+        );
+        assert_eq!(
+            incoming(&t, "10.1.0.6", "192.0.2.1", Proto::Tcp, 8080),
+            (to("10.1.0.5", 80), true),
+            "a neighbour on its bridge"
+        );
+        assert_eq!(
+            incoming(&t, "fd00::6", "2001:db8::1", Proto::Tcp, 8080),
+            (to("fd00::5", 80), true)
+        );
+        let o = Tracer::new(&t).with_local(&HOST).local(
+            &Packet::new("127.0.0.1", "127.0.0.1", Proto::Tcp, 8080),
+            &mut |_| 0,
+        );
+        assert_eq!(
+            (o.dnat, o.masquerade),
+            (to("10.1.0.5", 80), true),
+            "localhost"
+        );
+        let o = Tracer::new(&t).with_local(&HOST).local(
+            &Packet::new("192.0.2.1", "192.0.2.1", Proto::Tcp, 8080),
+            &mut |_| 0,
+        );
+        assert_eq!(
+            (o.dnat, o.masquerade),
+            (to("10.1.0.5", 80), false),
+            "from the host"
+        );
+        // Without snat: no masquerade elements at all.
+        let maps = vec![PortMapping {
+            host_port: 8080,
+            container_port: 80,
+            protocol: "tcp".into(),
+            host_ip: None,
+        }];
+        let t = planned(&plan(&maps, &["10.1.0.5/24".parse().unwrap()], false));
+        assert_eq!(
+            incoming(&t, "10.1.0.5", "192.0.2.1", Proto::Tcp, 8080),
+            (to("10.1.0.5", 80), false)
+        );
+    }
+
+    #[test]
+    fn removal_spares_a_host_port_another_pod_holds_now() {
+        let mine = plan(
+            &[PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None,
+            }],
+            &["10.1.0.5/24".parse().unwrap()],
+            true,
+        );
+        let mut theirs = mine.clone();
+        theirs[0].value = Some("10.1.0.9 . 80".into());
+        let c = del_changes(&mine, &planned(&theirs)).unwrap();
+        assert!(
+            c.iter()
+                .all(|c| !matches!(c, Change::DelElems { set, .. } if set == "hp4any")),
+            "{c:?}"
+        );
+        let c = del_changes(&mine, &planned(&mine)).unwrap();
+        assert!(c.contains(&Change::DelElems {
+            set: "hp4any".into(),
+            keys: vec![vec![NftValue::Proto(Proto::Tcp), NftValue::Port(8080)]]
+        }));
+        assert_eq!(
+            diff::ops(&c),
+            1 + 2 * 2,
+            "the map element, and add-then-delete of snat4 and hairpin4: {c:?}"
+        );
     }
 }

@@ -1,0 +1,117 @@
+//! The masquerade table against the kernel, in a private namespace: it is
+//! installed over netlink, a second sync changes nothing, what is deleted
+//! behind the agent's back comes back, and removal removes it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod common;
+
+use common::NsGuard;
+use podnet_agent::masq::{self, MasqTable};
+use podnet_kernel::Netns;
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+fn fresh_ns(tag: &str) -> (NsGuard, Netns) {
+    let name = format!(
+        "pn-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let ns = Netns::create_named(&name).unwrap();
+    (NsGuard(vec![name]), ns)
+}
+
+/// `nft ARGS` inside the namespace (inspection and vandalism only).
+fn nft(ns: &str, args: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("ip netns exec {ns} nft {args}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn masquerade_table_installs_resyncs_repairs_and_goes() {
+    let (guard, ns) = fresh_ns("masq");
+    let name = guard.0[0].clone();
+    let with_tunnel = MasqTable {
+        network: "10.244.0.0/16".parse().unwrap(),
+        subnet: "10.244.1.0/24".parse().unwrap(),
+        tunnel: Some(("192.168.200.11".parse().unwrap(), 8472)),
+    };
+    // Another table of the family, with chains, sets and rules of its own,
+    // is none of the masquerade table's business.
+    nft(
+        &name,
+        "-f - <<'EOF'\ntable ip other {\n\tset s { type ipv4_addr; }\n\tcounter c { }\n\tchain postrouting { type nat hook postrouting priority srcnat; ip saddr @s masquerade; }\n\tchain stray { counter; }\n}\nEOF",
+    );
+    ns.run(|| {
+        let first = with_tunnel.sync().unwrap();
+        assert!(!first.is_empty());
+        assert_eq!(
+            with_tunnel.sync().unwrap(),
+            vec![],
+            "a second sync is a no-op"
+        );
+    })
+    .unwrap();
+    let listed = nft(&name, "list table ip podnet-masq");
+    for want in [
+        "type nat hook postrouting priority srcnat; policy accept;",
+        "ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return",
+        "ip saddr 10.244.0.0/16 ip daddr != 224.0.0.0/4 masquerade",
+        "ip saddr != 10.244.0.0/16 ip daddr 10.244.1.0/24 return",
+        "ip saddr != 10.244.0.0/16 ip daddr 10.244.0.0/16 masquerade",
+        "type filter hook prerouting priority raw; policy accept;",
+        "ip daddr 192.168.200.11 udp dport 8472 notrack",
+        "ip saddr 192.168.200.11 udp dport 8472 notrack",
+    ] {
+        assert!(listed.contains(want), "{want:?} in\n{listed}");
+    }
+
+    // Behind the agent's back: a rule, then a chain, then the whole table.
+    for vandalism in [
+        "flush chain ip podnet-masq postrouting",
+        "delete chain ip podnet-masq tunnel-out",
+        "delete table ip podnet-masq",
+    ] {
+        nft(&name, vandalism);
+        ns.run(|| {
+            assert!(!with_tunnel.sync().unwrap().is_empty(), "{vandalism}");
+            assert_eq!(with_tunnel.sync().unwrap(), vec![], "after {vandalism}");
+        })
+        .unwrap();
+        assert_eq!(
+            nft(&name, "list table ip podnet-masq"),
+            listed,
+            "{vandalism}"
+        );
+    }
+
+    // Switching to host-gw drops the tunnel chains (a leftover of vxlan).
+    let host_gw = MasqTable {
+        tunnel: None,
+        ..with_tunnel
+    };
+    ns.run(|| {
+        assert!(!host_gw.sync().unwrap().is_empty());
+        assert_eq!(host_gw.sync().unwrap(), vec![]);
+    })
+    .unwrap();
+    let listed = nft(&name, "list table ip podnet-masq");
+    assert!(!listed.contains("tunnel"), "{listed}");
+
+    ns.run(|| {
+        assert!(masq::remove().unwrap());
+        assert!(!masq::remove().unwrap(), "removing twice is fine");
+    })
+    .unwrap();
+    assert_eq!(nft(&name, "list tables"), "table ip other\n");
+    assert!(nft(&name, "list table ip other").contains("chain stray"));
+}
