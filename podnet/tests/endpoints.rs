@@ -6,10 +6,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use podnet_agent::proxy::{plan, NodeInfo, ProxyInput, Stack};
 use podnet_api::k8s_openapi::api::core::v1::{Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_controller::endpoints::{desired, Zones};
+use podnet_proxy::rules::{plan, NodeInfo, ProxyInput, Stack};
 use serde_json::{json, Value};
 
 fn service(name: &str, ip: &str, publish: bool) -> Service {

@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use podnet_agent::proxier::Proxier;
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::Object;
 use podnet_kernel::Netns;
+use podnet_proxy::proxier::Proxier;
 use podnet_source::Delta;
 
 #[derive(Parser)]
@@ -108,7 +108,7 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
         let metrics = podnet_daemon::Metrics::new();
         let mut p = Proxier::new(
             "n1",
-            podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            podnet_proxy::rules::Stack::v4("10.244.0.0/16".parse().unwrap()),
             metrics,
         )?;
         for i in 0..n {
@@ -355,7 +355,7 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
     Netns::named(&node)?.run(|| -> Result<()> {
         let mut p = Proxier::new(
             "n1",
-            podnet_agent::proxy::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            podnet_proxy::rules::Stack::v4("10.244.0.0/16".parse().unwrap()),
             podnet_daemon::Metrics::new(),
         )?;
         for i in 0..n {

@@ -8,7 +8,6 @@
 //! - [`udp`]: the userspace UDP tunnel;
 //! - [`files`]: subnet.env and the conflist;
 //! - [`masq`]: the masquerade table `ip podnet-masq`;
-//! - [`proxy`], [`proxier`], [`healthcheck`]: the service proxy;
 //! - [`lease`]: re-exported from `podnet_source::subnets::leases`.
 //!
 //! Cluster state comes from one object source per agent
@@ -26,12 +25,9 @@
 
 pub mod files;
 pub mod gso;
-pub mod healthcheck;
 pub mod kernel;
 pub mod masq;
 pub mod plan;
-pub mod proxier;
-pub mod proxy;
 pub mod udp;
 
 use std::collections::BTreeMap;
@@ -471,7 +467,7 @@ pub async fn run(
             .addrs(0)
             .map(|a| a.into_iter().map(|a| a.net.addr()).collect())
             .unwrap_or_default();
-        let node = proxy::NodeInfo {
+        let node = podnet_proxy::NodeInfo {
             name: opts.node.clone(),
             zone: None,
             ips: vec![std::net::IpAddr::V4(underlay.ip)],
@@ -484,12 +480,13 @@ pub async fn run(
         tracing::info!(nodeport_addresses = ?node.nodeport_ips, "service proxy");
         let svc_cidr = Some(cfg.service_cidr);
         let stacks = vec![
-            proxy::Stack::v4(cfg.network).with_service_cidr(svc_cidr),
-            proxy::Stack::v6(cfg.ipv6_network).with_service_cidr(svc_cidr),
+            podnet_proxy::Stack::v4(cfg.network).with_service_cidr(svc_cidr),
+            podnet_proxy::Stack::v6(cfg.ipv6_network).with_service_cidr(svc_cidr),
         ];
         let resync = opts.resync;
         AbortOnDrop(tokio::spawn(async move {
-            let run = proxier::run(sub, node, stacks, resync, m.clone(), std::future::pending());
+            let run =
+                podnet_proxy::run(sub, node, stacks, resync, m.clone(), std::future::pending());
             if let Err(e) = run.await {
                 tracing::error!("service proxy stopped: {e}");
                 m.set_unhealthy_for("proxy", Some(format!("service proxy stopped: {e}")));
@@ -566,7 +563,7 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
             h.delete_link_by_name(dev)?;
         }
     }
-    for t in proxier::cleanup()? {
+    for t in podnet_proxy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
         done.push(format!("removed nft table {t}"));
     }
     if masq::remove().map_err(|e| AgentError::Other(format!("removing pod masquerade: {e}")))? {

@@ -2,7 +2,7 @@
 //! kernel's `ip podnet` table equal to the plan, doing work proportional to
 //! what changed.
 //!
-//! Each Service owns a fragment of the table ([`crate::proxy::fragment`]):
+//! Each Service owns a fragment of the table ([`crate::rules::fragment`]):
 //! its map elements, chains and affinity sets. An event marks its Service
 //! dirty; a sync recomputes only dirty fragments, diffs each against what was
 //! applied, and sends all the changes as one nf_tables netlink batch
@@ -43,8 +43,8 @@ use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
 
 use crate::healthcheck;
-use crate::proxy::{base_table, fragment, is_fast_count_set, shell, NodeInfo, Stack, TABLE};
-use crate::AgentError;
+use crate::rules::{base_table, fragment, is_fast_count_set, shell, NodeInfo, Stack, TABLE};
+use crate::ProxyError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
 fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
@@ -257,7 +257,7 @@ impl Proxier {
         node: impl Into<NodeInfo>,
         stack: Stack,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, AgentError> {
+    ) -> Result<Self, ProxyError> {
         Ok(Proxier {
             node: node.into(),
             stack,
@@ -417,7 +417,7 @@ impl Proxier {
     /// Service: each fragment is planned, encoded onto the wire buffer and
     /// dropped, so the peak is the batch's wire size, not the ruleset held
     /// as trees.
-    fn full_sync(&mut self, t0: Instant) -> Result<usize, AgentError> {
+    fn full_sync(&mut self, t0: Instant) -> Result<usize, ProxyError> {
         self.dirty.clear();
         let ids: Vec<String> = self
             .services
@@ -456,7 +456,7 @@ impl Proxier {
         let shell_table = Table::new(self.stack.family, TABLE);
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => Conn::open().map_err(|e| AgentError::Other(e.to_string()))?,
+            None => Conn::open().map_err(|e| ProxyError::Other(e.to_string()))?,
         };
         let res = {
             let this: &Proxier = self;
@@ -480,9 +480,9 @@ impl Proxier {
     /// diff, apply); returns the number of operations sent. The agent's
     /// loop drives the same verbs through [`podnet_reconcile`]; this is for
     /// tests and benchmarks that drive a proxier by hand.
-    pub fn sync(&mut self) -> Result<usize, AgentError> {
+    pub fn sync(&mut self) -> Result<usize, ProxyError> {
         let scope = Scope::Only(std::mem::take(&mut self.dirty));
-        podnet_reconcile::sync(self, &scope).map_err(|e| AgentError::Other(e.0))
+        podnet_reconcile::sync(self, &scope).map_err(|e| ProxyError::Other(e.0))
     }
 }
 
@@ -634,7 +634,7 @@ impl Proxier {
         res: Result<(), String>,
         planned: BTreeMap<String, Applied>,
         gone_udp: BTreeSet<(IpAddr, u16)>,
-    ) -> Result<usize, AgentError> {
+    ) -> Result<usize, ProxyError> {
         let fam = self.stack.label();
         let kind = if full { "full" } else { "partial" };
         match res {
@@ -723,7 +723,7 @@ impl Proxier {
                     &format!("family=\"{fam}\""),
                     1.0,
                 );
-                Err(AgentError::Other(format!("service sync ({fam}): {e}")))
+                Err(ProxyError::Other(format!("service sync ({fam}): {e}")))
             }
         }
     }
@@ -743,7 +743,7 @@ impl ServiceProxy {
         node: NodeInfo,
         stacks: Vec<Stack>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, AgentError> {
+    ) -> Result<Self, ProxyError> {
         Ok(ServiceProxy {
             ps: stacks
                 .into_iter()
@@ -835,7 +835,7 @@ pub async fn run(
     resync: Duration,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), AgentError> {
+) -> Result<(), ProxyError> {
     let proxy = ServiceProxy::new(node, stacks, metrics.clone())?;
     podnet_reconcile::run(
         proxy,
@@ -849,7 +849,7 @@ pub async fn run(
 }
 
 /// Removes the proxy's tables (for --cleanup); returns the ones removed.
-pub fn cleanup() -> Result<Vec<String>, AgentError> {
+pub fn cleanup() -> Result<Vec<String>, ProxyError> {
     let mut c = Conn::open()?;
     let mut gone = Vec::new();
     for fam in [
@@ -866,7 +866,7 @@ pub fn cleanup() -> Result<Vec<String>, AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::fragment;
+    use crate::rules::fragment;
 
     fn service(eps: &[&str]) -> (Service, EndpointSlice) {
         let svc: Service = serde_json::from_value(serde_json::json!({
@@ -932,13 +932,13 @@ mod tests {
         assert_eq!(names(true), BTreeSet::from(["fast-1".to_string()]));
         assert!(names(false).contains("fast-2"), "{d:?}");
         // Against the shell (a full sync), a fragment is only elements.
-        let full = fragment_diff(crate::proxy::shell(&stack), old);
+        let full = fragment_diff(crate::rules::shell(&stack), old);
         assert!(full.iter().all(|c| matches!(c, Change::AddElems { .. })));
         // A fragment's own sets (affinity) are created with it.
         let (mut s3, e3) = service(&["10.244.1.2"]);
         s3.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
         let aff = fragment(Some(&s3), &[e3], &"n1".into(), &stack);
-        let d = fragment_diff(crate::proxy::shell(&stack), aff);
+        let d = fragment_diff(crate::rules::shell(&stack), aff);
         assert!(
             d.iter()
                 .any(|c| matches!(c, Change::AddSet { name, .. } if name.starts_with("aff-"))),

@@ -4,9 +4,9 @@
 mod common;
 
 use common::{del, kv, put, NsGuard};
-use podnet_agent::proxier::Proxier;
-use podnet_agent::proxy::Stack;
 use podnet_kernel::Netns;
+use podnet_proxy::proxier::Proxier;
+use podnet_proxy::rules::Stack;
 
 fn service(cip: &str) -> podnet_api::Object {
     kv(serde_json::json!({

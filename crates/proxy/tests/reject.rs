@@ -19,9 +19,9 @@ use std::time::Duration;
 mod common;
 
 use common::{kv, put, NsGuard};
-use podnet_agent::proxier::Proxier;
-use podnet_agent::proxy::Stack;
 use podnet_kernel::Netns;
+use podnet_proxy::proxier::Proxier;
+use podnet_proxy::rules::Stack;
 
 /// Runs a shell command; its stdout.
 fn sh(cmd: &str) -> String {

@@ -1,0 +1,27 @@
+//! The service proxy: kube-proxy's job, on nftables.
+//!
+//! - [`rules`]: the pure core, Services and EndpointSlices in, one Service's
+//!   fragment of the `ip podnet`/`ip6 podnet` table out; traced in tests;
+//! - [`proxier`]: one address family's table kept equal to the plan over
+//!   nf_tables netlink, as a subsystem of the reconcile loop
+//!   (`podnet_reconcile`), and [`ServiceProxy`], both families together;
+//! - [`healthcheck`]: the health-check node ports of
+//!   `externalTrafficPolicy: Local` Services.
+//!
+//! The proxy reads cluster state only through the object source it is
+//! handed (a `podnet_source::Subscription`), in either mode.
+
+pub mod healthcheck;
+pub mod proxier;
+pub mod rules;
+
+pub use proxier::{cleanup, run, Proxier, ServiceProxy};
+pub use rules::{NodeInfo, Stack, TABLE};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("kernel: {0}")]
+    Kernel(#[from] podnet_kernel::KernelError),
+    #[error("{0}")]
+    Other(String),
+}
