@@ -1,4 +1,4 @@
-//! What the agent's kernel tests share: namespace guards and object-source deltas.
+//! What the proxy's kernel tests share: namespace guards and object-source deltas.
 
 use podnet_api::Object;
 use podnet_kernel::Netns;

@@ -9,16 +9,15 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::{IpNet, Ipv4Net};
-use podnet_api::netconfig::{BackendType, Resolved};
 use podnet_kernel::neigh::NUD_PERMANENT;
-use podnet_kernel::{Handle, KernelError, LinkKind, Neigh, Route, VxlanOpts};
+use podnet_kernel::{Handle, KernelError, LinkKind, Neigh, Route};
 
 use crate::plan::{Desired, Dev, Diff, FdbSpec, NeighSpec, RouteSpec};
 
 /// The rtnetlink protocol number marking podnet's routes.
 pub const RTPROT_PODNET: u8 = 112;
-pub const VXLAN_DEV: &str = "podnet.1";
-pub const TUN_DEV: &str = "podnet.tun";
+pub use crate::backend::udp::DEV as TUN_DEV;
+pub use crate::backend::vxlan::DEV as VXLAN_DEV;
 
 #[derive(Debug, Clone)]
 pub struct Underlay {
@@ -77,67 +76,7 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
 }
 
 /// The backend device: its index and (for a VTEP) its MAC.
-pub type Overlay = (u32, Option<[u8; 6]>);
-
-/// Creates (or adopts) the backend device; returns its index and MAC.
-pub fn ensure_device(
-    h: &mut Handle,
-    backend: BackendType,
-    cfg: &Resolved,
-    underlay: &Underlay,
-    mtu: u32,
-) -> Result<Option<Overlay>, KernelError> {
-    match backend {
-        BackendType::HostGw => Ok(None),
-        BackendType::Vxlan => {
-            let existing = h.link(VXLAN_DEV)?;
-            let link = match existing {
-                Some(l) if l.kind == LinkKind::Vxlan => l,
-                Some(l) => {
-                    // Something else by our name: replace it.
-                    h.delete_link(l.index)?;
-                    create_vxlan(h, cfg, underlay, mtu)?
-                }
-                None => create_vxlan(h, cfg, underlay, mtu)?,
-            };
-            if link.mtu != mtu {
-                h.set_mtu(link.index, mtu)?;
-            }
-            if !link.is_up() {
-                h.set_up(link.index)?;
-            }
-            Ok(Some((link.index, link.mac)))
-        }
-        BackendType::Udp => {
-            let l = h.require_link(TUN_DEV)?;
-            if l.mtu != mtu {
-                h.set_mtu(l.index, mtu)?;
-            }
-            if !l.is_up() {
-                h.set_up(l.index)?;
-            }
-            Ok(Some((l.index, None)))
-        }
-    }
-}
-
-fn create_vxlan(
-    h: &mut Handle,
-    cfg: &Resolved,
-    u: &Underlay,
-    mtu: u32,
-) -> Result<podnet_kernel::Link, KernelError> {
-    h.create_vxlan(&VxlanOpts {
-        name: VXLAN_DEV.into(),
-        vni: cfg.vni,
-        port: cfg.port,
-        local: Some(IpAddr::V4(u.ip)),
-        link: Some(u.index),
-        mtu: Some(mtu),
-        mac: None,
-    })?;
-    h.require_link(VXLAN_DEV)
-}
+pub type Device = (u32, Option<[u8; 6]>);
 
 /// Gives the overlay device exactly one address: the subnet's network
 /// address as a /32 (flannel's layout), so node-originated traffic has a

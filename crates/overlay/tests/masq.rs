@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 mod common;
 
 use common::NsGuard;
-use podnet_agent::masq::{self, MasqTable};
 use podnet_kernel::Netns;
+use podnet_overlay::masq::{self, MasqTable};
 
 static N: AtomicUsize = AtomicUsize::new(0);
 

@@ -1,0 +1,266 @@
+//! The backends, one job each (flannel's design): how this node reaches
+//! the other nodes' pod subnets. Picked once from the network config into
+//! the [`Backend`] enum, which is the only `match` on the backend type:
+//!
+//! - [`vxlan`]: a VTEP, and per remote node a route via its VTEP address,
+//!   a permanent neighbour and an FDB entry (or a plain route on the same
+//!   segment with `DirectRouting`);
+//! - [`hostgw`]: a route per remote node via its underlay address (every
+//!   node on one L2 segment);
+//! - [`udp`]: a TUN device and podnet's userspace tunnel (for networks
+//!   where nothing else passes).
+
+pub mod hostgw;
+pub mod udp;
+pub mod vxlan;
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use podnet_api::netconfig::{BackendType, Resolved};
+use podnet_kernel::{Handle, KernelError};
+
+use crate::kernel::{Device, Underlay};
+use crate::plan::{Desired, NodeView};
+
+/// The configured backend.
+pub enum Backend {
+    Vxlan(vxlan::Vxlan),
+    HostGw(hostgw::HostGw),
+    Udp(udp::Udp),
+}
+
+impl Backend {
+    pub fn from_config(cfg: &Resolved) -> Backend {
+        match cfg.backend {
+            BackendType::Vxlan => Backend::Vxlan(vxlan::Vxlan {
+                vni: cfg.vni,
+                port: cfg.port,
+                direct_routing: cfg.direct_routing,
+            }),
+            BackendType::HostGw => Backend::HostGw(hostgw::HostGw),
+            BackendType::Udp => Backend::Udp(udp::Udp::new(cfg.port)),
+        }
+    }
+
+    /// The name flannel uses (in subnet leases and node annotations).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Vxlan(_) => "vxlan",
+            Backend::HostGw(_) => "host-gw",
+            Backend::Udp(_) => "udp",
+        }
+    }
+
+    /// Pod MTU: the underlay's minus the encapsulation.
+    pub fn mtu(&self, underlay_mtu: u32) -> u32 {
+        match self {
+            Backend::Vxlan(_) => underlay_mtu - vxlan::OVERHEAD,
+            Backend::HostGw(_) => underlay_mtu,
+            Backend::Udp(_) => underlay_mtu - udp::OVERHEAD,
+        }
+    }
+
+    /// The backend's own device, if it has one.
+    pub fn device_name(&self) -> Option<&'static str> {
+        match self {
+            Backend::Vxlan(_) => Some(vxlan::DEV),
+            Backend::HostGw(_) => None,
+            Backend::Udp(_) => Some(udp::DEV),
+        }
+    }
+
+    /// Creates, adopts or repairs the backend's device.
+    pub fn ensure_device(
+        &mut self,
+        h: &mut Handle,
+        underlay: &Underlay,
+        mtu: u32,
+    ) -> Result<Option<Device>, KernelError> {
+        match self {
+            Backend::Vxlan(v) => v.ensure_device(h, underlay, mtu).map(Some),
+            Backend::HostGw(_) => Ok(None),
+            Backend::Udp(u) => u.ensure_device(h, mtu).map(Some),
+        }
+    }
+
+    /// What other nodes need to reach this one (flannel's BackendData).
+    pub fn data(&self, device: Option<Device>) -> serde_json::Value {
+        match self {
+            Backend::Vxlan(v) => v.data(device),
+            Backend::HostGw(_) | Backend::Udp(_) => serde_json::json!({}),
+        }
+    }
+
+    /// This node's tunnel endpoint (address, UDP port): its packets are
+    /// exempt from connection tracking.
+    pub fn tunnel(&self, underlay_ip: Ipv4Addr) -> Option<(Ipv4Addr, u16)> {
+        match self {
+            Backend::Vxlan(v) => Some((underlay_ip, v.port)),
+            Backend::HostGw(_) => None,
+            Backend::Udp(u) => Some((underlay_ip, u.port)),
+        }
+    }
+
+    /// The routes, neighbours and FDB entries to reach every other node;
+    /// nodes this backend cannot reach are reported, not planned. Pure.
+    pub fn plan(
+        &self,
+        network: Ipv4Net,
+        me: &NodeView,
+        nodes: &[NodeView],
+        underlay: Ipv4Net,
+    ) -> (Desired, Vec<String>) {
+        let others: Vec<&NodeView> = nodes
+            .iter()
+            .filter(|n| n.name != me.name && n.subnet != me.subnet)
+            .collect();
+        match self {
+            Backend::Vxlan(v) => v.plan(&others, underlay),
+            Backend::HostGw(_) => hostgw::plan(&others, underlay),
+            Backend::Udp(_) => udp::plan(network),
+        }
+    }
+
+    /// Starts what runs beside the kernel (the UDP tunnel's threads).
+    pub fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
+        match self {
+            Backend::Udp(u) => u.start(underlay_ip),
+            _ => Ok(()),
+        }
+    }
+
+    /// Tells a userspace data path where every other node's subnet is.
+    pub fn set_peers(&self, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
+        if let Backend::Udp(u) = self {
+            u.set_peers(peers);
+        }
+    }
+
+    /// Whether a vanished device can be recreated while running (a TUN
+    /// device dies with the descriptor that made it).
+    pub fn device_repairable(&self) -> bool {
+        !matches!(self, Backend::Udp(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{diff, Dev, FdbSpec, NeighSpec, RouteSpec};
+
+    fn node(name: &str, subnet: &str, ip: &str, mac: u8) -> NodeView {
+        NodeView {
+            name: name.into(),
+            subnet: subnet.parse().unwrap(),
+            public_ip: ip.parse().unwrap(),
+            vtep_mac: Some([2, 0, 0, 0, 0, mac]),
+        }
+    }
+
+    fn nodes() -> Vec<NodeView> {
+        vec![
+            node("a", "10.244.1.0/24", "192.168.9.1", 1),
+            node("b", "10.244.2.0/24", "192.168.9.2", 2),
+            node("c", "10.244.3.0/24", "10.0.0.3", 3),
+        ]
+    }
+
+    fn vxlan(direct_routing: bool) -> Backend {
+        Backend::Vxlan(vxlan::Vxlan {
+            vni: 1,
+            port: 8472,
+            direct_routing,
+        })
+    }
+
+    fn net() -> Ipv4Net {
+        "10.244.0.0/16".parse().unwrap()
+    }
+
+    fn seg() -> Ipv4Net {
+        "192.168.9.0/24".parse().unwrap()
+    }
+
+    #[test]
+    fn vxlan_plans_route_neigh_fdb_per_remote() {
+        let n = nodes();
+        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg());
+        assert!(p.is_empty());
+        assert_eq!(d.routes.len(), 2);
+        assert!(d.routes.contains(&RouteSpec {
+            dst: "10.244.2.0/24".parse().unwrap(),
+            gw: Some("10.244.2.0".parse().unwrap()),
+            dev: Dev::Overlay,
+            onlink: true
+        }));
+        assert!(d.neighs.contains(&NeighSpec {
+            ip: "10.244.3.0".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, 3]
+        }));
+        assert!(d.fdbs.contains(&FdbSpec {
+            mac: [2, 0, 0, 0, 0, 3],
+            dst: "10.0.0.3".parse().unwrap()
+        }));
+    }
+
+    #[test]
+    fn direct_routing_uses_plain_routes_on_the_same_segment() {
+        let n = nodes();
+        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg());
+        assert!(d.routes.contains(&RouteSpec {
+            dst: "10.244.2.0/24".parse().unwrap(),
+            gw: Some("192.168.9.2".parse().unwrap()),
+            dev: Dev::Underlay,
+            onlink: false
+        }));
+        assert_eq!(
+            d.fdbs.len(),
+            1,
+            "only the off-segment node goes through the VTEP"
+        );
+    }
+
+    #[test]
+    fn host_gw_reports_unreachable_nodes() {
+        let n = nodes();
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg());
+        assert_eq!(d.routes.len(), 1);
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("node c (10.0.0.3) is not directly reachable"),
+            "{}",
+            p[0]
+        );
+    }
+
+    #[test]
+    fn udp_routes_the_whole_network_into_the_tunnel() {
+        let n = nodes();
+        let (d, p) = Backend::Udp(udp::Udp::new(8285)).plan(net(), &n[0], &n, seg());
+        assert!(p.is_empty());
+        assert_eq!(d.routes.len(), 1);
+        assert_eq!(d.routes.iter().next().unwrap().dst, net());
+    }
+
+    #[test]
+    fn diff_is_empty_when_converged_and_exact_otherwise() {
+        let n = nodes();
+        let (want, _) = vxlan(false).plan(net(), &n[0], &n, seg());
+        assert!(diff(&want, &want).is_empty());
+        let (less, _) = vxlan(false).plan(net(), &n[0], &n[..2], seg());
+        let d = diff(&less, &want);
+        assert_eq!(
+            (
+                d.del_routes.len(),
+                d.del_neighs.len(),
+                d.del_fdbs.len(),
+                d.add_routes.len()
+            ),
+            (1, 1, 1, 0)
+        );
+        assert_eq!(vxlan(false).mtu(1500), 1450);
+        assert_eq!(Backend::Udp(udp::Udp::new(8285)).mtu(1500), 1472);
+        assert_eq!(Backend::HostGw(hostgw::HostGw).mtu(1500), 1500);
+    }
+}

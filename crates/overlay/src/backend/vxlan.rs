@@ -1,0 +1,108 @@
+//! vxlan: the kernel's VTEP `podnet.1` (VNI and UDP port from the config,
+//! learning off), and per remote node a route to its subnet via its VTEP
+//! address (the subnet's network address, on-link), a permanent neighbour
+//! entry for that address with the remote VTEP's MAC, and an FDB entry
+//! sending that MAC to the node's underlay address. With `DirectRouting`,
+//! nodes on the same segment get a plain route instead, as with host-gw.
+
+use std::net::IpAddr;
+
+use ipnet::Ipv4Net;
+use podnet_kernel::{Handle, KernelError, LinkKind, VxlanOpts};
+
+use crate::kernel::{Device, Underlay};
+use crate::plan::{Desired, Dev, FdbSpec, NeighSpec, NodeView, RouteSpec};
+
+pub const DEV: &str = "podnet.1";
+/// Outer IPv4 + UDP + VXLAN + inner Ethernet headers.
+pub const OVERHEAD: u32 = 50;
+
+pub struct Vxlan {
+    pub vni: u32,
+    pub port: u16,
+    pub direct_routing: bool,
+}
+
+impl Vxlan {
+    pub fn plan(&self, others: &[&NodeView], underlay: Ipv4Net) -> (Desired, Vec<String>) {
+        let mut want = Desired::default();
+        let mut problems = Vec::new();
+        for n in others {
+            if self.direct_routing && underlay.contains(&n.public_ip) {
+                want.routes.insert(RouteSpec {
+                    dst: n.subnet,
+                    gw: Some(n.public_ip),
+                    dev: Dev::Underlay,
+                    onlink: false,
+                });
+                continue;
+            }
+            let Some(mac) = n.vtep_mac else {
+                problems.push(format!("node {} has no VTEP MAC in its lease yet", n.name));
+                continue;
+            };
+            let vtep = n.subnet.network();
+            want.routes.insert(RouteSpec {
+                dst: n.subnet,
+                gw: Some(vtep),
+                dev: Dev::Overlay,
+                onlink: true,
+            });
+            want.neighs.insert(NeighSpec { ip: vtep, mac });
+            want.fdbs.insert(FdbSpec {
+                mac,
+                dst: n.public_ip,
+            });
+        }
+        (want, problems)
+    }
+
+    /// Creates or adopts the VTEP (replacing anything else by its name),
+    /// with the right MTU, up.
+    pub fn ensure_device(
+        &self,
+        h: &mut Handle,
+        u: &Underlay,
+        mtu: u32,
+    ) -> Result<Device, KernelError> {
+        let create = |h: &mut Handle| -> Result<podnet_kernel::Link, KernelError> {
+            h.create_vxlan(&VxlanOpts {
+                name: DEV.into(),
+                vni: self.vni,
+                port: self.port,
+                local: Some(IpAddr::V4(u.ip)),
+                link: Some(u.index),
+                mtu: Some(mtu),
+                mac: None,
+            })?;
+            h.require_link(DEV)
+        };
+        let link = match h.link(DEV)? {
+            Some(l) if l.kind == LinkKind::Vxlan => l,
+            Some(l) => {
+                // Something else by our name: replace it.
+                h.delete_link(l.index)?;
+                create(h)?
+            }
+            None => create(h)?,
+        };
+        if link.mtu != mtu {
+            h.set_mtu(link.index, mtu)?;
+        }
+        if !link.is_up() {
+            h.set_up(link.index)?;
+        }
+        Ok((link.index, link.mac))
+    }
+
+    /// `{"VNI": …, "VtepMAC": "…"}`, as flannel publishes it.
+    pub fn data(&self, device: Option<Device>) -> serde_json::Value {
+        match device.and_then(|(_, m)| m) {
+            Some(m) => serde_json::json!({
+                "VNI": self.vni,
+                "VtepMAC": podnet_kernel::rtnl::format_mac(&m),
+            }),
+            None => serde_json::json!({}),
+        }
+    }
+}
