@@ -175,9 +175,9 @@ pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()
     tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
     let mut source =
         podnet_source::Source::store(objs.store.clone(), metrics.store_watch("controller"));
-    let sub = source.subscribe(&podnet_controller::KINDS);
+    let sub = source.subscribe(&podnet_apiserver::KINDS);
     let _source = source.start();
-    podnet_controller::Controller::new(objs, metrics)
+    podnet_apiserver::Controller::new(objs, metrics)
         .run(
             sub,
             std::time::Duration::from_secs(resync.max(1)),

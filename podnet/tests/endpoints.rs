@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use podnet_api::k8s_openapi::api::core::v1::{Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
-use podnet_controller::endpoints::{desired, Zones};
+use podnet_apiserver::endpoints::{desired, Zones};
 use podnet_proxy::rules::{plan, NodeInfo, ProxyInput, Stack};
 use serde_json::{json, Value};
 

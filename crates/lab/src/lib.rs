@@ -551,7 +551,7 @@ impl Lab {
             .await?
             .is_none()
         {
-            let ops = podnet_store::alloc::transition(None, Some(&svc));
+            let ops = podnet_apiserver::alloc::transition(None, Some(&svc));
             objs.create(Object::Service(Box::new(svc)), ops).await?;
         }
         // Ready when it answers on the pod IP, then through the Service.

@@ -11,7 +11,6 @@
 //! The implementation is picked by [`open`] from the URL and held in the
 //! [`AnyStore`] enum: no registry, no trait objects.
 
-pub mod alloc;
 pub mod etcd;
 pub mod objects;
 pub mod sqlite;

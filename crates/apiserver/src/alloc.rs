@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::{cidr, Kind, Object};
 
-use crate::{AnyStore, Op, Result, Store};
+use podnet_store::{AnyStore, Op, Result, Store};
 
 /// Every reservation, of either kind.
 pub const ALLOC_PREFIX: &str = "/registry/allocations/";

@@ -1,8 +1,8 @@
-//! `podnet controller`: the networking duties of an API server in
-//! standalone mode.
+//! `podnet controller`: the API server's and the controller manager's
+//! background networking duties in standalone mode.
 //!
 //! - ClusterIP and NodePort allocation for Services that have none (see
-//!   `podnet_store::alloc`: reservations are keys written in the same
+//!   [`crate::alloc`]: reservations are keys written in the same
 //!   transaction as the Service, so concurrent allocators never collide);
 //! - EndpointSlices for every Service with a selector, from ready Pods
 //!   ([`endpoints`] is the pure planner), with the topology hints of
@@ -20,8 +20,6 @@
 //! allocator owns those keys, as the API server owns its allocation
 //! bitmaps).
 
-pub mod endpoints;
-
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
@@ -34,7 +32,9 @@ use podnet_api::netconfig::{self, Resolved};
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
 use podnet_source::{Delta, Subscription};
-use podnet_store::{alloc, Objects, Op, Store, StoreError};
+use podnet_store::{Objects, Op, Store, StoreError};
+
+use crate::{alloc, endpoints};
 
 type Key = (String, String);
 

@@ -1,0 +1,208 @@
+//! Admission: the API server's write path in standalone mode. A document
+//! is validated (`podnet_api::validate`, the API server's rules for what
+//! networking uses), merged with what the server owns (uid, creation time,
+//! an allocated ClusterIP, NodePorts), and written together with its
+//! reservations ([`crate::alloc`]) in one transaction, so concurrent
+//! writers never share an address and nothing is half-applied. The
+//! Kubernetes mode does not use this: the real API server admits there.
+
+use podnet_api::k8s_openapi::api::core::v1::Service;
+use podnet_api::netconfig;
+use podnet_api::validate::{self, Context as VCtx};
+use podnet_api::{Kind, Object};
+use podnet_store::{AnyStore, Objects, Op, StoreError};
+
+use crate::alloc;
+
+/// The validation context from the cluster's NetworkConfig.
+pub async fn context(objs: &Objects) -> Result<VCtx, StoreError> {
+    let cfg = objs
+        .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+        .await?;
+    Ok(match cfg {
+        Some(Object::NetworkConfig(c)) => VCtx::from_config(Some(&c)),
+        _ => VCtx::default(),
+    })
+}
+
+/// Carries over what the server owns when an object is re-applied.
+fn merge_for_update(new: &mut Object, old: &Object) -> Result<(), String> {
+    let (om, nm) = (old.meta().clone(), new.meta_mut());
+    nm.uid = om.uid;
+    nm.creation_timestamp = om.creation_timestamp;
+    nm.resource_version = om.resource_version;
+    if nm.namespace.is_none() {
+        nm.namespace = om.namespace;
+    }
+    match (new, old) {
+        (Object::Service(n), Object::Service(o)) => {
+            let (Some(ns), Some(os)) = (n.spec.as_mut(), o.spec.as_ref()) else {
+                return Ok(());
+            };
+            let same_type = ns.type_ == os.type_;
+            match (ns.cluster_ip.as_deref(), os.cluster_ip.as_deref()) {
+                (None | Some(""), Some(ip))
+                    if !ip.is_empty() && ns.type_.as_deref() != Some("ExternalName") =>
+                {
+                    ns.cluster_ip = os.cluster_ip.clone();
+                    ns.cluster_ips = os.cluster_ips.clone();
+                }
+                (Some(a), Some(b)) if a != b && !b.is_empty() && same_type => {
+                    return Err(format!("spec.clusterIP: field is immutable ({b} -> {a})"));
+                }
+                _ => {}
+            }
+            // Keep allocated node ports for ports that still exist.
+            if same_type {
+                for p in ns.ports.iter_mut().flatten() {
+                    if p.node_port.is_none() {
+                        p.node_port = os
+                            .ports
+                            .iter()
+                            .flatten()
+                            .find(|q| q.port == p.port && q.protocol == p.protocol)
+                            .and_then(|q| q.node_port);
+                    }
+                }
+                if ns.health_check_node_port.is_none() {
+                    ns.health_check_node_port = os.health_check_node_port;
+                }
+            }
+            if n.status.is_none() {
+                n.status = o.status.clone();
+            }
+        }
+        (Object::Pod(n), Object::Pod(o)) if n.status.is_none() => n.status = o.status.clone(),
+        (Object::Node(n), Object::Node(o)) if n.status.is_none() => n.status = o.status.clone(),
+        (Object::Namespace(n), Object::Namespace(o)) if n.status.is_none() => {
+            n.status = o.status.clone()
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn svc(o: &Object) -> Option<&Service> {
+    alloc::as_service(o)
+}
+
+/// Explains a store error about an object in user terms.
+async fn explain(store: &AnyStore, o: &Object, e: StoreError) -> String {
+    match e {
+        StoreError::AlreadyExists(k) if k.starts_with("/registry/allocations/") => {
+            alloc::describe_taken(&k, alloc::holder(store, &k).await.as_deref())
+        }
+        StoreError::AlreadyExists(_) => format!("{} already exists", o.describe()),
+        StoreError::Conflict { .. } => {
+            format!("{} was modified concurrently; try again", o.describe())
+        }
+        e => e.to_string(),
+    }
+}
+
+pub enum Outcome {
+    Created,
+    Configured,
+    Unchanged,
+}
+
+/// A document's write, planned from one read of its object (so `podnet
+/// apply` can read ahead while earlier documents are written).
+pub enum Plan {
+    /// Nothing to write: the outcome is known (invalid, unchanged, or the
+    /// read failed).
+    Done(Result<Outcome, String>),
+    Create(Object, Vec<Op>),
+    Update(Object, Vec<Op>),
+}
+
+/// Validates a document and reads its object to decide what to write.
+pub async fn plan(objs: &Objects, ctx: &VCtx, o: Object) -> Plan {
+    let errs = validate::validate(&o, ctx);
+    if !errs.is_empty() {
+        return Plan::Done(Err(errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")));
+    }
+    let existing = match objs.get(o.kind(), o.namespace(), o.name()).await {
+        Ok(e) => e,
+        Err(e) => return Plan::Done(Err(e.to_string())),
+    };
+    match existing {
+        None => {
+            let ops = alloc::transition(None, svc(&o));
+            Plan::Create(o, ops)
+        }
+        Some(old) => {
+            let mut new = o;
+            if let Err(e) = merge_for_update(&mut new, &old) {
+                return Plan::Done(Err(e));
+            }
+            if podnet_store::objects::encode(&new) == podnet_store::objects::encode(&old) {
+                return Plan::Done(Ok(Outcome::Unchanged));
+            }
+            let ops = alloc::transition(svc(&old), svc(&new));
+            Plan::Update(new, ops)
+        }
+    }
+}
+
+/// Writes a plan for `o`; `None` when the object changed between the read
+/// and the write, so the plan must be made again.
+pub async fn commit(objs: &Objects, o: &Object, plan: Plan) -> Option<Result<Outcome, String>> {
+    let res = match plan {
+        Plan::Done(r) => return Some(r),
+        Plan::Create(new, ops) => objs.create(new, ops).await.map(|_| Outcome::Created),
+        Plan::Update(new, ops) => objs.update(new, ops).await.map(|_| Outcome::Configured),
+    };
+    match res {
+        Ok(out) => Some(Ok(out)),
+        // Someone else wrote it between our read and write: read again.
+        Err(
+            StoreError::Conflict { key, .. }
+            | StoreError::AlreadyExists(key)
+            | StoreError::NotFound(key),
+        ) if key == o.key() => None,
+        Err(e) => Some(Err(explain(&objs.store, o, e).await)),
+    }
+}
+
+/// Creates or updates one object, with its reservations, atomically.
+pub async fn apply_one(objs: &Objects, ctx: &VCtx, o: Object) -> Result<Outcome, String> {
+    for _ in 0..5 {
+        let p = plan(objs, ctx, o.clone()).await;
+        if let Some(r) = commit(objs, &o, p).await {
+            return r;
+        }
+    }
+    Err(format!(
+        "{} keeps changing under us; giving up",
+        o.describe()
+    ))
+}
+
+/// Deletes one object and releases what it held.
+pub async fn delete_one(
+    objs: &Objects,
+    kind: Kind,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<bool, String> {
+    for _ in 0..5 {
+        let Some(old) = objs.get(kind, ns, name).await.map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        let ops = alloc::transition(svc(&old), None);
+        match objs
+            .delete(kind, ns, name, old.resource_version(), ops)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("{kind} {name} keeps changing under us; giving up"))
+}
