@@ -1410,6 +1410,38 @@ impl Conn {
         Ok(Some(out))
     }
 
+    /// Whether set `set` of table `family`/`table` holds `key` now: one
+    /// exact lookup (no dump), cheap enough to poll while a set holds tens
+    /// of thousands of elements (the benchmarks watch rules land this way).
+    pub fn has_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        key: &[Value],
+    ) -> Result<bool, KernelError> {
+        let t = Table::new(family, table);
+        let mut m = msg(&t, NFT_MSG_GETSETELEM, 0);
+        m.str(1, table).str(2, set);
+        m.begin(3);
+        m.begin(NFTA_LIST_ELEM);
+        m.begin(NFTA_SET_ELEM_KEY)
+            .attr(NFTA_DATA_VALUE, &key_bytes(key))
+            .end();
+        m.end();
+        m.end();
+        match self.sock.request(m, &|| {
+            format!(
+                "looking up an element of set {set} in {} {table}",
+                family.name()
+            )
+        }) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Named counter `name`'s (packets, bytes), or None when it (or its
     /// table) does not exist.
     pub fn counter(

@@ -559,3 +559,38 @@ fn shared_table_features_round_trip_through_the_kernel() {
         .unwrap()
         .unwrap());
 }
+
+#[test]
+fn an_element_lookup_finds_exactly_what_the_set_holds() {
+    let name = format!("pn-nlget-{}", std::process::id());
+    let ns = Netns::create_named(&name).unwrap();
+    let _g = Ns(name.clone());
+    let t = every_expression();
+    let key = |ip: &str, port: u16| {
+        vec![
+            Value::Addr(ip.parse().unwrap()),
+            Value::Proto(Proto::Tcp),
+            Value::Port(port),
+        ]
+    };
+    let (held, other_port, missing_table) = ns
+        .run(|| {
+            let mut c = Conn::open().unwrap();
+            // Before the table exists: not found, not an error.
+            let missing = c
+                .has_element(t.family, &t.name, "service-ips", &key("10.96.0.1", 443))
+                .unwrap();
+            c.apply(&t, &diff(None, &t)).unwrap();
+            let held = c
+                .has_element(t.family, &t.name, "service-ips", &key("10.96.0.1", 443))
+                .unwrap();
+            let other = c
+                .has_element(t.family, &t.name, "service-ips", &key("10.96.0.1", 444))
+                .unwrap();
+            (held, other, missing)
+        })
+        .unwrap();
+    assert!(held, "the element the table was written with");
+    assert!(!other_port, "a key differing in one field");
+    assert!(!missing_table, "no table yet");
+}
