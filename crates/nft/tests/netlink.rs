@@ -2,25 +2,10 @@
 //! we send must read back through `nft list` as the same ruleset, and
 //! incremental changes must land exactly.
 
-use podnet_kernel::Netns;
 use podnet_nft::diff::diff;
 use podnet_nft::model::*;
 use podnet_nft::netlink::Conn;
-
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_named(&self.0);
-    }
-}
-
-fn list(ns: &str) -> String {
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "list", "ruleset"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use podnet_testkit::TestNs;
 
 fn every_expression() -> Table {
     let mut t = Table::new(Family::Ip, "pntest");
@@ -245,14 +230,14 @@ fn every_expression() -> Table {
 
 #[test]
 fn every_expression_reads_back_as_written() {
-    let name = format!("pn-nl-{}", std::process::id());
-    let ns = Netns::create_named(&name).unwrap();
-    let _g = Ns(name.clone());
+    let g = TestNs::new("nl");
+    let ns = g.netns();
+    let list = || g.nft_list("ruleset").expect("a ruleset");
     let t = every_expression();
     ns.run(|| Conn::open().unwrap().apply(&t, &diff(None, &t)))
         .unwrap()
         .unwrap();
-    let got = list(&name);
+    let got = list();
     for want in [
         "type ipv4_addr . inet_proto . inet_service : verdict",
         "10.96.0.1 . tcp . 443 : goto svc-a",
@@ -299,7 +284,7 @@ fn every_expression_reads_back_as_written() {
     ns.run(|| Conn::open().unwrap().apply(&t2, &d))
         .unwrap()
         .unwrap();
-    let got = list(&name);
+    let got = list();
     assert!(
         got.contains("10.96.0.2 . udp . 53 : goto svc-a") && !got.contains("10.96.0.1 . tcp . 443"),
         "{got}"
@@ -328,7 +313,7 @@ fn every_expression_reads_back_as_written() {
         "{e}"
     );
     assert_eq!(
-        list(&name),
+        list(),
         got,
         "a failed batch must leave the table as it was"
     );
@@ -340,7 +325,7 @@ fn every_expression_reads_back_as_written() {
     })
     .unwrap()
     .unwrap();
-    assert!(list(&name).contains("10.96.0.1 . tcp . 443"));
+    assert!(list().contains("10.96.0.1 . tcp . 443"));
     // The use count follows chains others add or delete.
     let use_of = || {
         ns.run(|| Conn::open().unwrap().table_use(Family::Ip, "pntest"))
@@ -349,22 +334,14 @@ fn every_expression_reads_back_as_written() {
     };
     let full = use_of().expect("table exists");
     assert_eq!(full as usize, t.chains.len() + t.sets.len());
-    let sh = |cmd: &str| {
-        let ok = std::process::Command::new("ip")
-            .args(["netns", "exec", &name, "nft", cmd])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "nft {cmd}");
-    };
-    sh("add chain ip pntest stray");
+    g.nft("add chain ip pntest stray");
     assert_eq!(use_of(), Some(full + 1));
-    sh("delete chain ip pntest stray");
+    g.nft("delete chain ip pntest stray");
     assert_eq!(use_of(), Some(full));
     assert!(ns
         .run(|| Conn::open().unwrap().delete_table(Family::Ip, "pntest"))
         .unwrap()
         .unwrap());
-    assert!(!list(&name).contains("pntest"));
+    assert!(!list().contains("pntest"));
     assert_eq!(use_of(), None);
 }
