@@ -11,7 +11,7 @@ struct Cluster {
     dir: tempfile::TempDir,
     url: String,
     controllers: Vec<Child>,
-    _etcd: Option<podnet_store::testing::EtcdServer>,
+    _etcd: Option<podnet_testkit::Etcd>,
 }
 
 impl Cluster {
@@ -27,7 +27,7 @@ impl Cluster {
     }
 
     fn etcd() -> Cluster {
-        let e = podnet_store::testing::EtcdServer::start();
+        let e = podnet_testkit::Etcd::start();
         Cluster {
             dir: tempfile::tempdir().unwrap(),
             url: e.url(),

@@ -15,7 +15,6 @@ pub mod alloc;
 pub mod etcd;
 pub mod objects;
 pub mod sqlite;
-pub mod testing;
 
 pub use objects::Objects;
 
