@@ -4,14 +4,14 @@
 //! the same data and ports, which is how tests check that clients ride
 //! out an outage.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use podnet_kernel::Netns;
 
-use crate::{command_in, eventually, http_get, Proc, TestNs};
+use crate::{command_in, eventually, free_port, http_get, Proc, TestNs};
 
 /// How long etcd may take to answer `/health` after a start.
 const START: Duration = Duration::from_secs(30);
@@ -102,8 +102,8 @@ impl Etcd {
 
     /// Fails the test, with the end of etcd's log, if etcd died (a kill
     /// through this fixture does not count).
-    pub fn check(&mut self) {
-        if let Some(p) = self.proc.as_mut() {
+    pub fn check(&self) {
+        if let Some(p) = &self.proc {
             p.check();
         }
     }
@@ -127,7 +127,7 @@ impl Etcd {
             .args(["--initial-cluster", &format!("t={p}")])
             .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
             .args(["--log-level", "error"]);
-        let mut proc = Proc::spawn("etcd", cmd, self.dir.path());
+        let proc = Proc::spawn("etcd", cmd, self.dir.path());
         let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
         let netns = self.ns.as_ref().map(|(_, h)| h);
         eventually(&format!("etcd healthy on {addr}"), START, || {
@@ -143,20 +143,6 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A TCP port nothing listens on, on the loopback of `ns` (or the host's).
-fn free_port(ns: Option<&Netns>) -> u16 {
-    let bind = || {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-    };
-    match ns {
-        Some(ns) => ns.run(bind).expect("entering the namespace"),
-        None => bind(),
-    }
-    .expect("a free port")
 }
 
 fn on_path(program: &str) -> bool {

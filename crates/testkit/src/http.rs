@@ -1,8 +1,9 @@
-//! One plain HTTP GET, for the health and metrics endpoints of etcd and of
-//! podnet's daemons, from this namespace or from inside another.
+//! The servers a test starts: a free port to put one on, and one plain
+//! HTTP GET for the health and metrics endpoints of etcd and of podnet's
+//! daemons, from this namespace or from inside another.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use podnet_kernel::Netns;
@@ -29,4 +30,19 @@ pub fn http_get(ns: Option<&Netns>, addr: SocketAddr, path: &str) -> Option<(u16
     let code = out.split_whitespace().nth(1)?.parse().ok()?;
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((code, body))
+}
+
+/// A TCP port nothing listens on now, on the loopback of `ns` (or of this
+/// process's namespace), for a server the test is about to start.
+pub fn free_port(ns: Option<&Netns>) -> u16 {
+    let bind = || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+    };
+    match ns {
+        Some(ns) => ns.run(bind).expect("entering the namespace"),
+        None => bind(),
+    }
+    .expect("a free port")
 }

@@ -4,7 +4,8 @@
 //!   drop even when the test panics, with helpers that run shell commands
 //!   inside it ([`sh_in`], [`try_sh_in`], [`command_in`] for namespaces the
 //!   test does not own, such as a lab node's);
-//! - [`eventually`] and [`eventually_async`]: the one place that polls, so
+//! - [`eventually`], [`eventually_async`] and [`try_eventually`] (which
+//!   reports instead of failing, for cleanup): the one place that polls, so
 //!   no test sleeps in the hope that something is ready. A deadline fails
 //!   the wait; nothing here measures how long anything took;
 //! - [`Proc`]: a child process (in a namespace or not) with its output in a
@@ -15,7 +16,8 @@
 //! - [`nft`], [`nft_list`] and [`nft_list_json`]: what the kernel's
 //!   nftables hold, read through the `nft` CLI, a witness independent of
 //!   podnet's own netlink code;
-//! - [`http_get`]: one plain GET, for `/health`, `/readyz` and `/metrics`.
+//! - [`http_get`]: one plain GET, for `/health`, `/readyz` and `/metrics`,
+//!   and [`free_port`] for the servers a test starts.
 //!
 //! Nothing here skips. A test that needs root says so through
 //! [`require_root`] (which [`TestNs::new`] calls), and a missing peer
@@ -32,8 +34,8 @@ mod process;
 mod wait;
 
 pub use etcd::Etcd;
-pub use http::http_get;
+pub use http::{free_port, http_get};
 pub use nft::{nft, nft_list, nft_list_json};
 pub use ns::{command_in, require_root, sh_in, try_sh_in, unique, TestNs};
 pub use process::Proc;
-pub use wait::{eventually, eventually_async, Outcome};
+pub use wait::{eventually, eventually_async, try_eventually, Outcome};

@@ -6,6 +6,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::eventually;
@@ -15,8 +16,11 @@ const TAIL: usize = 30;
 
 pub struct Proc {
     name: String,
-    /// `None` once killed.
-    child: Option<Child>,
+    /// `None` once killed or stopped. Behind a lock so that
+    /// [`Proc::check`] works through a shared reference, from inside a
+    /// polling closure that reads other state too.
+    child: Mutex<Option<Child>>,
+    pid: u32,
     log: PathBuf,
 }
 
@@ -41,7 +45,8 @@ impl Proc {
             .unwrap_or_else(|e| panic!("starting {name} ({cmd:?}): {e}"));
         Proc {
             name: name.to_string(),
-            child: Some(child),
+            pid: child.id(),
+            child: Mutex::new(Some(child)),
             log,
         }
     }
@@ -51,7 +56,7 @@ impl Proc {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child().id()
+        self.pid
     }
 
     pub fn log_path(&self) -> &Path {
@@ -75,18 +80,15 @@ impl Proc {
     }
 
     /// Whether the process is still running.
-    pub fn alive(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    pub fn alive(&self) -> bool {
+        self.exited().is_none() && self.child().is_some()
     }
 
     /// Fails the test when the process exited (it was meant to keep
     /// running), with the last lines of its log. A process this guard
-    /// killed on purpose passes.
-    pub fn check(&mut self) {
-        let Some(c) = self.child.as_mut() else {
-            return;
-        };
-        if let Ok(Some(st)) = c.try_wait() {
+    /// killed or stopped on purpose passes.
+    pub fn check(&self) {
+        if let Some(st) = self.exited() {
             let log = self.log();
             let lines: Vec<&str> = log.lines().collect();
             let tail = lines[lines.len().saturating_sub(TAIL)..].join("\n");
@@ -102,29 +104,34 @@ impl Proc {
     /// it exited. Fails the test when it does not stop (the drop then
     /// kills it).
     pub fn terminate(&mut self, deadline: Duration) -> ExitStatus {
-        let pid = self.pid() as libc::pid_t;
+        let what = format!("{} to exit on SIGTERM", self.name);
+        let slot = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let c = slot.as_mut().expect("the process was already stopped");
         // SAFETY: plain kill(2) on our own child, which is not reaped yet.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let c = self.child.as_mut().expect("running");
-        let st = eventually(
-            &format!("{} to exit on SIGTERM", self.name),
-            deadline,
-            || c.try_wait().expect("waiting for a child"),
-        );
-        self.child = None;
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        let st = eventually(&what, deadline, || {
+            c.try_wait().expect("waiting for a child")
+        });
+        *slot = None;
         st
     }
 
     /// SIGKILL, like a crash, and reaps it. Idempotent.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+        let slot = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut c) = slot.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    fn child(&self) -> &Child {
-        self.child.as_ref().expect("the process was killed")
+    /// How the process exited, when it did (not when this guard stopped it).
+    fn exited(&self) -> Option<ExitStatus> {
+        self.child().as_mut()?.try_wait().ok().flatten()
+    }
+
+    fn child(&self) -> MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -55,20 +55,26 @@ fn timed_out(what: &str, deadline: Duration, last: Option<String>) -> ! {
 /// yielded; fails the test when `deadline` passes first, naming `what` and
 /// the last error. The deadline bounds the wait; it is never the thing a
 /// test asserts.
-pub fn eventually<R: Outcome>(
-    what: &str,
+pub fn eventually<R: Outcome>(what: &str, deadline: Duration, f: impl FnMut() -> R) -> R::Value {
+    try_eventually(deadline, f).unwrap_or_else(|last| timed_out(what, deadline, last))
+}
+
+/// [`eventually`] for code that must not panic (cleanup in a drop guard,
+/// the benchmarks): the last error, if the poll gave one, when `deadline`
+/// passes first.
+pub fn try_eventually<R: Outcome>(
     deadline: Duration,
     mut f: impl FnMut() -> R,
-) -> R::Value {
+) -> Result<R::Value, Option<String>> {
     let end = Instant::now() + deadline;
     let mut pause = FIRST_PAUSE;
     loop {
         let last = match f().settle() {
-            Ok(v) => return v,
+            Ok(v) => return Ok(v),
             Err(last) => last,
         };
         if Instant::now() >= end {
-            timed_out(what, deadline, last);
+            return Err(last);
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(LONGEST_PAUSE);
