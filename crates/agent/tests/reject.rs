@@ -70,19 +70,15 @@ fn lab(tag: &str) -> Lab {
          ip -6 route add default via fd00:77::1 && \
          sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1"
     ));
-    pod.sh(
-        "ip addr add 10.244.1.2/24 dev eth0 && \
+    pod.sh("ip addr add 10.244.1.2/24 dev eth0 && \
          ip addr add fd00:244:0:1::2/64 dev eth0 nodad && \
          ip link set eth0 up && \
          ip route add default via 10.244.1.1 && \
-         ip -6 route add default via fd00:244:0:1::1",
-    );
-    gw.sh(
-        "ip addr add 192.168.77.1/24 dev eth0 && \
+         ip -6 route add default via fd00:244:0:1::1");
+    gw.sh("ip addr add 192.168.77.1/24 dev eth0 && \
          ip addr add fd00:77::1/64 dev eth0 nodad && \
          ip link set eth0 up && \
-         sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0",
-    );
+         sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0");
     // What reaches the gateway for a Service address has left the node.
     gw.nft("add table inet count");
     gw.nft("add chain inet count in '{ type filter hook prerouting priority 0; }'");

@@ -312,11 +312,7 @@ fn every_expression_reads_back_as_written() {
         e.to_string().contains("service-ips") || e.to_string().contains("nope"),
         "{e}"
     );
-    assert_eq!(
-        list(),
-        got,
-        "a failed batch must leave the table as it was"
-    );
+    assert_eq!(list(), got, "a failed batch must leave the table as it was");
     // A full replace swaps the table atomically, whatever is there.
     ns.run(|| {
         Conn::open()

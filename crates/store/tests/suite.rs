@@ -178,10 +178,14 @@ async fn leases_expire_and_renew(s: &AnyStore) {
     .unwrap();
     let rev = s.revision().await.unwrap();
     let mut w = s.watch("/l/", rev + 1).await.unwrap();
-    eventually_async("the leased key to expire", Duration::from_secs(8), move || async move {
-        s.keepalive(kept).await.unwrap();
-        s.get("/l/short").await.unwrap().is_none()
-    })
+    eventually_async(
+        "the leased key to expire",
+        Duration::from_secs(8),
+        move || async move {
+            s.keepalive(kept).await.unwrap();
+            s.get("/l/short").await.unwrap().is_none()
+        },
+    )
     .await;
     // Keepalives keep the other alive past its own TTL: time passes on
     // purpose here (3 s against a 2 s TTL), nothing is awaited.
