@@ -530,6 +530,7 @@ fn services_through_the_proxy() {
 
 #[test]
 fn lab_on_etcd() {
+    require_root();
     let etcd = podnet_testkit::Etcd::start();
     let lab = Lab {
         name: format!("et{}", std::process::id() % 100_000),
