@@ -1,6 +1,7 @@
-//! Shared pieces of podnet's benchmarks: guards that clean up whatever a run
-//! created (even on panic or Ctrl-C), finding the release binary, and the
-//! statistics.
+//! Shared pieces of podnet's benchmarks: namespace names that tell a killed
+//! run's leftovers (the guards themselves are the testkit's [`TestNs`],
+//! which clean up even on panic or Ctrl-C), finding the release binary,
+//! and the statistics.
 //!
 //! Binaries:
 //! - `cni-bench`: ADD/DEL latency of bridge + host-local, podnet's plugins
@@ -14,55 +15,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use podnet_kernel::Netns;
+#[cfg(doc)]
+use podnet_testkit::TestNs;
 
 /// Every namespace a benchmark creates starts with this, followed by the
 /// creating process id, so leftovers of a killed run can be recognised.
 pub const NS_PREFIX: &str = "pn-bench-";
 
-/// A named network namespace that is removed when the guard drops.
-pub struct NsGuard {
-    name: String,
-    ns: Option<Netns>,
-}
-
-impl NsGuard {
-    pub fn create(name: String) -> Result<NsGuard> {
-        let ns =
-            Netns::create_named(&name).with_context(|| format!("creating namespace {name}"))?;
-        Ok(NsGuard { name, ns: Some(ns) })
-    }
-
-    /// Closes our handle and removes the namespace now, reporting failure.
-    pub fn delete(mut self) -> Result<()> {
-        self.ns = None;
-        Netns::delete_named(&self.name).with_context(|| format!("removing namespace {}", self.name))
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn ns(&self) -> &Netns {
-        self.ns.as_ref().expect("namespace open until deleted")
-    }
-
-    pub fn path(&self) -> &Path {
-        self.ns().path()
-    }
-}
-
-impl Drop for NsGuard {
-    fn drop(&mut self) {
-        if self.ns.take().is_none() {
-            return; // already deleted by `delete`
-        }
-        if let Err(e) = Netns::delete_named(&self.name) {
-            eprintln!("warning: removing namespace {}: {e}", self.name);
-        }
-    }
-}
-
-/// A unique namespace name: `pn-bench-<pid>-<what>`.
+/// A unique namespace name for [`TestNs::create`]: `pn-bench-<pid>-<what>`.
 pub fn ns_name(what: &str) -> String {
     format!("{NS_PREFIX}{}-{what}", std::process::id())
 }

@@ -2,16 +2,17 @@
 //! against a private store, and a real `podnet controller` process.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
+use podnet_testkit::{eventually, free_port, http_get, Etcd, Proc};
 use serde_json::Value;
 
 struct Cluster {
-    dir: tempfile::TempDir,
+    controllers: Vec<Proc>,
+    _etcd: Option<Etcd>,
     url: String,
-    controllers: Vec<Child>,
-    _etcd: Option<podnet_store::testing::EtcdServer>,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -27,7 +28,7 @@ impl Cluster {
     }
 
     fn etcd() -> Cluster {
-        let e = podnet_store::testing::EtcdServer::start();
+        let e = Etcd::start();
         Cluster {
             dir: tempfile::tempdir().unwrap(),
             url: e.url(),
@@ -80,29 +81,27 @@ impl Cluster {
     }
 
     fn start_controller(&mut self) {
-        let c = Command::new(env!("CARGO_BIN_EXE_podnet"))
-            .args([
-                "controller",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--resync",
-                "2",
-            ])
-            .env("PODNET_STORE", &self.url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.controllers.push(c);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_podnet"));
+        cmd.args([
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--resync",
+            "2",
+        ])
+        .env("PODNET_STORE", &self.url);
+        let name = format!("controller-{}", self.controllers.len());
+        self.controllers
+            .push(Proc::spawn(&name, cmd, self.dir.path()));
     }
 
-    /// Polls `f` until it holds (bounded), for asynchronous controller work.
+    /// Polls `f` until it holds (bounded), for asynchronous controller
+    /// work; the controllers must stay up meanwhile.
     fn eventually(&self, what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually(what, Duration::from_secs(20), || {
+            self.controllers.iter().for_each(Proc::check);
+            f()
+        })
     }
 
     /// Every key and value in the store, to prove a failure changed nothing.
@@ -122,15 +121,6 @@ impl Cluster {
                 .map(|k| (k.key, k.value))
                 .collect()
         })
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in &mut self.controllers {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -486,41 +476,24 @@ fn fifty_concurrent_service_creates_get_distinct_ips() {
 #[test]
 fn controller_serves_metrics_and_health() {
     let c = Cluster::sqlite();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podnet"))
-        .args(["controller", "--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("PODNET_STORE", &c.url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let get = |path: &str| -> String {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return String::new();
-        };
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    };
-    c.eventually("ready", || get("/readyz").starts_with("HTTP/1.1 200"));
-    assert!(get("/healthz").starts_with("HTTP/1.1 200"));
-    assert!(get("/metrics").contains("# TYPE podnet_controller_snapshots_total counter"));
+    let port = free_port(None);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podnet"));
+    cmd.args(["controller", "--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("PODNET_STORE", &c.url);
+    let mut controller = Proc::spawn("controller", cmd, c.dir.path());
+    let addr = ([127, 0, 0, 1], port).into();
+    let get = |path: &str| http_get(None, addr, path).unwrap_or_default();
+    c.eventually("ready", || {
+        controller.check();
+        get("/readyz").0 == 200
+    });
+    assert_eq!(get("/healthz").0, 200);
+    assert!(get("/metrics")
+        .1
+        .contains("# TYPE podnet_controller_snapshots_total counter"));
     // SIGTERM stops it cleanly.
-    unsafe { libc_kill(child.id() as i32, 15) };
-    let st = child.wait().unwrap();
+    let st = controller.terminate(Duration::from_secs(20));
     assert!(st.success(), "{st:?}");
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 fn stderr(o: &Output) -> String {

@@ -57,7 +57,7 @@ fn bridge_add_check_del_with_traffic() {
     assert_eq!(ifs[0]["name"], "pnbr0");
     assert!(ifs[1]["name"].as_str().unwrap().starts_with("veth"));
     assert_eq!(ifs[2]["name"], "eth0");
-    assert_eq!(ifs[2]["sandbox"], a.path());
+    assert_eq!(ifs[2]["sandbox"], a.path().to_str().unwrap());
     assert_eq!(ra["ips"][0]["address"], "10.201.0.2/24");
     assert_eq!(ra["ips"][0]["gateway"], "10.201.0.1");
     assert_eq!(ra["ips"][0]["interface"], 2);
@@ -73,7 +73,7 @@ fn bridge_add_check_del_with_traffic() {
         .contains("via 10.201.0.1 dev eth0"));
     assert_eq!(host.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "1");
     assert!(host
-        .sh("nft list set inet podnet-cni masq4")
+        .nft("list set inet podnet-cni masq4")
         .contains("10.201.0.2"));
 
     // Traffic: ping across the bridge, and TCP with the real source address.
@@ -107,7 +107,7 @@ fn bridge_add_check_del_with_traffic() {
         "{:?}",
         links(&host)
     );
-    let masq = host.sh("nft list set inet podnet-cni masq4");
+    let masq = host.nft("list set inet podnet-cni masq4");
     assert!(!masq.contains("10.201.0."), "{masq}");
 }
 
@@ -121,7 +121,7 @@ fn del_with_vanished_netns_and_after_failed_add() {
     let rt = runtime(&p.bin(), &host);
     let at = attach("ctr-gone", &pod);
     let r = rt.add_list(&list, &at).unwrap();
-    pod.delete();
+    pod.delete().unwrap();
     rt.del_list(&list, &at, Some(&r)).unwrap();
     assert!(ipam_files(state.path(), "t2").is_empty());
     assert!(links(&host).iter().all(|l| !l.starts_with("veth")));
@@ -245,7 +245,7 @@ fn gc_removes_attachments_not_in_the_valid_list() {
         ipam_files(state.path(), "t5"),
         vec!["10.205.0.3".to_string()]
     );
-    let maps = host.sh("nft list map inet podnet-portmap hp4any");
+    let maps = host.nft("list map inet podnet-portmap hp4any");
     assert!(
         maps.contains("9001") && !maps.contains("9000") && !maps.contains("9002"),
         "{maps}"
@@ -265,7 +265,7 @@ fn errors_have_spec_codes_and_leave_nothing() {
     let pod = TestNs::new("p");
     let state = tempfile::tempdir().unwrap();
     let bridge = p.bin().join("bridge");
-    let np = pod.path();
+    let np = pod.path().display().to_string();
     let bin = p.bin().display().to_string();
     let env = [
         ("CNI_COMMAND", "ADD"),
@@ -411,7 +411,7 @@ fn loopback_plugin() {
     let conf = json!({"cniVersion": "1.1.0", "name": "lo", "type": "loopback"});
     let a = Attach {
         container_id: "lo1".into(),
-        netns: pod.path(),
+        netns: pod.path().display().to_string(),
         ifname: "lo".into(),
         ..Default::default()
     };
@@ -423,7 +423,7 @@ fn loopback_plugin() {
     rt.exec(Command::Check, &a, &chk).unwrap();
     rt.exec(Command::Del, &a, &conf).unwrap();
     assert!(!pod.sh("ip -o link show lo").contains(",UP"));
-    pod.delete();
+    pod.delete().unwrap();
     rt.exec(Command::Del, &a, &conf).unwrap();
 }
 
@@ -478,7 +478,7 @@ fn portmap_forwards_host_ports_and_checks() {
     rt.del_list(&list, &aa, Some(&ra)).unwrap();
     rt.del_list(&list, &aa, Some(&ra)).unwrap();
     rt.del_list(&list, &attach("pm-b", &b), Some(&rb)).unwrap();
-    let m = host.sh("nft list map inet podnet-portmap hp4any");
+    let m = host.nft("list map inet podnet-portmap hp4any");
     assert!(!m.contains("8080"), "{m}");
     assert!(connect_from(&host, "10.209.0.1:8080").is_err());
 }
@@ -611,7 +611,10 @@ fn ipam_type_that_is_no_ipam_plugin_is_refused_not_recursed() {
     let pod = TestNs::new("p");
     let state = tempfile::tempdir().unwrap();
     let bridge = p.bin().join("bridge");
-    let (np, bin) = (pod.path(), p.bin().display().to_string());
+    let (np, bin) = (
+        pod.path().display().to_string(),
+        p.bin().display().to_string(),
+    );
     // `bridge` as its own IPAM recursed in-process until the stack overflowed
     // (exit 134, nothing on stdout), on ADD and on DEL alike.
     for cmd in ["ADD", "DEL"] {
@@ -797,8 +800,8 @@ fn portmap_refuses_non_string_host_ip_and_protocol() {
         assert_eq!(v["msg"], msg, "{key}");
     }
     // Nothing was mapped and nothing recorded.
-    let (exists, out) = host.try_sh("nft list table inet podnet-portmap");
-    assert!(!exists, "{out}");
+    let table = host.nft_list("table inet podnet-portmap");
+    assert!(table.is_none(), "{table:?}");
     assert!(dir_files(&state.path().join("pm")).is_empty());
 }
 
@@ -944,7 +947,7 @@ fn del_without_netns_or_prev_result_removes_masquerade_by_owner() {
     assert_eq!(ips.len(), 2);
     let listing = || {
         podnet_cni::plugins::netfilter::parse_masq_listing(
-            &host.sh("nft -j list table inet podnet-cni"),
+            &host.nft("-j list table inet podnet-cni"),
         )
     };
     let mine = |els: &[podnet_cni::plugins::netfilter::MasqElement]| {
@@ -973,12 +976,12 @@ fn del_without_netns_or_prev_result_removes_masquerade_by_owner() {
     );
     // State written before elements carried owners had uncommented nomasq
     // elements: make this pod's look like that; DEL must still find them.
-    host.sh(
-        "nft 'delete element inet podnet-cni nomasq4 { 10.223.0.2 . 10.223.0.0/24 }; \
+    host.nft(
+        "'delete element inet podnet-cni nomasq4 { 10.223.0.2 . 10.223.0.0/24 }; \
          add element inet podnet-cni nomasq4 { 10.223.0.2 . 10.223.0.0/24 }'",
     );
 
-    pod.delete();
+    pod.delete().unwrap();
     rt.del_list(&list, &at, None).unwrap();
     let left = listing();
     assert!(

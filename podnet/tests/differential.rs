@@ -69,7 +69,7 @@ fn run(bin: &Path, tag: &str) -> Observed {
     let (a, b) = (TestNs::new("a"), TestNs::new("b"));
     let state = tempfile::tempdir().unwrap();
     let l = list(state.path());
-    let rt = Runtime::new(bin).in_netns(host.ns.path());
+    let rt = Runtime::new(bin).in_netns(host.path());
     let mut aa = attach("diff-a", &a);
     aa.capability_args.insert(
         "portMappings".into(),

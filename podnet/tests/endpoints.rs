@@ -3,13 +3,14 @@
 //! `trafficDistribution` is what the proxy sends traffic to. No root needed:
 //! the planners are pure, and the controller runs on a private sqlite store.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use podnet_api::k8s_openapi::api::core::v1::{Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_apiserver::endpoints::{desired, Zones};
 use podnet_proxy::rules::{plan, NodeInfo, ProxyInput, Stack};
+use podnet_testkit::{eventually, Proc};
 use serde_json::{json, Value};
 
 fn service(name: &str, ip: &str, publish: bool) -> Service {
@@ -76,26 +77,22 @@ fn published_not_ready_and_terminating_pods_are_proxy_endpoints() {
 
 /// A private sqlite store with a real `podnet controller` working on it.
 struct Standalone {
-    _dir: tempfile::TempDir,
+    controller: Proc,
     url: String,
-    controller: Child,
+    _dir: tempfile::TempDir,
 }
 
 impl Standalone {
     fn start() -> Standalone {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("state.db").display());
-        let controller = Command::new(env!("CARGO_BIN_EXE_podnet"))
-            .args(["controller", "--metrics-addr", "127.0.0.1:0"])
-            .env("PODNET_STORE", &url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_podnet"));
+        cmd.args(["controller", "--metrics-addr", "127.0.0.1:0"])
+            .env("PODNET_STORE", &url);
         Standalone {
-            _dir: dir,
+            controller: Proc::spawn("controller", cmd, dir.path()),
             url,
-            controller,
+            _dir: dir,
         }
     }
 
@@ -140,23 +137,13 @@ impl Standalone {
             .unwrap()
     }
 
-    /// Polls until `f` yields (bounded): the controller works asynchronously.
+    /// Polls until `f` yields (bounded): the controller works
+    /// asynchronously, and must stay up meanwhile.
     fn eventually<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.controller.kill();
-        let _ = self.controller.wait();
+        eventually(what, Duration::from_secs(20), || {
+            self.controller.check();
+            f()
+        })
     }
 }
 

@@ -18,21 +18,14 @@
 //! No sleep stands in for readiness: every wait polls a state with a
 //! generous deadline, and nothing asserts how long anything took.
 
-mod common;
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::TestNs;
+use podnet_testkit::{eventually, Etcd, Proc, TestNs};
 
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// The bound on every wait: generous, since the machine is shared.
+const WAIT: Duration = Duration::from_secs(120);
 
 /// The real Kubernetes binaries; a missing one fails loudly.
 struct Peers {
@@ -67,47 +60,20 @@ fn peers() -> Peers {
 }
 
 /// Processes started inside the namespace, killed on drop (before the
-/// namespace goes, since it is declared after it).
+/// namespace goes, since they are declared after it).
 #[derive(Default)]
-struct Procs(Vec<(String, Child)>);
+struct Procs(Vec<Proc>);
 
 impl Procs {
     fn spawn(&mut self, ns: &TestNs, dir: &Path, name: &str, cmd: &Path, args: &[String]) {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(cmd)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        self.0.push((name.to_string(), child));
+        let mut c = ns.command(cmd);
+        c.args(args);
+        self.0.push(Proc::spawn(name, c, dir));
     }
 
     /// Fails the test if a process died (with its log's tail).
-    fn check(&mut self, dir: &Path) {
-        for (name, c) in &mut self.0 {
-            if let Ok(Some(st)) = c.try_wait() {
-                let log =
-                    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                panic!(
-                    "{name} exited ({st}):\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for (_, c) in self.0.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn check(&self) {
+        self.0.iter().for_each(Proc::check);
     }
 }
 
@@ -170,9 +136,9 @@ struct Kubectl<'a> {
 impl Kubectl<'_> {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
         use std::io::Write;
-        let mut c = Command::new("ip")
-            .args(["netns", "exec", &self.ns.name])
-            .arg(&self.bin)
+        let mut c = self
+            .ns
+            .command(&self.bin)
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--cache-dir={}", self.cache.display()))
             .args(args)
@@ -239,21 +205,7 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
     );
     let kubeconfig = pki(d, "10.251.0.1");
     let s = |v: &str| v.to_string();
-    procs.spawn(
-        &ns,
-        d,
-        "etcd",
-        Path::new("etcd"),
-        &[
-            s("--data-dir"),
-            d.join("etcd").display().to_string(),
-            s("--listen-client-urls=http://127.0.0.1:2379"),
-            s("--advertise-client-urls=http://127.0.0.1:2379"),
-            s("--listen-peer-urls=http://127.0.0.1:2380"),
-            s("--initial-advertise-peer-urls=http://127.0.0.1:2380"),
-            s("--initial-cluster=default=http://127.0.0.1:2380"),
-        ],
-    );
+    let etcd = Etcd::start_in(&ns);
     let p = |f: &str| d.join(f).display().to_string();
     procs.spawn(
         &ns,
@@ -261,7 +213,7 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
         "kube-apiserver",
         &peers.apiserver,
         &[
-            s("--etcd-servers=http://127.0.0.1:2379"),
+            format!("--etcd-servers={}", etcd.client_url()),
             s("--bind-address=0.0.0.0"),
             s("--secure-port=6443"),
             s("--advertise-address=10.251.0.1"),
@@ -282,8 +234,9 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
         kubeconfig: kubeconfig.clone(),
         cache: d.join("kubectl-cache"),
     };
-    eventually("kube-apiserver /readyz", || {
-        procs.check(d);
+    eventually("kube-apiserver /readyz", WAIT, || {
+        procs.check();
+        etcd.check();
         k.run(&["get", "--raw", "/readyz"], None).1.trim() == "ok"
     });
     procs.spawn(
@@ -314,15 +267,11 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
             )),
         );
     }
-    let mut cidr1 = None;
-    let mut cidr2 = None;
-    eventually("kube-controller-manager allocating podCIDRs", || {
-        procs.check(d);
-        cidr1 = node_cidr(&k, "n1");
-        cidr2 = node_cidr(&k, "n2");
-        cidr1.is_some() && cidr2.is_some()
+    let (cidr1, cidr2) = eventually("kube-controller-manager allocating podCIDRs", WAIT, || {
+        procs.check();
+        etcd.check();
+        Some((node_cidr(&k, "n1")?, node_cidr(&k, "n2")?))
     });
-    let (cidr1, cidr2) = (cidr1.unwrap(), cidr2.unwrap());
     assert!(
         cidr1.starts_with("10.244.") && cidr1.ends_with("/24"),
         "{cidr1}"
@@ -369,8 +318,9 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
     );
 
     // The subnet is the allocated podCIDR.
-    eventually("subnet.env with n1's podCIDR", || {
-        procs.check(d);
+    eventually("subnet.env with n1's podCIDR", WAIT, || {
+        procs.check();
+        etcd.check();
         std::fs::read_to_string(d.join("subnet.env"))
             .map(|t| {
                 t.contains(&format!(
@@ -381,25 +331,29 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
             .unwrap_or(false)
     });
     // Published as flannel's kube-subnet-mgr does, and the network is up.
-    eventually("n1's annotations and NetworkUnavailable=False", || {
-        let Some(n) = k.json(&["get", "node", "n1"]) else {
-            return false;
-        };
-        let ann = &n["metadata"]["annotations"];
-        let published = ann["podnet.io/backend-type"] == "vxlan"
-            && ann["podnet.io/public-ip"] == "10.251.0.1"
-            && ann["podnet.io/backend-data"]
-                .as_str()
-                .is_some_and(|d| d.contains("VtepMAC"));
-        let up = n["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c["type"] == "NetworkUnavailable"
-                    && c["status"] == "False"
-                    && c["reason"] == "PodnetIsUp"
-            })
-        });
-        published && up
-    });
+    eventually(
+        "n1's annotations and NetworkUnavailable=False",
+        WAIT,
+        || {
+            let Some(n) = k.json(&["get", "node", "n1"]) else {
+                return false;
+            };
+            let ann = &n["metadata"]["annotations"];
+            let published = ann["podnet.io/backend-type"] == "vxlan"
+                && ann["podnet.io/public-ip"] == "10.251.0.1"
+                && ann["podnet.io/backend-data"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("VtepMAC"));
+            let up = n["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["type"] == "NetworkUnavailable"
+                        && c["status"] == "False"
+                        && c["reason"] == "PodnetIsUp"
+                })
+            });
+            published && up
+        },
+    );
     // Another node joins the mesh once its agent has published itself.
     let route = format!("ip route show {cidr2}");
     assert!(
@@ -417,7 +371,7 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
         ],
         None,
     );
-    eventually("a route to n2's podCIDR over podnet.1", || {
+    eventually("a route to n2's podCIDR over podnet.1", WAIT, || {
         ns.sh(&route).contains("dev podnet.1")
     });
 
@@ -435,19 +389,26 @@ fn agent_and_dns_follow_the_real_apiserver_and_controller_manager() {
         range.contains(&cip.parse::<std::net::IpAddr>().unwrap()),
         "ClusterIP {cip} from the apiserver's 10.96.0.0/12"
     );
-    eventually("the proxy's rules for the ClusterIP and endpoint", || {
-        let t = ns.try_sh("nft list table ip podnet").1;
-        t.contains(&cip) && t.contains("10.244.99.5")
-    });
-    eventually("DNS answering web.default.svc.cluster.local", || {
-        procs.check(d);
+    eventually(
+        "the proxy's rules for the ClusterIP and endpoint",
+        WAIT,
+        || {
+            ns.nft_list("table ip podnet")
+                .is_some_and(|t| t.contains(&cip) && t.contains("10.244.99.5"))
+        },
+    );
+    eventually("DNS answering web.default.svc.cluster.local", WAIT, || {
+        procs.check();
+        etcd.check();
         dig(&ns, "web.default.svc.cluster.local") == cip
     });
     k.ok(&["delete", "service", "web"], None);
     k.ok(&["delete", "endpointslice", "web-1"], None);
-    eventually("the rules and the name gone with the Service", || {
-        !ns.try_sh("nft list table ip podnet").1.contains(&cip)
+    eventually("the rules and the name gone with the Service", WAIT, || {
+        !ns.nft_list("table ip podnet")
+            .is_some_and(|t| t.contains(&cip))
             && dig(&ns, "web.default.svc.cluster.local").is_empty()
     });
-    procs.check(d);
+    procs.check();
+    etcd.check();
 }

@@ -2,9 +2,13 @@
 
 use std::io::{Read, Write};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use podnet_kernel::Netns;
+use podnet_testkit::{eventually, http_get, nft, nft_list, require_root, try_sh_in};
+
+/// The bound on every wait.
+const WAIT: Duration = Duration::from_secs(20);
 
 struct Lab {
     name: String,
@@ -19,6 +23,7 @@ fn podnet(args: &[&str]) -> Output {
 
 impl Lab {
     fn up(tag: &str, backend: &str, nodes: usize) -> Lab {
+        require_root();
         let name = format!("{tag}{}", std::process::id() % 100_000);
         let lab = Lab { name };
         let n = nodes.to_string();
@@ -76,14 +81,22 @@ impl Lab {
     }
 
     fn sh(&self, ns: &str, cmd: &str) -> (bool, String) {
-        let o = Command::new("ip")
-            .args(["netns", "exec", ns, "sh", "-c", cmd])
-            .output()
-            .unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
-        )
+        try_sh_in(ns, cmd)
+    }
+
+    /// `nft list WHAT` in a node's namespace; `None` when absent.
+    fn nft_list(&self, node: &str, what: &str) -> Option<String> {
+        nft_list(Some(&self.node_ns(node)), what)
+    }
+
+    /// Waits until the node's (restarted) agent answers `/readyz` on the
+    /// lab's metrics address: it has synced the node once.
+    fn agent_ready(&self, node: &str) {
+        let ns = Netns::named(&self.node_ns(node)).unwrap();
+        let addr = ([127, 0, 0, 1], 10249).into();
+        self.eventually(&format!("the agent on {node} ready"), || {
+            http_get(Some(&ns), addr, "/readyz").is_some_and(|(code, _)| code == 200)
+        });
     }
 
     fn mtu(&self) -> u32 {
@@ -106,12 +119,8 @@ impl Lab {
         r
     }
 
-    fn eventually(&self, what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out: {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    fn eventually(&self, what: &str, f: impl FnMut() -> bool) {
+        eventually(what, WAIT, f)
     }
 }
 
@@ -323,7 +332,8 @@ fn nodes_leave_and_join_and_agents_restart() {
         .collect();
     lab.ok(&["restart-agent", "node1"]);
     lab.ok(&["restart-agent", "node2"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    lab.agent_ready("node1");
+    lab.agent_ready("node2");
     let after: Vec<String> = ["node1", "node2"]
         .iter()
         .map(|n| lab.kernel_state(n))
@@ -509,17 +519,19 @@ fn services_through_the_proxy() {
     );
     assert!(ok && out.trim().starts_with('w'), "{out}");
     // The rules are data: one map element per Service port.
-    let n1 = lab.node_ns("node1");
-    let (ok, table) = lab.sh(&n1, "nft list map ip podnet service-ips");
+    let table = lab.nft_list("node1", "map ip podnet service-ips");
     assert!(
-        ok && table.contains(&format!("{cip} . tcp . 80")),
-        "{table}"
+        table
+            .as_ref()
+            .is_some_and(|t| t.contains(&format!("{cip} . tcp . 80"))),
+        "{table:?}"
     );
 }
 
 #[test]
 fn lab_on_etcd() {
-    let etcd = podnet_store::testing::EtcdServer::start();
+    require_root();
+    let etcd = podnet_testkit::Etcd::start();
     let lab = Lab {
         name: format!("et{}", std::process::id() % 100_000),
     };
@@ -715,12 +727,8 @@ fn service_types_from_outside_and_inside() {
     // per-Service chains): hairpin masqueraded, another pod's address kept.
     let plain_ip = lab.spec("plain", "clusterIP").as_str().unwrap().to_string();
     lab.eventually("plain ClusterIP on the fast path", || {
-        lab.sh(
-            &lab.node_ns("node1"),
-            "nft list set ip podnet fast-services",
-        )
-        .1
-        .contains(&plain_ip)
+        lab.nft_list("node1", "set ip podnet fast-services")
+            .is_some_and(|t| t.contains(&plain_ip))
     });
     let plain = format!("{plain_ip}:80");
     assert_eq!(lab.ok(&["probe", "default/l1", &plain]), "l1");
@@ -747,17 +755,16 @@ fn service_types_from_outside_and_inside() {
     // A connection through the ClusterIP survives both agents restarting.
     let (mut conn, server) = Echo::open(&lab, "l1", "c", &loc_ip);
     let map = |node: &str| {
-        lab.sh(
-            &lab.node_ns(node),
-            "nft list map ip podnet service-ips; nft list map ip podnet service-nodeports",
+        (
+            lab.nft_list(node, "map ip podnet service-ips"),
+            lab.nft_list(node, "map ip podnet service-nodeports"),
         )
-        .1
     };
     // A restarted agent's first sync replaces the table whole, so a new
     // table handle says the restarted proxy has synced.
     let handle = |node: &str| {
-        lab.sh(&lab.node_ns(node), "nft -a list table ip podnet")
-            .1
+        nft(Some(&lab.node_ns(node)), "-a list table ip podnet")
+            .ok()?
             .lines()
             .next()
             .filter(|l| l.contains("# handle"))
@@ -781,27 +788,24 @@ fn service_types_from_outside_and_inside() {
 
     // Someone deletes the table: the agent rebuilds it.
     let ns1 = lab.node_ns("node1");
-    assert!(lab.sh(&ns1, "nft delete table ip podnet").0);
+    nft(Some(&ns1), "delete table ip podnet").unwrap();
     lab.eventually("table rebuilt", || {
-        lab.sh(&ns1, "nft list map ip podnet service-ips")
-            .1
-            .contains(&format!("{sticky_ip} . tcp . 80"))
+        lab.nft_list("node1", "map ip podnet service-ips")
+            .is_some_and(|t| t.contains(&format!("{sticky_ip} . tcp . 80")))
     });
     // So is the pod masquerade table.
-    assert!(lab.sh(&ns1, "nft delete table ip podnet-masq").0);
+    nft(Some(&ns1), "delete table ip podnet-masq").unwrap();
     lab.eventually("masquerade table rebuilt", || {
-        lab.sh(&ns1, "nft list table ip podnet-masq")
-            .1
-            .contains("masquerade")
+        lab.nft_list("node1", "table ip podnet-masq")
+            .is_some_and(|t| t.contains("masquerade"))
     });
 
     // `--cleanup` (run by remove-node) leaves no proxy table behind.
-    let ns2 = lab.node_ns("node2");
-    let tables_before = lab.sh(&ns2, "nft list tables").1;
+    let tables_before = lab.nft_list("node2", "tables").unwrap();
     assert!(tables_before.contains("table ip podnet"), "{tables_before}");
     let removed = lab.ok(&["stop-agent", "node2", "--cleanup"]);
     assert!(removed.contains("ip podnet"), "{removed}");
-    let tables = lab.sh(&ns2, "nft list tables").1;
+    let tables = lab.nft_list("node2", "tables").unwrap();
     assert!(!tables.contains("podnet"), "{tables}");
 }
 
@@ -1171,7 +1175,7 @@ fn proxy_semantics_with_real_traffic() {
     assert!(lab.sh(&out, "ip addr add 192.168.200.250/24 dev br0").0);
     lab.eventually("every Service programmed on both nodes", || {
         ["node1", "node2"].iter().all(|n| {
-            let (_, m) = lab.sh(&lab.node_ns(n), "nft list table ip podnet");
+            let m = lab.nft_list(n, "table ip podnet").unwrap_or_default();
             [
                 "10.96.0.91",
                 "10.96.0.92",
@@ -1223,10 +1227,9 @@ fn proxy_semantics_with_real_traffic() {
         !ok && !e.contains("refused"),
         "node2 must drop, not refuse: {e}"
     );
-    let (_, m) = lab.sh(
-        &lab.node_ns("node2"),
-        "nft list map ip podnet no-endpoint-nodeports",
-    );
+    let m = lab
+        .nft_list("node2", "map ip podnet no-endpoint-nodeports")
+        .unwrap_or_default();
     assert!(m.contains("tcp . 30093 : drop"), "{m}");
     assert_eq!(
         lab.ok(&["probe", "default/c2", &format!("{n2}:30093")]),

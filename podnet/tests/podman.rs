@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{unique, Plugins};
+use common::Plugins;
+use podnet_testkit::{eventually, nft, nft_list_json, require_root, try_eventually, unique};
 use serde_json::Value;
 
 /// What CI must install for this test.
@@ -43,6 +44,8 @@ const TABLES: [(&str, &str); 3] = [
     ("bridge", "podnet-cni"),
 ];
 const PODMAN_TIMEOUT_S: &str = "30";
+/// How long a fetch through the new network may keep failing.
+const FETCH: Duration = Duration::from_secs(10);
 
 /// Fails (never skips) when a peer is missing: CI installs them.
 fn require_tools() {
@@ -118,20 +121,6 @@ fn run(cmd: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("running {cmd}: {e}"))
 }
 
-/// Retries `f` every 100 ms until it succeeds or `secs` pass.
-fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("{what}: still failing after {secs}s: {e}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
 /// An HTTP/1.0 GET of /id from the machine's namespace; returns the body.
 fn http_get(addr: SocketAddr) -> Result<String, String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
@@ -152,11 +141,7 @@ fn http_get(addr: SocketAddr) -> Result<String, String> {
 
 /// The JSON listing of one nft table in the machine's namespace, if present.
 fn nft_table(family: &str, name: &str) -> Option<Value> {
-    let o = run("nft", &["-j", "list", "table", family, name]);
-    if !o.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&o.stdout).ok()
+    nft_list_json(None, &format!("table {family} {name}"))
 }
 
 /// Every set and map element of a listed table, as JSON text.
@@ -485,12 +470,8 @@ impl World {
                 ));
             }
             if !existed && leftovers.len() == els.len() {
-                let o = run("nft", &["delete", "table", family, name]);
-                if !o.status.success() {
-                    errs.push(format!(
-                        "deleting nft table {family} {name}: {}",
-                        out_err(&o)
-                    ));
+                if let Err(e) = nft(None, &format!("delete table {family} {name}")) {
+                    errs.push(format!("deleting nft table {family} {name}: {e}"));
                 }
             }
         }
@@ -559,17 +540,16 @@ fn remove_cgroups(parent: &str) -> Vec<String> {
     }
     let mut errs = Vec::new();
     for d in dirs {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match fs::remove_dir(&d) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(e) if Instant::now() >= deadline => {
-                    errs.push(format!("removing cgroup {}: {e}", d.display()));
-                    break;
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
+        let gone = try_eventually(Duration::from_secs(5), || match fs::remove_dir(&d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        });
+        if let Err(e) = gone {
+            errs.push(format!(
+                "removing cgroup {}: {}",
+                d.display(),
+                e.unwrap_or_default()
+            ));
         }
     }
     errs
@@ -577,6 +557,7 @@ fn remove_cgroups(parent: &str) -> Vec<String> {
 
 #[test]
 fn podman_runs_containers_on_our_plugins() {
+    require_root();
     require_tools();
     let t0 = Instant::now();
     let c1 = unique("pmc1");
@@ -639,19 +620,19 @@ fn podman_runs_containers_on_our_plugins() {
     w.exec(&c2, &["ping", "-c", "1", "-W", "2", &ip1]).unwrap();
     w.exec(&c1, &["ping", "-c", "1", "-W", "2", &ip2]).unwrap();
     let url = |ip: &str, port: u16| format!("http://{ip}:{port}/id");
-    let got = poll("c2 fetching c1", 10, || w.fetch(&c2, &url(&ip1, 80)));
+    let got = eventually("c2 fetching c1", FETCH, || w.fetch(&c2, &url(&ip1, 80)));
     assert_eq!(got, c1);
-    let got = poll("c1 fetching c2", 10, || w.fetch(&c1, &url(&ip2, 80)));
+    let got = eventually("c1 fetching c2", FETCH, || w.fetch(&c1, &url(&ip2, 80)));
     assert_eq!(got, c2);
 
     // The host port, from the machine's namespace and hairpinned from c2.
     let check_hostport = |w: &World| {
         let lo: SocketAddr = ([127, 0, 0, 1], w.host_port).into();
-        assert_eq!(poll("127.0.0.1:HOSTPORT", 10, || http_get(lo)), c1);
+        assert_eq!(eventually("127.0.0.1:HOSTPORT", FETCH, || http_get(lo)), c1);
         let gw: SocketAddr = format!("{}:{}", w.gateway(), w.host_port).parse().unwrap();
-        assert_eq!(poll("gateway:HOSTPORT", 10, || http_get(gw)), c1);
+        assert_eq!(eventually("gateway:HOSTPORT", FETCH, || http_get(gw)), c1);
         let hairpin = url(&w.gateway(), w.host_port);
-        let got = poll("c2 via gateway:HOSTPORT", 10, || w.fetch(&c2, &hairpin));
+        let got = eventually("c2 via gateway:HOSTPORT", FETCH, || w.fetch(&c2, &hairpin));
         assert_eq!(got, c1);
     };
     check_hostport(&w);

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use podnet_bench::{check_interrupted, ms, ns_name, NsGuard, Stats};
+use podnet_bench::{check_interrupted, ms, ns_name, Stats};
 use podnet_kernel::{Handle, Netns};
+use podnet_testkit::TestNs;
 use serde_json::{json, Value};
 
 const NET_NAME: &str = "pn-bench";
@@ -80,7 +81,7 @@ struct Side {
     cni_path: PathBuf,
     env: Vec<(String, String)>,
     data_dir: PathBuf,
-    host: NsGuard,
+    host: TestNs,
     add: Vec<Duration>,
     del: Vec<Duration>,
 }
@@ -129,7 +130,7 @@ fn exec_timed(
         .stderr(Stdio::piped());
     let timed = side
         .host
-        .ns()
+        .netns()
         .run(|| -> std::io::Result<(Duration, Output)> {
             // A child forked from this thread is born in the host namespace.
             let t0 = Instant::now();
@@ -196,7 +197,7 @@ fn verify_added(side: &Side, pod: &Netns, result: &Value) -> Result<()> {
     if !p.addrs(eth.index)?.iter().any(|a| a.net == ip) {
         bail!("{}: {IFNAME} lacks {ip} after ADD", side.label);
     }
-    let mut h = Handle::in_netns(side.host.ns())?;
+    let mut h = Handle::in_netns(side.host.netns())?;
     let veth = host_veth(result)?;
     let br = h.require_link(BRIDGE)?;
     match h.link(&veth)? {
@@ -221,7 +222,7 @@ fn verify_deleted(side: &Side, pod: &Netns, result: &Value) -> Result<()> {
     if Handle::in_netns(pod)?.link(IFNAME)?.is_some() {
         bail!("{}: {IFNAME} still in the pod after DEL", side.label);
     }
-    let mut h = Handle::in_netns(side.host.ns())?;
+    let mut h = Handle::in_netns(side.host.netns())?;
     if h.link(&veth)?.is_some() {
         bail!("{}: host veth {veth} still present after DEL", side.label);
     }
@@ -241,7 +242,7 @@ fn verify_deleted(side: &Side, pod: &Netns, result: &Value) -> Result<()> {
 
 /// One ADD+DEL in a fresh pod namespace; returns the two timings.
 fn cycle(side: &Side, i: usize) -> Result<(Duration, Duration)> {
-    let pod = NsGuard::create(ns_name(&format!("pod-{}-{i}", side.key)))?;
+    let pod = TestNs::create(ns_name(&format!("pod-{}-{i}", side.key)))?;
     let id = format!("pnbench-{}-{i}", side.key);
     let base = conf(&side.data_dir);
     let (t_add, out) = exec_timed(side, "ADD", &id, pod.path(), &serde_json::to_vec(&base)?)?;
@@ -252,11 +253,11 @@ fn cycle(side: &Side, i: usize) -> Result<(Duration, Duration)> {
             String::from_utf8_lossy(&out.stdout)
         )
     })?;
-    verify_added(side, pod.ns(), &result)?;
+    verify_added(side, pod.netns(), &result)?;
     let mut del = base;
     del["prevResult"] = result.clone();
     let (t_del, _) = exec_timed(side, "DEL", &id, pod.path(), &serde_json::to_vec(&del)?)?;
-    verify_deleted(side, pod.ns(), &result)?;
+    verify_deleted(side, pod.netns(), &result)?;
     Ok((t_add, t_del))
 }
 
@@ -332,7 +333,7 @@ fn run() -> Result<()> {
             cni_path: bin.to_path_buf(),
             env,
             data_dir,
-            host: NsGuard::create(ns_name(&format!("host-{key}")))?,
+            host: TestNs::create(ns_name(&format!("host-{key}")))?,
             add: Vec::new(),
             del: Vec::new(),
         });

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use podnet_bench::{ns_name, NsGuard};
+use podnet_bench::ns_name;
+use podnet_testkit::TestNs;
 
 #[derive(Parser)]
 struct Args {
@@ -231,7 +232,7 @@ impl Paths {
 /// A kernel-only copy of one backend's data path (see the module docs).
 /// The namespaces go when it drops, taking every device with them.
 struct Reference {
-    _namespaces: Vec<NsGuard>,
+    _namespaces: Vec<TestNs>,
 }
 
 /// Runs `tool -n ns <line>` (`ip` or `bridge`); `line` is split on spaces.
@@ -280,11 +281,11 @@ impl Reference {
             .collect();
         let mut namespaces = Vec::new();
         for n in &names {
-            namespaces.push(NsGuard::create(n.clone())?);
+            namespaces.push(TestNs::create(n.clone())?);
             ip(n, "link set lo up")?;
         }
         for g in &namespaces[1..3] {
-            g.ns()
+            g.netns()
                 .run(|| podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1"))??;
         }
         let r = Reference {

@@ -25,6 +25,7 @@ use podnet_api::Object;
 use podnet_kernel::Netns;
 use podnet_proxy::proxier::Proxier;
 use podnet_source::Delta;
+use podnet_testkit::{try_sh_in, TestNs};
 
 #[derive(Parser)]
 struct Args {
@@ -92,19 +93,10 @@ fn peak_rss_mb() -> f64 {
         .unwrap_or(0.0)
 }
 
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_named(&self.0);
-    }
-}
-
 /// podnet: (full sync s, one-Service change ms, one-endpoint change ms).
 fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
-    let name = format!("pn-pb-{}-{n}", std::process::id());
-    let ns = Netns::create_named(&name)?;
-    let _g = Ns(name);
-    ns.run(|| -> Result<(f64, f64, f64)> {
+    let g = TestNs::create(format!("pn-pb-{}-{n}", std::process::id()))?;
+    g.netns().run(|| -> Result<(f64, f64, f64)> {
         let metrics = podnet_daemon::Metrics::new();
         let mut p = Proxier::new(
             "n1",
@@ -165,9 +157,8 @@ fn run_in(ns: &str, cmd: &[&str], stdin: &str) -> Result<f64> {
 
 /// kube-proxy-style nftables (per-Service anonymous numgen vmap), via nft.
 fn kube_proxy_nft(n: usize) -> Result<(f64, f64)> {
-    let name = format!("pn-pbn-{}-{n}", std::process::id());
-    Netns::create_named(&name)?;
-    let _g = Ns(name.clone());
+    let g = TestNs::create(format!("pn-pbn-{}-{n}", std::process::id()))?;
+    let name = g.name();
     let mut s = String::from("table ip kube-proxy {\n map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }\n chain services { ip daddr . meta l4proto . th dport vmap @service-ips; }\n chain nat-prerouting { type nat hook prerouting priority dstnat; jump services; }\n");
     let mut elems = Vec::new();
     for i in 0..n {
@@ -186,9 +177,9 @@ fn kube_proxy_nft(n: usize) -> Result<(f64, f64)> {
             chunk.join(", ")
         ));
     }
-    let full = run_in(&name, &["nft", "-f", "-"], &s)?;
+    let full = run_in(name, &["nft", "-f", "-"], &s)?;
     let one = run_in(
-        &name,
+        name,
         &["nft", "-f", "-"],
         "add element ip kube-proxy service-ips { 10.111.0.1 . tcp . 81 : goto svc-0 }
 ",
@@ -198,9 +189,8 @@ fn kube_proxy_nft(n: usize) -> Result<(f64, f64)> {
 
 /// kube-proxy-style iptables rules, loaded with iptables-legacy-restore.
 fn kube_proxy_iptables(n: usize) -> Result<f64> {
-    let name = format!("pn-pbi-{}-{n}", std::process::id());
-    Netns::create_named(&name)?;
-    let _g = Ns(name.clone());
+    let g = TestNs::create(format!("pn-pbi-{}-{n}", std::process::id()))?;
+    let name = g.name();
     let mut s = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
     let mut rules = String::from("-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n");
     for i in 0..n {
@@ -224,15 +214,13 @@ fn kube_proxy_iptables(n: usize) -> Result<f64> {
     }
     s.push_str(&rules);
     s.push_str("COMMIT\n");
-    run_in(&name, &["iptables-legacy-restore"], &s)
+    run_in(name, &["iptables-legacy-restore"], &s)
 }
 
 fn sh(ns: &str, cmd: &str) -> Result<()> {
-    let o = Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", cmd])
-        .output()?;
-    if !o.status.success() {
-        bail!("{ns}: {cmd}: {}", String::from_utf8_lossy(&o.stderr));
+    let (ok, out) = try_sh_in(ns, cmd);
+    if !ok {
+        bail!("{ns}: {cmd}: {out}");
     }
     Ok(())
 }
@@ -313,8 +301,7 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
     );
     let mut guards = Vec::new();
     for ns in [&cli, &node, &srv] {
-        Netns::create_named(ns)?;
-        guards.push(Ns(ns.clone()));
+        guards.push(TestNs::create(ns.as_str())?);
     }
     sh(&node, &format!(
         "ip link add c0 type veth peer name eth0 netns {cli} && ip link add s0 type veth peer name eth0 netns {srv} && \

@@ -94,7 +94,7 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("services.yaml");
     std::fs::write(&file, manifest(a.services))?;
-    let etcd = podnet_store::testing::EtcdServer::start();
+    let etcd = podnet_testkit::Etcd::start();
     let backends = [
         (
             "sqlite",

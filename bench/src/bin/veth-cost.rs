@@ -40,9 +40,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use ipnet::IpNet;
-use podnet_bench::{check_interrupted, ms, ns_name, NsGuard, Stats};
+use podnet_bench::{check_interrupted, ms, ns_name, Stats};
 use podnet_kernel::nl::{self, Msg, Socket};
 use podnet_kernel::{Handle, Netns};
+use podnet_testkit::TestNs;
 
 const BRIDGE: &str = "pnxbr0";
 const VARIANTS: &[&str] = &[
@@ -76,19 +77,19 @@ struct Args {
 }
 
 struct Pair {
-    pod: NsGuard,
+    pod: TestNs,
     host_name: String,
     host_index: u32,
     pod_index: u32,
 }
 
-fn build(host: &NsGuard, tag: &str, rep: usize, wired: bool) -> Result<Pair> {
-    let pod = NsGuard::create(ns_name(&format!("xpod-{tag}-{rep}")))?;
+fn build(host: &TestNs, tag: &str, rep: usize, wired: bool) -> Result<Pair> {
+    let pod = TestNs::create(ns_name(&format!("xpod-{tag}-{rep}")))?;
     let host_name = format!("pnx{tag}-{rep}");
-    let mut h = Handle::in_netns(host.ns())?;
-    h.create_veth(&host_name, "eth0", Some(pod.ns().fd()), None, None)?;
+    let mut h = Handle::in_netns(host.netns())?;
+    h.create_veth(&host_name, "eth0", Some(pod.netns().fd()), None, None)?;
     let hl = h.require_link(&host_name)?;
-    let mut p = Handle::in_netns(pod.ns())?;
+    let mut p = Handle::in_netns(pod.netns())?;
     let pl = p.require_link("eth0")?;
     if wired {
         let br = h.require_link(BRIDGE)?;
@@ -268,16 +269,16 @@ fn veth_msg(name: &str, peer_fd: i32, one_queue: bool, master: Option<u32>, up: 
 fn create(
     vi: usize,
     variant: &str,
-    host: &NsGuard,
+    host: &TestNs,
     rep: usize,
 ) -> Result<Vec<(&'static str, Duration)>> {
-    let pod = NsGuard::create(ns_name(&format!("xpod-{vi}-{rep}")))?;
+    let pod = TestNs::create(ns_name(&format!("xpod-{vi}-{rep}")))?;
     let name = format!("pnx{vi}-{rep}");
-    let mut h = Handle::in_netns(host.ns())?;
+    let mut h = Handle::in_netns(host.netns())?;
     let br = h.require_link(BRIDGE)?.index;
-    let mut s = host.ns().run(|| Socket::open(libc::NETLINK_ROUTE))??;
+    let mut s = host.netns().run(|| Socket::open(libc::NETLINK_ROUTE))??;
     std::thread::sleep(SETTLE.with(|s| s.get()));
-    let fd = pod.ns().fd().as_raw_fd();
+    let fd = pod.netns().fd().as_raw_fd();
     let mut out = Vec::new();
     let t0 = Instant::now();
     match variant {
@@ -288,7 +289,7 @@ fn create(
             let hl = h.require_link(&name)?;
             h.set_master(hl.index, br)?;
             h.set_up(hl.index)?;
-            let mut p = Handle::in_netns(pod.ns())?;
+            let mut p = Handle::in_netns(pod.netns())?;
             p.set_up_by_name("eth0")?;
             out.push(("with lookups, master, up x2", t0.elapsed()));
         }
@@ -297,7 +298,7 @@ fn create(
                 "creating veth".into()
             })?;
             out.push(("RTM_NEWLINK", t0.elapsed()));
-            let mut p = Handle::in_netns(pod.ns())?;
+            let mut p = Handle::in_netns(pod.netns())?;
             p.set_up_by_name("eth0")?;
             out.push(("with pod end up", t0.elapsed()));
         }
@@ -307,12 +308,12 @@ fn create(
     if hl.master != Some(br) || !hl.is_up() {
         bail!("{variant}: {name} not up on the bridge");
     }
-    let pl = Handle::in_netns(pod.ns())?.require_link("eth0")?;
+    let pl = Handle::in_netns(pod.netns())?.require_link("eth0")?;
     if !pl.is_up() {
         bail!("{variant}: pod end not up: {pl:?}");
     }
     pod.delete()?;
-    wait_gone(host.ns(), &name)?;
+    wait_gone(host.netns(), &name)?;
     Ok(out)
 }
 
@@ -320,7 +321,7 @@ fn create(
 fn one(
     vi: usize,
     variant: &str,
-    host: &NsGuard,
+    host: &TestNs,
     rep: usize,
 ) -> Result<Vec<(&'static str, Duration)>> {
     if variant.starts_with("create-") {
@@ -331,21 +332,21 @@ fn one(
     let mut out = Vec::new();
     match variant {
         "del-pod" | "bare-del" => {
-            let mut p = Handle::in_netns(pair.pod.ns())?;
+            let mut p = Handle::in_netns(pair.pod.netns())?;
             out.push((
                 "DELLINK call",
                 timed(|| Ok(p.delete_link(pair.pod_index)?))?.0,
             ));
         }
         "del-host" => {
-            let mut h = Handle::in_netns(host.ns())?;
+            let mut h = Handle::in_netns(host.netns())?;
             out.push((
                 "DELLINK call",
                 timed(|| Ok(h.delete_link(pair.host_index)?))?.0,
             ));
         }
         "down-del" => {
-            let mut p = Handle::in_netns(pair.pod.ns())?;
+            let mut p = Handle::in_netns(pair.pod.netns())?;
             out.push(("set down", timed(|| Ok(p.set_down(pair.pod_index)?))?.0));
             out.push((
                 "DELLINK call",
@@ -353,8 +354,8 @@ fn one(
             ));
         }
         "unlisted" => {
-            let listener = link_listener(host.ns())?;
-            let mut p = Handle::in_netns(pair.pod.ns())?;
+            let listener = link_listener(host.netns())?;
+            let mut p = Handle::in_netns(pair.pod.netns())?;
             let idx = pair.pod_index;
             let t0 = Instant::now();
             let th = std::thread::spawn(move || -> Result<Instant> {
@@ -367,16 +368,19 @@ fn one(
             out.push(("until ack", acked - t0));
         }
         "move" => {
-            let dest = NsGuard::create(ns_name(&format!("xdst-{rep}")))?;
-            let mut s = pair.pod.ns().run(|| Socket::open(libc::NETLINK_ROUTE))??;
-            let fd = dest.ns().fd().as_raw_fd();
+            let dest = TestNs::create(ns_name(&format!("xdst-{rep}")))?;
+            let mut s = pair
+                .pod
+                .netns()
+                .run(|| Socket::open(libc::NETLINK_ROUTE))??;
+            let fd = dest.netns().fd().as_raw_fd();
             out.push((
                 "move call",
                 timed(|| move_link(&mut s, pair.pod_index, fd))?.0,
             ));
             let t0 = Instant::now();
             dest.delete()?;
-            wait_gone(host.ns(), &pair.host_name)?;
+            wait_gone(host.netns(), &pair.host_name)?;
             out.push(("then netns del: host end gone", t0.elapsed()));
             return Ok(out);
         }
@@ -386,13 +390,13 @@ fn one(
             let t0 = Instant::now();
             pod.delete()?;
             out.push(("unmount+unlink call", t0.elapsed()));
-            wait_gone(host.ns(), &host_name)?;
+            wait_gone(host.netns(), &host_name)?;
             out.push(("until host end gone", t0.elapsed()));
             return Ok(out);
         }
         v => bail!("unknown variant {v}"),
     }
-    if !gone_by_name(host.ns(), &pair.host_name)? {
+    if !gone_by_name(host.netns(), &pair.host_name)? {
         bail!("{variant}: host end {} survived", pair.host_name);
     }
     Ok(out)
@@ -429,9 +433,9 @@ fn run() -> Result<()> {
             .filter(|v| args.only.iter().any(|o| o == v))
             .collect()
     };
-    let host = NsGuard::create(ns_name("xhost"))?;
+    let host = TestNs::create(ns_name("xhost"))?;
     {
-        let mut h = Handle::in_netns(host.ns())?;
+        let mut h = Handle::in_netns(host.netns())?;
         h.create_bridge(BRIDGE, None)?;
         h.set_up_by_name(BRIDGE)?;
     }

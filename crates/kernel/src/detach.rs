@@ -370,63 +370,6 @@ mod tests {
         b
     }
 
-    /// Needs root: builds a veth pair between two private namespaces.
-    #[test]
-    fn detached_delete_removes_both_ends() {
-        // SAFETY: geteuid has no preconditions.
-        assert!(
-            unsafe { libc::geteuid() } == 0,
-            "this test needs root (it builds a veth pair between two namespaces): run the tests as root"
-        );
-        let names = [
-            format!("pn-detach-host-{}", std::process::id()),
-            format!("pn-detach-pod-{}", std::process::id()),
-        ];
-        struct Cleanup<'a>(&'a [String; 2]);
-        impl Drop for Cleanup<'_> {
-            fn drop(&mut self) {
-                for n in self.0 {
-                    let _ = Netns::delete_named(n);
-                }
-            }
-        }
-        let _c = Cleanup(&names);
-        let host = Netns::create_named(&names[0]).unwrap();
-        let pod = Netns::create_named(&names[1]).unwrap();
-        let mut h = Handle::in_netns(&host).unwrap();
-        let mut p = Handle::in_netns(&pod).unwrap();
-        h.create_veth("vdt0", "eth0", Some(pod.fd()), None, None)
-            .unwrap();
-        let hv = h.require_link("vdt0").unwrap();
-        let pv = p.require_link("eth0").unwrap();
-        h.set_up(hv.index).unwrap();
-        p.set_up(pv.index).unwrap();
-        delete_link_detached(
-            LinkRef {
-                ns: Some(&pod),
-                index: pv.index,
-            },
-            &[LinkRef {
-                ns: Some(&host),
-                index: hv.index,
-            }],
-        )
-        .unwrap();
-        // Gone from both namespaces the moment the call returns.
-        assert!(p.link_by_index(pv.index).unwrap().is_none());
-        assert!(h.link("vdt0").unwrap().is_none());
-        // A link that is not there is reported as such.
-        let e = delete_link_detached(
-            LinkRef {
-                ns: Some(&pod),
-                index: 4242,
-            },
-            &[],
-        )
-        .unwrap_err();
-        assert!(e.is_not_found(), "{e}");
-    }
-
     #[test]
     fn only_device_dellinks_count() {
         let mut d = msg(RTM_DELLINK, libc::AF_BRIDGE as u8, 7);

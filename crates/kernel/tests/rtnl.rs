@@ -1,22 +1,13 @@
 //! rtnetlink edges in a throwaway namespace.
 
 use ipnet::IpNet;
-use podnet_kernel::{Handle, Netns};
-
-/// Removes the namespace even when the test panics.
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_named(&self.0);
-    }
-}
+use podnet_kernel::Handle;
+use podnet_testkit::TestNs;
 
 #[test]
 fn address_dump_for_one_link_is_filtered_and_links_skip_stats() {
-    let ns = Ns(format!("pn-rtnl-{}", std::process::id()));
-    let n = Netns::create_named(&ns.0).unwrap();
-    let mut h = Handle::in_netns(&n).unwrap();
+    let ns = TestNs::new("rtnl");
+    let mut h = Handle::in_netns(ns.netns()).unwrap();
     h.create_veth("pna0", "pnb0", None, None, None).unwrap();
     let a = h.require_link("pna0").unwrap();
     let b = h.require_link("pnb0").unwrap();

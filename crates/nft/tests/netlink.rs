@@ -2,25 +2,10 @@
 //! we send must read back through `nft list` as the same ruleset, and
 //! incremental changes must land exactly.
 
-use podnet_kernel::Netns;
 use podnet_nft::diff::diff;
 use podnet_nft::model::*;
 use podnet_nft::netlink::Conn;
-
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_named(&self.0);
-    }
-}
-
-fn list(ns: &str) -> String {
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "list", "ruleset"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use podnet_testkit::TestNs;
 
 fn every_expression() -> Table {
     let mut t = Table::new(Family::Ip, "pntest");
@@ -245,14 +230,14 @@ fn every_expression() -> Table {
 
 #[test]
 fn every_expression_reads_back_as_written() {
-    let name = format!("pn-nl-{}", std::process::id());
-    let ns = Netns::create_named(&name).unwrap();
-    let _g = Ns(name.clone());
+    let g = TestNs::new("nl");
+    let ns = g.netns();
+    let list = || g.nft_list("ruleset").expect("a ruleset");
     let t = every_expression();
     ns.run(|| Conn::open().unwrap().apply(&t, &diff(None, &t)))
         .unwrap()
         .unwrap();
-    let got = list(&name);
+    let got = list();
     for want in [
         "type ipv4_addr . inet_proto . inet_service : verdict",
         "10.96.0.1 . tcp . 443 : goto svc-a",
@@ -299,7 +284,7 @@ fn every_expression_reads_back_as_written() {
     ns.run(|| Conn::open().unwrap().apply(&t2, &d))
         .unwrap()
         .unwrap();
-    let got = list(&name);
+    let got = list();
     assert!(
         got.contains("10.96.0.2 . udp . 53 : goto svc-a") && !got.contains("10.96.0.1 . tcp . 443"),
         "{got}"
@@ -327,11 +312,7 @@ fn every_expression_reads_back_as_written() {
         e.to_string().contains("service-ips") || e.to_string().contains("nope"),
         "{e}"
     );
-    assert_eq!(
-        list(&name),
-        got,
-        "a failed batch must leave the table as it was"
-    );
+    assert_eq!(list(), got, "a failed batch must leave the table as it was");
     // A full replace swaps the table atomically, whatever is there.
     ns.run(|| {
         Conn::open()
@@ -340,7 +321,7 @@ fn every_expression_reads_back_as_written() {
     })
     .unwrap()
     .unwrap();
-    assert!(list(&name).contains("10.96.0.1 . tcp . 443"));
+    assert!(list().contains("10.96.0.1 . tcp . 443"));
     // The use count follows chains others add or delete.
     let use_of = || {
         ns.run(|| Conn::open().unwrap().table_use(Family::Ip, "pntest"))
@@ -349,23 +330,15 @@ fn every_expression_reads_back_as_written() {
     };
     let full = use_of().expect("table exists");
     assert_eq!(full as usize, t.chains.len() + t.sets.len());
-    let sh = |cmd: &str| {
-        let ok = std::process::Command::new("ip")
-            .args(["netns", "exec", &name, "nft", cmd])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "nft {cmd}");
-    };
-    sh("add chain ip pntest stray");
+    g.nft("add chain ip pntest stray");
     assert_eq!(use_of(), Some(full + 1));
-    sh("delete chain ip pntest stray");
+    g.nft("delete chain ip pntest stray");
     assert_eq!(use_of(), Some(full));
     assert!(ns
         .run(|| Conn::open().unwrap().delete_table(Family::Ip, "pntest"))
         .unwrap()
         .unwrap());
-    assert!(!list(&name).contains("pntest"));
+    assert!(!list().contains("pntest"));
     assert_eq!(use_of(), None);
 }
 
@@ -494,14 +467,14 @@ fn shared_table() -> Table {
 
 #[test]
 fn shared_table_features_round_trip_through_the_kernel() {
-    let name = format!("pn-nftshared-{}-0", std::process::id());
-    let ns = Netns::create_named(&name).unwrap();
-    let _g = Ns(name.clone());
+    let g = TestNs::new("nftshared");
+    let ns = g.netns();
+    let list = || g.nft_list("ruleset").expect("a ruleset");
     let t = shared_table();
     let sync = |t: &Table| ns.run(|| Conn::open().unwrap().sync(t)).unwrap().unwrap();
     assert!(!sync(&t).is_empty());
     assert_eq!(sync(&t), vec![], "the second sync changes nothing");
-    let got = list(&name);
+    let got = list();
     for want in [
         "counter hits",
         "10.1.0.2 comment \"net/ctr1\"",
@@ -531,19 +504,14 @@ fn shared_table_features_round_trip_through_the_kernel() {
     assert_eq!(counter, Some((0, 0)));
     // Changed behind our back: one element, one rule; the sync repairs both.
     let sh = |cmd: &str| {
-        let ok = std::process::Command::new("sh")
-            .args(["-c", &format!("ip netns exec {name} nft '{cmd}'")])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "nft {cmd}");
+        g.nft(&format!("'{cmd}'"));
     };
     sh("delete element inet pnshared masq4 { 10.1.0.9 }");
     sh("add rule inet pnshared post counter");
     let repair = sync(&t);
     assert_eq!(podnet_nft::diff::ops(&repair), 4, "{repair:?}");
     assert_eq!(sync(&t), vec![]);
-    assert_eq!(list(&name), got);
+    assert_eq!(list(), got);
     // A comment that changes hands is an element replaced.
     let mut t2 = t.clone();
     let pod = vec![Value::Addr("10.1.0.2".parse().unwrap())];
@@ -553,7 +521,7 @@ fn shared_table_features_round_trip_through_the_kernel() {
         .comments
         .insert(pod, "net/ctr2".into());
     assert_eq!(podnet_nft::diff::ops(&sync(&t2)), 2);
-    assert!(list(&name).contains("10.1.0.2 comment \"net/ctr2\""));
+    assert!(list().contains("10.1.0.2 comment \"net/ctr2\""));
     assert!(ns
         .run(|| Conn::open().unwrap().delete_table(Family::Inet, "pnshared"))
         .unwrap()
@@ -562,9 +530,8 @@ fn shared_table_features_round_trip_through_the_kernel() {
 
 #[test]
 fn an_element_lookup_finds_exactly_what_the_set_holds() {
-    let name = format!("pn-nlget-{}", std::process::id());
-    let ns = Netns::create_named(&name).unwrap();
-    let _g = Ns(name.clone());
+    let g = TestNs::new("nlget");
+    let ns = g.netns();
     let t = every_expression();
     let key = |ip: &str, port: u16| {
         vec![

@@ -2,44 +2,18 @@
 //! installed over netlink, a second sync changes nothing, what is deleted
 //! behind the agent's back comes back, and removal removes it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-mod common;
-
-use common::NsGuard;
-use podnet_kernel::Netns;
 use podnet_overlay::masq::{self, MasqTable};
-
-static N: AtomicUsize = AtomicUsize::new(0);
-
-fn fresh_ns(tag: &str) -> (NsGuard, Netns) {
-    let name = format!(
-        "pn-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let ns = Netns::create_named(&name).unwrap();
-    (NsGuard(vec![name]), ns)
-}
+use podnet_testkit::TestNs;
 
 /// `nft ARGS` inside the namespace (inspection and vandalism only).
-fn nft(ns: &str, args: &str) -> String {
-    let out = std::process::Command::new("sh")
-        .args(["-c", &format!("ip netns exec {ns} nft {args}")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nft {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn nft(ns: &TestNs, args: &str) -> String {
+    ns.nft(args)
 }
 
 #[test]
 fn masquerade_table_installs_resyncs_repairs_and_goes() {
-    let (guard, ns) = fresh_ns("masq");
-    let name = guard.0[0].clone();
+    let ns = TestNs::new("masq");
+    let name = &ns;
     let with_tunnel = MasqTable {
         network: "10.244.0.0/16".parse().unwrap(),
         subnet: "10.244.1.0/24".parse().unwrap(),
@@ -48,20 +22,21 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
     // Another table of the family, with chains, sets and rules of its own,
     // is none of the masquerade table's business.
     nft(
-        &name,
+        name,
         "-f - <<'EOF'\ntable ip other {\n\tset s { type ipv4_addr; }\n\tcounter c { }\n\tchain postrouting { type nat hook postrouting priority srcnat; ip saddr @s masquerade; }\n\tchain stray { counter; }\n}\nEOF",
     );
-    ns.run(|| {
-        let first = with_tunnel.sync().unwrap();
-        assert!(!first.is_empty());
-        assert_eq!(
-            with_tunnel.sync().unwrap(),
-            vec![],
-            "a second sync is a no-op"
-        );
-    })
-    .unwrap();
-    let listed = nft(&name, "list table ip podnet-masq");
+    ns.netns()
+        .run(|| {
+            let first = with_tunnel.sync().unwrap();
+            assert!(!first.is_empty());
+            assert_eq!(
+                with_tunnel.sync().unwrap(),
+                vec![],
+                "a second sync is a no-op"
+            );
+        })
+        .unwrap();
+    let listed = nft(name, "list table ip podnet-masq");
     for want in [
         "type nat hook postrouting priority srcnat; policy accept;",
         "ip saddr 10.244.0.0/16 ip daddr 10.244.0.0/16 return",
@@ -81,14 +56,15 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         "delete chain ip podnet-masq tunnel-out",
         "delete table ip podnet-masq",
     ] {
-        nft(&name, vandalism);
-        ns.run(|| {
-            assert!(!with_tunnel.sync().unwrap().is_empty(), "{vandalism}");
-            assert_eq!(with_tunnel.sync().unwrap(), vec![], "after {vandalism}");
-        })
-        .unwrap();
+        nft(name, vandalism);
+        ns.netns()
+            .run(|| {
+                assert!(!with_tunnel.sync().unwrap().is_empty(), "{vandalism}");
+                assert_eq!(with_tunnel.sync().unwrap(), vec![], "after {vandalism}");
+            })
+            .unwrap();
         assert_eq!(
-            nft(&name, "list table ip podnet-masq"),
+            nft(name, "list table ip podnet-masq"),
             listed,
             "{vandalism}"
         );
@@ -99,19 +75,21 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         tunnel: None,
         ..with_tunnel
     };
-    ns.run(|| {
-        assert!(!host_gw.sync().unwrap().is_empty());
-        assert_eq!(host_gw.sync().unwrap(), vec![]);
-    })
-    .unwrap();
-    let listed = nft(&name, "list table ip podnet-masq");
+    ns.netns()
+        .run(|| {
+            assert!(!host_gw.sync().unwrap().is_empty());
+            assert_eq!(host_gw.sync().unwrap(), vec![]);
+        })
+        .unwrap();
+    let listed = nft(name, "list table ip podnet-masq");
     assert!(!listed.contains("tunnel"), "{listed}");
 
-    ns.run(|| {
-        assert!(masq::remove().unwrap());
-        assert!(!masq::remove().unwrap(), "removing twice is fine");
-    })
-    .unwrap();
-    assert_eq!(nft(&name, "list tables"), "table ip other\n");
-    assert!(nft(&name, "list table ip other").contains("chain stray"));
+    ns.netns()
+        .run(|| {
+            assert!(masq::remove().unwrap());
+            assert!(!masq::remove().unwrap(), "removing twice is fine");
+        })
+        .unwrap();
+    assert_eq!(nft(name, "list tables"), "table ip other\n");
+    assert!(nft(name, "list table ip other").contains("chain stray"));
 }

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{del, kv, put, NsGuard};
-use podnet_kernel::Netns;
+use common::{del, kv, put};
 use podnet_proxy::proxier::Proxier;
 use podnet_proxy::rules::Stack;
+use podnet_testkit::TestNs;
 
 fn service(cip: &str) -> podnet_api::Object {
     kv(serde_json::json!({
@@ -27,41 +27,27 @@ fn slice(family: &str, addrs: &[&str]) -> podnet_api::Object {
     }))
 }
 
-fn nft(ns: &str, args: &str) -> String {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", &format!("nft {args}")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nft {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
-    let name = format!("pn-proxier-{fam}-{}", std::process::id());
-    let ns = Netns::create_named(&name).unwrap();
-    let _g = NsGuard(vec![name.clone()]);
+    let ns = TestNs::new(&format!("proxier-{fam}"));
+    let nft = |args: &str| ns.nft(args);
     ns.run(|| {
         let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
         p.watch(&put(service(cip)));
         p.watch(&put(slice(family, &eps[..2])));
         assert!(p.sync().unwrap() > 0);
-        let t = nft(&name, &format!("list table {fam} podnet"));
+        let t = nft(&format!("list table {fam} podnet"));
         assert!(t.contains(&format!("{cip} . tcp . 80")), "{t}");
         assert!(t.contains("numgen random mod 2 map @fast-endpoints"), "{t}");
-        assert!(nft(&name, &format!("list set {fam} podnet fast-2")).contains(cip));
+        assert!(nft(&format!("list set {fam} podnet fast-2")).contains(cip));
         // Nothing changed: nothing sent.
         assert_eq!(p.sync().unwrap(), 0);
         // A third endpoint: the port moves from fast-2 to fast-3, elements only.
         p.watch(&put(slice(family, &eps)));
         let ops = p.sync().unwrap();
         assert!(ops <= 6, "{ops} operations for one endpoint");
-        assert!(!nft(&name, &format!("list set {fam} podnet fast-2")).contains(cip));
-        assert!(nft(&name, &format!("list set {fam} podnet fast-3")).contains(cip));
-        let m = nft(&name, &format!("list map {fam} podnet fast-endpoints"));
+        assert!(!nft(&format!("list set {fam} podnet fast-2")).contains(cip));
+        assert!(nft(&format!("list set {fam} podnet fast-3")).contains(cip));
+        let m = nft(&format!("list map {fam} podnet fast-endpoints"));
         for e in eps {
             assert!(m.contains(e), "{e} missing in {m}");
         }
@@ -69,9 +55,8 @@ fn run(stack: Stack, family: &str, cip: &str, eps: [&str; 3], fam: &str) {
         p.watch(&del(service(cip)));
         p.watch(&del(slice(family, &eps)));
         p.sync().unwrap();
-        assert!(!nft(&name, &format!("list table {fam} podnet")).contains(cip));
-    })
-    .unwrap();
+        assert!(!nft(&format!("list table {fam} podnet")).contains(cip));
+    });
 }
 
 #[test]

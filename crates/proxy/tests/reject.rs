@@ -18,24 +18,10 @@ use std::time::Duration;
 
 mod common;
 
-use common::{kv, put, NsGuard};
-use podnet_kernel::Netns;
+use common::{kv, put};
 use podnet_proxy::proxier::Proxier;
 use podnet_proxy::rules::Stack;
-
-/// Runs a shell command; its stdout.
-fn sh(cmd: &str) -> String {
-    let out = std::process::Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use podnet_testkit::TestNs;
 
 fn service(name: &str, cips: &[&str]) -> podnet_api::Object {
     kv(serde_json::json!({
@@ -60,66 +46,51 @@ fn slice(name: &str, family: &str, addr: &str) -> podnet_api::Object {
 }
 
 struct Lab {
-    pod: String,
-    node: String,
-    gw: String,
-    _g: NsGuard,
+    pod: TestNs,
+    node: TestNs,
+    gw: TestNs,
 }
 
 fn lab(tag: &str) -> Lab {
-    let id = std::process::id();
     let (pod, node, gw) = (
-        format!("pn-rj-{tag}-p{id}"),
-        format!("pn-rj-{tag}-n{id}"),
-        format!("pn-rj-{tag}-g{id}"),
+        TestNs::new(&format!("rj-{tag}-p")),
+        TestNs::new(&format!("rj-{tag}-n")),
+        TestNs::new(&format!("rj-{tag}-g")),
     );
-    let g = NsGuard(vec![pod.clone(), node.clone(), gw.clone()]);
-    for n in &g.0 {
-        Netns::create_named(n).unwrap();
-        sh(&format!("ip -n {n} link set lo up"));
-    }
-    sh(&format!(
-        "ip -n {node} link add n0 type veth peer name eth0 netns {pod} && \
-         ip -n {node} link add n1 type veth peer name eth0 netns {gw} && \
-         ip -n {pod} addr add 10.244.1.2/24 dev eth0 && \
-         ip -n {pod} addr add fd00:244:0:1::2/64 dev eth0 nodad && \
-         ip -n {node} addr add 10.244.1.1/24 dev n0 && \
-         ip -n {node} addr add fd00:244:0:1::1/64 dev n0 nodad && \
-         ip -n {node} addr add 192.168.77.10/24 dev n1 && \
-         ip -n {node} addr add fd00:77::10/64 dev n1 nodad && \
-         ip -n {gw} addr add 192.168.77.1/24 dev eth0 && \
-         ip -n {gw} addr add fd00:77::1/64 dev eth0 nodad && \
-         ip -n {pod} link set eth0 up && ip -n {node} link set n0 up && \
-         ip -n {node} link set n1 up && ip -n {gw} link set eth0 up && \
-         ip -n {pod} route add default via 10.244.1.1 && \
-         ip -n {pod} -6 route add default via fd00:244:0:1::1 && \
-         ip -n {node} route add default via 192.168.77.1 && \
-         ip -n {node} -6 route add default via fd00:77::1 && \
-         ip netns exec {node} sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 && \
-         ip netns exec {gw} sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0"
+    let (p, g) = (pod.name(), gw.name());
+    node.sh(&format!(
+        "ip link add n0 type veth peer name eth0 netns {p} && \
+         ip link add n1 type veth peer name eth0 netns {g} && \
+         ip addr add 10.244.1.1/24 dev n0 && \
+         ip addr add fd00:244:0:1::1/64 dev n0 nodad && \
+         ip addr add 192.168.77.10/24 dev n1 && \
+         ip addr add fd00:77::10/64 dev n1 nodad && \
+         ip link set n0 up && ip link set n1 up && \
+         ip route add default via 192.168.77.1 && \
+         ip -6 route add default via fd00:77::1 && \
+         sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1"
     ));
+    pod.sh("ip addr add 10.244.1.2/24 dev eth0 && \
+         ip addr add fd00:244:0:1::2/64 dev eth0 nodad && \
+         ip link set eth0 up && \
+         ip route add default via 10.244.1.1 && \
+         ip -6 route add default via fd00:244:0:1::1");
+    gw.sh("ip addr add 192.168.77.1/24 dev eth0 && \
+         ip addr add fd00:77::1/64 dev eth0 nodad && \
+         ip link set eth0 up && \
+         sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0");
     // What reaches the gateway for a Service address has left the node.
-    sh(&format!(
-        "ip netns exec {gw} nft add table inet count && \
-         ip netns exec {gw} nft add chain inet count in '{{ type filter hook prerouting priority 0; }}' && \
-         ip netns exec {gw} nft add rule inet count in ip daddr 10.96.0.0/11 counter && \
-         ip netns exec {gw} nft add rule inet count in ip6 daddr fd00:96::/64 counter"
-    ));
-    Lab {
-        pod,
-        node,
-        gw,
-        _g: g,
-    }
+    gw.nft("add table inet count");
+    gw.nft("add chain inet count in '{ type filter hook prerouting priority 0; }'");
+    gw.nft("add rule inet count in ip daddr 10.96.0.0/11 counter");
+    gw.nft("add rule inet count in ip6 daddr fd00:96::/64 counter");
+    Lab { pod, node, gw }
 }
 
 impl Lab {
     /// Packets to the Service ranges that reached the gateway.
     fn leaked(&self) -> u64 {
-        let out = sh(&format!(
-            "ip netns exec {} nft list table inet count",
-            self.gw
-        ));
+        let out = self.gw.nft("list table inet count");
         out.split("packets ")
             .skip(1)
             .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
@@ -127,11 +98,11 @@ impl Lab {
     }
 
     fn in_pod<T>(&self, f: impl FnOnce() -> T) -> T {
-        Netns::named(&self.pod).unwrap().run(f).unwrap()
+        self.pod.run(f)
     }
 
     fn in_node<T>(&self, f: impl FnOnce() -> T) -> T {
-        Netns::named(&self.node).unwrap().run(f).unwrap()
+        self.node.run(f)
     }
 }
 

@@ -14,7 +14,6 @@
 pub mod etcd;
 pub mod objects;
 pub mod sqlite;
-pub mod testing;
 
 pub use objects::Objects;
 

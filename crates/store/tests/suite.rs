@@ -2,13 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use podnet_store::testing::EtcdServer;
 use podnet_store::{AnyStore, EventType, Op, Store, StoreError, StoreExt, WatchMsg};
+use podnet_testkit::{eventually_async, Etcd};
 
 struct Fixture {
     store: AnyStore,
     _dir: Option<tempfile::TempDir>,
-    _etcd: Option<EtcdServer>,
+    _etcd: Option<Etcd>,
     pub path: Option<std::path::PathBuf>,
 }
 
@@ -27,7 +27,7 @@ async fn sqlite() -> Fixture {
 }
 
 async fn etcd() -> (Fixture, String) {
-    let e = EtcdServer::start();
+    let e = Etcd::start();
     let url = e.url();
     let store = podnet_store::open(&url).await.unwrap();
     (
@@ -178,13 +178,17 @@ async fn leases_expire_and_renew(s: &AnyStore) {
     .unwrap();
     let rev = s.revision().await.unwrap();
     let mut w = s.watch("/l/", rev + 1).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(8);
-    while s.get("/l/short").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "leased key did not expire");
-        s.keepalive(kept).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Keepalives kept the other alive past its own TTL.
+    eventually_async(
+        "the leased key to expire",
+        Duration::from_secs(8),
+        move || async move {
+            s.keepalive(kept).await.unwrap();
+            s.get("/l/short").await.unwrap().is_none()
+        },
+    )
+    .await;
+    // Keepalives keep the other alive past its own TTL: time passes on
+    // purpose here (3 s against a 2 s TTL), nothing is awaited.
     for _ in 0..15 {
         s.keepalive(kept).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -283,7 +287,7 @@ async fn helper_process_writer() {
 /// etcd dies and comes back in the middle of a watch: no event is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_restart_mid_watch_loses_nothing() {
-    let mut e = EtcdServer::start();
+    let mut e = Etcd::start();
     let url = e.url();
     let s = podnet_store::open(&url).await.unwrap();
     let start = s.revision().await.unwrap() + 1;
@@ -298,16 +302,13 @@ async fn etcd_restart_mid_watch_loses_nothing() {
     // after the restart).
     e.restart();
     let s2 = podnet_store::open(&url).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut i = 0;
-    while i < 10 {
-        match s2.put(&format!("/r/after-{i}"), vec![]).await {
-            Ok(_) => i += 1,
-            Err(err) => {
-                assert!(Instant::now() < deadline, "etcd not back: {err}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+    let s2 = &s2;
+    for i in 0..10 {
+        let key = &format!("/r/after-{i}");
+        eventually_async("etcd back for writes", Duration::from_secs(10), move || {
+            s2.put(key, vec![])
+        })
+        .await;
     }
     let rest = collect(&mut w, 10).await;
     assert_eq!(rest.len(), 10, "lost events across the restart: {rest:?}");

@@ -1,5 +1,5 @@
-//! Shared fixtures for the integration tests: uniquely named namespaces with
-//! drop guards, a private plugin directory, and plugin runners.
+//! What the CNI tests share: a private plugin directory, plugin runners and
+//! one-shot TCP peers. Namespaces come from the testkit ([`TestNs`]).
 //!
 //! Every test gets its own "host" namespace, so bridges, nft tables and
 //! sysctls never touch the machine's own namespace, and tests run in
@@ -11,80 +11,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use podnet_cni::runtime::{Attach, Runtime};
-use podnet_kernel::Netns;
+use podnet_testkit::eventually;
+pub use podnet_testkit::TestNs;
 use serde_json::Value;
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A name unique across parallel tests and processes: `pn-<tag>-<pid>-<n>`.
-pub fn unique(tag: &str) -> String {
-    format!(
-        "pn-{tag}-{}-{}",
-        std::process::id() % 100_000,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A named network namespace removed on drop, even when the test panics.
-pub struct TestNs {
-    pub name: String,
-    pub ns: Netns,
-}
-
-impl TestNs {
-    pub fn new(tag: &str) -> TestNs {
-        let name = unique(tag);
-        let ns =
-            Netns::create_named(&name).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
-        TestNs { name, ns }
-    }
-
-    pub fn path(&self) -> String {
-        self.ns.path().display().to_string()
-    }
-
-    /// Runs a shell command inside the namespace; returns stdout.
-    pub fn sh(&self, cmd: &str) -> String {
-        let out = Proc::new("ip")
-            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
-            .output()
-            .expect("ip netns exec");
-        assert!(
-            out.status.success(),
-            "`{cmd}` in {} failed: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Like `sh` but returns success instead of asserting.
-    pub fn try_sh(&self, cmd: &str) -> (bool, String) {
-        let out = Proc::new("ip")
-            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
-            .output()
-            .expect("ip netns exec");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    }
-
-    pub fn delete(&self) {
-        let _ = Netns::delete_named(&self.name);
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        self.delete();
-    }
-}
 
 /// Our plugins installed in a private directory, plus scratch state dirs.
 pub struct Plugins {
@@ -124,13 +56,13 @@ pub fn require_reference_plugins() {
 }
 
 pub fn runtime(bin: &Path, host: &TestNs) -> Runtime {
-    Runtime::new(bin).in_netns(host.ns.path())
+    Runtime::new(bin).in_netns(host.path())
 }
 
 pub fn attach(id: &str, pod: &TestNs) -> Attach {
     Attach {
         container_id: id.to_string(),
-        netns: pod.path(),
+        netns: pod.path().display().to_string(),
         ifname: "eth0".into(),
         ..Default::default()
     }
@@ -157,7 +89,7 @@ pub fn raw_call(
             .expect("spawn plugin")
     };
     let mut child = match host {
-        Some(h) => h.ns.run(spawn).expect("enter host ns"),
+        Some(h) => h.run(spawn),
         None => spawn(),
     };
     child
@@ -192,19 +124,14 @@ pub fn serve_once(ns: &TestNs, port: u16, name: &str) -> std::thread::JoinHandle
     // The previous server on this port may still be closing its accepted
     // connection (FIN_WAIT: the client's FIN is on its way back through
     // NAT), which SO_REUSEADDR does not cover: retry briefly.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    let l = loop {
-        match ns.ns.run(|| TcpListener::bind(("0.0.0.0", port))).unwrap() {
-            Ok(l) => break l,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            Err(e) => panic!("bind: {e:?}"),
-        }
-    };
+    let l = eventually(
+        &format!("port {port} free in {}", ns.name()),
+        Duration::from_secs(3),
+        || match ns.run(|| TcpListener::bind(("0.0.0.0", port))) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
+            other => Some(other.unwrap_or_else(|e| panic!("bind: {e:?}"))),
+        },
+    );
     let name = name.to_string();
     std::thread::spawn(move || {
         l.set_nonblocking(false).unwrap();
@@ -216,20 +143,18 @@ pub fn serve_once(ns: &TestNs, port: u16, name: &str) -> std::thread::JoinHandle
 
 /// Connects from inside `ns` to `addr` and returns what the server said.
 pub fn connect_from(ns: &TestNs, addr: &str) -> std::io::Result<String> {
-    ns.ns
-        .run(|| -> std::io::Result<String> {
-            let sa: std::net::SocketAddr = addr.parse().expect("socket address");
-            let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
-            s.set_read_timeout(Some(Duration::from_secs(3)))?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)?;
-            Ok(out)
-        })
-        .unwrap()
+    ns.run(|| -> std::io::Result<String> {
+        let sa: std::net::SocketAddr = addr.parse().expect("socket address");
+        let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
 }
 
 /// Names of the links in a namespace.
 pub fn links(ns: &TestNs) -> Vec<String> {
-    let mut h = podnet_kernel::Handle::in_netns(&ns.ns).unwrap();
+    let mut h = podnet_kernel::Handle::in_netns(ns.netns()).unwrap();
     h.links().unwrap().into_iter().map(|l| l.name).collect()
 }

@@ -1,19 +1,8 @@
-//! What the proxy's kernel tests share: namespace guards and object-source deltas.
+//! What the proxy's kernel tests share: object-source deltas (namespaces
+//! and nft dumps come from the testkit).
 
 use podnet_api::Object;
-use podnet_kernel::Netns;
 use podnet_source::Delta;
-
-/// Removes the named namespaces even when the test panics.
-pub struct NsGuard(pub Vec<String>);
-
-impl Drop for NsGuard {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Netns::delete_named(n);
-        }
-    }
-}
 
 /// An object from its JSON.
 #[allow(dead_code)] // not every test binary uses it
