@@ -1,0 +1,543 @@
+//! Differential test of podnet's standalone API-server duties against the
+//! real ones (issue 13): the same Namespaces, Nodes, Pods and Services go
+//! to a private podnet store with a real `podnet controller`, and to a real
+//! kube-apiserver with kube-controller-manager (the lab's control plane,
+//! [`podnet_lab::kube`], without any network namespace). Then, per
+//! Service, both sides' EndpointSlices must agree (addressType, ports,
+//! endpoints with their conditions, nodeName and targetRef), and both must
+//! allocate ClusterIPs and NodePorts from the same ranges.
+//!
+//! The same manifest text is applied to both sides. Pod status goes with
+//! the manifest into the store (standalone has no status subresource) and
+//! through the status subresource on the real apiserver (`kubectl patch
+//! --subresource=status`), as a kubelet writes it. A terminating pod is a
+//! real graceful deletion there (the pod stays, with a deletionTimestamp,
+//! since no kubelet confirms it), and a deletionTimestamp in the store.
+//!
+//! Needs the binaries of `scripts/k8s-peers.sh` (fails loudly without).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+use serde_json::{json, Value};
+
+const NS: &str = "diff";
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn run(mut c: Command, stdin: Option<&str>) -> Output {
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn");
+    {
+        use std::io::Write;
+        let mut i = child.stdin.take().unwrap();
+        i.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Both sides, in one private directory; everything stops and goes when
+/// dropped (also on panic).
+struct Sides {
+    dir: PathBuf,
+    rt: tokio::runtime::Runtime,
+    cp: Option<podnet_lab::kube::ControlPlane>,
+    kubectl: PathBuf,
+    store: String,
+    controller: Option<Child>,
+}
+
+impl Sides {
+    fn start() -> Sides {
+        let peers = podnet_lab::kube::Peers::find()
+            .unwrap_or_else(|e| panic!("{e}\n(the binaries come from scripts/k8s-peers.sh)"));
+        let dir = std::env::temp_dir().join(format!("pn-difkcm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = format!("sqlite://{}", dir.join("state.db").display());
+        let mut s = Sides {
+            dir: dir.clone(),
+            rt,
+            cp: None,
+            kubectl: peers.kubectl.clone(),
+            store,
+            controller: None,
+        };
+        let log = std::fs::File::create(dir.join("podnet-controller.log")).unwrap();
+        s.controller = Some(
+            Command::new(env!("CARGO_BIN_EXE_podnet"))
+                .args(["controller", "--metrics-addr", "127.0.0.1:0"])
+                .env("PODNET_STORE", &s.store)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        let cp =
+            s.rt.block_on(podnet_lab::kube::ControlPlane::start(&dir, &peers))
+                .unwrap_or_else(|e| panic!("control plane: {e}"));
+        s.cp = Some(cp);
+        s
+    }
+
+    fn cp(&self) -> &podnet_lab::kube::ControlPlane {
+        self.cp.as_ref().unwrap()
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Value {
+        let mut c = Command::new(&self.kubectl);
+        c.arg("--kubeconfig")
+            .arg(self.cp().admin_kubeconfig())
+            .arg("--cache-dir")
+            .arg(self.dir.join("kubectl-cache"))
+            .args(args);
+        let o = run(c, stdin);
+        assert!(o.status.success(), "kubectl {args:?}: {}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    }
+
+    fn podnet(&self, args: &[&str], stdin: Option<&str>) -> Value {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_podnet"));
+        c.args(args).env("PODNET_STORE", &self.store);
+        let o = run(c, stdin);
+        assert!(o.status.success(), "podnet {args:?}: {}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for Sides {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(cp) = self.cp.take() {
+            cp.stop();
+        }
+        // A failed start leaves its processes recorded in the directory.
+        podnet_lab::kube::ControlPlane {
+            dir: self.dir.clone(),
+            apiserver_port: 0,
+        }
+        .stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One pod of the scenario: its manifest (without status), its status as
+/// a kubelet would report it, and whether it is being deleted.
+struct PodCase {
+    name: &'static str,
+    app: &'static str,
+    node: &'static str,
+    ports: Value,
+    status: Value,
+    terminating: bool,
+}
+
+fn running(ip: &str, ready: bool) -> Value {
+    json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+           "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]})
+}
+
+fn pods() -> Vec<PodCase> {
+    let http = |p: i64| json!({"name": "http", "containerPort": p, "protocol": "TCP"});
+    let dns = json!({"name": "dns", "containerPort": 5353, "protocol": "UDP"});
+    vec![
+        PodCase {
+            name: "ready-a",
+            app: "diff",
+            node: "node-a",
+            ports: json!([http(8080), dns]),
+            status: running("10.244.1.10", true),
+            terminating: false,
+        },
+        // Its named port resolves to another number: a second port set.
+        PodCase {
+            name: "ready-b",
+            app: "diff",
+            node: "node-b",
+            ports: json!([http(9090)]),
+            status: running("10.244.2.10", true),
+            terminating: false,
+        },
+        PodCase {
+            name: "unready",
+            app: "diff",
+            node: "node-a",
+            ports: json!([http(8080), dns]),
+            status: running("10.244.1.11", false),
+            terminating: false,
+        },
+        PodCase {
+            name: "leaving",
+            app: "diff",
+            node: "node-b",
+            ports: json!([http(8080)]),
+            status: running("10.244.2.11", true),
+            terminating: true,
+        },
+        PodCase {
+            name: "pending",
+            app: "diff",
+            node: "node-a",
+            ports: json!([http(8080)]),
+            status: json!({"phase": "Pending"}),
+            terminating: false,
+        },
+        PodCase {
+            name: "done",
+            app: "diff",
+            node: "node-b",
+            ports: json!([http(8080)]),
+            status: json!({"phase": "Succeeded", "podIP": "10.244.2.12",
+                           "podIPs": [{"ip": "10.244.2.12"}],
+                           "conditions": [{"type": "Ready", "status": "False"}]}),
+            terminating: false,
+        },
+        // Declares no ports: named targetPorts do not resolve for it.
+        PodCase {
+            name: "bare",
+            app: "diff",
+            node: "node-a",
+            ports: json!([]),
+            status: running("10.244.1.12", true),
+            terminating: false,
+        },
+        PodCase {
+            name: "other",
+            app: "other",
+            node: "node-b",
+            ports: json!([http(8080)]),
+            status: running("10.244.2.13", true),
+            terminating: false,
+        },
+    ]
+}
+
+fn pod_manifest(p: &PodCase) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": p.name, "namespace": NS, "labels": {"app": p.app}},
+           "spec": {"nodeName": p.node, "automountServiceAccountToken": false,
+                    "containers": [{"name": "c", "image": "x", "ports": p.ports}]}})
+}
+
+fn service(name: &str, spec: Value) -> Value {
+    let mut spec = spec;
+    spec["selector"] = json!({"app": "diff"});
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": NS}, "spec": spec})
+}
+
+fn services() -> Vec<Value> {
+    let web = json!({"name": "web", "port": 80, "targetPort": "http"});
+    vec![
+        // Several ports, named targetPorts, one of them UDP.
+        service(
+            "named",
+            json!({"ports": [web,
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"}]}),
+        ),
+        service(
+            "unnamed",
+            json!({"ports": [{"port": 80, "targetPort": 8080}]}),
+        ),
+        service(
+            "notready",
+            json!({"publishNotReadyAddresses": true, "ports": [web]}),
+        ),
+        service(
+            "headless",
+            json!({"clusterIP": "None",
+                   "ports": [{"name": "web", "port": 80, "targetPort": 8080}]}),
+        ),
+        service("nodeport", json!({"type": "NodePort", "ports": [web]})),
+        service(
+            "lb",
+            json!({"type": "LoadBalancer", "ports": [
+                {"name": "a", "port": 80, "targetPort": 8080, "appProtocol": "http"},
+                {"name": "b", "port": 443, "targetPort": 8443}]}),
+        ),
+    ]
+}
+
+/// Multi-document YAML, as a user would write it for either tool.
+fn docs(objs: &[Value]) -> String {
+    objs.iter()
+        .map(|o| serde_yaml::to_string(o).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// One endpoint as its slice publishes it, with the slice's address type
+/// and ports: the unit both sides are compared in (how endpoints are split
+/// into slices is the controller's business). Ports as written, so an
+/// omitted name differs from "" (Kubernetes writes "" for unnamed ports).
+type Row = (
+    String,                                             // addressType
+    Vec<(Option<String>, i64, String, Option<String>)>, // name, port, protocol, appProtocol
+    String,                                             // address
+    (bool, bool, bool),                                 // ready, serving, terminating
+    String,                                             // nodeName
+    String,                                             // targetRef name
+);
+
+fn rows(slices: &Value) -> BTreeMap<String, BTreeSet<Row>> {
+    let mut out: BTreeMap<String, BTreeSet<Row>> = BTreeMap::new();
+    for s in slices["items"].as_array().into_iter().flatten() {
+        let svc = s["metadata"]["labels"]["kubernetes.io/service-name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let set = out.entry(svc).or_default();
+        let mut ports: Vec<_> = s["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p["name"].as_str().map(str::to_string),
+                    p["port"].as_i64().unwrap_or(-1),
+                    p["protocol"].as_str().unwrap_or("TCP").to_string(),
+                    p["appProtocol"].as_str().map(str::to_string),
+                )
+            })
+            .collect();
+        ports.sort();
+        let at = s["addressType"].as_str().unwrap_or_default().to_string();
+        for e in s["endpoints"].as_array().into_iter().flatten() {
+            let c = &e["conditions"];
+            for a in e["addresses"].as_array().into_iter().flatten() {
+                set.insert((
+                    at.clone(),
+                    ports.clone(),
+                    a.as_str().unwrap_or_default().to_string(),
+                    (
+                        c["ready"].as_bool().unwrap_or(false),
+                        c["serving"].as_bool().unwrap_or(false),
+                        c["terminating"].as_bool().unwrap_or(false),
+                    ),
+                    e["nodeName"].as_str().unwrap_or_default().to_string(),
+                    e["targetRef"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What differs between the two sides, one line per row (empty: agreed).
+fn diff(
+    real: &BTreeMap<String, BTreeSet<Row>>,
+    ours: &BTreeMap<String, BTreeSet<Row>>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let names: BTreeSet<&String> = real.keys().chain(ours.keys()).collect();
+    let empty = BTreeSet::new();
+    for n in names {
+        let (r, o) = (real.get(n).unwrap_or(&empty), ours.get(n).unwrap_or(&empty));
+        for x in r.difference(o) {
+            out.push(format!("{n}: only kube-controller-manager: {x:?}"));
+        }
+        for x in o.difference(r) {
+            out.push(format!("{n}: only podnet controller:     {x:?}"));
+        }
+    }
+    out
+}
+
+fn show(rows: &BTreeMap<String, BTreeSet<Row>>) -> String {
+    rows.iter()
+        .flat_map(|(svc, set)| set.iter().map(move |r| format!("  {svc}: {r:?}")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn has(
+    rows: &BTreeMap<String, BTreeSet<Row>>,
+    svc: &str,
+    ip: &str,
+    cond: (bool, bool, bool),
+) -> bool {
+    rows.get(svc)
+        .map(|s| s.iter().any(|r| r.2 == ip && r.3 == cond))
+        .unwrap_or(false)
+}
+
+/// Per Service: (clusterIP, nodePorts by port name), checked on each side.
+fn allocations(svcs: &Value) -> BTreeMap<String, (String, Vec<(String, Option<i64>)>)> {
+    svcs["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let ports = s["spec"]["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap_or_default().to_string(),
+                        p["nodePort"].as_i64(),
+                    )
+                })
+                .collect();
+            (
+                s["metadata"]["name"].as_str().unwrap().to_string(),
+                (
+                    s["spec"]["clusterIP"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    ports,
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn standalone_controller_agrees_with_kube_controller_manager() {
+    let sides = Sides::start();
+    let c = sides.rt.block_on(sides.cp().client()).unwrap();
+
+    // The same manifests to both sides.
+    let mut base = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})];
+    for n in ["node-a", "node-b"] {
+        base.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}));
+    }
+    let cases = pods();
+
+    // Real: pods are created, then their kubelet writes status through the
+    // status subresource; the terminating one is deleted gracefully.
+    sides.kubectl(&["apply", "-f", "-"], Some(&docs(&base)));
+    sides
+        .rt
+        .block_on(podnet_lab::kubelet::ensure_namespace(&c, NS))
+        .unwrap();
+    let manifests: Vec<Value> = cases.iter().map(pod_manifest).collect();
+    sides.kubectl(&["apply", "-f", "-"], Some(&docs(&manifests)));
+    for p in &cases {
+        let patch = json!({"status": p.status}).to_string();
+        sides.kubectl(
+            &[
+                "patch",
+                "pod",
+                p.name,
+                "-n",
+                NS,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+                "-o",
+                "json",
+            ],
+            None,
+        );
+        if p.terminating {
+            sides.kubectl(&["delete", "pod", p.name, "-n", NS, "--wait=false"], None);
+        }
+    }
+    sides.kubectl(&["apply", "-f", "-"], Some(&docs(&services())));
+
+    // Standalone: status and deletion timestamp go in with the manifest.
+    let mut ours = base.clone();
+    for (p, mut m) in cases.iter().zip(manifests) {
+        m["status"] = p.status.clone();
+        if p.terminating {
+            m["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        ours.push(m);
+    }
+    ours.extend(services());
+    sides.podnet(&["apply", "-f", "-"], Some(&docs(&ours)));
+
+    // Both converge: the real side is settled once the late writes show
+    // (the unready pod published, the leaving one terminating), and then
+    // both sides publish the same endpoints.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (real, standalone) = loop {
+        let real = rows(&sides.kubectl(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
+        let standalone =
+            rows(&sides.podnet(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
+        let settled = has(&real, "notready", "10.244.1.11", (true, false, false))
+            && has(&real, "named", "10.244.2.11", (false, true, true))
+            && has(&real, "lb", "10.244.1.10", (true, true, false));
+        let d = diff(&real, &standalone);
+        if settled && d.is_empty() {
+            break (real, standalone);
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "the sides disagree (real settled: {settled}):\n{}\n\nkube-controller-manager:\n{}\n\npodnet:\n{}",
+                d.join("\n"),
+                show(&real),
+                show(&standalone)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(real, standalone);
+    // Not vacuous: every Service has endpoints, and the semantics hold.
+    for s in ["named", "unnamed", "notready", "headless", "nodeport", "lb"] {
+        assert!(
+            real.get(s).is_some_and(|r| !r.is_empty()),
+            "{s}: no endpoints"
+        );
+    }
+    let ips = |svc: &str| -> BTreeSet<String> { real[svc].iter().map(|r| r.2.clone()).collect() };
+    for excluded in ["10.244.2.12", "10.244.2.13"] {
+        assert!(
+            !ips("unnamed").contains(excluded),
+            "{excluded} in {:?}",
+            ips("unnamed")
+        );
+    }
+
+    // Allocations come from the same ranges on both sides.
+    let cidr: Ipv4Net = "10.96.0.0/12".parse().unwrap();
+    let real_alloc =
+        allocations(&sides.kubectl(&["get", "services", "-n", NS, "-o", "json"], None));
+    let our_alloc = allocations(&sides.podnet(&["get", "services", "-n", NS, "-o", "json"], None));
+    for (side, alloc) in [("kube-apiserver", &real_alloc), ("podnet", &our_alloc)] {
+        assert_eq!(alloc.len(), 6, "{side}: {alloc:?}");
+        for (name, (ip, ports)) in alloc {
+            if name == "headless" {
+                assert_eq!(ip, "None", "{side} {name}");
+            } else {
+                let ip: std::net::Ipv4Addr = ip
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{side} {name}: clusterIP {ip:?}"));
+                assert!(cidr.contains(&ip), "{side} {name}: {ip} not in {cidr}");
+            }
+            let wants_node_port = name == "nodeport" || name == "lb";
+            for (port, np) in ports {
+                match np {
+                    Some(np) => {
+                        assert!(wants_node_port, "{side} {name}/{port}: nodePort {np}");
+                        assert!((30000..=32767).contains(np), "{side} {name}/{port}: {np}");
+                    }
+                    None => assert!(!wants_node_port, "{side} {name}/{port}: no nodePort"),
+                }
+            }
+        }
+    }
+    // Sanity: the two sides are independent clusters.
+    assert!(Path::new(&sides.dir).join("kube").exists());
+}
