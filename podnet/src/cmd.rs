@@ -254,12 +254,16 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     kube_agents: !no_agents,
                 })
                 .await?;
+            let objects = if st.kube {
+                "a real kube-apiserver".to_string()
+            } else {
+                format!("store {}", st.store)
+            };
             println!(
-                "lab {:?} is up: {} nodes, backend {}, store {}",
+                "lab {:?} is up: {} nodes, backend {}, {objects}",
                 st.name,
                 st.nodes.len(),
                 st.backend,
-                st.store
             );
             for n in &st.nodes {
                 println!("  {}  netns {}  underlay {}", n.name, n.netns, n.ip);

@@ -332,3 +332,38 @@ fn kube_lab_nodes_pods_and_endpoint_slices_through_the_real_control_plane() {
         .unwrap_or_default();
     assert!(left.is_empty(), "namespaces left: {left:?}");
 }
+
+/// Two `--kube` labs at once (as parallel tests run them): separate ports,
+/// directories and clusters; each comes down on its own.
+#[test]
+fn two_kube_labs_side_by_side() {
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| KubeLab::up("ka", 1));
+        let b = s.spawn(|| KubeLab::up("kb", 1));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let server = |l: &KubeLab| {
+        let kc = std::fs::read_to_string(l.ok(&["kubeconfig"])).unwrap();
+        kc.lines()
+            .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
+            .unwrap()
+    };
+    assert_ne!(server(&a), server(&b));
+    a.ok(&["run", "only/in-a", "--node", "node1", "--ports", "8080/tcp"]);
+    let pods = |l: &KubeLab| -> Vec<String> {
+        l.json(&["get", "pods", "-A"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(pods(&a).contains(&"in-a".to_string()), "{:?}", pods(&a));
+    assert!(!pods(&b).contains(&"in-a".to_string()), "{:?}", pods(&b));
+    drop(a);
+    // b's control plane is untouched by a's teardown.
+    assert_eq!(
+        b.json(&["get", "nodes"])["items"].as_array().unwrap().len(),
+        1
+    );
+}

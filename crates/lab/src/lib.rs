@@ -221,6 +221,14 @@ impl Lab {
         spawn_logged(&self.dir, role, &mut cmd, ns)
     }
 
+    /// Whether the recorded process of `role` still runs.
+    fn role_alive(&self, role: &str) -> bool {
+        std::fs::read_to_string(self.dir.join("pids").join(role))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .is_some_and(alive)
+    }
+
     fn kill_role(&self, role: &str) {
         let p = self.dir.join("pids").join(role);
         if let Some(pid) = std::fs::read_to_string(&p)
@@ -389,6 +397,15 @@ impl Lab {
             if env_ok && routes >= want {
                 return Ok(());
             }
+            // In Kubernetes mode an agent that exits says why at once (the
+            // daemons' --kubeconfig support may lag the lab's).
+            if st.kube && !self.role_alive(&format!("agent-{}", node.name)) {
+                return Err(msg(format!(
+                    "the agent on {} exited; see {}",
+                    node.name,
+                    self.log_path(&format!("agent-{}", node.name)).display()
+                )));
+            }
             if Instant::now() > deadline {
                 return Err(msg(format!(
                     "node {} not ready after waiting (subnet.env: {env_ok}, routes {routes}/{want}); see {}",
@@ -417,6 +434,11 @@ impl Lab {
             ))
         })?;
         let _ = bt;
+        if o.kube && o.store.is_some() {
+            return Err(msg(
+                "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",
+            ));
+        }
         // Leftovers of a crashed lab of the same name go first.
         self.down()?;
         for d in ["logs", "pids", "nodes", "pods"] {
