@@ -379,8 +379,11 @@ fn has(
         .unwrap_or(false)
 }
 
-/// Per Service: (clusterIP, nodePorts by port name), checked on each side.
-fn allocations(svcs: &Value) -> BTreeMap<String, (String, Vec<(String, Option<i64>)>)> {
+/// A Service's clusterIP and its ports' (name, nodePort).
+type Allocation = (String, Vec<(String, Option<i64>)>);
+
+/// Per Service, its allocations, checked on each side.
+fn allocations(svcs: &Value) -> BTreeMap<String, Allocation> {
     svcs["items"]
         .as_array()
         .into_iter()

@@ -426,9 +426,11 @@ impl ControlPlane {
             apiserver_port: api_port,
         };
         let server = cp.server();
-        for (name, user) in [("kubeconfig", "admin")] {
-            write_file(&dir.join(name), &kubeconfig_text(&server, &pki, user)).map_err(f)?;
-        }
+        write_file(
+            &cp.admin_kubeconfig(),
+            &kubeconfig_text(&server, &pki, "admin"),
+        )
+        .map_err(f)?;
         let kcm_config = kube_dir.join("controller-manager.kubeconfig");
         write_file(
             &kcm_config,
