@@ -185,6 +185,22 @@ fn kube_lab_nodes_pods_and_endpoint_slices_through_the_real_control_plane() {
     }
     assert_ne!(cidrs["node1"], cidrs["node2"]);
 
+    // Inside a node namespace, the node's kubeconfig reaches the apiserver
+    // (through the lab's forwarder at the same loopback address).
+    let node_kc = lab.dir().join("nodes/node2/kubeconfig");
+    let o = Command::new("ip")
+        .args(["netns", "exec", &format!("pn-{}-node2", lab.name)])
+        .arg(&lab.kubectl)
+        .arg("--kubeconfig")
+        .arg(&node_kc)
+        .arg("--cache-dir")
+        .arg(lab.dir().join("kubectl-cache"))
+        .args(["get", "node", "node2", "-o", "name"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "kubectl in node2: {}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "node/node2");
+
     // Cluster DNS: the kube-dns Service at 10.96.0.10, its pod an endpoint.
     let dns = lab.json(&["get", "service", "-n", "kube-system", "kube-dns"]);
     assert_eq!(dns["spec"]["clusterIP"], "10.96.0.10");

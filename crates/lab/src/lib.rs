@@ -559,7 +559,10 @@ impl Lab {
         self.save(&st)?;
         for n in &st.nodes {
             kubelet::register_node(&c, &n.name, n.ip).await?;
+            // The node's kubeconfig works inside its namespace from now on,
+            // agent or not.
             cp.write_node_kubeconfig(&self.node_kubeconfig(&n.name))?;
+            self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
         }
         let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
         let cidrs =
