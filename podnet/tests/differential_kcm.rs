@@ -264,6 +264,15 @@ fn services() -> Vec<Value> {
                    "ports": [{"name": "web", "port": 80, "targetPort": 8080}]}),
         ),
         service("nodeport", json!({"type": "NodePort", "ports": [web]})),
+        // Topology: hints for the endpoint's zone, or its node and zone.
+        service(
+            "close",
+            json!({"trafficDistribution": "PreferClose", "ports": [web]}),
+        ),
+        service(
+            "samenode",
+            json!({"trafficDistribution": "PreferSameNode", "ports": [web]}),
+        ),
         service(
             "lb",
             json!({"type": "LoadBalancer", "ports": [
@@ -292,7 +301,26 @@ type Row = (
     (bool, bool, bool),                                 // ready, serving, terminating
     String,                                             // nodeName
     String,                                             // targetRef name
+    Topology,
 );
+
+/// An endpoint's zone and its hints: forZones, forNodes.
+type Topology = (Option<String>, Vec<String>, Vec<String>);
+
+fn topology(e: &Value) -> Topology {
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    (
+        e["zone"].as_str().map(str::to_string),
+        names(&e["hints"]["forZones"]),
+        names(&e["hints"]["forNodes"]),
+    )
+}
 
 fn rows(slices: &Value) -> BTreeMap<String, BTreeSet<Row>> {
     let mut out: BTreeMap<String, BTreeSet<Row>> = BTreeMap::new();
@@ -334,6 +362,7 @@ fn rows(slices: &Value) -> BTreeMap<String, BTreeSet<Row>> {
                         .as_str()
                         .unwrap_or_default()
                         .to_string(),
+                    topology(e),
                 ));
             }
         }
@@ -421,8 +450,9 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
 
     // The same manifests to both sides.
     let mut base = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})];
-    for n in ["node-a", "node-b"] {
-        base.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}));
+    for (n, zone) in [("node-a", "zone-a"), ("node-b", "zone-b")] {
+        base.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": n, "labels": {"topology.kubernetes.io/zone": zone}}}));
     }
     let cases = pods();
 
@@ -475,13 +505,43 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
     // (the unready pod published, the leaving one terminating), and then
     // both sides publish the same endpoints.
     let deadline = Instant::now() + Duration::from_secs(90);
+    let mut zones_seen = false;
     let (real, standalone) = loop {
-        let real = rows(&sides.kubectl(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
+        let mut real =
+            rows(&sides.kubectl(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
         let standalone =
             rows(&sides.podnet(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
+        // Known difference (a finding, not fixed here): kube-controller-
+        // manager gives every endpoint on a zoned node its `zone`; podnet
+        // only when the Service asks for hints (trafficDistribution). The
+        // difference is asserted, then set aside for the comparison; once
+        // podnet matches, this block fails and can go.
+        for (svc, set) in real.iter_mut() {
+            if svc == "close" || svc == "samenode" {
+                continue;
+            }
+            let mut unzoned = BTreeSet::new();
+            for mut r in std::mem::take(set) {
+                zones_seen |= r.6 .0.is_some();
+                r.6 .0 = None;
+                unzoned.insert(r);
+            }
+            *set = unzoned;
+        }
+        for (svc, set) in &standalone {
+            if svc != "close" && svc != "samenode" {
+                assert!(
+                    set.iter().all(|r| r.6 .0.is_none()),
+                    "podnet now zones {svc}'s endpoints: drop the known-difference block"
+                );
+            }
+        }
         let settled = has(&real, "notready", "10.244.1.11", (true, false, false))
             && has(&real, "named", "10.244.2.11", (false, true, true))
-            && has(&real, "lb", "10.244.1.10", (true, true, false));
+            && has(&real, "lb", "10.244.1.10", (true, true, false))
+            && real
+                .get("close")
+                .is_some_and(|s| s.iter().any(|r| r.6 .0.is_some()));
         let d = diff(&real, &standalone);
         if settled && d.is_empty() {
             break (real, standalone);
@@ -497,8 +557,14 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(real, standalone);
+    assert!(
+        zones_seen,
+        "kube-controller-manager no longer zones endpoints without trafficDistribution"
+    );
     // Not vacuous: every Service has endpoints, and the semantics hold.
-    for s in ["named", "unnamed", "notready", "headless", "nodeport", "lb"] {
+    for s in [
+        "named", "unnamed", "notready", "headless", "nodeport", "lb", "close", "samenode",
+    ] {
         assert!(
             real.get(s).is_some_and(|r| !r.is_empty()),
             "{s}: no endpoints"
@@ -519,7 +585,7 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
         allocations(&sides.kubectl(&["get", "services", "-n", NS, "-o", "json"], None));
     let our_alloc = allocations(&sides.podnet(&["get", "services", "-n", NS, "-o", "json"], None));
     for (side, alloc) in [("kube-apiserver", &real_alloc), ("podnet", &our_alloc)] {
-        assert_eq!(alloc.len(), 6, "{side}: {alloc:?}");
+        assert_eq!(alloc.len(), 8, "{side}: {alloc:?}");
         for (name, (ip, ports)) in alloc {
             if name == "headless" {
                 assert_eq!(ip, "None", "{side} {name}");
