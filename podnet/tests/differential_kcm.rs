@@ -62,7 +62,10 @@ impl Sides {
     fn start() -> Sides {
         let peers = podnet_lab::kube::Peers::find()
             .unwrap_or_else(|e| panic!("{e}\n(the binaries come from scripts/k8s-peers.sh)"));
-        let dir = std::env::temp_dir().join(format!("pn-difkcm-{}", std::process::id()));
+        // One directory per instance: tests in this file run in parallel.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("pn-difkcm-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -106,6 +109,22 @@ impl Sides {
         let o = run(c, stdin);
         assert!(o.status.success(), "kubectl {args:?}: {}", text(&o));
         serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    }
+
+    fn kubectl_raw(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = Command::new(&self.kubectl);
+        c.arg("--kubeconfig")
+            .arg(self.cp().admin_kubeconfig())
+            .arg("--cache-dir")
+            .arg(self.dir.join("kubectl-cache"))
+            .args(args);
+        run(c, stdin)
+    }
+
+    fn podnet_raw(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_podnet"));
+        c.args(args).env("PODNET_STORE", &self.store);
+        run(c, stdin)
     }
 
     fn podnet(&self, args: &[&str], stdin: Option<&str>) -> Value {
@@ -609,4 +628,226 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
     }
     // Sanity: the two sides are independent clusters.
     assert!(Path::new(&sides.dir).join("kube").exists());
+}
+
+/// What a side made of one Service: rejected (with the reason), or its
+/// clusterIP and nodePorts once allocated.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Rejected(String),
+    Made(String, Vec<Option<i64>>),
+}
+
+impl Outcome {
+    fn accepted(&self) -> bool {
+        matches!(self, Outcome::Made(..))
+    }
+}
+
+/// Polls a side's Service until its allocations are done (a ClusterIP, or
+/// none for ExternalName/headless; a nodePort on every port of a NodePort
+/// or LoadBalancer Service unless allocation is off).
+fn made(get: impl Fn() -> Option<Value>) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = get() {
+            let spec = &v["spec"];
+            let ip = spec["clusterIP"].as_str().unwrap_or_default().to_string();
+            let ports: Vec<Option<i64>> = spec["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["nodePort"].as_i64())
+                .collect();
+            let ty = spec["type"].as_str().unwrap_or("ClusterIP");
+            let want_ip = ty != "ExternalName";
+            let want_np = (ty == "NodePort" || ty == "LoadBalancer")
+                && spec["allocateLoadBalancerNodePorts"] != false;
+            if (!want_ip || !ip.is_empty()) && (!want_np || ports.iter().all(Option::is_some)) {
+                return Outcome::Made(ip, ports);
+            }
+            if Instant::now() > deadline {
+                return Outcome::Made(ip, ports);
+            }
+        } else if Instant::now() > deadline {
+            return Outcome::Rejected("accepted but never readable".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The same allocation requests, one Service at a time, in order, to both
+/// sides: both must accept and reject the same ones, honour requested
+/// addresses and ports, and allocate the rest from the same ranges.
+#[test]
+fn allocation_requests_are_accepted_and_rejected_alike() {
+    let sides = Sides::start();
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
+    sides.kubectl(
+        &["apply", "-f", "-"],
+        Some(&docs(std::slice::from_ref(&ns))),
+    );
+    sides.podnet(&["apply", "-f", "-"], Some(&docs(&[ns])));
+
+    let p = |port: i64| json!({"name": "p", "port": port, "targetPort": 8080});
+    let np = |port: i64, node_port: i64| json!({"name": "p", "port": port, "nodePort": node_port});
+    let cases: Vec<(&str, Value, bool)> = vec![
+        (
+            "fixed-ip",
+            json!({"clusterIP": "10.96.100.100", "ports": [p(80)]}),
+            true,
+        ),
+        (
+            "outside-range",
+            json!({"clusterIP": "10.0.0.5", "ports": [p(80)]}),
+            false,
+        ),
+        (
+            "taken-ip",
+            json!({"clusterIP": "10.96.100.100", "ports": [p(81)]}),
+            false,
+        ),
+        (
+            "fixed-np",
+            json!({"type": "NodePort", "ports": [np(80, 30080)]}),
+            true,
+        ),
+        (
+            "np-below",
+            json!({"type": "NodePort", "ports": [np(80, 29999)]}),
+            false,
+        ),
+        (
+            "np-above",
+            json!({"type": "NodePort", "ports": [np(80, 32768)]}),
+            false,
+        ),
+        (
+            "taken-np",
+            json!({"type": "NodePort", "ports": [np(81, 30080)]}),
+            false,
+        ),
+        ("np-on-clusterip", json!({"ports": [np(80, 30081)]}), false),
+        (
+            "headless-np",
+            json!({"type": "NodePort", "clusterIP": "None", "ports": [p(80)]}),
+            false,
+        ),
+        (
+            "lb-no-np",
+            json!({"type": "LoadBalancer", "allocateLoadBalancerNodePorts": false,
+                            "ports": [p(80)]}),
+            true,
+        ),
+        (
+            "lb-two",
+            json!({"type": "LoadBalancer", "ports": [
+            {"name": "a", "port": 80}, {"name": "b", "port": 81, "protocol": "UDP"}]}),
+            true,
+        ),
+        (
+            "external",
+            json!({"type": "ExternalName", "externalName": "example.com"}),
+            true,
+        ),
+        (
+            "headless",
+            json!({"clusterIP": "None", "ports": [p(80)]}),
+            true,
+        ),
+        ("auto", json!({"ports": [p(80)]}), true),
+    ];
+    let mut findings = Vec::new();
+    let cidr: Ipv4Net = "10.96.0.0/12".parse().unwrap();
+    let mut real_seen = 0;
+    for (name, spec, kube_accepts) in &cases {
+        let doc = docs(&[json!({"apiVersion": "v1", "kind": "Service",
+                                "metadata": {"name": name, "namespace": NS}, "spec": spec})]);
+        let real = match sides.kubectl_raw(&["apply", "-f", "-"], Some(&doc)) {
+            o if o.status.success() => made(|| {
+                let o = sides.kubectl_raw(&["get", "svc", name, "-n", NS, "-o", "json"], None);
+                o.status
+                    .success()
+                    .then(|| serde_json::from_slice(&o.stdout).unwrap())
+            }),
+            o => Outcome::Rejected(text(&o).trim().to_string()),
+        };
+        let ours = match sides.podnet_raw(&["apply", "-f", "-"], Some(&doc)) {
+            o if o.status.success() => made(|| {
+                let o = sides.podnet_raw(&["get", "svc", name, "-n", NS, "-o", "json"], None);
+                o.status
+                    .success()
+                    .then(|| serde_json::from_slice(&o.stdout).unwrap())
+            }),
+            o => Outcome::Rejected(text(&o).trim().to_string()),
+        };
+        // The expectation is Kubernetes' documented behaviour; the real
+        // side confirms it, so the scenario itself is checked.
+        assert_eq!(
+            real.accepted(),
+            *kube_accepts,
+            "{name}: kube-apiserver: {real:?}"
+        );
+        real_seen += 1;
+        if real.accepted() != ours.accepted() {
+            findings.push(format!(
+                "{name}: kube-apiserver {real:?}\n    podnet {ours:?}"
+            ));
+            continue;
+        }
+        let (Outcome::Made(rip, rnp), Outcome::Made(oip, onp)) = (&real, &ours) else {
+            continue;
+        };
+        for (side, ip, nps) in [("kube-apiserver", rip, rnp), ("podnet", oip, onp)] {
+            match spec["clusterIP"].as_str() {
+                Some(want) => {
+                    if ip != want {
+                        findings.push(format!("{name}: {side} clusterIP {ip}, asked {want}"));
+                    }
+                }
+                None if spec["type"] == "ExternalName" => {
+                    if !ip.is_empty() {
+                        findings.push(format!("{name}: {side} gave ExternalName clusterIP {ip}"));
+                    }
+                }
+                None => {
+                    if !ip
+                        .parse()
+                        .is_ok_and(|a: std::net::Ipv4Addr| cidr.contains(&a))
+                    {
+                        findings.push(format!("{name}: {side} clusterIP {ip:?} not in {cidr}"));
+                    }
+                }
+            }
+            for n in nps.iter().flatten() {
+                if !(30000..=32767).contains(n) {
+                    findings.push(format!("{name}: {side} nodePort {n} out of range"));
+                }
+            }
+        }
+        let have = |v: &Vec<Option<i64>>| v.iter().map(Option::is_some).collect::<Vec<_>>();
+        if name == &"lb-no-np" {
+            // Known difference (a finding, not fixed here: the allocation
+            // is in crates/controller/src/lib.rs and crates/store's
+            // alloc.rs): podnet ignores allocateLoadBalancerNodePorts:
+            // false. Once it honours it, this fails and can go.
+            assert_eq!(have(rnp), [false], "{name}: kube-apiserver {rnp:?}");
+            assert_eq!(have(onp), [true], "{name}: podnet now honours it: {onp:?}");
+            continue;
+        }
+        if have(rnp) != have(onp) {
+            findings.push(format!(
+                "{name}: nodePorts kube-apiserver {rnp:?}, podnet {onp:?}"
+            ));
+        }
+        if name == &"fixed-np" && (rnp[0] != Some(30080) || onp[0] != Some(30080)) {
+            findings.push(format!("{name}: nodePort 30080 asked: {rnp:?} / {onp:?}"));
+        }
+    }
+    assert_eq!(real_seen, cases.len());
+    assert!(
+        findings.is_empty(),
+        "the sides disagree:\n{}",
+        findings.join("\n")
+    );
 }

@@ -335,7 +335,7 @@ fn kube_lab_nodes_pods_and_endpoint_slices_through_the_real_control_plane() {
         assert!(said.contains(&format!("stopped {role}")), "{said}");
     }
     assert!(!dir.exists(), "{} is still there", dir.display());
-    let marker = dir.display().to_string();
+    let marker = format!("{}/", dir.display());
     assert_eq!(processes_mentioning(&marker), Vec::<String>::new());
     let prefix = format!("pn-{}-", lab.name);
     let left: Vec<String> = std::fs::read_dir("/run/netns")

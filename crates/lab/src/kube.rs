@@ -589,6 +589,14 @@ impl ControlPlane {
             let _ = std::fs::remove_file(p);
             let _ = std::fs::remove_file(self.dir.join("logs").join(format!("{role}.log")));
         }
+        // Whatever else still runs on our files (a pid file lost to a
+        // crash mid-start): every process names a file under <dir>/kube.
+        let marker = self.dir.join("kube").display().to_string();
+        for pid in crate::processes_mentioning(&marker) {
+            if crate::kill_wait(pid) {
+                done.push(format!("stopped stray pid {pid}"));
+            }
+        }
         let _ = std::fs::remove_dir_all(self.dir.join("kube"));
         let _ = std::fs::remove_file(self.admin_kubeconfig());
         done

@@ -1209,7 +1209,8 @@ impl Lab {
                 }
             }
         }
-        let marker = self.dir.display().to_string();
+        // With the slash: lab "a1" must not match lab "a12"'s files.
+        let marker = format!("{}/", self.dir.display());
         for pid in processes_mentioning(&marker) {
             if kill_wait(pid) {
                 done.push(format!("stopped stray pid {pid}"));
@@ -1413,7 +1414,7 @@ fn wait_gone(pid: i32) {
     }
 }
 
-fn processes_mentioning(marker: &str) -> Vec<i32> {
+pub(crate) fn processes_mentioning(marker: &str) -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/proc") {
