@@ -660,7 +660,7 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
         ],
         None,
     );
-    sides.kubectl_raw(
+    sides.kubectl(
         &[
             "delete",
             "pod",
