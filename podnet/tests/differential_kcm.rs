@@ -17,7 +17,7 @@
 //! Needs the binaries of `scripts/k8s-peers.sh` (fails loudly without).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

@@ -383,3 +383,43 @@ fn two_kube_labs_side_by_side() {
         1
     );
 }
+
+/// `lab up --kube` killed while the control plane starts (its processes
+/// run detached): `lab down` still stops them and removes everything.
+#[test]
+fn lab_down_after_up_crashed_mid_start() {
+    let peers = podnet_lab::kube::Peers::find()
+        .unwrap_or_else(|e| panic!("{e}\n(the binaries come from scripts/k8s-peers.sh)"));
+    let mut lab = KubeLab {
+        name: format!("kc{}", std::process::id() % 100_000),
+        kubectl: peers.kubectl,
+        down: false,
+    };
+    let mut up = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["lab", "--name", &lab.name, "up", "--kube", "--no-agents"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = lab.dir().join("pids").join("kube-apiserver");
+    eventually("lab up starts kube-apiserver", || {
+        started
+            .exists()
+            .then_some(())
+            .ok_or_else(|| format!("no {} (lab up: {:?})", started.display(), up.try_wait()))
+    });
+    assert!(up.try_wait().unwrap().is_none(), "lab up finished already");
+    up.kill().unwrap();
+    up.wait().unwrap();
+    let marker = format!("{}/", lab.dir().display());
+    assert!(
+        processes_mentioning(&marker)
+            .iter()
+            .any(|c| c.contains("kube-apiserver")),
+        "the control plane outlives the crashed lab up"
+    );
+    let said = lab.take_down();
+    assert!(said.contains("kube-apiserver"), "{said}");
+    assert!(!lab.dir().exists());
+    assert_eq!(processes_mentioning(&marker), Vec::<String>::new());
+}
