@@ -423,3 +423,23 @@ fn lab_down_after_up_crashed_mid_start() {
     assert!(!lab.dir().exists());
     assert_eq!(processes_mentioning(&marker), Vec::<String>::new());
 }
+
+/// Without the Kubernetes binaries `lab up --kube` fails loudly, names the
+/// script that builds them, and makes nothing.
+#[test]
+fn missing_kubernetes_binaries_fail_naming_the_script() {
+    let name = format!("km{}", std::process::id() % 100_000);
+    let o = Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["lab", "--name", &name, "up", "--kube", "--no-agents"])
+        .env("KUBE_APISERVER", "/nonexistent/kube-apiserver")
+        .output()
+        .unwrap();
+    let said = text(&o);
+    assert!(!o.status.success(), "{said}");
+    assert!(said.contains("scripts/k8s-peers.sh"), "{said}");
+    assert!(said.contains("kube-apiserver"), "{said}");
+    assert!(!Path::new(podnet_lab::RUN_DIR).join(&name).exists());
+    assert!(!Path::new("/run/netns")
+        .join(format!("pn-{name}-net"))
+        .exists());
+}

@@ -439,20 +439,29 @@ impl Lab {
                 "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",
             ));
         }
+        // The Kubernetes binaries are found before anything is made.
+        let peers = match o.kube {
+            true => Some(kube::Peers::find()?),
+            false => None,
+        };
         // Leftovers of a crashed lab of the same name go first.
         self.down()?;
         for d in ["logs", "pids", "nodes", "pods"] {
             std::fs::create_dir_all(self.dir.join(d))
                 .map_err(|e| io(format!("creating {}", self.dir.display()), e))?;
         }
-        let r = self.up_inner(o).await;
+        let r = self.up_inner(o, peers).await;
         if r.is_err() {
             let _ = self.down();
         }
         r
     }
 
-    async fn up_inner(&self, o: &UpOptions) -> Result<LabState, LabError> {
+    async fn up_inner(
+        &self,
+        o: &UpOptions,
+        peers: Option<kube::Peers>,
+    ) -> Result<LabState, LabError> {
         let store = o
             .store
             .clone()
@@ -476,8 +485,8 @@ impl Lab {
         gateway::install(&under, &gw)?;
         self.save(&st)?;
         self.link_plugins()?;
-        if o.kube {
-            return self.up_kube(st, o).await;
+        if let Some(peers) = peers {
+            return self.up_kube(st, o, &peers).await;
         }
 
         // Cluster config.
@@ -545,9 +554,13 @@ impl Lab {
     /// `lab up --kube` after the underlay: the control plane, the Node
     /// objects and their podCIDRs, the kube-dns Service, then agents (or,
     /// without them, each node's CNI files from its podCIDR) and DNS.
-    async fn up_kube(&self, mut st: LabState, o: &UpOptions) -> Result<LabState, LabError> {
-        let peers = kube::Peers::find()?;
-        let cp = kube::ControlPlane::start(&self.dir, &peers).await?;
+    async fn up_kube(
+        &self,
+        mut st: LabState,
+        o: &UpOptions,
+        peers: &kube::Peers,
+    ) -> Result<LabState, LabError> {
+        let cp = kube::ControlPlane::start(&self.dir, peers).await?;
         let c = cp.client().await?;
         // kube-dns first, so no other Service can take its address.
         kubelet::ensure_namespace(&c, DNS_NAMESPACE).await?;
