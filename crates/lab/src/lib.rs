@@ -1472,3 +1472,76 @@ fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(kube: bool) -> LabState {
+        LabState {
+            name: "t".into(),
+            backend: "vxlan".into(),
+            store: "sqlite:///run/podnet-lab/t/state.db".into(),
+            underlay_ns: "pn-t-net".into(),
+            nodes: vec![],
+            resync_secs: 5,
+            kube,
+        }
+    }
+
+    /// Standalone daemons read the store; in Kubernetes mode the same
+    /// daemons get their node's kubeconfig instead, nothing else changes.
+    #[test]
+    fn daemon_args_per_mode() {
+        let lab = Lab::new("t", "/bin/podnet".into()).unwrap();
+        let node = NodeInfo {
+            name: "node1".into(),
+            netns: "pn-t-node1".into(),
+            ip: Ipv4Addr::new(192, 168, 200, 11),
+        };
+        let alone = lab.daemon_args(&state(false), Daemon::Agent(&node));
+        assert_eq!(
+            alone[..5],
+            [
+                "--store",
+                "sqlite:///run/podnet-lab/t/state.db",
+                "agent",
+                "--node",
+                "node1"
+            ]
+        );
+        let kube = lab.daemon_args(&state(true), Daemon::Agent(&node));
+        assert_eq!(
+            kube[..3],
+            [
+                "agent",
+                "--kubeconfig",
+                "/run/podnet-lab/t/nodes/node1/kubeconfig"
+            ]
+        );
+        assert_eq!(kube[3..], alone[3..]);
+        let up = ["10.0.0.53".to_string()];
+        let dns = |kube| {
+            lab.daemon_args(
+                &state(kube),
+                Daemon::Dns {
+                    node: "node1",
+                    upstreams: &up,
+                },
+            )
+        };
+        assert_eq!(dns(false)[2], "dns");
+        assert!(dns(false).contains(&"--upstream=10.0.0.53".to_string()));
+        assert_eq!(dns(true)[..2], ["dns", "--kubeconfig"]);
+        assert!(!dns(true).contains(&"--store".to_string()));
+    }
+
+    /// State files written before Kubernetes mode still load (standalone).
+    #[test]
+    fn old_state_files_load_as_standalone() {
+        let mut v = serde_json::to_value(state(true)).unwrap();
+        v.as_object_mut().unwrap().remove("kube");
+        let st: LabState = serde_json::from_value(v).unwrap();
+        assert!(!st.kube);
+    }
+}
