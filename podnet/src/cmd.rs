@@ -310,6 +310,8 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             nodes,
             backend,
             resync,
+            kube,
+            no_agents,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -320,17 +322,30 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     backend,
                     store,
                     resync_secs: resync,
+                    kube,
+                    kube_agents: !no_agents,
                 })
                 .await?;
+            let objects = if st.kube {
+                "a real kube-apiserver".to_string()
+            } else {
+                format!("store {}", st.store)
+            };
             println!(
-                "lab {:?} is up: {} nodes, backend {}, store {}",
+                "lab {:?} is up: {} nodes, backend {}, {objects}",
                 st.name,
                 st.nodes.len(),
                 st.backend,
-                st.store
             );
             for n in &st.nodes {
                 println!("  {}  netns {}  underlay {}", n.name, n.netns, n.ip);
+            }
+            if st.kube {
+                println!(
+                    "kubectl: --kubeconfig {} (podnet lab kubeconfig --name {})",
+                    lab.kubeconfig()?.display(),
+                    st.name
+                );
             }
             println!("try: podnet lab run default/web --node node1 --ports 80/tcp; podnet lab probe default/web2 IP:80");
         }
@@ -400,6 +415,9 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
         }
         LabCmd::Forward { netns, addrs } => {
             podnet_lab::forward::forward(&netns, &addrs)?;
+        }
+        LabCmd::Kubeconfig => {
+            println!("{}", lab.kubeconfig()?.display());
         }
         LabCmd::Down => {
             for line in lab.down()? {

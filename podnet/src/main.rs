@@ -164,6 +164,14 @@ pub enum LabCmd {
         /// Agents' resync period in seconds.
         #[arg(long, default_value_t = 5)]
         resync: u64,
+        /// Run a real etcd, kube-apiserver and kube-controller-manager (from
+        /// scripts/k8s-peers.sh) instead of the store's controller.
+        #[arg(long)]
+        kube: bool,
+        /// With --kube: start no agents and no DNS server (the control plane,
+        /// Nodes and Pods only; the lab writes each node's CNI files).
+        #[arg(long, requires = "kube")]
+        no_agents: bool,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {
@@ -206,6 +214,8 @@ pub enum LabCmd {
         #[arg(long)]
         cleanup: bool,
     },
+    /// Print the admin kubeconfig path of a --kube lab (for kubectl).
+    Kubeconfig,
     /// Remove every namespace, link, file and process the lab made.
     Down,
     /// (internal) Forward ADDR connections from inside NETNS to this namespace.

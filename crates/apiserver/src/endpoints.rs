@@ -192,7 +192,8 @@ fn resolve(target: &Option<IntOrString>, port: i32, proto: &str, pod: &Pod) -> O
     }
 }
 
-type PortSet = Vec<(Option<String>, String, i32)>;
+/// (name, protocol, port, appProtocol) of each port of a slice.
+type PortSet = Vec<(Option<String>, String, i32, Option<String>)>;
 
 fn short_hash(s: &str) -> String {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -244,12 +245,16 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
         for p in spec.ports.iter().flatten() {
             let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
             if let Some(n) = resolve(&p.target_port, p.port, &proto, pod) {
-                ports.push((p.name.clone(), proto, n));
+                // As Kubernetes: the name always ("" for an unnamed port),
+                // the appProtocol copied.
+                let name = p.name.clone().unwrap_or_default();
+                ports.push((Some(name), proto, n, p.app_protocol.clone()));
             }
         }
-        if ports.is_empty() && spec.ports.as_ref().map(|p| !p.is_empty()).unwrap_or(false) {
-            continue;
-        }
+        // A pod that declares none of the Service's named targetPorts is
+        // still an endpoint, in a slice without ports, as Kubernetes'
+        // EndpointSlice controller publishes it (headless DNS names it;
+        // proxies find no port to send to). Found by differential_kcm.
         let conditions = conditions(pod, publish_not_ready);
         let pspec = pod.spec.as_ref();
         let hostname = pspec
@@ -324,11 +329,11 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
             ports: Some(
                 ports
                     .into_iter()
-                    .map(|(n, proto, port)| EndpointPort {
+                    .map(|(n, proto, port, app_protocol)| EndpointPort {
                         name: n,
                         protocol: Some(proto),
                         port: Some(port),
-                        app_protocol: None,
+                        app_protocol,
                     })
                     .collect(),
             ),
@@ -458,13 +463,19 @@ mod tests {
         );
         let c = pod("c", json!({"app": "web"}), "10.244.1.7", true, None);
         let d = unzoned(&s, &[&a, &b, &c]);
-        assert_eq!(d.len(), 2, "one slice per resolved port");
-        let ports: Vec<i32> = d
+        assert_eq!(d.len(), 3, "one slice per resolved port set");
+        let ports: Vec<Option<i32>> = d
             .iter()
-            .map(|s| s.ports.as_ref().unwrap()[0].port.unwrap())
+            .map(|s| s.ports.as_ref().unwrap().first().map(|p| p.port.unwrap()))
             .collect();
-        assert!(ports.contains(&8080) && ports.contains(&9090));
-        assert_ne!(d[0].metadata.name, d[1].metadata.name);
+        assert!(ports.contains(&Some(8080)) && ports.contains(&Some(9090)));
+        // The pod without the port is published without ports, as
+        // Kubernetes does.
+        let portless = d.iter().find(|s| s.ports.as_ref().unwrap().is_empty());
+        let eps = portless.unwrap().endpoints.as_deref().unwrap();
+        assert_eq!(eps[0].addresses, vec!["10.244.1.7".to_string()]);
+        let names: BTreeSet<_> = d.iter().map(|s| s.metadata.name.clone()).collect();
+        assert_eq!(names.len(), 3);
     }
 
     #[test]

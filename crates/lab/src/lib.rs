@@ -11,9 +11,18 @@
 //!   object, with `podnet serve` answering inside it;
 //! - everything the lab makes is recorded under `/run/podnet-lab/<lab>/`, so
 //!   `lab down` removes it all, also after a crash.
+//!
+//! Two modes. Standalone (the default): objects live in the lab's store and
+//! `podnet controller` does the API server's duties. Kubernetes (`--kube`):
+//! a real etcd, kube-apiserver and kube-controller-manager run for the lab
+//! ([`kube`]), nodes and pods are registered through the API and the lab
+//! writes pod status as their kubelet ([`kubelet`]); daemons get a
+//! kubeconfig instead of a store ([`Lab::daemon_args`]).
 
 pub mod forward;
 pub mod gateway;
+pub mod kube;
+pub mod kubelet;
 pub mod serve;
 
 use std::collections::BTreeMap;
@@ -56,6 +65,8 @@ pub enum LabError {
     Cni(#[from] podnet_cni::CniError),
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    #[error(transparent)]
+    Kube(#[from] kube::KubeError),
 }
 
 fn msg(s: impl Into<String>) -> LabError {
@@ -87,6 +98,10 @@ pub struct LabState {
     pub underlay_ns: String,
     pub nodes: Vec<NodeInfo>,
     pub resync_secs: u64,
+    /// Kubernetes mode: a real control plane instead of the store's
+    /// controller (state files from before it load as standalone).
+    #[serde(default)]
+    pub kube: bool,
 }
 
 /// A lab by name: where its state lives.
@@ -97,12 +112,32 @@ pub struct Lab {
     pub exe: PathBuf,
 }
 
+/// A daemon the lab runs, for [`Lab::daemon_args`].
+#[derive(Debug, Clone, Copy)]
+pub enum Daemon<'a> {
+    /// `podnet agent` on a node.
+    Agent(&'a NodeInfo),
+    /// `podnet dns` in the DNS pod on `node`, forwarding to `upstreams`.
+    Dns {
+        node: &'a str,
+        upstreams: &'a [String],
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct UpOptions {
     pub nodes: usize,
     pub backend: String,
     pub store: Option<String>,
     pub resync_secs: u64,
+    /// Run a real etcd, kube-apiserver and kube-controller-manager, and
+    /// register nodes and pods through the API ([`kube`], [`kubelet`]).
+    pub kube: bool,
+    /// In Kubernetes mode, start the agents and cluster DNS. Without them
+    /// the lab writes each node's CNI files from its podCIDR itself, so
+    /// pods still get addresses (the control-plane and kubelet duties can
+    /// be tested on their own).
+    pub kube_agents: bool,
 }
 
 fn io(what: impl Into<String>, e: std::io::Error) -> LabError {
@@ -169,10 +204,8 @@ impl Lab {
         self.dir.join("logs").join(format!("{role}.log"))
     }
 
-    /// Starts a detached process (optionally inside a namespace), logging to
-    /// the lab directory and recording its pid under `pids/<role>`. A role
-    /// started again (a restarted agent) appends to its log, after a line
-    /// that marks the start, so what the last run said before it died stays.
+    /// Starts a detached `podnet` process (optionally inside a namespace);
+    /// see [`spawn_logged`].
     fn spawn(
         &self,
         role: &str,
@@ -180,49 +213,20 @@ impl Lab {
         args: &[String],
         env: &[(&str, String)],
     ) -> Result<u32, LabError> {
-        use std::io::Write;
-        let path = self.log_path(role);
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| io(format!("opening {}", path.display()), e))?;
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        writeln!(
-            log,
-            "{SPAWN_MARK} {role} starting (unix time {}.{:03})",
-            since_epoch.as_secs(),
-            since_epoch.subsec_millis()
-        )
-        .map_err(|e| io(format!("writing {}", path.display()), e))?;
-        let log2 = log.try_clone().map_err(|e| io("log", e))?;
         let mut cmd = Command::new(&self.exe);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            // The log is a file: plain text, no colour codes.
-            .env("NO_COLOR", "1")
-            .process_group(0);
+        cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = match ns {
-            Some(ns) => Netns::named(ns)?.run(|| cmd.spawn())?,
-            None => cmd.spawn(),
-        }
-        .map_err(|e| io(format!("starting {role}"), e))?;
-        let pid = child.id();
-        std::fs::write(self.dir.join("pids").join(role), pid.to_string())
-            .map_err(|e| io("writing pid", e))?;
-        // The child is a daemon: reap it in the background if we outlive it.
-        std::thread::spawn(move || {
-            let mut c = child;
-            let _ = c.wait();
-        });
-        Ok(pid)
+        spawn_logged(&self.dir, role, &mut cmd, ns)
+    }
+
+    /// Whether the recorded process of `role` still runs.
+    fn role_alive(&self, role: &str) -> bool {
+        std::fs::read_to_string(self.dir.join("pids").join(role))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .is_some_and(alive)
     }
 
     fn kill_role(&self, role: &str) {
@@ -236,27 +240,95 @@ impl Lab {
         let _ = std::fs::remove_file(p);
     }
 
+    /// The command line of a lab daemon, in both modes: the one place to
+    /// change how agents and DNS are started. Standalone, they read the
+    /// lab's store (`--store`); in Kubernetes mode, the API through their
+    /// node's kubeconfig (`--kubeconfig`, see [`Lab::node_kubeconfig`]).
+    pub fn daemon_args(&self, st: &LabState, daemon: Daemon<'_>) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        if !st.kube {
+            a.extend(["--store".into(), st.store.clone()]);
+        }
+        let source = |a: &mut Vec<String>, node: &str| {
+            if st.kube {
+                a.push("--kubeconfig".into());
+                a.push(self.node_kubeconfig(node).display().to_string());
+                a.push("--net-conf".into());
+                a.push(self.net_conf_path().display().to_string());
+            }
+        };
+        match daemon {
+            Daemon::Agent(node) => {
+                let d = self.node_dir(&node.name);
+                a.push("agent".into());
+                source(&mut a, &node.name);
+                a.extend([
+                    "--node".into(),
+                    node.name.clone(),
+                    "--iface".into(),
+                    "eth0".into(),
+                    "--subnet-file".into(),
+                    d.join("subnet.env").display().to_string(),
+                    "--cni-conf-dir".into(),
+                    d.join("net.d").display().to_string(),
+                    "--cni-data-dir".into(),
+                    d.join("cni").display().to_string(),
+                    "--resync".into(),
+                    st.resync_secs.to_string(),
+                    "--metrics-addr".into(),
+                    "127.0.0.1:10249".into(),
+                ]);
+            }
+            Daemon::Dns { node, upstreams } => {
+                a.push("dns".into());
+                source(&mut a, node);
+                a.extend([
+                    "--listen".into(),
+                    "0.0.0.0:53".into(),
+                    "--metrics-addr".into(),
+                    "127.0.0.1:9153".into(),
+                    format!("--upstream={}", upstreams.join(",")),
+                    "--upstream-timeout-ms".into(),
+                    "1000".into(),
+                ]);
+            }
+        }
+        a
+    }
+
     fn agent_args(&self, st: &LabState, node: &NodeInfo) -> Vec<String> {
-        let d = self.node_dir(&node.name);
-        vec![
-            "--store".into(),
-            st.store.clone(),
-            "agent".into(),
-            "--node".into(),
-            node.name.clone(),
-            "--iface".into(),
-            "eth0".into(),
-            "--subnet-file".into(),
-            d.join("subnet.env").display().to_string(),
-            "--cni-conf-dir".into(),
-            d.join("net.d").display().to_string(),
-            "--cni-data-dir".into(),
-            d.join("cni").display().to_string(),
-            "--resync".into(),
-            st.resync_secs.to_string(),
-            "--metrics-addr".into(),
-            "127.0.0.1:10249".into(),
-        ]
+        self.daemon_args(st, Daemon::Agent(node))
+    }
+
+    /// The kubeconfig of node `node`'s daemons in Kubernetes mode:
+    /// `<lab dir>/nodes/<node>/kubeconfig`. It names the apiserver at
+    /// 127.0.0.1:<port>, which a forwarder serves inside the node's (and
+    /// the DNS pod's) namespace.
+    pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        self.node_dir(node).join("kubeconfig")
+    }
+
+    /// The network config of a Kubernetes-mode lab's daemons (flannel's
+    /// net-conf.json fields): `<lab dir>/net-conf.json`.
+    pub fn net_conf_path(&self) -> PathBuf {
+        self.dir.join("net-conf.json")
+    }
+
+    /// The admin kubeconfig of a Kubernetes-mode lab, for kubectl:
+    /// `<lab dir>/kubeconfig`.
+    pub fn kubeconfig(&self) -> Result<PathBuf, LabError> {
+        if !self.state()?.kube {
+            return Err(msg(format!(
+                "lab {:?} runs no Kubernetes control plane (podnet lab up --kube)",
+                self.name
+            )));
+        }
+        Ok(kube::ControlPlane::open(&self.dir)?.admin_kubeconfig())
+    }
+
+    /// An admin client of a Kubernetes-mode lab's apiserver.
+    pub async fn kube_client(&self) -> Result<::kube::Client, LabError> {
+        Ok(kube::ControlPlane::open(&self.dir)?.client().await?)
     }
 
     fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
@@ -333,6 +405,15 @@ impl Lab {
             if env_ok && routes >= want {
                 return Ok(());
             }
+            // In Kubernetes mode an agent that exits says why at once (the
+            // daemons' --kubeconfig support may lag the lab's).
+            if st.kube && !self.role_alive(&format!("agent-{}", node.name)) {
+                return Err(msg(format!(
+                    "the agent on {} exited; see {}",
+                    node.name,
+                    self.log_path(&format!("agent-{}", node.name)).display()
+                )));
+            }
             if Instant::now() > deadline {
                 return Err(msg(format!(
                     "node {} not ready after waiting (subnet.env: {env_ok}, routes {routes}/{want}); see {}",
@@ -361,20 +442,34 @@ impl Lab {
             ))
         })?;
         let _ = bt;
+        if o.kube && o.store.is_some() {
+            return Err(msg(
+                "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",
+            ));
+        }
+        // The Kubernetes binaries are found before anything is made.
+        let peers = match o.kube {
+            true => Some(kube::Peers::find()?),
+            false => None,
+        };
         // Leftovers of a crashed lab of the same name go first.
         self.down()?;
         for d in ["logs", "pids", "nodes", "pods"] {
             std::fs::create_dir_all(self.dir.join(d))
                 .map_err(|e| io(format!("creating {}", self.dir.display()), e))?;
         }
-        let r = self.up_inner(o).await;
+        let r = self.up_inner(o, peers).await;
         if r.is_err() {
             let _ = self.down();
         }
         r
     }
 
-    async fn up_inner(&self, o: &UpOptions) -> Result<LabState, LabError> {
+    async fn up_inner(
+        &self,
+        o: &UpOptions,
+        peers: Option<kube::Peers>,
+    ) -> Result<LabState, LabError> {
         let store = o
             .store
             .clone()
@@ -386,6 +481,7 @@ impl Lab {
             underlay_ns: self.ns_name("net"),
             nodes: vec![],
             resync_secs: o.resync_secs,
+            kube: o.kube,
         };
         // The underlay: one bridge in its own namespace, and the nodes'
         // gateway on it (no uplink: nothing leaves the machine).
@@ -396,8 +492,12 @@ impl Lab {
         let gw = Netns::create_named(&self.gateway_ns())?;
         gateway::install(&under, &gw)?;
         self.save(&st)?;
+        self.link_plugins()?;
+        if let Some(peers) = peers {
+            return self.up_kube(st, o, &peers).await;
+        }
 
-        // Cluster config and plugins.
+        // Cluster config.
         let objs = self.objects(&st).await?;
         let cfg = NetworkConfig {
             api_version: netconfig::API_VERSION.into(),
@@ -417,14 +517,6 @@ impl Lab {
             },
         };
         upsert(&objs, Object::NetworkConfig(Box::new(cfg))).await?;
-        let bin = self.bin_dir();
-        std::fs::create_dir_all(&bin).map_err(|e| io("creating bin dir", e))?;
-        for name in podnet_cni::plugins::NAMES {
-            let dst = bin.join(name);
-            let _ = std::fs::remove_file(&dst);
-            std::os::unix::fs::symlink(&self.exe, &dst)
-                .map_err(|e| io(format!("linking {}", dst.display()), e))?;
-        }
 
         // The controller, then the nodes and their agents.
         self.spawn(
@@ -450,14 +542,110 @@ impl Lab {
         for n in &st.nodes {
             self.wait_node_ready(&st, n, deadline)?;
         }
-        self.start_dns(&st).await?;
+        self.start_dns(&st, true).await?;
         Ok(st)
     }
 
-    /// Starts an etcd forwarder into `netns` when the store is an etcd on
-    /// this machine's loopback (recorded as role `role`).
+    /// The CNI plugins: links to this binary in the lab's bin dir.
+    fn link_plugins(&self) -> Result<(), LabError> {
+        let bin = self.bin_dir();
+        std::fs::create_dir_all(&bin).map_err(|e| io("creating bin dir", e))?;
+        for name in podnet_cni::plugins::NAMES {
+            let dst = bin.join(name);
+            let _ = std::fs::remove_file(&dst);
+            std::os::unix::fs::symlink(&self.exe, &dst)
+                .map_err(|e| io(format!("linking {}", dst.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// `lab up --kube` after the underlay: the control plane, the Node
+    /// objects and their podCIDRs, the kube-dns Service, then agents (or,
+    /// without them, each node's CNI files from its podCIDR) and DNS.
+    async fn up_kube(
+        &self,
+        mut st: LabState,
+        o: &UpOptions,
+        peers: &kube::Peers,
+    ) -> Result<LabState, LabError> {
+        let cp = kube::ControlPlane::start(&self.dir, peers).await?;
+        // The agents' and DNS's network config, as flannel's net-conf.json
+        // (kube-controller-manager's --cluster-cidr is the Network).
+        let conf = serde_json::json!({
+            "Network": kube::CLUSTER_CIDR,
+            "SubnetLen": 24,
+            "Backend": {"Type": st.backend},
+            "ServiceCIDR": kube::SERVICE_CIDR,
+        });
+        std::fs::write(self.net_conf_path(), conf.to_string())
+            .map_err(|e| io("writing the lab's net-conf.json", e))?;
+        let c = cp.client().await?;
+        // kube-dns first, so no other Service can take its address.
+        kubelet::ensure_namespace(&c, DNS_NAMESPACE).await?;
+        let dns_ip: IpAddr = netconfig::DEFAULT_DNS_IP.parse().expect("default IP");
+        kubelet::ensure_service(&c, &dns_service(dns_ip, dns_labels())).await?;
+        for i in 1..=o.nodes {
+            self.add_node_ns(&mut st, i)?;
+        }
+        self.save(&st)?;
+        for n in &st.nodes {
+            kubelet::register_node(&c, &n.name, n.ip).await?;
+            // The node's kubeconfig works inside its namespace from now on,
+            // agent or not.
+            cp.write_node_kubeconfig(&self.node_kubeconfig(&n.name))?;
+            self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
+        }
+        let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
+        let cidrs =
+            kubelet::wait_pod_cidrs(&c, &names, Instant::now() + Duration::from_secs(60)).await?;
+        if o.kube_agents {
+            for n in &st.nodes {
+                self.start_agent(&st, n)?;
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            for n in &st.nodes {
+                self.wait_node_ready(&st, n, deadline)?;
+            }
+        } else {
+            for n in &st.nodes {
+                self.write_cni_files(n, cidrs[&n.name])?;
+            }
+        }
+        self.start_dns(&st, o.kube_agents).await?;
+        Ok(st)
+    }
+
+    /// What a node's agent writes for the CNI side (subnet.env and the
+    /// conflist), written by the lab for a node that runs no agent.
+    fn write_cni_files(&self, node: &NodeInfo, subnet: ipnet::Ipv4Net) -> Result<(), LabError> {
+        use podnet_overlay::files;
+        let d = self.node_dir(&node.name);
+        let network: ipnet::Ipv4Net = kube::CLUSTER_CIDR.parse().expect("cluster CIDR");
+        let subnet_file = d.join("subnet.env");
+        files::write_if_changed(
+            &subnet_file,
+            &files::subnet_env(network, subnet, 1450, true),
+        )
+        .map_err(|e| io(format!("writing {}", subnet_file.display()), e))?;
+        let list = files::conflist(&subnet_file, Some(&d.join("cni")));
+        let p = d.join("net.d").join(files::CONFLIST_NAME);
+        files::write_if_changed(&p, &serde_json::to_string_pretty(&list).expect("json"))
+            .map_err(|e| io(format!("writing {}", p.display()), e))?;
+        Ok(())
+    }
+
+    /// Starts a forwarder into `netns` when its daemons need this machine's
+    /// loopback: the store's etcd there, or the lab's kube-apiserver
+    /// (recorded as role `role`).
     fn ensure_forwarder(&self, st: &LabState, role: &str, netns: &str) -> Result<(), LabError> {
-        let eps = forward::etcd_endpoints(&st.store);
+        let mut eps = if st.kube {
+            vec![]
+        } else {
+            forward::etcd_endpoints(&st.store)
+        };
+        if st.kube {
+            eps.push(kube::ControlPlane::open(&self.dir)?.apiserver_addr());
+        }
         if eps.is_empty() || self.dir.join("pids").join(role).exists() {
             return Ok(());
         }
@@ -478,7 +666,7 @@ impl Lab {
             .is_err()
         {
             if Instant::now() > deadline {
-                return Err(msg(format!("store forwarder into {netns} did not start")));
+                return Err(msg(format!("forwarder into {netns} did not start")));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -489,11 +677,13 @@ impl Lab {
     /// a pod (`kube-system/podnet-dns`, labelled `k8s-app=kube-dns`) on the
     /// first node, and the Service `kube-system/kube-dns` at the DNS service
     /// IP selecting it, so pods reach it through the agents' service proxy.
-    async fn start_dns(&self, st: &LabState) -> Result<(), LabError> {
+    /// Without `run_server` only the pod is made (Kubernetes mode without
+    /// agents, where the Service's endpoints are what is tested).
+    async fn start_dns(&self, st: &LabState, run_server: bool) -> Result<(), LabError> {
         let Some(node) = st.nodes.first() else {
             return Ok(());
         };
-        let labels = BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())]);
+        let labels = dns_labels();
         let pod = self
             .run_pod(
                 DNS_NAMESPACE,
@@ -503,6 +693,9 @@ impl Lab {
                 &[],
             )
             .await?;
+        if !run_server {
+            return Ok(());
+        }
         self.ensure_forwarder(st, "forward-dns", &pod.netns)?;
         // Upstreams: the machine's nameservers, minus loopback ones (a
         // pod's loopback is its own).
@@ -517,43 +710,24 @@ impl Lab {
         self.spawn(
             "dns",
             Some(&pod.netns),
-            &[
-                "--store".into(),
-                st.store.clone(),
-                "dns".into(),
-                "--listen".into(),
-                "0.0.0.0:53".into(),
-                "--metrics-addr".into(),
-                "127.0.0.1:9153".into(),
-                format!("--upstream={}", upstreams.join(",")),
-                "--upstream-timeout-ms".into(),
-                "1000".into(),
-            ],
+            &self.daemon_args(
+                st,
+                Daemon::Dns {
+                    node: &node.name,
+                    upstreams: &upstreams,
+                },
+            ),
             &[],
         )?;
-        let objs = self.objects(st).await?;
-        let (dns_ip, zone) = match objs
-            .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
-            .await?
-        {
-            Some(Object::NetworkConfig(c)) => c
-                .resolve()
-                .map(|r| (r.dns_service_ip, r.cluster_domain))
-                .map_err(|(f, m)| msg(format!("NetworkConfig {f}: {m}")))?,
-            _ => (
+        let (dns_ip, zone) = if st.kube {
+            // The Service was made with the control plane (`up_kube`).
+            (
                 netconfig::DEFAULT_DNS_IP.parse().expect("default IP"),
                 netconfig::DEFAULT_ZONE.to_string(),
-            ),
+            )
+        } else {
+            self.standalone_dns_service(st, labels).await?
         };
-        let svc = dns_service(dns_ip, labels);
-        if objs
-            .get(Kind::Service, Some(DNS_NAMESPACE), DNS_SERVICE)
-            .await?
-            .is_none()
-        {
-            let ops = podnet_apiserver::alloc::transition(None, Some(&svc));
-            objs.create(Object::Service(Box::new(svc)), ops).await?;
-        }
         // Ready when it answers on the pod IP, then through the Service.
         let probe = format!("dns-version.{zone}");
         let node_ns = Netns::named(&node.netns)?;
@@ -587,9 +761,45 @@ impl Lab {
         Ok(())
     }
 
+    /// Standalone: the cluster DNS address and zone from the store's
+    /// NetworkConfig, and the kube-dns Service there.
+    async fn standalone_dns_service(
+        &self,
+        st: &LabState,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(IpAddr, String), LabError> {
+        let objs = self.objects(st).await?;
+        let (dns_ip, zone) = match objs
+            .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+            .await?
+        {
+            Some(Object::NetworkConfig(c)) => c
+                .resolve()
+                .map(|r| (r.dns_service_ip, r.cluster_domain))
+                .map_err(|(f, m)| msg(format!("NetworkConfig {f}: {m}")))?,
+            _ => (
+                netconfig::DEFAULT_DNS_IP.parse().expect("default IP"),
+                netconfig::DEFAULT_ZONE.to_string(),
+            ),
+        };
+        let svc = dns_service(dns_ip, labels);
+        if objs
+            .get(Kind::Service, Some(DNS_NAMESPACE), DNS_SERVICE)
+            .await?
+            .is_none()
+        {
+            let ops = podnet_apiserver::alloc::transition(None, Some(&svc));
+            objs.create(Object::Service(Box::new(svc)), ops).await?;
+        }
+        Ok((dns_ip, zone))
+    }
+
     /// Adds a node to a running lab.
     pub fn add_node(&self) -> Result<NodeInfo, LabError> {
         let mut st = self.state()?;
+        if st.kube {
+            return Err(msg("add-node is not supported in a --kube lab yet"));
+        }
         let next = st
             .nodes
             .iter()
@@ -607,6 +817,9 @@ impl Lab {
     /// Removes a node: stops its agent, runs `agent --cleanup` (which gives
     /// its subnet back), and deletes its namespace.
     pub fn remove_node(&self, node: &str) -> Result<(), LabError> {
+        if self.state()?.kube {
+            return Err(msg("remove-node is not supported in a --kube lab yet"));
+        }
         self.stop_agent(node, true)?;
         let mut st = self.state()?;
         let n = st
@@ -690,7 +903,9 @@ impl Lab {
         serde_json::from_slice(&b).map_err(|e| msg(format!("corrupt pod record: {e}")))
     }
 
-    /// Creates a pod on a node through the real CNI plugins.
+    /// Creates a pod on a node through the real CNI plugins. In Kubernetes
+    /// mode its Pod is created through the API first, with `spec.nodeName`
+    /// set, and its status written once it runs, as a kubelet does.
     pub async fn run_pod(
         &self,
         ns: &str,
@@ -720,6 +935,40 @@ impl Lab {
                     .ok_or_else(|| msg("the lab has no nodes"))?
             }
         };
+        // Kubernetes mode: the Pod exists, bound to its node, before its
+        // sandbox does, as when a kubelet picks up a scheduled Pod.
+        let kube = match st.kube {
+            true => {
+                let c = self.kube_client().await?;
+                kubelet::ensure_namespace(&c, ns).await?;
+                kubelet::create_pod(&c, ns, pod, &n.name, labels.clone(), ports).await?;
+                Some(c)
+            }
+            false => None,
+        };
+        let r = self
+            .start_pod(&st, ns, pod, &n, labels, ports, kube.as_ref())
+            .await;
+        if let (Err(_), Some(c)) = (&r, &kube) {
+            let _ = kubelet::delete_pod(c, ns, pod).await;
+        }
+        r
+    }
+
+    /// The sandbox of a pod on node `n`: namespace, CNI, DNS config,
+    /// server; then its object: through the API with `kube`, else in the
+    /// store.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_pod(
+        &self,
+        st: &LabState,
+        ns: &str,
+        pod: &str,
+        n: &NodeInfo,
+        labels: BTreeMap<String, String>,
+        ports: &[serve::PortSpec],
+        kube: Option<&::kube::Client>,
+    ) -> Result<PodInfo, LabError> {
         let netns = format!("pn-{}-p{}", self.name, short_hash(&format!("{ns}/{pod}")));
         let pns = Netns::create_named(&netns)?;
         let container_id = format!("lab-{}-{ns}-{pod}", self.name);
@@ -769,11 +1018,18 @@ impl Lab {
         .map_err(|e| io("writing pod record", e))?;
 
         // Cluster DNS for `lab exec` (ip netns exec bind-mounts this file).
-        let objs = self.objects(&st).await?;
-        let (dns_ip, zone) = match objs
-            .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
-            .await?
-        {
+        let objs = match kube {
+            Some(_) => None,
+            None => Some(self.objects(st).await?),
+        };
+        let config = match &objs {
+            Some(objs) => {
+                objs.get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+                    .await?
+            }
+            None => None,
+        };
+        let (dns_ip, zone) = match config {
             Some(Object::NetworkConfig(c)) => c
                 .resolve()
                 .map(|r| (r.dns_service_ip.to_string(), r.cluster_domain))
@@ -827,6 +1083,12 @@ impl Lab {
             }
         }
 
+        let Some(objs) = objs else {
+            // The kubelet's part: the sandbox runs, so the status says so.
+            let c = kube.expect("kube mode");
+            kubelet::set_pod_running(c, ns, pod, &ip, n.ip).await?;
+            return Ok(info);
+        };
         if objs.get(Kind::Namespace, None, ns).await?.is_none() {
             let nso = Namespace {
                 metadata: ObjectMeta {
@@ -950,8 +1212,12 @@ impl Lab {
         Netns::delete_named(&p.netns)?;
         let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.netns));
         let _ = std::fs::remove_file(self.pod_file(ns, pod));
-        let objs = self.objects(&st).await?;
-        let _ = objs.delete(Kind::Pod, Some(ns), pod, None, vec![]).await;
+        if st.kube {
+            kubelet::delete_pod(&self.kube_client().await?, ns, pod).await?;
+        } else {
+            let objs = self.objects(&st).await?;
+            let _ = objs.delete(Kind::Pod, Some(ns), pod, None, vec![]).await;
+        }
         Ok(())
     }
 
@@ -974,7 +1240,8 @@ impl Lab {
                 }
             }
         }
-        let marker = self.dir.display().to_string();
+        // With the slash: lab "a1" must not match lab "a12"'s files.
+        let marker = format!("{}/", self.dir.display());
         for pid in processes_mentioning(&marker) {
             if kill_wait(pid) {
                 done.push(format!("stopped stray pid {pid}"));
@@ -1004,6 +1271,57 @@ impl Lab {
     }
 }
 
+/// Starts a detached process (optionally inside a namespace), logging to
+/// `<dir>/logs/<role>.log` and recording its pid under `<dir>/pids/<role>`,
+/// so `lab down` finds it even after a crash. A role started again (a
+/// restarted agent) appends to its log, after a line that marks the start,
+/// so what the last run said before it died stays.
+pub(crate) fn spawn_logged(
+    dir: &Path,
+    role: &str,
+    cmd: &mut Command,
+    ns: Option<&str>,
+) -> Result<u32, LabError> {
+    use std::io::Write;
+    let path = dir.join("logs").join(format!("{role}.log"));
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| io(format!("opening {}", path.display()), e))?;
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    writeln!(
+        log,
+        "{SPAWN_MARK} {role} starting (unix time {}.{:03})",
+        since_epoch.as_secs(),
+        since_epoch.subsec_millis()
+    )
+    .map_err(|e| io(format!("writing {}", path.display()), e))?;
+    let log2 = log.try_clone().map_err(|e| io("log", e))?;
+    cmd.stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        // The log is a file: plain text, no colour codes.
+        .env("NO_COLOR", "1")
+        .process_group(0);
+    let child = match ns {
+        Some(ns) => Netns::named(ns)?.run(|| cmd.spawn())?,
+        None => cmd.spawn(),
+    }
+    .map_err(|e| io(format!("starting {role}"), e))?;
+    let pid = child.id();
+    std::fs::write(dir.join("pids").join(role), pid.to_string())
+        .map_err(|e| io("writing pid", e))?;
+    // The child is a daemon: reap it in the background if we outlive it.
+    std::thread::spawn(move || {
+        let mut c = child;
+        let _ = c.wait();
+    });
+    Ok(pid)
+}
+
 /// Resolves `host` as a process in the pod would (glibc through the pod's
 /// resolv.conf), via `ip netns exec NETNS getent ahosts HOST`.
 fn resolve_in_pod(netns: &str, host: &str) -> Result<IpAddr, LabError> {
@@ -1015,6 +1333,11 @@ fn resolve_in_pod(netns: &str, host: &str) -> Result<IpAddr, LabError> {
         .lines()
         .find_map(|l| l.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| msg(format!("{host}: no address from the pod's resolver")))
+}
+
+/// The labels of the cluster DNS pod, which kube-dns selects.
+fn dns_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())])
 }
 
 /// The `kube-dns` Service: the DNS service IP, port 53 over UDP and TCP.
@@ -1086,7 +1409,7 @@ fn short_hash(s: &str) -> String {
 }
 
 /// SIGTERM, then SIGKILL after a grace period; true if it was running.
-fn kill_wait(pid: i32) -> bool {
+pub(crate) fn kill_wait(pid: i32) -> bool {
     // SAFETY: plain kill(2) calls.
     if pid <= 1 || unsafe { libc::kill(pid, 0) } != 0 {
         return false;
@@ -1103,7 +1426,7 @@ fn kill_wait(pid: i32) -> bool {
     true
 }
 
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     // A zombie has exited: treat it as gone.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !s
@@ -1122,7 +1445,7 @@ fn wait_gone(pid: i32) {
     }
 }
 
-fn processes_mentioning(marker: &str) -> Vec<i32> {
+pub(crate) fn processes_mentioning(marker: &str) -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/proc") {
@@ -1166,4 +1489,79 @@ fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(kube: bool) -> LabState {
+        LabState {
+            name: "t".into(),
+            backend: "vxlan".into(),
+            store: "sqlite:///run/podnet-lab/t/state.db".into(),
+            underlay_ns: "pn-t-net".into(),
+            nodes: vec![],
+            resync_secs: 5,
+            kube,
+        }
+    }
+
+    /// Standalone daemons read the store; in Kubernetes mode the same
+    /// daemons get their node's kubeconfig instead, nothing else changes.
+    #[test]
+    fn daemon_args_per_mode() {
+        let lab = Lab::new("t", "/bin/podnet".into()).unwrap();
+        let node = NodeInfo {
+            name: "node1".into(),
+            netns: "pn-t-node1".into(),
+            ip: Ipv4Addr::new(192, 168, 200, 11),
+        };
+        let alone = lab.daemon_args(&state(false), Daemon::Agent(&node));
+        assert_eq!(
+            alone[..5],
+            [
+                "--store",
+                "sqlite:///run/podnet-lab/t/state.db",
+                "agent",
+                "--node",
+                "node1"
+            ]
+        );
+        let kube = lab.daemon_args(&state(true), Daemon::Agent(&node));
+        assert_eq!(
+            kube[..5],
+            [
+                "agent",
+                "--kubeconfig",
+                "/run/podnet-lab/t/nodes/node1/kubeconfig",
+                "--net-conf",
+                "/run/podnet-lab/t/net-conf.json"
+            ]
+        );
+        assert_eq!(kube[5..], alone[3..]);
+        let up = ["10.0.0.53".to_string()];
+        let dns = |kube| {
+            lab.daemon_args(
+                &state(kube),
+                Daemon::Dns {
+                    node: "node1",
+                    upstreams: &up,
+                },
+            )
+        };
+        assert_eq!(dns(false)[2], "dns");
+        assert!(dns(false).contains(&"--upstream=10.0.0.53".to_string()));
+        assert_eq!(dns(true)[..2], ["dns", "--kubeconfig"]);
+        assert!(!dns(true).contains(&"--store".to_string()));
+    }
+
+    /// State files written before Kubernetes mode still load (standalone).
+    #[test]
+    fn old_state_files_load_as_standalone() {
+        let mut v = serde_json::to_value(state(true)).unwrap();
+        v.as_object_mut().unwrap().remove("kube");
+        let st: LabState = serde_json::from_value(v).unwrap();
+        assert!(!st.kube);
+    }
 }

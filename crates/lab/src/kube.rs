@@ -1,0 +1,691 @@
+//! A real Kubernetes control plane for the lab: Debian's etcd, and the
+//! kube-apiserver and kube-controller-manager that `scripts/k8s-peers.sh`
+//! builds, on free loopback ports, with a PKI made here.
+//!
+//! This module owns everything that is the control plane's: finding the
+//! binaries, the certificates and keys (`<dir>/kube/pki/`), the kubeconfigs
+//! (the admin's at `<dir>/kubeconfig`, the controller manager's under
+//! `<dir>/kube/`), the three processes (pids under `<dir>/pids/`, logs under
+//! `<dir>/logs/`, data under `<dir>/kube/etcd/`) and the readiness signal
+//! (`/readyz`). It needs no network namespace: `lab up --kube` runs it in the
+//! lab's directory, and tests run it in a directory of their own, so the
+//! same cluster serves the lab and the differential tests. Everything it
+//! starts is recorded before it is waited on, so [`ControlPlane::stop`] (or
+//! `lab down`, which kills whatever `<dir>/pids` names) cleans up also
+//! after a crash.
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+/// The script that builds and caches the Kubernetes binaries; its last
+/// lines are `NAME=/path` for each.
+pub const PEERS_SCRIPT: &str = "scripts/k8s-peers.sh";
+/// Services get ClusterIPs from here (Kubernetes' default).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
+/// kube-controller-manager hands nodes /24s from here (flannel's default).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The `default/kubernetes` Service: the first address of the service CIDR.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// The process roles this module starts (pid and log file names).
+pub const ROLES: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("Kubernetes binaries: {0}")]
+    Peers(String),
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}")]
+    Start(String),
+    #[error("kubeconfig {0}: {1}")]
+    Kubeconfig(String, String),
+    #[error("{0}: {1}")]
+    Api(String, kube::Error),
+}
+
+fn io(what: impl Into<String>, e: std::io::Error) -> KubeError {
+    KubeError::Io(what.into(), e)
+}
+
+fn pki(e: rcgen::Error) -> KubeError {
+    KubeError::Pki(e.to_string())
+}
+
+/// Where the Kubernetes binaries are. `KUBE_APISERVER`,
+/// `KUBE_CONTROLLER_MANAGER`, `KUBECTL` and `ETCD` in the environment win;
+/// the rest come from [`PEERS_SCRIPT`] (run so that it never downloads or
+/// builds: a missing binary is an error that names the script).
+#[derive(Debug, Clone)]
+pub struct Peers {
+    pub kube_apiserver: PathBuf,
+    pub kube_controller_manager: PathBuf,
+    pub kubectl: PathBuf,
+    pub etcd: PathBuf,
+}
+
+impl Peers {
+    pub fn find() -> Result<Peers, KubeError> {
+        let from_env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+        let (mut api, mut kcm, mut ctl) = (
+            from_env("KUBE_APISERVER"),
+            from_env("KUBE_CONTROLLER_MANAGER"),
+            from_env("KUBECTL"),
+        );
+        if api.is_none() || kcm.is_none() || ctl.is_none() {
+            let script = peers_script();
+            if !script.exists() {
+                return Err(KubeError::Peers(format!(
+                    "{} not found (looked at {}); set PODNET_K8S_PEERS to the script, or \
+                     KUBE_APISERVER, KUBE_CONTROLLER_MANAGER and KUBECTL to the binaries",
+                    PEERS_SCRIPT,
+                    script.display()
+                )));
+            }
+            // GOPROXY=off: a cold cache fails fast instead of building for
+            // minutes behind `lab up`'s back.
+            let out = Command::new("bash")
+                .arg(&script)
+                .env("GOPROXY", "off")
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| io(format!("running {}", script.display()), e))?;
+            if !out.status.success() {
+                return Err(KubeError::Peers(format!(
+                    "kube-apiserver, kube-controller-manager and kubectl are not built; run \
+                     `bash {}` (it builds and caches them): {}",
+                    script.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let Some((k, v)) = line.split_once('=') else {
+                    continue;
+                };
+                let slot = match k {
+                    "KUBE_APISERVER" => &mut api,
+                    "KUBE_CONTROLLER_MANAGER" => &mut kcm,
+                    "KUBECTL" => &mut ctl,
+                    _ => continue,
+                };
+                slot.get_or_insert_with(|| PathBuf::from(v));
+            }
+        }
+        let need = |p: Option<PathBuf>, name: &str| {
+            p.filter(|p| p.exists()).ok_or_else(|| {
+                KubeError::Peers(format!(
+                    "{name} is missing; run `bash {PEERS_SCRIPT}` to build it"
+                ))
+            })
+        };
+        let etcd = match from_env("ETCD") {
+            Some(p) => p,
+            None => which("etcd").ok_or_else(|| {
+                KubeError::Peers(
+                    "etcd is not installed (apt-get install etcd-server, or set ETCD)".into(),
+                )
+            })?,
+        };
+        Ok(Peers {
+            kube_apiserver: need(api, "kube-apiserver")?,
+            kube_controller_manager: need(kcm, "kube-controller-manager")?,
+            kubectl: need(ctl, "kubectl")?,
+            etcd,
+        })
+    }
+}
+
+/// The peers script: `PODNET_K8S_PEERS`, else the one in this source tree.
+fn peers_script() -> PathBuf {
+    match std::env::var_os("PODNET_K8S_PEERS") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(PEERS_SCRIPT),
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|f| f.is_file())
+    })
+}
+
+/// A running control plane. Cheap to rebuild from its directory
+/// ([`ControlPlane::open`]), so short-lived commands (`lab run`) reach it.
+#[derive(Debug, Clone)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    /// The apiserver's secure port on 127.0.0.1.
+    pub apiserver_port: u16,
+}
+
+/// The files of the PKI, by role.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Makes the CA, the apiserver's serving cert, the admin's and the
+    /// controller manager's client certs, and the service-account key.
+    fn create(dir: &Path) -> Result<Pki, KubeError> {
+        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}", dir.display()), e))?;
+        let p = Pki {
+            dir: dir.to_path_buf(),
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(pki)?;
+        ca.distinguished_name
+            .push(DnType::CommonName, "podnet-lab-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().map_err(pki)?;
+        let ca = CertifiedIssuer::self_signed(ca, ca_key).map_err(pki)?;
+        p.write("ca.crt", &ca.pem())?;
+
+        let leaf = |name: &str,
+                    sans: Vec<String>,
+                    cn: &str,
+                    org: Option<&str>,
+                    usage: ExtendedKeyUsagePurpose|
+         -> Result<(), KubeError> {
+            let mut params = CertificateParams::new(sans).map_err(pki)?;
+            params.distinguished_name.push(DnType::CommonName, cn);
+            if let Some(o) = org {
+                params.distinguished_name.push(DnType::OrganizationName, o);
+            }
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().map_err(pki)?;
+            let cert = params.signed_by(&key, &ca).map_err(pki)?;
+            p.write(&format!("{name}.crt"), &cert.pem())?;
+            p.write(&format!("{name}.key"), &key.serialize_pem())
+        };
+        let sans = [
+            "127.0.0.1",
+            &KUBERNETES_SERVICE_IP.to_string(),
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        leaf(
+            "apiserver",
+            sans,
+            "kube-apiserver",
+            None,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        // system:masters: the lab's tools and (for now) its agents act as
+        // cluster admins; least-privilege ServiceAccounts are issue 15.
+        leaf(
+            "admin",
+            vec![],
+            "podnet-lab-admin",
+            Some("system:masters"),
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        leaf(
+            "controller-manager",
+            vec![],
+            "system:kube-controller-manager",
+            Some("system:masters"),
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let sa = KeyPair::generate().map_err(pki)?;
+        p.write("sa.key", &sa.serialize_pem())?;
+        p.write("sa.pub", &sa.public_key_pem())?;
+        Ok(p)
+    }
+
+    fn write(&self, name: &str, text: &str) -> Result<(), KubeError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.path(name);
+        let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| io(format!("writing {}", path.display()), e))
+    }
+}
+
+/// A kubeconfig for `server` with the client cert `user` of the PKI in
+/// `pki` (file references, so the files stay the one source of truth).
+pub fn kubeconfig_text(server: &str, pki_dir: &Path, user: &str) -> String {
+    let f = |n: &str| pki_dir.join(n).display().to_string();
+    format!(
+        "apiVersion: v1\nkind: Config\n\
+         clusters:\n- name: podnet-lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: {user}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\n\
+         contexts:\n- name: podnet-lab\n  context:\n    cluster: podnet-lab\n    user: {user}\n\
+         current-context: podnet-lab\n",
+        ca = f("ca.crt"),
+        crt = f(&format!("{user}.crt")),
+        key = f(&format!("{user}.key")),
+    )
+}
+
+/// A loopback port nobody listens on right now. Another lab can take it
+/// before our process binds it; [`ControlPlane::start`] retries then.
+fn free_port() -> Result<u16, KubeError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| io("finding a free loopback port", e))
+}
+
+/// A Kubernetes client from a kubeconfig file.
+pub async fn client(kubeconfig: &Path) -> Result<kube::Client, KubeError> {
+    let bad = |e: String| KubeError::Kubeconfig(kubeconfig.display().to_string(), e);
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    kube::Client::try_from(cfg).map_err(|e| KubeError::Api("building a client".into(), e))
+}
+
+/// Why a start attempt failed: a lost port race is worth another try.
+enum Attempt {
+    PortTaken(String),
+    Failed(KubeError),
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager for `dir`
+    /// (which must exist, with `logs/` and `pids/` in it) and returns when
+    /// the apiserver's `/readyz` says ok. On failure whatever was started
+    /// is stopped.
+    pub async fn start(dir: &Path, peers: &Peers) -> Result<ControlPlane, KubeError> {
+        for d in ["logs", "pids", "kube"] {
+            std::fs::create_dir_all(dir.join(d))
+                .map_err(|e| io(format!("creating {}", dir.join(d).display()), e))?;
+        }
+        Pki::create(&dir.join("kube").join("pki"))?;
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::attempt(dir, peers).await {
+                Ok(cp) => return Ok(cp),
+                Err(Attempt::PortTaken(why)) => {
+                    Self::kill(dir);
+                    last = why;
+                }
+                Err(Attempt::Failed(e)) => {
+                    Self::kill(dir);
+                    return Err(e);
+                }
+            }
+        }
+        Err(KubeError::Start(format!(
+            "control plane: lost the race for free ports three times ({last})"
+        )))
+    }
+
+    async fn attempt(dir: &Path, peers: &Peers) -> Result<ControlPlane, Attempt> {
+        let f = Attempt::Failed;
+        let kube_dir = dir.join("kube");
+        let pki = kube_dir.join("pki");
+        let (etcd_port, peer_port, api_port) = (
+            free_port().map_err(f)?,
+            free_port().map_err(f)?,
+            free_port().map_err(f)?,
+        );
+        let etcd_data = kube_dir.join("etcd");
+        let _ = std::fs::remove_dir_all(&etcd_data);
+        let client_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let p = |s: &Path| s.display().to_string();
+        let etcd_pid = spawn(
+            dir,
+            "etcd",
+            &peers.etcd,
+            &[
+                "--name=lab".into(),
+                format!("--data-dir={}", p(&etcd_data)),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=lab={peer_url}"),
+                "--initial-cluster-state=new".into(),
+            ],
+        )
+        .map_err(f)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !etcd_healthy(etcd_port) {
+            check_alive(dir, "etcd", etcd_pid)?;
+            if Instant::now() > deadline {
+                return Err(f(KubeError::Start(format!(
+                    "etcd did not become healthy; see {}",
+                    dir.join("logs/etcd.log").display()
+                ))));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        let api_pid = spawn(
+            dir,
+            "kube-apiserver",
+            &peers.kube_apiserver,
+            &[
+                format!("--etcd-servers={client_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                format!("--cert-dir={}", p(&kube_dir.join("apiserver"))),
+                format!("--tls-cert-file={}", p(&pki.join("apiserver.crt"))),
+                format!("--tls-private-key-file={}", p(&pki.join("apiserver.key"))),
+                format!("--client-ca-file={}", p(&pki.join("ca.crt"))),
+                format!("--service-account-key-file={}", p(&pki.join("sa.pub"))),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    p(&pki.join("sa.key"))
+                ),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--service-node-port-range=30000-32767".into(),
+                "--authorization-mode=Node,RBAC".into(),
+                // The lease reconciler would publish 127.0.0.1 as the
+                // kubernetes Service's endpoint, which validation rejects
+                // (loopback); nothing in the lab needs that endpoint.
+                "--endpoint-reconciler-type=none".into(),
+                "--profiling=false".into(),
+            ],
+        )
+        .map_err(f)?;
+        let cp = ControlPlane {
+            dir: dir.to_path_buf(),
+            apiserver_port: api_port,
+        };
+        let server = cp.server();
+        write_file(
+            &cp.admin_kubeconfig(),
+            &kubeconfig_text(&server, &pki, "admin"),
+        )
+        .map_err(f)?;
+        let kcm_config = kube_dir.join("controller-manager.kubeconfig");
+        write_file(
+            &kcm_config,
+            &kubeconfig_text(&server, &pki, "controller-manager"),
+        )
+        .map_err(f)?;
+        cp.wait_ready(api_pid, Instant::now() + Duration::from_secs(120))
+            .await?;
+
+        let kcm_pid = spawn(
+            dir,
+            "kube-controller-manager",
+            &peers.kube_controller_manager,
+            &[
+                format!("--kubeconfig={}", p(&kcm_config)),
+                // No serving: nothing scrapes it, and a fixed port would
+                // collide between parallel labs.
+                "--secure-port=0".into(),
+                "--leader-elect=false".into(),
+                "--allocate-node-cidrs=true".into(),
+                format!("--cluster-cidr={CLUSTER_CIDR}"),
+                "--node-cidr-mask-size=24".into(),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                // No kubelet posts node status in the lab: the lifecycle
+                // controller would mark every node, and so every pod,
+                // not ready after the grace period.
+                "--controllers=*,-node-lifecycle-controller".into(),
+                format!("--root-ca-file={}", p(&pki.join("ca.crt"))),
+                format!(
+                    "--service-account-private-key-file={}",
+                    p(&pki.join("sa.key"))
+                ),
+                format!(
+                    "--flex-volume-plugin-dir={}",
+                    p(&kube_dir.join("flexvolume"))
+                ),
+                "--profiling=false".into(),
+            ],
+        )
+        .map_err(f)?;
+        // It must at least survive its start (flags, kubeconfig).
+        check_alive(dir, "kube-controller-manager", kcm_pid)?;
+        Ok(cp)
+    }
+
+    /// The control plane recorded in `dir` (after [`ControlPlane::start`],
+    /// possibly by another process).
+    pub fn open(dir: &Path) -> Result<ControlPlane, KubeError> {
+        let kc = dir.join("kubeconfig");
+        let text =
+            std::fs::read_to_string(&kc).map_err(|e| io(format!("reading {}", kc.display()), e))?;
+        let port = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| KubeError::Kubeconfig(kc.display().to_string(), "no server".into()))?;
+        Ok(ControlPlane {
+            dir: dir.to_path_buf(),
+            apiserver_port: port,
+        })
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> String {
+        format!("https://{}", self.apiserver_addr())
+    }
+
+    /// `127.0.0.1:<port>`: also what a forwarder listens on inside a node
+    /// namespace, so a kubeconfig works the same in both places.
+    pub fn apiserver_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// The admin kubeconfig (`<dir>/kubeconfig`), for kubectl on this machine.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// Writes a kubeconfig for processes inside a namespace that has a
+    /// forwarder to the apiserver (same address, admin credentials for now:
+    /// least-privilege identities come with issue 15).
+    pub fn write_node_kubeconfig(&self, path: &Path) -> Result<(), KubeError> {
+        write_file(
+            path,
+            &kubeconfig_text(&self.server(), &self.dir.join("kube").join("pki"), "admin"),
+        )
+    }
+
+    /// An admin client.
+    pub async fn client(&self) -> Result<kube::Client, KubeError> {
+        client(&self.admin_kubeconfig()).await
+    }
+
+    async fn wait_ready(&self, api_pid: u32, deadline: Instant) -> Result<(), Attempt> {
+        let c = self.client().await.map_err(Attempt::Failed)?;
+        loop {
+            // Ask only once it listens: the client logs every refused connection.
+            let listening = std::net::TcpStream::connect(self.apiserver_addr()).is_ok();
+            let last = if listening {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .expect("request");
+                // The client logs every 500 as an error; while starting,
+                // a 500 is the expected answer.
+                use tracing::instrument::WithSubscriber;
+                match c
+                    .request_text(req)
+                    .with_subscriber(tracing::subscriber::NoSubscriber::default())
+                    .await
+                {
+                    Ok(body) if body.trim() == "ok" => return Ok(()),
+                    Ok(body) => body,
+                    Err(e) => e.to_string(),
+                }
+            } else {
+                "not listening yet".to_string()
+            };
+            check_alive(&self.dir, "kube-apiserver", api_pid)?;
+            if Instant::now() > deadline {
+                return Err(Attempt::Failed(KubeError::Start(format!(
+                    "kube-apiserver not ready ({last}); see {}",
+                    self.dir.join("logs/kube-apiserver.log").display()
+                ))));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kill(dir: &Path) {
+        for role in ROLES.iter().rev() {
+            let p = dir.join("pids").join(role);
+            if let Some(pid) = std::fs::read_to_string(&p)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                crate::kill_wait(pid);
+            }
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// Stops the processes and removes the control plane's files (PKI,
+    /// etcd data, kubeconfigs, logs); returns what it did.
+    pub fn stop(&self) -> Vec<String> {
+        let mut done = Vec::new();
+        for role in ROLES.iter().rev() {
+            let p = self.dir.join("pids").join(role);
+            if let Some(pid) = std::fs::read_to_string(&p)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                if crate::kill_wait(pid) {
+                    done.push(format!("stopped {role} (pid {pid})"));
+                }
+            }
+            let _ = std::fs::remove_file(p);
+            let _ = std::fs::remove_file(self.dir.join("logs").join(format!("{role}.log")));
+        }
+        // Whatever else still runs on our files (a pid file lost to a
+        // crash mid-start): every process names a file under <dir>/kube.
+        let marker = self.dir.join("kube").display().to_string();
+        for pid in crate::processes_mentioning(&marker) {
+            if crate::kill_wait(pid) {
+                done.push(format!("stopped stray pid {pid}"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("kube"));
+        let _ = std::fs::remove_file(self.admin_kubeconfig());
+        done
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), KubeError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| io(format!("creating {}", d.display()), e))?;
+    }
+    std::fs::write(path, text).map_err(|e| io(format!("writing {}", path.display()), e))
+}
+
+fn spawn(dir: &Path, role: &str, program: &Path, args: &[String]) -> Result<u32, KubeError> {
+    crate::spawn_logged(dir, role, Command::new(program).args(args), None)
+        .map_err(|e| KubeError::Start(format!("starting {role}: {e}")))
+}
+
+/// Fails the attempt when `role` has exited; a lost port race (its log says
+/// the address is in use) is worth another attempt.
+fn check_alive(dir: &Path, role: &str, pid: u32) -> Result<(), Attempt> {
+    if crate::alive(pid as i32) {
+        return Ok(());
+    }
+    let log = dir.join("logs").join(format!("{role}.log"));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+    let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    if text.contains("address already in use") {
+        return Err(Attempt::PortTaken(format!(
+            "{role}: address already in use"
+        )));
+    }
+    Err(Attempt::Failed(KubeError::Start(format!(
+        "{role} exited; the end of {}:\n{tail}",
+        log.display()
+    ))))
+}
+
+/// etcd's `/health` over plain HTTP/1.0.
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let addr = (IpAddr::V4(Ipv4Addr::LOCALHOST), port).into();
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kubeconfig_points_at_the_pki() {
+        let t = super::kubeconfig_text(
+            "https://127.0.0.1:6443",
+            std::path::Path::new("/x/pki"),
+            "admin",
+        );
+        assert!(t.contains("server: https://127.0.0.1:6443\n"));
+        assert!(t.contains("certificate-authority: /x/pki/ca.crt\n"));
+        assert!(t.contains("client-key: /x/pki/admin.key\n"));
+        assert!(t.contains("current-context: podnet-lab\n"));
+    }
+
+    #[test]
+    fn pki_has_every_file() {
+        let d = std::env::temp_dir().join(format!("pn-pki-{}", std::process::id()));
+        super::Pki::create(&d).unwrap();
+        for f in [
+            "ca.crt",
+            "apiserver.crt",
+            "apiserver.key",
+            "admin.crt",
+            "admin.key",
+            "controller-manager.crt",
+            "sa.key",
+            "sa.pub",
+        ] {
+            let t = std::fs::read_to_string(d.join(f)).unwrap();
+            assert!(t.starts_with("-----BEGIN "), "{f}: {t}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
