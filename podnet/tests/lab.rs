@@ -1,4 +1,8 @@
 //! End-to-end tests in the lab: real agents on real namespaces, per backend.
+//! The mesh, the Service and the DNS tests run in both modes: standalone
+//! (the podnet store and `podnet controller`) and Kubernetes (`lab up
+//! --kube`: a real etcd, kube-apiserver and kube-controller-manager, the
+//! agents and DNS reading the API, objects written with a real kubectl).
 
 use std::io::{Read, Write};
 use std::process::{Command, Output};
@@ -12,6 +16,15 @@ const WAIT: Duration = Duration::from_secs(20);
 
 struct Lab {
     name: String,
+    /// A Kubernetes-mode lab (`lab up --kube`).
+    kube: bool,
+}
+
+/// Which mode a test's lab runs in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Standalone,
+    Kube,
 }
 
 fn podnet(args: &[&str]) -> Output {
@@ -23,12 +36,70 @@ fn podnet(args: &[&str]) -> Output {
 
 impl Lab {
     fn up(tag: &str, backend: &str, nodes: usize) -> Lab {
+        Lab::up_in(Mode::Standalone, tag, backend, nodes)
+    }
+
+    fn up_in(mode: Mode, tag: &str, backend: &str, nodes: usize) -> Lab {
         require_root();
         let name = format!("{tag}{}", std::process::id() % 100_000);
-        let lab = Lab { name };
+        let lab = Lab {
+            name,
+            kube: mode == Mode::Kube,
+        };
         let n = nodes.to_string();
-        lab.ok(&["up", "--nodes", &n, "--backend", backend, "--resync", "1"]);
+        let mut args = vec!["up", "--nodes", &n, "--backend", backend, "--resync", "1"];
+        if lab.kube {
+            args.push("--kube");
+        }
+        lab.ok(&args);
         lab
+    }
+
+    /// `kubectl ARGS` against a Kubernetes-mode lab, with `stdin`.
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let kc = self.ok(&["kubeconfig"]);
+        let peers = Command::new("bash")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scripts/k8s-peers.sh"
+            ))
+            .arg("kubectl")
+            .output()
+            .expect("scripts/k8s-peers.sh");
+        let out = String::from_utf8_lossy(&peers.stdout);
+        let kubectl = out
+            .lines()
+            .find_map(|l| l.strip_prefix("KUBECTL="))
+            .unwrap_or_else(|| panic!("scripts/k8s-peers.sh gave no kubectl: {out}"))
+            .to_string();
+        let mut p = Command::new(kubectl)
+            .arg(format!("--kubeconfig={kc}"))
+            .arg(format!(
+                "--cache-dir=/run/podnet-lab/{}/kubectl-cache",
+                self.name
+            ))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        let mut i = p.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            i.write_all(text.as_bytes()).unwrap();
+        }
+        drop(i);
+        p.wait_with_output().unwrap()
+    }
+
+    /// A Service as JSON, from the store or the API (Null when absent).
+    fn service_json(&self, name: &str) -> serde_json::Value {
+        let o = if self.kube {
+            self.kubectl(&["get", "svc", name, "-o", "json"], None)
+        } else {
+            podnet(&["--store", &self.store(), "get", "svc", name, "-o", "json"])
+        };
+        serde_json::from_slice(&o.stdout).unwrap_or_default()
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -222,7 +293,11 @@ fn bulk_echo(lab: &Lab, client_pod: &str, server_pod: &str, addr: &str) {
 /// Every pod reaches every other on TCP and UDP by pod IP, sees the real
 /// client address, and full-MTU packets cross without fragmentation.
 fn full_mesh(backend: &str, tag: &str) {
-    let lab = Lab::up(tag, backend, 3);
+    full_mesh_in(Mode::Standalone, backend, tag)
+}
+
+fn full_mesh_in(mode: Mode, backend: &str, tag: &str) {
+    let lab = Lab::up_in(mode, tag, backend, 3);
     let ips: Vec<String> = (1..=3)
         .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
         .collect();
@@ -297,6 +372,21 @@ fn vxlan_full_mesh() {
 #[test]
 fn host_gw_full_mesh() {
     full_mesh("host-gw", "hg");
+}
+
+#[test]
+fn vxlan_full_mesh_kube() {
+    full_mesh_in(Mode::Kube, "vxlan", "vxk");
+}
+
+#[test]
+fn host_gw_full_mesh_kube() {
+    full_mesh_in(Mode::Kube, "host-gw", "hgk");
+}
+
+#[test]
+fn udp_full_mesh_kube() {
+    full_mesh_in(Mode::Kube, "udp", "udk");
 }
 
 #[test]
@@ -432,8 +522,16 @@ fn lab_down_after_a_crash_leaves_nothing() {
 
 #[test]
 fn services_through_the_proxy() {
-    let lab = Lab::up("sv", "vxlan", 2);
-    let store = lab.store();
+    services_through_the_proxy_in(Mode::Standalone, "sv");
+}
+
+#[test]
+fn services_through_the_proxy_kube() {
+    services_through_the_proxy_in(Mode::Kube, "svk");
+}
+
+fn services_through_the_proxy_in(mode: Mode, tag: &str) {
+    let lab = Lab::up_in(mode, tag, "vxlan", 2);
     lab.ok(&[
         "run",
         "default/w1",
@@ -472,8 +570,7 @@ fn services_through_the_proxy() {
     let cip = {
         let mut ip = String::new();
         lab.eventually("a ClusterIP", || {
-            let o = podnet(&["--store", &store, "get", "svc", "web", "-o", "json"]);
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let v = lab.service_json("web");
             ip = v["spec"]["clusterIP"]
                 .as_str()
                 .unwrap_or_default()
@@ -534,6 +631,7 @@ fn lab_on_etcd() {
     let etcd = podnet_testkit::Etcd::start();
     let lab = Lab {
         name: format!("et{}", std::process::id() % 100_000),
+        kube: false,
     };
     let o = podnet(&[
         "--store",
@@ -581,6 +679,15 @@ impl Lab {
     }
 
     fn apply(&self, manifest: &str) {
+        if self.kube {
+            let o = self.kubectl(&["apply", "-f", "-"], Some(manifest));
+            assert!(
+                o.status.success(),
+                "kubectl apply failed: {}\n{manifest}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            return;
+        }
         let mut p = Command::new(env!("CARGO_BIN_EXE_podnet"))
             .args(["--store", &self.store(), "apply", "-f", "-"])
             .stdin(std::process::Stdio::piped())
@@ -598,9 +705,7 @@ impl Lab {
     fn spec(&self, svc: &str, field: &str) -> serde_json::Value {
         let mut v = serde_json::Value::Null;
         self.eventually(&format!("{svc} spec.{field}"), || {
-            let o = podnet(&["--store", &self.store(), "get", "svc", svc, "-o", "json"]);
-            let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            v = s["spec"][field].clone();
+            v = self.service_json(svc)["spec"][field].clone();
             !v.is_null()
         });
         v
@@ -621,7 +726,16 @@ fn ask_from(lab: &Lab, ns: &str, addr: &str, port: u16, ask: &str) -> (bool, Str
 /// outlives agent restarts, a deleted table rebuilt, and `--cleanup`.
 #[test]
 fn service_types_from_outside_and_inside() {
-    let lab = Lab::up("st", "vxlan", 2);
+    service_types_in(Mode::Standalone, "st");
+}
+
+#[test]
+fn service_types_from_outside_and_inside_kube() {
+    service_types_in(Mode::Kube, "stk");
+}
+
+fn service_types_in(mode: Mode, tag: &str) {
+    let lab = Lab::up_in(mode, tag, "vxlan", 2);
     lab.pod_labelled("w1", "node1", "app=web");
     lab.pod_labelled("w2", "node2", "app=web");
     let c_ip = lab.pod_labelled("c", "node2", "app=client");
@@ -640,6 +754,23 @@ fn service_types_from_outside_and_inside() {
          ---\napiVersion: v1\nkind: Service\nmetadata: {name: spread}\n\
          spec: {selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}\n",
     );
+    if lab.kube {
+        // The API server keeps status out of apply: the LB IP is written
+        // to the status subresource, as a load-balancer controller does.
+        let o = lab.kubectl(
+            &[
+                "patch",
+                "svc",
+                "loc",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.20"}]}}}"#,
+            ],
+            None,
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     // A client outside the cluster: an address on the underlay bridge, with
     // the external and LB IPs routed to node1.
     let out = format!("pn-{}-net", lab.name);
@@ -814,7 +945,16 @@ fn service_types_from_outside_and_inside() {
 /// through the agents' proxy) and connect to what they resolve.
 #[test]
 fn lab_pods_resolve_services() {
-    let lab = Lab::up("dn", "vxlan", 2);
+    lab_pods_resolve_services_in(Mode::Standalone, "dn");
+}
+
+#[test]
+fn lab_pods_resolve_services_kube() {
+    lab_pods_resolve_services_in(Mode::Kube, "dnk");
+}
+
+fn lab_pods_resolve_services_in(mode: Mode, tag: &str) {
+    let lab = Lab::up_in(mode, tag, "vxlan", 2);
     for (pod, node, extra) in [
         (
             "pn-dns/web",
