@@ -1,0 +1,369 @@
+//! Network programming latency in Kubernetes mode (issue 13's benchmark).
+//!
+//! A 3-node `podnet lab up --kube`: a real etcd, kube-apiserver and
+//! kube-controller-manager (v1.37, from `scripts/k8s-peers.sh`), a
+//! `podnet agent` per node and `podnet dns`, all reading the API. It
+//! creates `--services` Services (each with one EndpointSlice, as the
+//! EndpointSlice controller would write for a one-pod Service), waits until
+//! every node has them, then creates `--creates` more, one at a time, and
+//! for each measures, from just before the create request is sent:
+//! - **programming latency**: until the Service's ClusterIP is in the
+//!   `cluster-ips` set of table `ip podnet` on *every* node (the upstream
+//!   network programming SLI; read with one exact netlink lookup per node);
+//! - **name latency** (every `--dns-every`th create): until cluster DNS,
+//!   asked through the kube-dns Service from node1, answers the Service's
+//!   name with its ClusterIP.
+//!
+//! It prints p50, p90, p99 and max of each, and the agents' and DNS's
+//! resident memory (VmRSS now, VmHWM peak) with all the Services present.
+//! The lab is removed at the end, also on error.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use kube::api::{Api, PostParams};
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
+use podnet_api::k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
+};
+use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_dns::client::Client as DnsClient;
+use podnet_kernel::Netns;
+use podnet_nft::model::{Family, Value};
+use podnet_nft::netlink::Conn;
+
+#[derive(Parser)]
+#[command(about = "Network programming latency and memory in Kubernetes mode")]
+struct Args {
+    /// Services present before the measured creates.
+    #[arg(long, default_value_t = 10_000)]
+    services: usize,
+    /// Services created one at a time and measured.
+    #[arg(long, default_value_t = 1_000)]
+    creates: usize,
+    /// Measure name resolution for every Nth measured create.
+    #[arg(long, default_value_t = 10)]
+    dns_every: usize,
+    /// API requests in flight while filling.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// The podnet binary the lab runs.
+    #[arg(long, default_value = "target/release/podnet")]
+    podnet: PathBuf,
+    /// Give up on one Service after this long.
+    #[arg(long, default_value = "30s", value_parser = podnet_daemon::parse_duration)]
+    timeout: Duration,
+}
+
+const NS: &str = "bench";
+
+/// Removes the lab on every way out.
+struct LabGuard(podnet_lab::Lab);
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.down() {
+            eprintln!("kube-bench: lab down: {e}");
+        }
+    }
+}
+
+fn service(i: usize) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(format!("s{i}")),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn slice(i: usize) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("s{i}-1")),
+            namespace: Some(NS.into()),
+            labels: Some(
+                [(
+                    "kubernetes.io/service-name".to_string(),
+                    format!("s{i}"),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        address_type: "IPv4".into(),
+        endpoints: Some(vec![Endpoint {
+            addresses: vec![format!("10.244.{}.{}", 200 + i / 60_000, 2 + (i / 250) % 240)],
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// One netlink connection per node, opened inside its namespace.
+struct Nodes(Vec<(String, Conn)>);
+
+impl Nodes {
+    fn open(lab: &podnet_lab::Lab) -> Result<Nodes> {
+        let st = lab.state()?;
+        let mut v = Vec::new();
+        for n in &st.nodes {
+            let ns = Netns::named(&n.netns)?;
+            let c = ns.run(Conn::open)??;
+            v.push((n.name.clone(), c));
+        }
+        Ok(Nodes(v))
+    }
+
+    /// How many nodes hold `ip` in `cluster-ips`.
+    fn holding(&mut self, ip: IpAddr) -> Result<usize> {
+        let key = [Value::Addr(ip)];
+        let mut n = 0;
+        for (name, c) in &mut self.0 {
+            if c
+                .has_element(Family::Ip, "podnet", "cluster-ips", &key)
+                .with_context(|| format!("reading node {name}'s table"))?
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+fn cluster_ip(s: &Service) -> Result<IpAddr> {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .context("the apiserver gave no clusterIP")?
+        .parse()
+        .context("clusterIP")
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(what: &str, v: &[f64]) {
+    if v.is_empty() {
+        println!("{what}: no samples");
+        return;
+    }
+    println!(
+        "{what}: n={} p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+        v.len(),
+        pct(v, 0.5),
+        pct(v, 0.9),
+        pct(v, 0.99),
+        pct(v, 1.0)
+    );
+}
+
+/// (VmRSS, VmHWM) in MiB of the process recorded for `role`.
+fn memory(lab: &podnet_lab::Lab, role: &str) -> Option<(f64, f64)> {
+    let pid: u32 = std::fs::read_to_string(lab.dir.join("pids").join(role))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = |k: &str| -> Option<f64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<f64>()
+            .ok()
+    };
+    Some((kb("VmRSS:")? / 1024.0, kb("VmHWM:")? / 1024.0))
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    if !a.podnet.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release)",
+            a.podnet.display()
+        );
+    }
+    let exe = std::fs::canonicalize(&a.podnet)?;
+    let name = format!("kb{}", std::process::id() % 100_000);
+    let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    eprintln!("kube-bench: lab {name} up (--kube, {} nodes)", a.nodes);
+    rt.block_on(lab.0.up(&podnet_lab::UpOptions {
+        nodes: a.nodes,
+        backend: "vxlan".into(),
+        store: None,
+        resync_secs: 10,
+        kube: true,
+        kube_agents: true,
+    }))?;
+    let client = rt.block_on(lab.0.kube_client())?;
+    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let nss: Api<Namespace> = Api::all(client.clone());
+    rt.block_on(nss.create(
+        &PostParams::default(),
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some(NS.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    ))?;
+    let mut nodes = Nodes::open(&lab.0)?;
+
+    // Fill.
+    let t0 = Instant::now();
+    let last: Vec<IpAddr> = rt.block_on(async {
+        stream::iter(0..a.services)
+            .map(|i| {
+                let (svcs, slices) = (svcs.clone(), slices.clone());
+                async move {
+                    let s = svcs.create(&PostParams::default(), &service(i)).await?;
+                    slices.create(&PostParams::default(), &slice(i)).await?;
+                    anyhow::Ok(cluster_ip(&s)?)
+                }
+            })
+            .buffer_unordered(a.concurrency)
+            .try_collect()
+            .await
+    })?;
+    let fill_api = t0.elapsed();
+    eprintln!(
+        "kube-bench: {} Services and slices created in {:.1} s; waiting for every node",
+        a.services,
+        fill_api.as_secs_f64()
+    );
+    let deadline = Instant::now() + Duration::from_secs(600);
+    for ip in &last {
+        while nodes.holding(*ip)? < a.nodes {
+            if Instant::now() > deadline {
+                bail!("{ip} not programmed on every node after 10 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let fill_all = t0.elapsed();
+    let node1 = Netns::named(&lab.0.state()?.nodes[0].netns)?;
+    let dns = DnsClient::new(SocketAddr::new(
+        podnet_api::netconfig::DEFAULT_DNS_IP.parse()?,
+        53,
+    ));
+
+    // Measure.
+    let mut prog = Vec::with_capacity(a.creates);
+    let mut names = Vec::new();
+    for k in 0..a.creates {
+        let i = a.services + k;
+        let ask_dns = a.dns_every > 0 && k % a.dns_every == 0;
+        let fqdn = format!("s{i}.{NS}.svc.cluster.local");
+        let t = Instant::now();
+        let s = rt.block_on(svcs.create(&PostParams::default(), &service(i)))?;
+        rt.block_on(slices.create(&PostParams::default(), &slice(i)))?;
+        let ip = cluster_ip(&s)?;
+        let (mut p, mut d) = (None, None);
+        while p.is_none() || (ask_dns && d.is_none()) {
+            if t.elapsed() > a.timeout {
+                bail!("Service s{i} ({ip}): not programmed or resolved within {:?}", a.timeout);
+            }
+            if p.is_none() && nodes.holding(ip)? == a.nodes {
+                p = Some(t.elapsed());
+            }
+            if ask_dns && d.is_none() {
+                let answered = node1
+                    .run(|| dns.query(&fqdn, podnet_dns::wire::TYPE_A))?
+                    .ok()
+                    .is_some_and(|m| {
+                        m.answers
+                            .iter()
+                            .any(|r| matches!(r.rdata, podnet_dns::wire::RData::A(a) if IpAddr::V4(a) == ip))
+                    });
+                if answered {
+                    d = Some(t.elapsed());
+                }
+            }
+            if p.is_none() || (ask_dns && d.is_none()) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        prog.push(p.unwrap().as_secs_f64() * 1000.0);
+        if let Some(d) = d {
+            names.push(d.as_secs_f64() * 1000.0);
+        }
+    }
+
+    println!(
+        "kube-bench: {} nodes, {} Services present, {} measured creates (one at a time), podnet {}",
+        a.nodes,
+        a.services,
+        a.creates,
+        env!("CARGO_PKG_VERSION")
+    );
+    println!(
+        "fill: {} Services + slices through the API in {:.1} s; on every node after {:.1} s",
+        a.services,
+        fill_api.as_secs_f64(),
+        fill_all.as_secs_f64()
+    );
+    report("network programming latency (create -> every node)", &prog);
+    report("name resolution latency (create -> DNS answers)", &names);
+    let target = 100.0;
+    println!(
+        "target p99 <= {target} ms: {}",
+        if pct(&prog, 0.99) <= target { "met" } else { "MISSED" }
+    );
+    let mut mem = BTreeMap::new();
+    for n in 1..=a.nodes {
+        let role = format!("agent-node{n}");
+        if let Some(m) = memory(&lab.0, &role) {
+            mem.insert(role, m);
+        }
+    }
+    if let Some(m) = memory(&lab.0, "dns") {
+        mem.insert("dns".into(), m);
+    }
+    for (role, (rss, hwm)) in &mem {
+        println!(
+            "memory {role}: VmRSS {rss:.1} MiB, VmHWM {hwm:.1} MiB ({} Services)",
+            a.services + a.creates
+        );
+    }
+    Ok(())
+}
