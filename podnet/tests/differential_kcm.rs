@@ -887,14 +887,10 @@ fn allocation_requests_are_accepted_and_rejected_alike() {
             }
         }
         let have = |v: &Vec<Option<i64>>| v.iter().map(Option::is_some).collect::<Vec<_>>();
+        // allocateLoadBalancerNodePorts: false gives no node port: the
+        // real side confirms the scenario, both sides must agree on it.
         if name == &"lb-no-np" {
-            // Known difference (a finding, not fixed here: the allocation
-            // is in crates/controller/src/lib.rs and crates/store's
-            // alloc.rs): podnet ignores allocateLoadBalancerNodePorts:
-            // false. Once it honours it, this fails and can go.
             assert_eq!(have(rnp), [false], "{name}: kube-apiserver {rnp:?}");
-            assert_eq!(have(onp), [true], "{name}: podnet now honours it: {onp:?}");
-            continue;
         }
         if have(rnp) != have(onp) {
             findings.push(format!(

@@ -513,7 +513,6 @@ impl Controller {
             }
             let mut new = svc.clone();
             let spec = new.spec.as_mut().expect("needs_allocation implies a spec");
-            let ty = spec.type_.clone().unwrap_or_else(|| "ClusterIP".into());
             self.hint = self
                 .hint
                 .wrapping_mul(6364136223846793005)
@@ -534,27 +533,8 @@ impl Controller {
                 spec.cluster_ip = Some(ip.to_string());
                 spec.cluster_ips = Some(vec![ip.to_string()]);
             }
-            if matches!(ty.as_str(), "NodePort" | "LoadBalancer") {
-                let mut taken = self.state.ports.clone();
-                for p in spec.ports.iter_mut().flatten() {
-                    if p.node_port.is_none() {
-                        let port =
-                            alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 24)
-                                .ok_or_else(|| {
-                                    StoreError::Backend("node port range is exhausted".into())
-                                })?;
-                        taken.insert(port);
-                        p.node_port = Some(port as i32);
-                    }
-                }
-                if alloc::needs_health_check_port(spec) {
-                    let port = alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 28)
-                        .ok_or_else(|| {
-                            StoreError::Backend("node port range is exhausted".into())
-                        })?;
-                    spec.health_check_node_port = Some(port as i32);
-                }
-            }
+            alloc::assign_node_ports(spec, self.cfg.node_port_range, &self.state.ports, self.hint)
+                .ok_or_else(|| StoreError::Backend("node port range is exhausted".into()))?;
             let ops = alloc::transition(Some(&svc), Some(&new));
             match self.objs.update(Object::Service(Box::new(new)), ops).await {
                 Ok(Object::Service(s)) => {
