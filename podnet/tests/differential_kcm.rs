@@ -4,8 +4,9 @@
 //! kube-apiserver with kube-controller-manager (the lab's control plane,
 //! [`podnet_lab::kube`], without any network namespace). Then, per
 //! Service, both sides' EndpointSlices must agree (addressType, ports,
-//! endpoints with their conditions, nodeName and targetRef), and both must
-//! allocate ClusterIPs and NodePorts from the same ranges.
+//! endpoints with their conditions, nodeName, targetRef, zone and hints),
+//! and both must allocate ClusterIPs and NodePorts from the same ranges,
+//! or none where the Service opts out.
 //!
 //! The same manifest text is applied to both sides. Pod status goes with
 //! the manifest into the store (standalone has no status subresource) and
@@ -467,45 +468,17 @@ type Rows = BTreeMap<String, BTreeSet<Row>>;
 /// Polls both sides until the real one is `settled` (the writes of the
 /// step have reached its controller) and both publish the same endpoints,
 /// or a deadline passes (then fails with the difference). Returns both
-/// sides, and whether the real side zoned endpoints of Services without
-/// trafficDistribution.
-fn converge(sides: &Sides, what: &str, settled: impl Fn(&Rows) -> bool) -> (Rows, Rows, bool) {
+/// sides.
+fn converge(sides: &Sides, what: &str, settled: impl Fn(&Rows) -> bool) -> (Rows, Rows) {
     let deadline = Instant::now() + Duration::from_secs(90);
-    let mut zones_seen = false;
     loop {
-        let mut real =
-            rows(&sides.kubectl(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
+        let real = rows(&sides.kubectl(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
         let standalone =
             rows(&sides.podnet(&["get", "endpointslices", "-n", NS, "-o", "json"], None));
-        // Known difference (a finding, not fixed here): kube-controller-
-        // manager gives every endpoint on a zoned node its `zone`; podnet
-        // only when the Service asks for hints (trafficDistribution). The
-        // difference is asserted, then set aside for the comparison; once
-        // podnet matches, this block fails and can go.
-        for (svc, set) in real.iter_mut() {
-            if svc == "close" || svc == "samenode" {
-                continue;
-            }
-            let mut unzoned = BTreeSet::new();
-            for mut r in std::mem::take(set) {
-                zones_seen |= r.6 .0.is_some();
-                r.6 .0 = None;
-                unzoned.insert(r);
-            }
-            *set = unzoned;
-        }
-        for (svc, set) in &standalone {
-            if svc != "close" && svc != "samenode" {
-                assert!(
-                    set.iter().all(|r| r.6 .0.is_none()),
-                    "podnet now zones {svc}'s endpoints: drop the known-difference block"
-                );
-            }
-        }
         let settled = settled(&real);
         let d = diff(&real, &standalone);
         if settled && d.is_empty() {
-            break (real, standalone, zones_seen);
+            break (real, standalone);
         }
         if Instant::now() > deadline {
             panic!(
@@ -580,7 +553,7 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
     // Both converge: the real side is settled once the late writes show
     // (the unready pod published, the leaving one terminating), and then
     // both sides publish the same endpoints.
-    let (real, standalone, zones_seen) = converge(&sides, "created", |real| {
+    let (real, standalone) = converge(&sides, "created", |real| {
         has(real, "notready", "10.244.1.11", (true, false, false))
             && has(real, "named", "10.244.2.11", (false, true, true))
             && has(real, "lb", "10.244.1.10", (true, true, false))
@@ -589,10 +562,15 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
                 .is_some_and(|s| s.iter().any(|r| r.6 .0.is_some()))
     });
     assert_eq!(real, standalone);
-    assert!(
-        zones_seen,
-        "kube-controller-manager no longer zones endpoints without trafficDistribution"
-    );
+    // Every pod sits on a zoned node, so every endpoint carries its zone,
+    // with hints or without (upstream podToEndpoint): checked on the real
+    // side, so the scenario is, and equal on both.
+    for (svc, set) in &real {
+        for r in set {
+            let zone = if r.4 == "node-a" { "zone-a" } else { "zone-b" };
+            assert_eq!(r.6 .0.as_deref(), Some(zone), "{svc}: {r:?}");
+        }
+    }
     // Not vacuous: every Service has endpoints, and the semantics hold.
     for s in [
         "named", "unnamed", "notready", "headless", "nodeport", "lb", "close", "samenode",
@@ -677,7 +655,7 @@ fn standalone_controller_agrees_with_kube_controller_manager() {
     m["status"] = not_ready;
     sides.podnet(&["apply", "-f", "-"], Some(&docs(&[m])));
     sides.podnet(&["delete", "pod", "unready", "-n", NS], None);
-    let (real, standalone, _) = converge(&sides, "changed", |real| {
+    let (real, standalone) = converge(&sides, "changed", |real| {
         has(real, "unnamed", "10.244.2.10", (false, false, false))
             && !real["unnamed"].iter().any(|r| r.2 == "10.244.1.11")
     });
@@ -887,14 +865,10 @@ fn allocation_requests_are_accepted_and_rejected_alike() {
             }
         }
         let have = |v: &Vec<Option<i64>>| v.iter().map(Option::is_some).collect::<Vec<_>>();
+        // allocateLoadBalancerNodePorts: false gives no node port: the
+        // real side confirms the scenario, both sides must agree on it.
         if name == &"lb-no-np" {
-            // Known difference (a finding, not fixed here: the allocation
-            // is in crates/controller/src/lib.rs and crates/store's
-            // alloc.rs): podnet ignores allocateLoadBalancerNodePorts:
-            // false. Once it honours it, this fails and can go.
             assert_eq!(have(rnp), [false], "{name}: kube-apiserver {rnp:?}");
-            assert_eq!(have(onp), [true], "{name}: podnet now honours it: {onp:?}");
-            continue;
         }
         if have(rnp) != have(onp) {
             findings.push(format!(

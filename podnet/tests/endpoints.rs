@@ -212,7 +212,8 @@ fn zoned(zone: Option<&str>) -> NodeInfo {
 /// `trafficDistribution: PreferClose` through the real controller: the
 /// slices carry each endpoint's own zone as its hint, the proxy on a zone-a
 /// node then sends the ClusterIP only to the zone-a pod, and the hints
-/// follow a Node's zone label and the Service's field.
+/// follow a Node's zone label and the Service's field; zones stay on every
+/// endpoint without hints and follow the Node too.
 #[test]
 fn prefer_close_slices_keep_traffic_in_the_zone() {
     let c = Standalone::start();
@@ -267,7 +268,8 @@ fn prefer_close_slices_keep_traffic_in_the_zone() {
         "{on_a}"
     );
 
-    // Without trafficDistribution the slices carry no topology at all.
+    // Without trafficDistribution the hints go, and every endpoint keeps
+    // its node's zone, as kube-controller-manager writes it.
     let mut plain = c.get(&["svc", "web", "-n", "default"]);
     plain["spec"]
         .as_object_mut()
@@ -278,12 +280,18 @@ fn prefer_close_slices_keep_traffic_in_the_zone() {
         .unwrap()
         .remove("resourceVersion");
     c.apply(&plain.to_string());
-    c.eventually("hints removed", || {
-        let s = c.slices("web");
-        let eps: Vec<_> = s
-            .iter()
-            .flat_map(|s| s.endpoints.iter().flatten())
-            .collect();
-        (eps.len() == 2 && eps.iter().all(|e| e.hints.is_none() && e.zone.is_none())).then_some(())
+    let zoned_only = |a: &str, b: &str| -> Topology {
+        vec![
+            ("10.244.1.5".into(), Some(a.into()), vec![], vec![]),
+            ("10.244.2.5".into(), Some(b.into()), vec![], vec![]),
+        ]
+    };
+    c.eventually("hints removed, zones kept", || {
+        (topology(&c.slices("web")) == zoned_only("a", "a")).then_some(())
+    });
+    // A zone change reaches a Service without hints too.
+    c.apply(&node_doc("nb", "c"));
+    c.eventually("zone after nb moved to zone c", || {
+        (topology(&c.slices("web")) == zoned_only("a", "c")).then_some(())
     });
 }

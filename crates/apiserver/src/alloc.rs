@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use podnet_api::k8s_openapi::api::core::v1::Service;
+use podnet_api::k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use podnet_api::{cidr, Kind, Object};
 
 use podnet_store::{AnyStore, Op, Result, Store};
@@ -137,6 +137,40 @@ pub fn pick_port(range: (u16, u16), taken: &HashSet<u16>, start_hint: u64) -> Op
         .find(|p| !taken.contains(p))
 }
 
+/// Gives `spec` the node ports the server assigns and it still lacks: one
+/// per port when [`allocates_node_ports`], and the health-check node port
+/// when [`needs_health_check_port`]; ports already set stay as they are.
+/// Picks from `range` avoiding `taken`, the ports the spec already holds
+/// and what it picks itself. Pure; None when the range has no free port
+/// left (then `spec` is partly filled and should be dropped).
+pub fn assign_node_ports(
+    spec: &mut ServiceSpec,
+    range: (u16, u16),
+    taken: &HashSet<u16>,
+    hint: u64,
+) -> Option<()> {
+    let mut taken = taken.clone();
+    let held = spec.ports.iter().flatten().filter_map(|p| p.node_port);
+    taken.extend(
+        held.chain(spec.health_check_node_port)
+            .filter_map(|p| u16::try_from(p).ok()),
+    );
+    if allocates_node_ports(spec) {
+        for p in spec.ports.iter_mut().flatten() {
+            if p.node_port.is_none() {
+                let port = pick_port(range, &taken, hint >> 24)?;
+                taken.insert(port);
+                p.node_port = Some(port as i32);
+            }
+        }
+    }
+    if needs_health_check_port(spec) {
+        let port = pick_port(range, &taken, hint >> 28)?;
+        spec.health_check_node_port = Some(port as i32);
+    }
+    Some(())
+}
+
 /// Every allocation currently recorded: (clusterIPs, nodePorts).
 pub async fn taken(store: &AnyStore) -> Result<(HashSet<IpAddr>, HashSet<u16>)> {
     let (ips, _) = store.list(IP_PREFIX).await?;
@@ -164,15 +198,31 @@ pub fn needs_allocation(svc: &Service) -> bool {
         .as_deref()
         .map(str::is_empty)
         .unwrap_or(true);
-    let no_ports = matches!(ty, "NodePort" | "LoadBalancer")
-        && spec.ports.iter().flatten().any(|p| p.node_port.is_none());
+    let no_ports =
+        allocates_node_ports(spec) && spec.ports.iter().flatten().any(|p| p.node_port.is_none());
     no_ip || no_ports || needs_health_check_port(spec)
+}
+
+/// Whether the server gives the Service's ports NodePorts they lack, as
+/// the API server decides (`shouldAllocateNodePorts`): always for
+/// `type: NodePort`; for `type: LoadBalancer` unless
+/// `spec.allocateLoadBalancerNodePorts` is false, which load balancers
+/// that reach pods directly ask for so no node port is spent on them.
+/// NodePorts given explicitly are kept either way (they are reserved from
+/// the spec, see [`keys`]), and the health-check node port does not depend
+/// on it ([`needs_health_check_port`]).
+pub fn allocates_node_ports(spec: &ServiceSpec) -> bool {
+    match spec.type_.as_deref() {
+        Some("NodePort") => true,
+        Some("LoadBalancer") => spec.allocate_load_balancer_node_ports != Some(false),
+        _ => false,
+    }
 }
 
 /// A LoadBalancer Service with `externalTrafficPolicy: Local` gets a
 /// health-check node port, as the API server allocates one: cloud load
 /// balancers probe it to learn which nodes have local endpoints.
-pub fn needs_health_check_port(spec: &podnet_api::k8s_openapi::api::core::v1::ServiceSpec) -> bool {
+pub fn needs_health_check_port(spec: &ServiceSpec) -> bool {
     spec.type_.as_deref() == Some("LoadBalancer")
         && spec.external_traffic_policy.as_deref() == Some("Local")
         && spec.health_check_node_port.is_none()
@@ -219,6 +269,106 @@ mod tests {
             describe_taken("/registry/allocations/clusterips/10.96.0.7", Some("n/x"))
                 .contains("already allocated to Service n/x")
         );
+    }
+
+    fn spec(v: serde_json::Value) -> ServiceSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// What the controller gives a spec with nothing taken yet: the node
+    /// ports of its ports, and its health-check node port.
+    fn assigned(v: serde_json::Value) -> (Vec<Option<i32>>, Option<i32>) {
+        let mut s = spec(v);
+        assign_node_ports(&mut s, (30000, 32767), &HashSet::new(), 0).unwrap();
+        let ports = s.ports.iter().flatten().map(|p| p.node_port).collect();
+        (ports, s.health_check_node_port)
+    }
+
+    /// The API server's `shouldAllocateNodePorts`: a LoadBalancer with
+    /// `allocateLoadBalancerNodePorts: false` gets no node ports, keeps
+    /// the ones it asks for, and still gets a health-check node port for
+    /// `externalTrafficPolicy: Local`.
+    #[test]
+    fn load_balancers_may_opt_out_of_node_ports() {
+        let two = json!([{"name": "a", "port": 80}, {"name": "b", "port": 81}]);
+        let lb = |allocate: Option<bool>| {
+            let mut v = json!({"type": "LoadBalancer", "clusterIP": "10.96.0.9", "ports": two});
+            if let Some(a) = allocate {
+                v["allocateLoadBalancerNodePorts"] = json!(a);
+            }
+            v
+        };
+        for (v, want) in [
+            (lb(None), true),
+            (lb(Some(true)), true),
+            (lb(Some(false)), false),
+            (json!({"type": "NodePort", "ports": two}), true),
+            (json!({"type": "ClusterIP", "ports": two}), false),
+            (json!({"ports": two}), false),
+            (
+                json!({"type": "ExternalName", "externalName": "x.com"}),
+                false,
+            ),
+        ] {
+            assert_eq!(allocates_node_ports(&spec(v.clone())), want, "{v}");
+            let (ports, _) = assigned(v.clone());
+            assert!(ports.iter().all(|p| p.is_some() == want), "{v}: {ports:?}");
+        }
+
+        // Nothing left to allocate: the controller leaves it alone.
+        let opted_out =
+            svc(json!({"metadata": {"name": "w", "namespace": "n"}, "spec": lb(Some(false))}));
+        assert!(!needs_allocation(&opted_out));
+        assert!(needs_allocation(&svc(
+            json!({"metadata": {"name": "w", "namespace": "n"}, "spec": lb(None)})
+        )));
+
+        // An explicit node port is kept (and reserved); the other port
+        // stays without one.
+        let mut v = lb(Some(false));
+        v["ports"][0]["nodePort"] = json!(30080);
+        let (ports, hc) = assigned(v.clone());
+        assert_eq!(ports, [Some(30080), None]);
+        assert_eq!(hc, None);
+        let held = svc(json!({"metadata": {"name": "w", "namespace": "n"}, "spec": v}));
+        assert!(!needs_allocation(&held));
+        assert!(keys(&held).contains("/registry/allocations/nodeports/30080"));
+
+        // externalTrafficPolicy: Local still needs its health-check port.
+        let mut v = lb(Some(false));
+        v["externalTrafficPolicy"] = json!("Local");
+        let local = svc(json!({"metadata": {"name": "w", "namespace": "n"}, "spec": v.clone()}));
+        assert!(needs_allocation(&local));
+        let (ports, hc) = assigned(v);
+        assert_eq!(ports, [None, None]);
+        assert!(hc.is_some_and(|p| (30000..=32767).contains(&p)), "{hc:?}");
+    }
+
+    #[test]
+    fn assigned_node_ports_are_distinct_and_free() {
+        let mut s = spec(
+            json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81, "nodePort": 30001}]}),
+        );
+        let taken: HashSet<u16> = [30000, 30002].into();
+        assign_node_ports(&mut s, (30000, 30004), &taken, 0).unwrap();
+        let got: Vec<i32> = s
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.node_port)
+            .chain(s.health_check_node_port)
+            .collect();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[1], 30001, "a given port is kept");
+        let distinct: HashSet<i32> = got.iter().copied().collect();
+        assert_eq!(distinct.len(), 3, "{got:?}");
+        assert!(got.iter().all(|p| !taken.contains(&(*p as u16))), "{got:?}");
+        // Exhausted: one free port for two needs.
+        let mut s = spec(json!({"type": "NodePort",
+            "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}));
+        let taken: HashSet<u16> = (30000..30004).collect();
+        assert!(assign_node_ports(&mut s, (30000, 30004), &taken, 0).is_none());
     }
 
     #[test]

@@ -5,14 +5,16 @@
 //!   [`crate::alloc`]: reservations are keys written in the same
 //!   transaction as the Service, so concurrent allocators never collide);
 //! - EndpointSlices for every Service with a selector, from ready Pods
-//!   ([`endpoints`] is the pure planner), with the topology hints of
-//!   `spec.trafficDistribution` from each Node's zone label;
+//!   ([`endpoints`] is the pure planner), each endpoint with its Node's
+//!   zone label, and the topology hints of `spec.trafficDistribution`;
 //! - release of reservations a deleted Service held.
 //!
 //! The loop: one subscription to the object source (standalone mode's
 //! store source) for Nodes, Services, Pods, EndpointSlices and the
 //! NetworkConfig. Deltas mark Services dirty (a Node whose zone label
-//! changes marks every Service with topology hints); a burst of deltas is
+//! changes marks the Services selecting a Pod on that Node, found through
+//! a node -> Pods index, so the cost follows the Node's Pods, not the
+//! cluster's Services times Pods); a burst of deltas is
 //! coalesced before reconciling, so work follows what changed. Watch gaps
 //! are the source's business (it relists and delivers the difference). A
 //! periodic resync repairs anything edited behind our back and releases
@@ -52,10 +54,72 @@ struct State {
     services: BTreeMap<Key, Service>,
     pods: BTreeMap<Key, Pod>,
     slices: BTreeMap<Key, EndpointSlice>,
-    /// Node name -> zone label, for topology hints.
+    /// Node name -> zone label, for endpoints' zones and topology hints.
     zones: endpoints::Zones,
+    /// Node name -> the Pods (namespace, name) bound to it, so a Node's
+    /// zone change finds the Services whose endpoints it moves.
+    pods_on_node: BTreeMap<String, BTreeSet<Key>>,
     ips: HashSet<IpAddr>,
     ports: HashSet<u16>,
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec
+        .as_ref()?
+        .node_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+}
+
+impl State {
+    fn index_pod(&mut self, p: &Pod, k: &Key) {
+        if let Some(n) = node_of(p) {
+            self.pods_on_node
+                .entry(n.to_string())
+                .or_default()
+                .insert(k.clone());
+        }
+    }
+
+    fn unindex_pod(&mut self, p: Option<&Pod>, k: &Key) {
+        let Some(n) = p.and_then(node_of) else { return };
+        if let Some(keys) = self.pods_on_node.get_mut(n) {
+            keys.remove(k);
+            if keys.is_empty() {
+                self.pods_on_node.remove(n);
+            }
+        }
+    }
+
+    /// The Services whose selector matches a Pod on `node`: those whose
+    /// endpoints carry the node's zone. Each distinct (namespace, labels)
+    /// among the node's Pods is matched once.
+    fn services_on_node(&self, node: &str) -> BTreeSet<Key> {
+        let empty = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut out = BTreeSet::new();
+        for k in self.pods_on_node.get(node).into_iter().flatten() {
+            let Some(p) = self.pods.get(k) else { continue };
+            let labels = p.metadata.labels.as_ref().unwrap_or(&empty);
+            if !seen.insert((k.0.as_str(), labels)) {
+                continue;
+            }
+            out.extend(
+                endpoints::services_selecting(self.services_in(&k.0), &k.0, labels)
+                    .into_iter()
+                    .map(|n| (k.0.clone(), n)),
+            );
+        }
+        out
+    }
+
+    /// The Services of one namespace.
+    fn services_in<'a>(&'a self, ns: &'a str) -> impl Iterator<Item = &'a Service> + 'a {
+        self.services
+            .range((ns.to_string(), String::new())..)
+            .take_while(move |((n, _), _)| n == ns)
+            .map(|(_, s)| s)
+    }
 }
 
 pub struct Controller {
@@ -257,18 +321,18 @@ impl Controller {
                 };
                 for labels in [&old, &new, &empty] {
                     dirty.extend(
-                        endpoints::services_selecting(self.state.services.values(), &ns, labels)
+                        endpoints::services_selecting(self.state.services_in(&ns), &ns, labels)
                             .into_iter()
                             .map(|n| (ns.clone(), n)),
                     );
                 }
-                match o {
-                    Some(Object::Pod(p)) => {
-                        self.state.pods.insert(k, (**p).clone());
-                    }
-                    _ => {
-                        self.state.pods.remove(&k);
-                    }
+                let old = match o {
+                    Some(Object::Pod(p)) => self.state.pods.insert(k.clone(), (**p).clone()),
+                    _ => self.state.pods.remove(&k),
+                };
+                self.state.unindex_pod(old.as_ref(), &k);
+                if let Some(Object::Pod(p)) = o {
+                    self.state.index_pod(p, &k);
                 }
             }
             (Kind::Node, o) => {
@@ -281,18 +345,12 @@ impl Controller {
                     return;
                 }
                 match zone {
-                    Some(z) => self.state.zones.insert(name, z),
+                    Some(z) => self.state.zones.insert(name.clone(), z),
                     None => self.state.zones.remove(&name),
                 };
-                // Only Services with hints read zones; reconciling one whose
-                // pods are elsewhere writes nothing.
-                dirty.extend(
-                    self.state
-                        .services
-                        .iter()
-                        .filter(|(_, s)| endpoints::hint_mode(s).is_some())
-                        .map(|(k, _)| k.clone()),
-                );
+                // Every endpoint on the node carries its zone (and hints
+                // derive from it): the Services selecting its Pods change.
+                dirty.extend(self.state.services_on_node(&name));
             }
             (Kind::EndpointSlice, o) => {
                 // A deleted slice's Service is known from the cache.
@@ -513,7 +571,6 @@ impl Controller {
             }
             let mut new = svc.clone();
             let spec = new.spec.as_mut().expect("needs_allocation implies a spec");
-            let ty = spec.type_.clone().unwrap_or_else(|| "ClusterIP".into());
             self.hint = self
                 .hint
                 .wrapping_mul(6364136223846793005)
@@ -534,27 +591,8 @@ impl Controller {
                 spec.cluster_ip = Some(ip.to_string());
                 spec.cluster_ips = Some(vec![ip.to_string()]);
             }
-            if matches!(ty.as_str(), "NodePort" | "LoadBalancer") {
-                let mut taken = self.state.ports.clone();
-                for p in spec.ports.iter_mut().flatten() {
-                    if p.node_port.is_none() {
-                        let port =
-                            alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 24)
-                                .ok_or_else(|| {
-                                    StoreError::Backend("node port range is exhausted".into())
-                                })?;
-                        taken.insert(port);
-                        p.node_port = Some(port as i32);
-                    }
-                }
-                if alloc::needs_health_check_port(spec) {
-                    let port = alloc::pick_port(self.cfg.node_port_range, &taken, self.hint >> 28)
-                        .ok_or_else(|| {
-                            StoreError::Backend("node port range is exhausted".into())
-                        })?;
-                    spec.health_check_node_port = Some(port as i32);
-                }
-            }
+            alloc::assign_node_ports(spec, self.cfg.node_port_range, &self.state.ports, self.hint)
+                .ok_or_else(|| StoreError::Backend("node port range is exhausted".into()))?;
             let ops = alloc::transition(Some(&svc), Some(&new));
             match self.objs.update(Object::Service(Box::new(new)), ops).await {
                 Ok(Object::Service(s)) => {
@@ -616,5 +654,87 @@ impl Controller {
             }
         }
         Err(StoreError::Backend("allocation kept colliding".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(ns: &str, name: &str, app: &str, node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": []}}))
+        .unwrap()
+    }
+
+    fn put_pod(st: &mut State, p: Pod) {
+        let k = (
+            p.metadata.namespace.clone().unwrap(),
+            p.metadata.name.clone().unwrap(),
+        );
+        let old = st.pods.insert(k.clone(), p.clone());
+        st.unindex_pod(old.as_ref(), &k);
+        st.index_pod(&p, &k);
+    }
+
+    fn del_pod(st: &mut State, ns: &str, name: &str) {
+        let k = (ns.to_string(), name.to_string());
+        let old = st.pods.remove(&k);
+        st.unindex_pod(old.as_ref(), &k);
+    }
+
+    fn key(ns: &str, name: &str) -> Key {
+        (ns.to_string(), name.to_string())
+    }
+
+    /// A Node's zone change reaches exactly the Services selecting a Pod
+    /// on it, hints or not, and the index follows Pods that move or go.
+    #[test]
+    fn services_on_node_follow_the_pods_there() {
+        let mut st = State::default();
+        for (ns, name, app) in [
+            ("a", "web", "web"),
+            ("a", "close", "web"),
+            ("a", "db", "db"),
+            ("b", "web", "web"),
+        ] {
+            let mut spec = json!({"selector": {"app": app}, "ports": [{"port": 80}]});
+            if name == "close" {
+                spec["trafficDistribution"] = json!("PreferClose");
+            }
+            let s: Service = serde_json::from_value(
+                json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}),
+            )
+            .unwrap();
+            st.services.insert(key(ns, name), s);
+        }
+        put_pod(&mut st, pod("a", "w1", "web", Some("n1")));
+        put_pod(&mut st, pod("a", "w2", "web", Some("n1")));
+        put_pod(&mut st, pod("b", "d1", "db", Some("n1")));
+        put_pod(&mut st, pod("a", "d2", "db", Some("n2")));
+        put_pod(&mut st, pod("a", "loose", "db", None));
+
+        let web_a = BTreeSet::from([key("a", "web"), key("a", "close")]);
+        assert_eq!(
+            st.services_on_node("n1"),
+            web_a,
+            "b/db selects nothing in b"
+        );
+        assert_eq!(st.services_on_node("n2"), BTreeSet::from([key("a", "db")]));
+        assert!(st.services_on_node("n3").is_empty());
+
+        // d2 moves to n1 (and so leaves n2); w1 and w2 go.
+        put_pod(&mut st, pod("a", "d2", "db", Some("n1")));
+        assert!(st.services_on_node("n2").is_empty());
+        assert!(!st.pods_on_node.contains_key("n2"), "empty entries go");
+        del_pod(&mut st, "a", "w1");
+        del_pod(&mut st, "a", "w2");
+        assert_eq!(st.services_on_node("n1"), BTreeSet::from([key("a", "db")]));
+        del_pod(&mut st, "a", "d2");
+        del_pod(&mut st, "b", "d1");
+        del_pod(&mut st, "a", "loose");
+        assert!(st.pods_on_node.is_empty());
     }
 }

@@ -12,10 +12,14 @@
 //! true for a Service with `spec.publishNotReadyAddresses` (whose clients,
 //! such as a StatefulSet's peers, want every pod's address from the start).
 //!
-//! Topology hints follow the upstream `trafficdist` package
-//! (`staging/src/k8s.io/endpointslice/trafficdist/trafficdist.go`): see
-//! [`HintMode`]. Slices of Services without `spec.trafficDistribution` carry
-//! neither hints nor zones.
+//! Every endpoint whose Pod's node is known and has a
+//! `topology.kubernetes.io/zone` label carries that `zone`, whatever the
+//! Service asks for, as `podToEndpoint` sets it: consumers other than
+//! proxies (metrics, DNS, load balancers) read it. Topology hints follow
+//! the upstream `trafficdist` package
+//! (`staging/src/k8s.io/endpointslice/trafficdist/trafficdist.go`) and
+//! only Services with `spec.trafficDistribution` get them: see
+//! [`HintMode`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -63,8 +67,8 @@ pub fn node_zone(node: &Node) -> Option<&str> {
 ///   `forNodes: [its node]`;
 /// - an endpoint left with neither gets no `hints` at all.
 ///
-/// Every endpoint (ready or not) of such a Service carries its node's
-/// `zone`, which the hint is derived from.
+/// The zone hint is the endpoint's own `zone`, which every endpoint on a
+/// zoned node carries, ready or not, with or without hints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HintMode {
     /// `PreferClose` or `PreferSameZone`: zone hints.
@@ -101,9 +105,8 @@ fn topology_auto(svc: &Service) -> bool {
         .is_some_and(|v| v == "Auto" || v == "auto")
 }
 
-/// Sets an endpoint's zone and hints for `mode` (see [`HintMode`]).
-fn add_hints(ep: &mut Endpoint, mode: HintMode, zones: &Zones) {
-    ep.zone = ep.node_name.as_ref().and_then(|n| zones.get(n)).cloned();
+/// Sets an endpoint's hints for `mode` (see [`HintMode`]) from its zone.
+fn add_hints(ep: &mut Endpoint, mode: HintMode) {
     let ready = ep.conditions.as_ref().and_then(|c| c.ready) == Some(true);
     if !ready {
         return;
@@ -209,7 +212,8 @@ fn short_hash(s: &str) -> String {
 
 /// The EndpointSlices a Service should have. Services without a selector,
 /// and ExternalName Services, get none (their slices are someone else's).
-/// `zones` (node name -> zone) feeds the topology hints of [`hint_mode`].
+/// `zones` (node name -> zone) gives each endpoint its `zone` and feeds the
+/// topology hints of [`hint_mode`].
 pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice> {
     let Some(spec) = &svc.spec else { return vec![] };
     if spec.type_.as_deref() == Some("ExternalName")
@@ -267,6 +271,10 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
                 conditions: Some(conditions.clone()),
                 hostname: hostname.clone(),
                 node_name: pspec.and_then(|s| s.node_name.clone()),
+                zone: pspec
+                    .and_then(|s| s.node_name.as_ref())
+                    .and_then(|n| zones.get(n))
+                    .cloned(),
                 target_ref: Some(ObjectReference {
                     kind: Some("Pod".into()),
                     namespace: Some(ns.clone()),
@@ -277,7 +285,7 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
                 ..Default::default()
             };
             if let Some(mode) = hints {
-                add_hints(&mut ep, mode, zones);
+                add_hints(&mut ep, mode);
             }
             groups
                 .entry((fam.into(), ports.clone()))
@@ -734,14 +742,14 @@ mod tests {
         );
     }
 
-    /// Without (a known) trafficDistribution the slices are exactly what
-    /// they were before hints existed: no `zone`, no `hints`.
+    /// Without (a known) trafficDistribution endpoints get no `hints`, but
+    /// each one on a known, zoned node still gets its `zone`, as upstream
+    /// `podToEndpoint` writes it for every Service.
     #[test]
-    fn without_traffic_distribution_slices_carry_no_topology() {
+    fn without_traffic_distribution_endpoints_get_zones_but_no_hints() {
         let pods = spread();
         let refs: Vec<&Pod> = pods.iter().collect();
         let plain = svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}]}));
-        let reference = serde_json::to_value(unzoned(&plain, &refs)).unwrap();
         let mut auto = distributed("PreferClose");
         auto.metadata.annotations =
             Some([(TOPOLOGY_MODE_ANNOTATION.to_string(), "Auto".to_string())].into());
@@ -750,22 +758,78 @@ mod tests {
             ("an unknown value", distributed("PreferFarAway")),
             ("topology-mode: Auto wins", auto),
         ] {
-            let d = serde_json::to_value(desired(&svc, &refs, &zones())).unwrap();
-            for ep in d
-                .as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|sl| sl["endpoints"].as_array().unwrap().iter())
-            {
-                assert!(
-                    ep.get("hints").is_none() && ep.get("zone").is_none(),
-                    "{why}: {ep}"
-                );
-            }
-            if why == "no trafficDistribution" {
-                assert_eq!(d, reference, "zones known or not, the same bytes");
-            }
+            let d = desired(&svc, &refs, &zones());
+            assert_eq!(d.len(), 1, "{why}");
+            assert_eq!(
+                topo(&d[0]),
+                BTreeMap::from([
+                    ("a".to_string(), (s("a"), None, None)),
+                    ("b".to_string(), (s("b"), None, None)),
+                    ("b-down".to_string(), (s("b"), None, None)),
+                    ("nozone".to_string(), (None, None, None)),
+                    ("ghost".to_string(), (None, None, None)),
+                ]),
+                "{why}"
+            );
         }
+        // Without any zoned node, no endpoint has a zone.
+        let d = serde_json::to_value(unzoned(&plain, &refs)).unwrap();
+        for ep in d[0]["endpoints"].as_array().unwrap() {
+            assert!(
+                ep.get("hints").is_none() && ep.get("zone").is_none(),
+                "{ep}"
+            );
+        }
+    }
+
+    /// The zone is the node's, for every kind of endpoint: not ready,
+    /// terminating, published while not ready, of a headless Service, in
+    /// a slice without ports.
+    #[test]
+    fn every_endpoint_on_a_zoned_node_gets_its_zone() {
+        let web = json!({"app": "web"});
+        let down = on(pod("down", web.clone(), "10.244.2.2", false, None), "nb");
+        let leaving = on(
+            deleting(pod("leaving", web.clone(), "10.244.1.3", true, None)),
+            "na",
+        );
+        let mut unscheduled = pod("new", web.clone(), "10.244.5.1", true, None);
+        unscheduled.spec.as_mut().unwrap().node_name = None;
+        let pods = [&down, &leaving, &unscheduled];
+        let want = BTreeMap::from([
+            ("down".to_string(), (s("b"), None, None)),
+            ("leaving".to_string(), (s("a"), None, None)),
+            ("new".to_string(), (None, None, None)),
+        ]);
+        for spec in [
+            json!({"selector": {"app": "web"}, "ports": [{"port": 80}]}),
+            json!({"selector": {"app": "web"}, "ports": [{"port": 80}],
+                   "publishNotReadyAddresses": true}),
+            json!({"selector": {"app": "web"}, "clusterIP": "None",
+                   "ports": [{"port": 80}]}),
+            json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "nope"}]}),
+        ] {
+            let d = desired(&svc(spec.clone()), &pods, &zones());
+            assert_eq!(d.len(), 1, "{spec}");
+            assert_eq!(topo(&d[0]), want, "{spec}");
+        }
+    }
+
+    /// A node's zone appearing, moving or going rewrites the slices of a
+    /// Service without hints too (the controller then updates it in place).
+    #[test]
+    fn a_zone_change_changes_a_slice_without_hints() {
+        let pods = spread();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let plain = svc(json!({"selector": {"app": "web"}, "ports": [{"port": 80}]}));
+        let before = desired(&plain, &refs, &zones());
+        let mut moved = zones();
+        moved.insert("nz".into(), "c".into());
+        let after = desired(&plain, &refs, &moved);
+        assert_eq!(before[0].metadata.name, after[0].metadata.name);
+        assert!(!same(&before[0], &after[0]));
+        assert_eq!(topo(&after[0])["nozone"], (s("c"), None, None));
+        assert!(same(&before[0], &desired(&plain, &refs, &zones())[0]));
     }
 
     /// Upstream `hintsEnabled`: the deprecated annotation is read first,
