@@ -316,6 +316,7 @@ fn main() -> Result<()> {
     let last = svc_name(a.services - 1);
     let mut rows = Vec::new();
     let mut memory = (0.0, 0.0, 0.0);
+    let mut mem_split = (0.0, 0.0, 0.0);
     for threads in [1, all] {
         let port = free_port()?;
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
@@ -325,11 +326,16 @@ fn main() -> Result<()> {
         wait_answers(addr, &last, &mut p.child)?;
         let load = t.elapsed().as_secs_f64();
         let rss = rss_mb(p.child.id(), "VmRSS:");
+        let (anon, file) = (
+            rss_mb(p.child.id(), "RssAnon:"),
+            rss_mb(p.child.id(), "RssFile:"),
+        );
         let ours = dnsperf(port, &queries, a.seconds, threads, a.outstanding)?;
         let (p50, p99) = latency(port, &queries, a.seconds.min(5), threads, a.latency_qps)?;
         let hwm = rss_mb(p.child.id(), "VmHWM:");
         if threads == 1 {
             memory = (rss, hwm, load);
+            mem_split = (anon, file, rss_mb(p.child.id(), "VmRSS:"));
         }
         drop(p);
         // unbound, same records as local-data.
@@ -395,6 +401,10 @@ fn main() -> Result<()> {
     println!(
         "memory: podnet dns RSS {:.1} MB after loading (peak {:.1} MB, target ≤ 50 MB; loaded in {:.1}s); unbound RSS {:.1} MB",
         memory.0, memory.1, memory.2, one.7
+    );
+    println!(
+        "  of which after loading: {:.1} MB heap and stacks (RssAnon), {:.1} MB the binary's and libraries' pages (RssFile); RSS after the query runs {:.1} MB",
+        mem_split.0, mem_split.1, mem_split.2
     );
     Ok(())
 }

@@ -102,18 +102,16 @@ fn slice(i: usize) -> EndpointSlice {
         metadata: ObjectMeta {
             name: Some(format!("s{i}-1")),
             namespace: Some(NS.into()),
-            labels: Some(
-                [(
-                    "kubernetes.io/service-name".to_string(),
-                    format!("s{i}"),
-                )]
-                .into(),
-            ),
+            labels: Some([("kubernetes.io/service-name".to_string(), format!("s{i}"))].into()),
             ..Default::default()
         },
         address_type: "IPv4".into(),
         endpoints: Some(vec![Endpoint {
-            addresses: vec![format!("10.244.{}.{}", 200 + i / 60_000, 2 + (i / 250) % 240)],
+            addresses: vec![format!(
+                "10.244.{}.{}",
+                200 + i / 60_000,
+                2 + (i / 250) % 240
+            )],
             conditions: Some(EndpointConditions {
                 ready: Some(true),
                 ..Default::default()
@@ -149,8 +147,7 @@ impl Nodes {
         let key = [Value::Addr(ip)];
         let mut n = 0;
         for (name, c) in &mut self.0 {
-            if c
-                .has_element(Family::Ip, "podnet", "cluster-ips", &key)
+            if c.has_element(Family::Ip, "podnet", "cluster-ips", &key)
                 .with_context(|| format!("reading node {name}'s table"))?
             {
                 n += 1;
@@ -305,7 +302,10 @@ fn main() -> Result<()> {
         let (mut p, mut d) = (None, None);
         while p.is_none() || (ask_dns && d.is_none()) {
             if t.elapsed() > a.timeout {
-                bail!("Service s{i} ({ip}): not programmed or resolved within {:?}", a.timeout);
+                bail!(
+                    "Service s{i} ({ip}): not programmed or resolved within {:?}",
+                    a.timeout
+                );
             }
             if p.is_none() && nodes.holding(ip)? == a.nodes {
                 p = Some(t.elapsed());
@@ -353,7 +353,10 @@ fn main() -> Result<()> {
         fill_all.as_secs_f64()
     );
     report("API create request (POST Service -> response)", &apis);
-    report("network programming latency (POST sent -> every node)", &prog);
+    report(
+        "network programming latency (POST sent -> every node)",
+        &prog,
+    );
     report(
         "network programming latency (POST answered -> every node)",
         &prog_after_api,
@@ -362,7 +365,11 @@ fn main() -> Result<()> {
     let target = 100.0;
     println!(
         "target p99 <= {target} ms: {}",
-        if pct(&prog, 0.99) <= target { "met" } else { "MISSED" }
+        if pct(&prog, 0.99) <= target {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
     let mut mem = BTreeMap::new();
     for n in 1..=a.nodes {

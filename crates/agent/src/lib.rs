@@ -217,7 +217,7 @@ pub async fn run(
 
     // The overlay's reconcile loop; this task keeps the subnet claim and
     // feeds it the subnet map.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = podnet_reconcile::channel();
     let overlay_loop = AbortOnDrop(tokio::spawn(podnet_reconcile::run(
         overlay,
         rx,
@@ -244,17 +244,17 @@ pub async fn run(
             }
             c = subnets.next() => match c? {
                 subnets::Change::Nodes(map) => {
-                    let _ = tx.send(Input::Changes(OverlayInput::Nodes(map)));
+                    let _ = tx.send(Input::Changes(OverlayInput::Nodes(map))).await;
                     if !ready {
                         ready = true;
-                        let _ = tx.send(Input::Ready);
+                        let _ = tx.send(Input::Ready).await;
                     }
                 }
                 subnets::Change::LostMine => {
                     let l = subnets.acquire(&attrs, Some(mine_subnet)).await?;
                     tracing::info!(subnet = %l.subnet, "subnet re-acquired");
                     mine_subnet = l.subnet;
-                    let _ = tx.send(Input::Changes(OverlayInput::Mine(l)));
+                    let _ = tx.send(Input::Changes(OverlayInput::Mine(l))).await;
                 }
             }
         }

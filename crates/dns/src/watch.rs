@@ -209,22 +209,27 @@ pub async fn run(
         resyncer: sub.resyncer(),
         rebuilt: false,
     };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = podnet_reconcile::channel();
     let forward = tokio::spawn(async move {
         while let Some(batch) = sub.next_batch().await {
             if let Some(objs) = batch.snapshot {
-                if tx.send(Input::Changes(ZoneInput::Snapshot(objs))).is_err() {
+                if tx
+                    .send(Input::Changes(ZoneInput::Snapshot(objs)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
             if !batch.deltas.is_empty()
                 && tx
                     .send(Input::Changes(ZoneInput::Deltas(batch.deltas)))
+                    .await
                     .is_err()
             {
                 return;
             }
-            if batch.ready && tx.send(Input::Ready).is_err() {
+            if batch.ready && tx.send(Input::Ready).await.is_err() {
                 return;
             }
         }

@@ -1207,9 +1207,14 @@ impl Builder {
                     }
                 }
             }
-            if let Some(n) = self.nodes.get(&name) {
+            if let Some(n) = self.nodes.get_mut(&name) {
                 if n.refs == 0 && n.recs.is_empty() {
                     self.nodes.remove(&name);
+                } else {
+                    // Most names hold one record; a Vec grown by push keeps
+                    // room for four. At 10,000 Services that slack is
+                    // megabytes.
+                    n.recs.shrink_to_fit();
                 }
             }
         }

@@ -154,6 +154,13 @@ impl Options {
     }
 }
 
+/// A loop's input channel. Bounded, so a loop that falls behind slows
+/// what feeds it (down to the object source) instead of letting decoded
+/// objects pile up in memory.
+pub fn channel<T>() -> (mpsc::Sender<Input<T>>, mpsc::Receiver<Input<T>>) {
+    mpsc::channel(2)
+}
+
 /// One sync: plan, observe, diff, apply.
 pub fn sync<S: Subsystem>(s: &mut S, scope: &Scope<S::Key>) -> Result<usize, SyncError> {
     let plan = s.plan(scope);
@@ -164,17 +171,17 @@ pub fn sync<S: Subsystem>(s: &mut S, scope: &Scope<S::Key>) -> Result<usize, Syn
 
 /// Feeds a loop from an object-source subscription: batches of deltas,
 /// then `Ready` once the source's first list is in.
-pub fn from_subscription(mut sub: Subscription) -> mpsc::UnboundedReceiver<Input<Vec<Delta>>> {
-    let (tx, rx) = mpsc::unbounded_channel();
+pub fn from_subscription(mut sub: Subscription) -> mpsc::Receiver<Input<Vec<Delta>>> {
+    let (tx, rx) = channel();
     tokio::spawn(async move {
         while let Some(b) = sub.next_batch().await {
             if b.snapshot.is_some() {
                 tracing::warn!("a resync snapshot reached a reconcile loop; ignored");
             }
-            if !b.deltas.is_empty() && tx.send(Input::Changes(b.deltas)).is_err() {
+            if !b.deltas.is_empty() && tx.send(Input::Changes(b.deltas)).await.is_err() {
                 return;
             }
-            if b.ready && tx.send(Input::Ready).is_err() {
+            if b.ready && tx.send(Input::Ready).await.is_err() {
                 return;
             }
         }
@@ -186,7 +193,7 @@ pub fn from_subscription(mut sub: Subscription) -> mpsc::UnboundedReceiver<Input
 /// docs.
 pub async fn run<S: Subsystem>(
     mut s: S,
-    mut input: mpsc::UnboundedReceiver<Input<S::Input>>,
+    mut input: mpsc::Receiver<Input<S::Input>>,
     opts: Options,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
@@ -402,7 +409,7 @@ mod tests {
             fail: fail.clone(),
             log: log.clone(),
         };
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = channel();
         let metrics = Metrics::new();
         let opts = Options {
             resync: Duration::from_secs(3600),
@@ -414,23 +421,23 @@ mod tests {
             let _ = stop_rx.await;
         }));
         // Changes before Ready are only watched.
-        tx.send(Input::Changes(vec![(1, 1)])).unwrap();
-        tx.send(Input::Changes(vec![(2, 2)])).unwrap();
+        tx.send(Input::Changes(vec![(1, 1)])).await.unwrap();
+        tx.send(Input::Changes(vec![(2, 2)])).await.unwrap();
         tokio::task::yield_now().await;
         assert!(log.lock().unwrap().is_empty());
         // Ready: one full sync, which also removes what nobody wants.
-        tx.send(Input::Ready).unwrap();
+        tx.send(Input::Ready).await.unwrap();
         until("the first sync", || !log.lock().unwrap().is_empty()).await;
         assert_eq!(*log.lock().unwrap(), vec!["apply 3"]);
         assert_eq!(*kernel.lock().unwrap(), BTreeMap::from([(1, 1), (2, 2)]));
         // A change touches only its key.
-        tx.send(Input::Changes(vec![(1, 5)])).unwrap();
+        tx.send(Input::Changes(vec![(1, 5)])).await.unwrap();
         until("a partial sync", || log.lock().unwrap().len() == 2).await;
         assert_eq!(log.lock().unwrap()[1], "apply 1");
         // A failure is retried as a full sync, which also repairs drift.
         *fail.lock().unwrap() = 1;
         kernel.lock().unwrap().remove(&2);
-        tx.send(Input::Changes(vec![(3, 3)])).unwrap();
+        tx.send(Input::Changes(vec![(3, 3)])).await.unwrap();
         until("the retry", || log.lock().unwrap().len() == 4).await;
         assert_eq!(log.lock().unwrap()[2..], ["fail", "apply 2"]);
         assert_eq!(

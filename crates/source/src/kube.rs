@@ -9,7 +9,7 @@
 //! (a `podnet_daemon::StoreWatch`, probed with `GET /version`) fails
 //! `/readyz`, and consumers keep what they have.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::api::Api;
@@ -23,7 +23,7 @@ use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
 
 use crate::cache::Cache;
-use crate::{Hub, ObjectKey};
+use crate::{Hub, ObjectKey, CHUNK};
 
 pub struct KubeSource {
     client: Client,
@@ -145,7 +145,7 @@ impl KubeSource {
             .filter(|k| *k != Kind::NetworkConfig)
             .collect();
         if waiting.is_empty() {
-            self.hub.ready();
+            self.hub.ready().await;
             return std::future::pending().await;
         }
         let _probe = self.health.probe({
@@ -156,7 +156,8 @@ impl KubeSource {
             }
         });
         let mut cache = Cache::default();
-        let mut relisting: BTreeMap<Kind, Vec<Object>> = BTreeMap::new();
+        // Kinds between Init and InitDone.
+        let mut relisting: BTreeSet<Kind> = BTreeSet::new();
         let mut ready = false;
         // Kinds whose watcher last reported an error (it retries by itself).
         let mut failing: BTreeSet<Kind> = BTreeSet::new();
@@ -166,7 +167,7 @@ impl KubeSource {
                 Some(id) = self.hub.resync_rx.recv() => {
                     let kinds = self.hub.kinds_of(id);
                     match list(&self.client, &kinds).await {
-                        Ok(objs) => self.hub.snapshot(id, objs),
+                        Ok(objs) => self.hub.snapshot(id, objs).await,
                         Err(e) => {
                             self.health.broken(&format!("listing for a resync: {e}"));
                             let _ = self.hub.resync_tx.send(id);
@@ -187,14 +188,13 @@ impl KubeSource {
                 }
                 match m {
                     Ok(Msg::Init) => {
-                        relisting.insert(kind, Vec::new());
+                        relisting.insert(kind);
+                        cache.begin_relist(kind);
                     }
-                    Ok(Msg::InitApply(o)) => relisting.entry(kind).or_default().push(o),
+                    Ok(Msg::InitApply(o)) => out.extend(cache.relisted(o)),
                     Ok(Msg::InitDone) => {
-                        let listed = relisting.remove(&kind).unwrap_or_default();
-                        self.hub.send(&out);
-                        out.clear();
-                        out.extend(cache.relist(&[kind].into_iter().collect(), listed));
+                        relisting.remove(&kind);
+                        out.extend(cache.end_relist(kind));
                         if waiting.remove(&kind) && waiting.is_empty() {
                             self.health.watching();
                         }
@@ -208,13 +208,15 @@ impl KubeSource {
                     }
                 }
             }
-            self.hub.send(&out);
+            for chunk in out.chunks(CHUNK) {
+                self.hub.send(chunk).await;
+            }
             if was_failing && failing.is_empty() && waiting.is_empty() {
                 self.health.watching();
             }
             if !ready && relisting.is_empty() && waiting.is_empty() {
                 ready = true;
-                self.hub.ready();
+                self.hub.ready().await;
             }
         }
     }

@@ -136,7 +136,7 @@ pub struct Batch {
 
 /// One consumer's stream of events for the kinds it asked for.
 pub struct Subscription {
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::Receiver<Event>,
     id: usize,
     resync: mpsc::UnboundedSender<usize>,
 }
@@ -205,9 +205,18 @@ impl Batch {
     }
 }
 
+/// Events a subscriber may have queued before the source waits for it.
+/// With [`CHUNK`]-sized events this bounds what a relist holds decoded at
+/// once (a full list is never in memory whole), at the price of a slow
+/// consumer slowing the source for the others of its process.
+const QUEUE: usize = 2;
+
+/// The most deltas in one event.
+pub(crate) const CHUNK: usize = 64;
+
 /// The subscribers of one source: each gets the deltas of its kinds.
 pub(crate) struct Hub {
-    subs: Vec<(BTreeSet<Kind>, mpsc::UnboundedSender<Event>)>,
+    subs: Vec<(BTreeSet<Kind>, mpsc::Sender<Event>)>,
     pub(crate) resync_tx: mpsc::UnboundedSender<usize>,
     /// Resync requests, by subscriber index.
     pub(crate) resync_rx: mpsc::UnboundedReceiver<usize>,
@@ -226,7 +235,7 @@ impl Default for Hub {
 
 impl Hub {
     fn subscribe(&mut self, kinds: &[Kind]) -> Subscription {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(QUEUE);
         self.subs.push((kinds.iter().copied().collect(), tx));
         Subscription {
             rx,
@@ -243,9 +252,11 @@ impl Hub {
             .unwrap_or_default()
     }
 
-    pub(crate) fn snapshot(&self, id: usize, objs: Vec<Object>) {
+    pub(crate) async fn snapshot(&self, id: usize, objs: Vec<Object>) {
         if let Some((_, tx)) = self.subs.get(id) {
-            let _ = tx.send(Event::Snapshot(objs.into_iter().map(Arc::new).collect()));
+            let _ = tx
+                .send(Event::Snapshot(objs.into_iter().map(Arc::new).collect()))
+                .await;
         }
     }
 
@@ -257,7 +268,9 @@ impl Hub {
             .collect()
     }
 
-    pub(crate) fn send(&self, deltas: &[Delta]) {
+    /// Delivers `deltas` to every subscriber of their kinds, waiting while
+    /// one has [`QUEUE`] events unread. A subscriber that is gone is skipped.
+    pub(crate) async fn send(&self, deltas: &[Delta]) {
         if deltas.is_empty() {
             return;
         }
@@ -268,14 +281,14 @@ impl Hub {
                 .cloned()
                 .collect();
             if !mine.is_empty() {
-                let _ = tx.send(Event::Deltas(mine));
+                let _ = tx.send(Event::Deltas(mine)).await;
             }
         }
     }
 
-    pub(crate) fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         for (_, tx) in &self.subs {
-            let _ = tx.send(Event::Ready);
+            let _ = tx.send(Event::Ready).await;
         }
     }
 }

@@ -21,7 +21,7 @@ use podnet_daemon::StoreWatch;
 use podnet_store::{AnyStore, EventType, KeyValue, Rev, Store, WatchMsg};
 
 use crate::cache::Cache;
-use crate::{Hub, ObjectKey};
+use crate::{Hub, ObjectKey, CHUNK};
 
 pub struct StoreSource {
     store: AnyStore,
@@ -92,20 +92,41 @@ impl StoreSource {
         }
     }
 
-    /// Lists every subscribed kind; returns the objects and, per kind, the
-    /// revision its list reflects.
-    async fn list(
+    /// Relists every subscribed kind into `cache`, delivering the
+    /// difference kind by kind in chunks (a full list is never decoded
+    /// whole); returns, per kind, the revision its list reflects.
+    async fn relist(
         &self,
         kinds: &BTreeSet<Kind>,
-    ) -> podnet_store::Result<(Vec<Object>, BTreeMap<Kind, Rev>)> {
-        let mut objs = Vec::new();
+        cache: &mut Cache,
+    ) -> podnet_store::Result<BTreeMap<Kind, Rev>> {
         let mut revs = BTreeMap::new();
         for &k in kinds {
             let (kvs, rev) = self.store.list(&k.prefix(None)).await?;
-            objs.extend(kvs.iter().filter_map(|kv| decode_logged(k, kv)));
             revs.insert(k, rev);
+            cache.begin_relist(k);
+            for chunk in kvs.chunks(CHUNK) {
+                let out: Vec<_> = chunk
+                    .iter()
+                    .filter_map(|kv| decode_logged(k, kv))
+                    .filter_map(|o| cache.relisted(o))
+                    .collect();
+                self.hub.send(&out).await;
+            }
+            drop(kvs);
+            self.hub.send(&cache.end_relist(k)).await;
         }
-        Ok((objs, revs))
+        Ok(revs)
+    }
+
+    /// Every object of `kinds`, listed now (for a consumer's resync).
+    async fn list(&self, kinds: &BTreeSet<Kind>) -> podnet_store::Result<Vec<Object>> {
+        let mut objs = Vec::new();
+        for &k in kinds {
+            let (kvs, _) = self.store.list(&k.prefix(None)).await?;
+            objs.extend(kvs.iter().filter_map(|kv| decode_logged(k, kv)));
+        }
+        Ok(objs)
     }
 
     pub(crate) async fn run(mut self) {
@@ -123,16 +144,17 @@ impl StoreSource {
         let mut cache = Cache::default();
         let mut ready = false;
         loop {
-            let (objs, revs) = match self.list(&kinds).await {
-                Ok(l) => l,
+            let revs = match self.relist(&kinds, &mut cache).await {
+                Ok(r) => r,
                 Err(e) => {
                     self.health.broken(&format!("listing: {e}"));
                     self.health.backoff().await;
                     continue;
                 }
             };
+            // From the oldest list on: the store keeps the history, so the
+            // list and the watch meet.
             let from = revs.values().copied().min().unwrap_or(0) + 1;
-            // Watch before delivering, so the list and the watch meet.
             let mut w = match self.store.watch("/registry/", from).await {
                 Ok(w) => w,
                 Err(e) => {
@@ -141,10 +163,9 @@ impl StoreSource {
                     continue;
                 }
             };
-            self.hub.send(&cache.relist(&kinds, objs));
             if !ready {
                 ready = true;
-                self.hub.ready();
+                self.hub.ready().await;
             }
             self.health.watching();
             let Step::Relist = self.follow(&mut w, &kinds, &revs, &mut cache).await;
@@ -164,7 +185,7 @@ impl StoreSource {
                 Some(id) = self.hub.resync_rx.recv() => {
                     let kinds = self.hub.kinds_of(id);
                     match self.list(&kinds).await {
-                        Ok((objs, _)) => self.hub.snapshot(id, objs),
+                        Ok(objs) => self.hub.snapshot(id, objs).await,
                         Err(e) => {
                             self.health.broken(&format!("listing: {e}"));
                             // Asked again after the relist.
@@ -214,7 +235,7 @@ impl StoreSource {
                     }
                 }
             }
-            self.hub.send(&out);
+            self.hub.send(&out).await;
             if relist {
                 return Step::Relist;
             }
