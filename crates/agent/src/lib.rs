@@ -168,20 +168,10 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let underlay = overlay.underlay().clone();
-    let attrs = overlay.attrs();
-    let previous = podnet_overlay::files::previous_subnet(&opts.subnet_file);
-    let mine = tokio::select! {
-        _ = &mut shutdown => return Ok(()),
-        r = subnets.acquire(&attrs, previous) => r?,
-    };
-    tracing::info!(node = %opts.node, subnet = %mine.subnet, public_ip = %underlay.ip, backend = overlay.backend().name(), mtu = overlay.mtu(), "subnet acquired");
-    overlay
-        .start(mine.clone())
-        .map_err(|e| AgentError::Other(e.to_string()))?;
-    subnets.network_up(underlay.ip).await?;
-
     // The service proxy runs beside the network loop; its rules stay when
-    // the agent stops.
+    // the agent stops. It starts first: every subscription to the source
+    // must be read, or the source (which waits for slow readers) stalls
+    // the node's subnet subscription too.
     let _proxy = proxy_sub.map(|sub| {
         let m = metrics.clone();
         let have: Vec<std::net::IpAddr> = Handle::new()
@@ -214,6 +204,18 @@ pub async fn run(
             }
         }))
     });
+
+    let attrs = overlay.attrs();
+    let previous = podnet_overlay::files::previous_subnet(&opts.subnet_file);
+    let mine = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        r = subnets.acquire(&attrs, previous) => r?,
+    };
+    tracing::info!(node = %opts.node, subnet = %mine.subnet, public_ip = %underlay.ip, backend = overlay.backend().name(), mtu = overlay.mtu(), "subnet acquired");
+    overlay
+        .start(mine.clone())
+        .map_err(|e| AgentError::Other(e.to_string()))?;
+    subnets.network_up(underlay.ip).await?;
 
     // The overlay's reconcile loop; this task keeps the subnet claim and
     // feeds it the subnet map.

@@ -311,7 +311,10 @@ impl Source {
         Source::Kube(kube::KubeSource::new(client, health))
     }
 
-    /// A stream of `kinds`; subscribe before [`Source::start`].
+    /// A stream of `kinds`; subscribe before [`Source::start`]. Every
+    /// subscription must be read from then on: the source waits for a
+    /// reader with unread events (that bounds its memory), so one left
+    /// unread stalls the others.
     pub fn subscribe(&mut self, kinds: &[Kind]) -> Subscription {
         match self {
             Source::Store(s) => s.hub.subscribe(kinds),
