@@ -251,12 +251,12 @@ pub async fn agent(
     cleanup: bool,
 ) -> Result<()> {
     if cleanup {
-        let store = if kube.enabled() {
-            None
+        let (store, client) = if kube.enabled() {
+            (None, Some(kube.client().await?))
         } else {
-            podnet_store::open(url).await.ok()
+            (podnet_store::open(url).await.ok(), None)
         };
-        for line in podnet_agent::cleanup(store, &opts).await? {
+        for line in podnet_agent::cleanup(store, client, &opts).await? {
             println!("{line}");
         }
         return Ok(());

@@ -211,6 +211,30 @@ fn agents_and_dns_follow_the_real_apiserver_and_controller_manager() {
         try_sh_in(&lab.node_ns("node1"), &route).1.trim().is_empty()
     });
 
+    // An agent's --cleanup takes its node out of the mesh the same way.
+    let o = podnet(&[
+        "lab",
+        "--name",
+        &lab.name,
+        "stop-agent",
+        "node1",
+        "--cleanup",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let n = lab.json(&["get", "node", "node1"]);
+    assert!(
+        n["metadata"]["annotations"]["podnet.io/public-ip"].is_null(),
+        "{}",
+        n["metadata"]["annotations"]
+    );
+    assert!(n["spec"]["podCIDR"].is_string(), "the podCIDR stays");
+    let o = podnet(&["lab", "--name", &lab.name, "restart-agent", "node1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eventually("node1 published again after its restart", WAIT, || {
+        lab.json(&["get", "node", "node1"])["metadata"]["annotations"]["podnet.io/public-ip"]
+            == "192.168.200.11"
+    });
+
     // A Service through the real apiserver: ClusterIP, rules, name.
     lab.ok(
         &["apply", "-f", "-"],

@@ -273,7 +273,11 @@ impl Drop for AbortOnDrop {
 
 /// Removes everything the agent installed on this node and gives the
 /// subnet back.
-pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<String>, AgentError> {
+pub async fn cleanup(
+    store: Option<AnyStore>,
+    kube: Option<kube::Client>,
+    opts: &Options,
+) -> Result<Vec<String>, AgentError> {
     let paths = Paths {
         subnet_file: opts.subnet_file.clone(),
         cni_conf_dir: opts.cni_conf_dir.clone(),
@@ -283,6 +287,13 @@ pub async fn cleanup(store: Option<AnyStore>, opts: &Options) -> Result<Vec<Stri
         .map_err(|e| AgentError::Other(e.to_string()))?;
     for t in podnet_proxy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
         done.push(format!("removed nft table {t}"));
+    }
+    if let Some(client) = kube {
+        podnet_source::subnets::podcidr::release(&client, &opts.node).await?;
+        done.push(format!(
+            "removed node {}'s podnet.io/ annotations (its podCIDR stays with kube-controller-manager)",
+            opts.node
+        ));
     }
     if let Some(store) = store {
         let (kvs, _) = store.list(lease::PREFIX).await?;

@@ -84,6 +84,22 @@ pub fn annotations(attrs: &Attrs) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// Takes node `node` out of the mesh (for `podnet agent --cleanup`):
+/// removes its `podnet.io/` annotations, so the other nodes drop their
+/// routes to it. The podCIDR stays: kube-controller-manager owns it.
+pub async fn release(client: &kube::Client, node: &str) -> Result<(), SourceError> {
+    let api: Api<Node> = Api::all(client.clone());
+    let gone: BTreeMap<&str, Option<String>> =
+        [BACKEND_TYPE, BACKEND_DATA, PUBLIC_IP, SUBNET_MANAGER]
+            .into_iter()
+            .map(|k| (k, None))
+            .collect();
+    let patch = serde_json::json!({"metadata": {"annotations": gone}});
+    api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
 pub struct PodCidr {
     client: kube::Client,
     cfg: Resolved,
