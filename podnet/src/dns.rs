@@ -3,7 +3,7 @@
 //! NetworkConfig, so DNS agrees with the controller without extra flags.
 
 use anyhow::{Context, Result};
-use podnet_api::{netconfig, Kind, Object};
+use podnet_api::netconfig;
 
 /// Flags of `podnet dns`.
 #[derive(clap::Args)]
@@ -91,14 +91,11 @@ fn recursion(a: &DnsArgs, net: &netconfig::Resolved) -> Result<podnet_dns::Allow
 }
 
 async fn network_config(store: &podnet_store::AnyStore) -> netconfig::Resolved {
-    let objs = podnet_store::Objects::new(store.clone());
-    let cfg = match objs
-        .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+    let cfg = podnet_source::store::network_config(store)
         .await
-    {
-        Ok(Some(Object::NetworkConfig(c))) => *c,
-        _ => netconfig::NetworkConfig::default(),
-    };
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     cfg.resolve().unwrap_or_else(|(f, m)| {
         tracing::warn!("NetworkConfig {f}: {m}; using defaults");
         netconfig::NetworkConfig::default()

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use podnet_api::netconfig::{self, Resolved};
-use podnet_api::{Kind, Object};
+use podnet_api::netconfig::Resolved;
+use podnet_api::Kind;
 use podnet_daemon::Metrics;
 use podnet_kernel::Handle;
 use podnet_overlay::{Overlay, OverlayInput, Paths};
@@ -30,7 +30,7 @@ use podnet_reconcile::Input;
 pub use podnet_source::subnets::leases as lease;
 use podnet_source::subnets::{self, leases::Leases, podcidr::PodCidr, Subnets};
 use podnet_source::Source;
-use podnet_store::{AnyStore, Objects, Store, StoreError};
+use podnet_store::{AnyStore, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -89,14 +89,10 @@ pub fn nodeport_ips(
     Some(v)
 }
 
-async fn load_config(objs: &Objects) -> Result<Resolved, AgentError> {
-    let cfg = match objs
-        .get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+async fn load_config(store: &AnyStore) -> Result<Resolved, AgentError> {
+    let cfg = podnet_source::store::network_config(store)
         .await?
-    {
-        Some(Object::NetworkConfig(c)) => *c,
-        _ => netconfig::NetworkConfig::default(),
-    };
+        .unwrap_or_default();
     cfg.resolve().map_err(|(f, m)| AgentError::Config(f, m))
 }
 
@@ -126,7 +122,7 @@ pub async fn run(
     let (mut source, cfg) = match &cluster {
         Cluster::Store(store) => (
             Source::store(store.clone(), metrics.store_watch("agent")),
-            load_config(&Objects::new(store.clone())).await?,
+            load_config(store).await?,
         ),
         Cluster::Kube { client, config } => (
             Source::kube(client.clone(), metrics.store_watch("agent")),
@@ -296,22 +292,8 @@ pub async fn cleanup(
         ));
     }
     if let Some(store) = store {
-        let (kvs, _) = store.list(lease::PREFIX).await?;
-        for l in kvs
-            .iter()
-            .filter_map(lease::decode)
-            .filter(|l| l.attrs.node == opts.node)
-        {
-            if l.lease_id != 0 {
-                store.revoke(l.lease_id).await?;
-            }
-            let _ = store
-                .txn(vec![podnet_store::Op::Delete {
-                    key: lease::key(&l.subnet),
-                    rev: None,
-                }])
-                .await;
-            done.push(format!("released subnet {}", l.subnet));
+        for subnet in lease::release(&store, &opts.node).await? {
+            done.push(format!("released subnet {subnet}"));
         }
     }
     Ok(done)

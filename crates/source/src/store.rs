@@ -78,6 +78,24 @@ fn decode_logged(kind: Kind, kv: &KeyValue) -> Option<Object> {
     o
 }
 
+/// The cluster's network config as the store holds it now (one read, no
+/// watch), for daemons that size themselves from it at start (the agent's
+/// network, DNS's zones): `None` when there is none. A change needs a
+/// restart, as with flannel's net-conf.json.
+pub async fn network_config(
+    store: &AnyStore,
+) -> podnet_store::Result<Option<podnet_api::netconfig::NetworkConfig>> {
+    let key = Kind::NetworkConfig.key(None, podnet_api::netconfig::DEFAULT_NAME);
+    Ok(store
+        .get(&key)
+        .await?
+        .and_then(|kv| decode(Kind::NetworkConfig, &kv))
+        .and_then(|o| match o {
+            Object::NetworkConfig(c) => Some(*c),
+            _ => None,
+        }))
+}
+
 enum Step {
     /// Relist (after a gap or a failure).
     Relist,

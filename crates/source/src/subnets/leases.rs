@@ -189,6 +189,30 @@ pub async fn acquire(
     ))
 }
 
+/// Gives back every subnet `node` holds (for `podnet agent --cleanup`):
+/// revokes the leases and deletes their keys; returns the subnets.
+pub async fn release(store: &AnyStore, node: &str) -> Result<Vec<Ipv4Net>, StoreError> {
+    let (kvs, _) = store.list(PREFIX).await?;
+    let mut gone = Vec::new();
+    for l in kvs
+        .iter()
+        .filter_map(decode)
+        .filter(|l| l.attrs.node == node)
+    {
+        if l.lease_id != 0 {
+            store.revoke(l.lease_id).await?;
+        }
+        let _ = store
+            .txn(vec![Op::Delete {
+                key: key(&l.subnet),
+                rev: None,
+            }])
+            .await;
+        gone.push(l.subnet);
+    }
+    Ok(gone)
+}
+
 /// This node's lease and the watch on everyone's.
 pub struct Leases {
     store: AnyStore,
@@ -430,21 +454,7 @@ impl Leases {
 
     /// Revokes every lease this node holds and deletes their keys.
     pub(crate) async fn release(&mut self) -> Result<(), SourceError> {
-        let (kvs, _) = self.store.list(PREFIX).await?;
-        for l in kvs.iter().filter_map(decode) {
-            if l.attrs.node == self.node {
-                if l.lease_id != 0 {
-                    self.store.revoke(l.lease_id).await?;
-                }
-                let _ = self
-                    .store
-                    .txn(vec![Op::Delete {
-                        key: key(&l.subnet),
-                        rev: None,
-                    }])
-                    .await;
-            }
-        }
+        release(&self.store, &self.node).await?;
         self.mine = None;
         Ok(())
     }
