@@ -126,6 +126,22 @@ impl KubeLab {
         .trim()
         .to_string()
     }
+
+    /// Cluster DNS's response code for `name` (NOERROR, NXDOMAIN...), or
+    /// "no answer" when none came: an empty `dig +short` alone cannot tell
+    /// a removed name from a server that did not answer.
+    fn rcode(&self, name: &str) -> String {
+        let out = try_sh_in(
+            &self.node_ns("node1"),
+            &format!("dig +time=1 +tries=1 @10.96.0.10 {name} A"),
+        )
+        .1;
+        out.split("status: ")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .unwrap_or("no answer")
+            .to_string()
+    }
 }
 
 impl Drop for KubeLab {
@@ -262,6 +278,6 @@ fn agents_and_dns_follow_the_real_apiserver_and_controller_manager() {
     lab.ok(&["delete", "endpointslice", "web-1"], None);
     eventually("the rules and the name gone with the Service", WAIT, || {
         nft_list(Some(&lab.node_ns("node1")), "table ip podnet").is_some_and(|t| !t.contains(&cip))
-            && lab.dig("web.default.svc.cluster.local").is_empty()
+            && lab.rcode("web.default.svc.cluster.local") == "NXDOMAIN"
     });
 }
