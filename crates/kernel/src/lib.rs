@@ -1,9 +1,13 @@
 //! podnet's kernel edge: links, addresses, routes, neighbours, FDB entries and
-//! network namespaces, spoken over rtnetlink directly.
+//! network namespaces, spoken over rtnetlink directly; the conntrack table
+//! and nflog groups over nfnetlink.
 //!
 //! Layout:
 //! - [`nl`]: the netlink wire format and a blocking socket;
 //! - [`rtnl`]: typed operations ([`Handle`]) on links, addresses and routes;
+//! - [`conntrack`]: listing and deleting connection-tracking entries;
+//! - [`nflog`]: reading the packets of an nftables `log group`, and the
+//!   flow (addresses, protocol, ports) they carry;
 //! - [`netns`]: entering, creating and removing network namespaces;
 //! - [`detach`]: link deletion that leaves the kernel's reclamation wait
 //!   (an RCU barrier, 10-30 ms) to a helper process.
@@ -12,9 +16,11 @@
 //! failure deep in a CNI ADD reads as "creating veth vethab12 (peer eth0): File
 //! exists" rather than "EEXIST".
 
+pub mod conntrack;
 pub mod detach;
 pub mod neigh;
 pub mod netns;
+pub mod nflog;
 pub mod nl;
 pub mod rtnl;
 pub mod tun;

@@ -4,10 +4,13 @@
 //! This is the only place that knows byte layouts. It is deliberately small
 //! and synchronous: a CNI plugin lives for a few milliseconds, so an async
 //! runtime or a large typed crate would cost more than it saves. The same
-//! framing serves rtnetlink here and nfnetlink later.
+//! framing serves rtnetlink and nfnetlink (nftables batches, conntrack dumps
+//! and the packets of an nflog group, which arrive unprompted: see
+//! [`Socket::recv_messages`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 use crate::KernelError;
 
@@ -196,6 +199,50 @@ pub fn get_str(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// One message of a received datagram, borrowed from the socket's buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: u32,
+    /// Everything after the 16-byte header.
+    pub body: &'a [u8],
+}
+
+/// Iterates over the messages of one datagram; stops at the first
+/// malformed header (a length shorter than a header or past the end).
+pub struct Messages<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Messages<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Messages { data }
+    }
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Message<'a>;
+    fn next(&mut self) -> Option<Message<'a>> {
+        let b = self.data;
+        if b.len() < 16 {
+            return None;
+        }
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if len < 16 || len > b.len() {
+            self.data = &[];
+            return None;
+        }
+        self.data = &b[align4(len).min(b.len())..];
+        Some(Message {
+            msg_type: u16::from_ne_bytes([b[4], b[5]]),
+            flags: u16::from_ne_bytes([b[6], b[7]]),
+            seq: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+            body: &b[16..len],
+        })
+    }
+}
+
 /// One received message: its type, flags and body (after the 16-byte header).
 pub struct Reply {
     pub msg_type: u16,
@@ -271,6 +318,52 @@ impl Socket {
             NETLINK_GET_STRICT_CHK,
             on.into(),
         )
+    }
+
+    /// Makes every receive give up after `timeout` with
+    /// [`io::ErrorKind::WouldBlock`] (`SO_RCVTIMEO`); `None` waits forever.
+    pub fn set_recv_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // A zero timeval means "no timeout", so a zero duration is rounded
+        // up to the smallest one that is not.
+        let d = timeout.map_or(Duration::ZERO, |d| d.max(Duration::from_micros(1)));
+        let tv = libc::timeval {
+            tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+            tv_usec: d.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: setsockopt reads size_of::<timeval>() bytes from a live timeval.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sets the receive buffer to `bytes`, past `net.core.rmem_max` when
+    /// the caller may (`SO_RCVBUFFORCE` needs `CAP_NET_ADMIN`), else as far
+    /// as `SO_RCVBUF` goes. For sockets the kernel writes to unprompted: a
+    /// full buffer drops what the kernel sends next.
+    pub fn set_recv_buffer(&mut self, bytes: i32) -> io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+            .or_else(|_| set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
+    }
+
+    /// Waits for the next datagram and returns its messages, for sockets
+    /// that are written to without a request (an nflog group). Errors are
+    /// the receive's own: `WouldBlock` after a [`Socket::set_recv_timeout`]
+    /// timeout, `ENOBUFS` when the kernel dropped messages because the
+    /// receive buffer was full (the socket stays usable).
+    pub fn recv_messages(&mut self) -> io::Result<Messages<'_>> {
+        let n = self.recv()?;
+        Ok(Messages::new(&self.buf[..n]))
     }
 
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -403,30 +496,19 @@ impl Socket {
         drop(bytes);
         while let Some(want) = pending {
             let n = self.recv().map_err(|e| KernelError::io(describe(0), e))?;
-            let mut off = 0;
-            while off + 16 <= n {
-                let b = &self.buf[off..n];
-                let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                if len < 16 || len > b.len() {
-                    break;
-                }
-                let ty = u16::from_ne_bytes([b[4], b[5]]);
-                let mflags = u16::from_ne_bytes([b[6], b[7]]);
-                let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-                let body = &b[16..len];
-                off += align4(len);
-                if ty != NLMSG_ERROR || index(mseq) > index(seq) {
+            for m in Messages::new(&self.buf[..n]) {
+                if m.msg_type != NLMSG_ERROR || index(m.seq) > index(seq) {
                     continue;
                 }
-                let errno = -(get_u32(body) as i32);
-                if mseq == want {
+                let errno = -(get_u32(m.body) as i32);
+                if m.seq == want {
                     pending = None;
                 }
                 if errno != 0 {
                     return Err(KernelError::Netlink {
-                        op: describe(index(mseq)),
+                        op: describe(index(m.seq)),
                         source: io::Error::from_raw_os_error(errno),
-                        detail: extack_msg(body, mflags),
+                        detail: extack_msg(m.body, m.flags),
                     });
                 }
             }
@@ -450,40 +532,29 @@ impl Socket {
         let mut out = Vec::new();
         loop {
             let n = self.recv().map_err(|e| KernelError::io(op(), e))?;
-            let mut off = 0;
-            while off + 16 <= n {
-                let b = &self.buf[off..n];
-                let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                if len < 16 || len > b.len() {
-                    break;
-                }
-                let ty = u16::from_ne_bytes([b[4], b[5]]);
-                let mflags = u16::from_ne_bytes([b[6], b[7]]);
-                let mseq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
-                let body = &b[16..len];
-                off += align4(len);
-                if mseq != seq {
+            for m in Messages::new(&self.buf[..n]) {
+                if m.seq != seq {
                     continue;
                 }
-                match ty {
+                match m.msg_type {
                     NLMSG_ERROR => {
-                        let errno = -(get_u32(body) as i32);
+                        let errno = -(get_u32(m.body) as i32);
                         if errno == 0 {
                             return Ok(out);
                         }
                         return Err(KernelError::Netlink {
                             op: op(),
                             source: io::Error::from_raw_os_error(errno),
-                            detail: extack_msg(body, mflags),
+                            detail: extack_msg(m.body, m.flags),
                         });
                     }
                     NLMSG_DONE => return Ok(out),
-                    _ => {
+                    ty => {
                         out.push(Reply {
                             msg_type: ty,
-                            body: body.to_vec(),
+                            body: m.body.to_vec(),
                         });
-                        if !dump && mflags & NLM_F_MULTI == 0 && flags & NLM_F_ACK == 0 {
+                        if !dump && m.flags & NLM_F_MULTI == 0 && flags & NLM_F_ACK == 0 {
                             return Ok(out);
                         }
                     }
@@ -535,5 +606,29 @@ mod tests {
         assert_eq!(attrs[1].0, 18);
         let inner: Vec<_> = Attrs::new(attrs[1].1).collect();
         assert_eq!(get_str(inner[0].1), "veth");
+    }
+
+    #[test]
+    fn a_datagram_splits_into_messages_up_to_a_malformed_one() {
+        let mut one = Msg::new(0x400, NLM_F_MULTI);
+        one.raw(&[2, 0, 0, 7]).str(10, "a");
+        let mut two = Msg::new(NLMSG_DONE, 0);
+        two.raw(&[0; 3]); // padded to 4
+        let mut d = one.finish(5);
+        d.extend_from_slice(&two.finish(6));
+        let whole: Vec<_> = Messages::new(&d)
+            .map(|m| (m.msg_type, m.flags, m.seq, m.body.len()))
+            .collect();
+        assert_eq!(
+            whole,
+            vec![
+                (0x400, NLM_F_MULTI | NLM_F_REQUEST, 5, 12),
+                (NLMSG_DONE, NLM_F_REQUEST, 6, 4)
+            ]
+        );
+        // A length past the end stops the walk rather than reading on.
+        d.truncate(d.len() - 1);
+        assert_eq!(Messages::new(&d).count(), 1);
+        assert_eq!(Messages::new(&d[..15]).count(), 0);
     }
 }
