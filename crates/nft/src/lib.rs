@@ -3,7 +3,9 @@
 //! `nft` process is spawned.
 //!
 //! - [`model`]: a typed model of one table (sets, maps, named counters,
-//!   chains, rules);
+//!   chains, rules), including what a NetworkPolicy data plane needs:
+//!   interval sets of prefixes and port ranges (one field or
+//!   concatenated), an NFLOG verdict log and rate limits;
 //! - [`diff`]: the ordered change list from the applied table to the wanted
 //!   one (empty when nothing changed), renderable as `nft -f` text for
 //!   humans and golden tests; [`diff::ensure`] for tables several processes

@@ -156,12 +156,32 @@ impl KeyType {
 }
 
 /// A value of one key field.
+///
+/// In an interval set (`flags interval`) an address field and a port field
+/// hold ranges, and the kernel keeps only each range's first and last
+/// value, so one range has several spellings here. The kernel's copy reads
+/// back ([`crate::netlink::Conn::elements`]) in one canonical spelling,
+/// which is what [`Value::canonical`] gives:
+///
+/// - an address field is `Addr` for a single address (also what a /32 or
+///   /128 `Net` becomes) and `Net` for a shorter prefix, host bits zero;
+/// - a port field is `Port` for a single port (also `PortRange(p, p)`) and
+///   `PortRange(lo, hi)` with `lo < hi` otherwise;
+/// - every other field is an exact value.
+///
+/// Plan in the canonical spelling. A planned key spelled otherwise (a
+/// NetworkPolicy `ipBlock` of `10.0.0.5/32`, say) still reads back as it
+/// was planned, so a repeated sync is 0 operations either way; only an
+/// element nobody planned shows in the canonical spelling.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Value {
     Addr(IpAddr),
     Net(IpNet),
     Proto(Proto),
     Port(u16),
+    /// The ports `lo..=hi` (`80-90`): a port field of an interval set, or
+    /// `th dport` in a [`Expr::Cmp`] (a NetworkPolicy port with `endPort`).
+    PortRange(u16, u16),
     U32(u32),
     /// A one-byte value (nfproto, pkttype).
     U8(u8),
@@ -201,6 +221,7 @@ impl Value {
             Value::Net(n) => n.to_string(),
             Value::Proto(p) => p.name().to_string(),
             Value::Port(p) => p.to_string(),
+            Value::PortRange(lo, hi) => format!("{lo}-{hi}"),
             Value::U32(v) => format!("0x{v:08x}"),
             Value::U8(v) => v.to_string(),
             Value::Name(n) => format!("\"{}\"", n.replace('"', "_")),
@@ -211,6 +232,42 @@ impl Value {
                 .join(":"),
         }
     }
+
+    /// The canonical spelling of this value as an interval-set field (see
+    /// [`Value`]): a full-length prefix is its address, a prefix has its
+    /// host bits cleared, a one-port range is its port.
+    pub fn canonical(&self) -> Value {
+        match self {
+            Value::Net(n) if n.prefix_len() == n.max_prefix_len() => Value::Addr(n.addr()),
+            Value::Net(n) => Value::Net(n.trunc()),
+            Value::PortRange(lo, hi) if lo == hi => Value::Port(*lo),
+            v => v.clone(),
+        }
+    }
+
+    /// Whether [`Value::canonical`] leaves this value as it is (without
+    /// building the canonical one).
+    pub fn is_canonical(&self) -> bool {
+        match self {
+            Value::Net(n) => n.prefix_len() < n.max_prefix_len() && n.trunc() == *n,
+            Value::PortRange(lo, hi) => lo != hi,
+            _ => true,
+        }
+    }
+}
+
+/// The most bytes of a log prefix the kernel keeps (`NF_LOG_PREFIXLEN`
+/// less its NUL).
+const LOG_PREFIX_MAX: usize = 127;
+
+/// A log prefix as it is sent and rendered: cut to what the kernel keeps
+/// (on a character boundary) and without `"`, which `nft` cannot quote.
+pub(crate) fn log_prefix(p: &str) -> String {
+    let mut end = p.len().min(LOG_PREFIX_MAX);
+    while !p.is_char_boundary(end) {
+        end -= 1;
+    }
+    p[..end].replace('"', "'")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -239,7 +296,7 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Expr {
     /// `field == value` (or `!=`); an address field against a `Net` is a
-    /// prefix match.
+    /// prefix match, a port field against a `PortRange` a range match.
     Cmp {
         field: Field,
         neg: bool,
@@ -323,6 +380,25 @@ pub enum Expr {
     Reject {
         tcp_reset: bool,
     },
+    /// `log prefix "PREFIX" group N`: a copy of the packet goes to NFLOG
+    /// group `group` (the NetworkPolicy verdict log reads it from there,
+    /// not from the kernel log), and the rule goes on. The prefix tells
+    /// the reader which policy decided; the kernel keeps 127 bytes of it,
+    /// and a `"` is sent as `'` (nft has no way to quote it).
+    Log {
+        group: u16,
+        prefix: String,
+    },
+    /// `limit rate [over] RATE/second burst BURST packets`: matches while
+    /// the packets per second stay within `rate` (at least 1, with `burst`
+    /// packets of slack, at least 1 as `nft` requires), or, with `over`,
+    /// only once they exceed it. A log rule behind a limit cannot flood
+    /// the reader; a drop behind `over` caps a flood.
+    Limit {
+        rate: u64,
+        burst: u32,
+        over: bool,
+    },
     Verdict(Verdict),
 }
 
@@ -366,6 +442,11 @@ pub enum ElemData {
 pub struct Set {
     pub key: Vec<KeyType>,
     pub data: Option<MapData>,
+    /// `flags interval`: address fields may hold prefixes (`Value::Net`)
+    /// and port fields ranges (`Value::PortRange`), with one field or
+    /// concatenated (a NetworkPolicy's `pod . peer CIDR . proto . ports`).
+    /// Elements must not overlap (the kernel refuses; `nft` would merge
+    /// them, we do not); see [`Value`] for the spelling they read back in.
     pub interval: bool,
     /// Element timeout in seconds (dynamic sets, e.g. session affinity).
     pub timeout: Option<u32>,
@@ -498,6 +579,13 @@ impl Expr {
             }
             Expr::Reject { tcp_reset: true } => "reject with tcp reset".into(),
             Expr::Reject { tcp_reset: false } => "reject".into(),
+            Expr::Log { group, prefix } => {
+                format!("log prefix \"{}\" group {group}", log_prefix(prefix))
+            }
+            Expr::Limit { rate, burst, over } => format!(
+                "limit rate {}{rate}/second burst {burst} packets",
+                if *over { "over " } else { "" }
+            ),
             Expr::Verdict(v) => v.text(),
         }
     }
@@ -636,5 +724,30 @@ impl Table {
         }
         s.push_str("}\n");
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_values_have_one_canonical_spelling() {
+        let net = |s: &str| Value::Net(s.parse().unwrap());
+        let addr = |s: &str| Value::Addr(s.parse().unwrap());
+        for (given, canonical) in [
+            (net("10.0.0.5/32"), addr("10.0.0.5")),
+            (net("fd00::5/128"), addr("fd00::5")),
+            (net("10.0.0.5/24"), net("10.0.0.0/24")),
+            (net("10.0.0.0/24"), net("10.0.0.0/24")),
+            (addr("10.0.0.5"), addr("10.0.0.5")),
+            (Value::PortRange(80, 80), Value::Port(80)),
+            (Value::PortRange(80, 90), Value::PortRange(80, 90)),
+            (Value::Port(80), Value::Port(80)),
+        ] {
+            assert_eq!(given.canonical(), canonical, "{given:?}");
+            assert_eq!(given.is_canonical(), given == canonical, "{given:?}");
+        }
+        assert_eq!(Value::PortRange(80, 90).text(), "80-90");
     }
 }

@@ -16,7 +16,16 @@
 //! Registers: single values go in the 16-byte `NFT_REG_1`/`NFT_REG_2`;
 //! concatenated keys are laid out in consecutive 32-bit registers from
 //! `NFT_REG32_00`, each field padded to four bytes, which is also how set
-//! keys are laid out in elements.
+//! keys are laid out in elements. A one-field key is as long as its field
+//! (a port is two bytes), as `nft` declares it, so `nft list` shows it.
+//!
+//! Interval sets hold ranges the way `nft` writes them, so the kernel picks
+//! the same set type and `nft list` shows the same elements: a
+//! concatenation (the pipapo set) sends each element's last values in
+//! `KEY_END`, a single address or port being the range [x, x]; a one-field
+//! set (the rbtree set) sends an element at the range's first value and one
+//! flagged `INTERVAL_END` at the value after its last. Either reads back in
+//! the canonical spelling of [`crate::model::Value`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -60,7 +69,9 @@ const NFT_OBJECT_COUNTER: u32 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
 
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_DATA_VALUE: u16 = 1;
@@ -135,7 +146,7 @@ fn value_bytes(v: &Value) -> Vec<u8> {
             IpAddr::V6(a) => a.octets().to_vec(),
         },
         Value::Proto(p) => vec![p.number()],
-        Value::Port(p) => p.to_be_bytes().to_vec(),
+        Value::Port(p) | Value::PortRange(p, _) => p.to_be_bytes().to_vec(),
         Value::U32(x) => x.to_ne_bytes().to_vec(),
         Value::U8(x) => vec![*x],
         Value::Name(n) => {
@@ -148,14 +159,16 @@ fn value_bytes(v: &Value) -> Vec<u8> {
     }
 }
 
-/// The last value of a range element: a prefix's last address, else the
-/// value itself.
+/// The last value of a range element: a prefix's last address, a port
+/// range's last port, else the value itself (a single address or port is
+/// the range [x, x]).
 fn value_end_bytes(v: &Value) -> Vec<u8> {
     match v {
         Value::Net(n) => match n.broadcast() {
             IpAddr::V4(a) => a.octets().to_vec(),
             IpAddr::V6(a) => a.octets().to_vec(),
         },
+        Value::PortRange(_, hi) => hi.to_be_bytes().to_vec(),
         v => value_bytes(v),
     }
 }
@@ -206,6 +219,24 @@ fn key_bytes(vals: &[Value]) -> Vec<u8> {
         out.resize(out.len() + (l - b.len()), 0);
     }
     out
+}
+
+/// A set element's key: a concatenation padded per field, a single field
+/// as it is (as `nft` declares such a set, so `nft list` reads a port as a
+/// port).
+fn elem_key_bytes(vals: &[Value]) -> Vec<u8> {
+    match vals {
+        [v] => value_bytes(v),
+        vals => key_bytes(vals),
+    }
+}
+
+/// A set's key length: see [`elem_key_bytes`].
+fn set_key_len(key: &[KeyType]) -> usize {
+    match key {
+        [k] => field_len(*k),
+        key => key.iter().map(|k| padded(field_len(*k))).sum(),
+    }
 }
 
 fn verdict(m: &mut Msg, v: &Verdict) {
@@ -415,6 +446,11 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                     x.bitwise(NFT_REG_1, &mask, &vec![0; len]);
                     x.cmp(NFT_REG_1, *neg, &value_bytes(value));
                 }
+                Value::PortRange(lo, hi) => x.expr("range", |m| {
+                    m.u32_be(1, NFT_REG_1).u32_be(2, *neg as u32); // NFT_RANGE_EQ / NEQ
+                    m.begin(3).attr(NFTA_DATA_VALUE, &lo.to_be_bytes()).end();
+                    m.begin(4).attr(NFTA_DATA_VALUE, &hi.to_be_bytes()).end();
+                }),
                 v => x.cmp(NFT_REG_1, *neg, &value_bytes(v)),
             }
         }
@@ -591,6 +627,18 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                 });
             }
         }
+        Expr::Log { group, prefix } => x.expr("log", |m| {
+            // A group makes it an NFLOG (nfnetlink_log) logger, not syslog.
+            m.u16_be(1, *group)
+                .str(2, &crate::model::log_prefix(prefix));
+        }),
+        Expr::Limit { rate, burst, over } => x.expr("limit", |m| {
+            m.u64_be(1, *rate) // NFTA_LIMIT_RATE
+                .u64_be(2, 1) // NFTA_LIMIT_UNIT: per second
+                .u32_be(3, *burst)
+                .u32_be(4, 0) // NFTA_LIMIT_TYPE: NFT_LIMIT_PKTS
+                .u32_be(5, *over as u32); // NFTA_LIMIT_FLAGS: NFT_LIMIT_F_INV
+        }),
         Expr::Verdict(v) => x.verdict(v),
     }
 }
@@ -656,7 +704,7 @@ fn rule_shape(t: &Table, chain: &str, r: &Rule) -> Shape {
 
 fn set_msg(t: &Table, name: &str, s: &Set) -> Msg {
     let mut m = msg(t, NFT_MSG_NEWSET, NLM_F_CREATE);
-    let key_len: usize = s.key.iter().map(|k| padded(field_len(*k))).sum();
+    let key_len = set_key_len(&s.key);
     let mut flags = 0u32;
     if s.interval {
         flags |= 0x4;
@@ -753,16 +801,72 @@ fn be64(v: &[u8]) -> u64 {
 /// One element as the encoder takes it: key, data, comment.
 type Elem<'e> = (&'e [Value], Option<&'e ElemData>, Option<&'e str>);
 
+/// How a set's elements hold ranges in the kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ranges {
+    /// Exact keys only.
+    None,
+    /// A concatenation (the pipapo set): one element, its range end in
+    /// `KEY_END`.
+    KeyEnd,
+    /// One field (the rbtree set): an element opens the range at its first
+    /// value, and a second one flagged `INTERVAL_END` closes it at the value
+    /// after its last (none when the range runs to the field's end), as
+    /// `nft` writes them; both are added and deleted together.
+    EndElement,
+}
+
+fn ranges(s: &Set) -> Ranges {
+    match (s.interval, s.key.len()) {
+        (false, _) => Ranges::None,
+        (true, 1) => Ranges::EndElement,
+        (true, _) => Ranges::KeyEnd,
+    }
+}
+
+/// Big-endian `b + 1`, or None when `b` is all ones.
+fn after(b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = b.to_vec();
+    for x in out.iter_mut().rev() {
+        let (v, carry) = x.overflowing_add(1);
+        *x = v;
+        if !carry {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Big-endian `b - 1`, or None when `b` is zero.
+fn before(b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = b.to_vec();
+    for x in out.iter_mut().rev() {
+        let (v, borrow) = x.overflowing_sub(1);
+        *x = v;
+        if !borrow {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// The key of the element that closes a one-field range: the value after
+/// its last; None when the range runs to the end.
+fn interval_end_key(k: &[Value]) -> Option<Vec<u8>> {
+    after(&value_end_bytes(k.first()?))
+}
+
 fn elems_msgs(t: &Table, set: &str, elems: &[Elem<'_>], add: bool) -> Vec<Msg> {
-    // Concatenated ranges (pipapo) carry their end in KEY_END.
-    let ranges = t
-        .sets
-        .get(set)
-        .map(|s| s.interval && s.key.len() > 1)
-        .unwrap_or(false);
+    let ranges = t.sets.get(set).map(ranges).unwrap_or(Ranges::None);
     let mut out = Vec::new();
-    // Keep every message's nested element list under the 64 KiB attribute limit.
-    for chunk in elems.chunks(256) {
+    // Keep every message's nested element list under the 64 KiB attribute
+    // limit (a one-field range is two elements).
+    let per = if ranges == Ranges::EndElement {
+        128
+    } else {
+        256
+    };
+    for chunk in elems.chunks(per) {
         let mut m = msg(
             t,
             if add {
@@ -777,9 +881,9 @@ fn elems_msgs(t: &Table, set: &str, elems: &[Elem<'_>], add: bool) -> Vec<Msg> {
         for (k, d, c) in chunk {
             m.begin(NFTA_LIST_ELEM);
             m.begin(NFTA_SET_ELEM_KEY)
-                .attr(NFTA_DATA_VALUE, &key_bytes(k))
+                .attr(NFTA_DATA_VALUE, &elem_key_bytes(k))
                 .end();
-            if ranges {
+            if ranges == Ranges::KeyEnd {
                 m.begin(NFTA_SET_ELEM_KEY_END)
                     .attr(NFTA_DATA_VALUE, &key_end_bytes(k))
                     .end();
@@ -803,6 +907,14 @@ fn elems_msgs(t: &Table, set: &str, elems: &[Elem<'_>], add: bool) -> Vec<Msg> {
                 }
             }
             m.end();
+            if ranges == Ranges::EndElement {
+                if let Some(end) = interval_end_key(k) {
+                    m.begin(NFTA_LIST_ELEM);
+                    m.begin(NFTA_SET_ELEM_KEY).attr(NFTA_DATA_VALUE, &end).end();
+                    m.u32_be(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+                    m.end();
+                }
+            }
         }
         m.end();
         out.push(m);
@@ -967,8 +1079,9 @@ fn hook_from_num(n: u32) -> Option<Hook> {
     })
 }
 
-/// One field's value from its bytes (and its range end, which turns an
-/// address into the prefix it spans).
+/// One field's value from its bytes and its range end, in the canonical
+/// spelling of [`Value`]: a range [x, x] is `Addr`/`Port`, a wider one the
+/// `Net` it spans or a `PortRange`.
 fn decode_value(k: KeyType, b: &[u8], end: Option<&[u8]>) -> Option<Value> {
     let addr = |b: &[u8]| -> Option<IpAddr> {
         Some(match b.len() {
@@ -995,7 +1108,14 @@ fn decode_value(k: KeyType, b: &[u8], end: Option<&[u8]>) -> Option<Value> {
             132 => Value::Proto(Proto::Sctp),
             n => Value::U8(*n),
         },
-        KeyType::InetService => Value::Port(u16::from_be_bytes([*b.first()?, *b.get(1)?])),
+        KeyType::InetService => {
+            let port = |b: &[u8]| Some(u16::from_be_bytes([*b.first()?, *b.get(1)?]));
+            let lo = port(b)?;
+            match end.and_then(port).filter(|hi| *hi != lo) {
+                Some(hi) => Value::PortRange(lo, hi),
+                None => Value::Port(lo),
+            }
+        }
         KeyType::Mark => Value::U32(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?)),
         KeyType::IfName => Value::Name(get_str(b)),
         KeyType::EtherAddr => Value::Mac(b.get(..6)?.try_into().ok()?),
@@ -1019,6 +1139,45 @@ fn decode_key(types: &[KeyType], b: &[u8], end: Option<&[u8]>) -> Option<Vec<Val
         off += padded(len);
     }
     Some(out)
+}
+
+/// One element of a one-field interval set as dumped: its key, whether it
+/// closes a range, its data and comment.
+type Bound = (Vec<u8>, bool, Option<ElemData>, Option<String>);
+
+/// The ranges of a one-field interval set from its elements (in any
+/// order): each opening element runs to the value before the next
+/// element's (the closing one, normally), or to the field's end when none
+/// follows. A closing element with nothing open (`nft` writes one at zero)
+/// is no range.
+fn pair_bounds(
+    types: &[KeyType],
+    mut bounds: Vec<Bound>,
+) -> Vec<(Vec<Value>, Option<ElemData>, Option<String>)> {
+    let Some(&k) = types.first() else {
+        return Vec::new();
+    };
+    let len = field_len(k);
+    // By key; at one key, the range that closes there before the one that opens.
+    bounds.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut out = Vec::new();
+    for (i, (key, closes, data, comment)) in bounds.iter().enumerate() {
+        if *closes {
+            continue;
+        }
+        let Some(first) = key.get(..len) else {
+            continue;
+        };
+        let last = match bounds.get(i + 1) {
+            Some((next, ..)) => next.get(..len).and_then(before),
+            None => Some(vec![0xff; len]),
+        };
+        let Some(last) = last else { continue };
+        if let Some(v) = decode_value(k, first, Some(&last)) {
+            out.push((vec![v], data.clone(), comment.clone()));
+        }
+    }
+    out
 }
 
 fn decode_data(attr: &[u8], data: &Option<MapData>) -> Option<ElemData> {
@@ -1370,6 +1529,32 @@ impl Conn {
             comments: BTreeMap::new(),
             ..decl.clone()
         };
+        // Ranges read back in the canonical spelling (see `Value`); a key
+        // `decl` spells otherwise (a /32 `Net`, a one-port range) is given
+        // back as spelled there, so observe equals the plan either way.
+        let respell: BTreeMap<Vec<Value>, &Vec<Value>> = if decl.interval {
+            decl.elements
+                .keys()
+                .filter(|k| !k.iter().all(Value::is_canonical))
+                .map(|k| (k.iter().map(Value::canonical).collect(), k))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        let mut insert = |k: Vec<Value>, data: Option<ElemData>, comment: Option<String>| {
+            let k = match respell.get(&k) {
+                Some(planned) => (*planned).clone(),
+                None => k,
+            };
+            if let Some(c) = comment {
+                out.comments.insert(k.clone(), c);
+            }
+            out.elements.insert(k, data);
+        };
+        // One-field ranges: each element's key, whether it closes a range,
+        // its data and comment, paired once all are read.
+        let one_field = ranges(decl) == Ranges::EndElement;
+        let mut bounds = Vec::new();
         for a in replies {
             for (ty, list) in Attrs::new(&a) {
                 if ty != 3 {
@@ -1387,24 +1572,31 @@ impl Conn {
                         match ety {
                             NFTA_SET_ELEM_KEY => key = value(),
                             NFTA_SET_ELEM_KEY_END => end = value(),
-                            NFTA_SET_ELEM_DATA => data = Some(decode_data(ev, &decl.data)),
-                            3 => interval_end = be32(ev) & 1 != 0,
+                            NFTA_SET_ELEM_DATA => data = decode_data(ev, &decl.data),
+                            NFTA_SET_ELEM_FLAGS => {
+                                interval_end = be32(ev) & NFT_SET_ELEM_INTERVAL_END != 0
+                            }
                             NFTA_SET_ELEM_USERDATA => comment = comment_from_udata(ev),
                             _ => {}
                         }
                     }
+                    let Some(key) = key else { continue };
+                    if one_field {
+                        bounds.push((key, interval_end, data, comment));
+                        continue;
+                    }
                     if interval_end {
                         continue;
                     }
-                    let Some(k) = key.and_then(|k| decode_key(&decl.key, &k, end.as_deref()))
-                    else {
-                        continue;
-                    };
-                    if let Some(c) = comment {
-                        out.comments.insert(k.clone(), c);
+                    if let Some(k) = decode_key(&decl.key, &key, end.as_deref()) {
+                        insert(k, data, comment);
                     }
-                    out.elements.insert(k, data.flatten());
                 }
+            }
+        }
+        if one_field {
+            for (k, data, comment) in pair_bounds(&decl.key, bounds) {
+                insert(k, data, comment);
             }
         }
         Ok(Some(out))
@@ -1426,7 +1618,7 @@ impl Conn {
         m.begin(3);
         m.begin(NFTA_LIST_ELEM);
         m.begin(NFTA_SET_ELEM_KEY)
-            .attr(NFTA_DATA_VALUE, &key_bytes(key))
+            .attr(NFTA_DATA_VALUE, &elem_key_bytes(key))
             .end();
         m.end();
         m.end();
@@ -1540,6 +1732,166 @@ mod tests {
         assert_eq!(
             comment_from_udata(&comment_udata("n/ctr")).as_deref(),
             Some("n/ctr")
+        );
+    }
+
+    #[test]
+    fn policy_ranges_encode_per_field_and_decode_canonically() {
+        // pod . peer prefix . proto . port range: each field padded to four
+        // bytes, a single value the range [x, x].
+        let types = [
+            KeyType::Ipv4Addr,
+            KeyType::Ipv4Addr,
+            KeyType::InetProto,
+            KeyType::InetService,
+        ];
+        let k = vec![
+            Value::Addr("10.0.1.5".parse().unwrap()),
+            Value::Net("10.2.0.0/16".parse().unwrap()),
+            Value::Proto(Proto::Tcp),
+            Value::PortRange(80, 90),
+        ];
+        assert_eq!(
+            key_bytes(&k),
+            [10, 0, 1, 5, 10, 2, 0, 0, 6, 0, 0, 0, 0, 80, 0, 0]
+        );
+        assert_eq!(
+            key_end_bytes(&k),
+            [10, 0, 1, 5, 10, 2, 255, 255, 6, 0, 0, 0, 0, 90, 0, 0]
+        );
+        assert_eq!(
+            decode_key(&types, &key_bytes(&k), Some(&key_end_bytes(&k))),
+            Some(k)
+        );
+        // Exact values read back as Addr and Port, however they were spelled.
+        let exact = vec![
+            Value::Addr("10.0.1.5".parse().unwrap()),
+            Value::Net("10.2.0.5/32".parse().unwrap()),
+            Value::Proto(Proto::Udp),
+            Value::PortRange(53, 53),
+        ];
+        let canonical: Vec<Value> = exact.iter().map(Value::canonical).collect();
+        assert_eq!(
+            canonical[1..],
+            [
+                Value::Addr("10.2.0.5".parse().unwrap()),
+                Value::Proto(Proto::Udp),
+                Value::Port(53)
+            ]
+        );
+        assert_eq!(key_bytes(&exact), key_bytes(&canonical));
+        assert_eq!(key_end_bytes(&exact), key_end_bytes(&canonical));
+        assert_eq!(
+            decode_key(&types, &key_bytes(&exact), Some(&key_end_bytes(&exact))),
+            Some(canonical)
+        );
+        // IPv6: 16-byte fields, the same rules.
+        let types6 = [
+            KeyType::Ipv6Addr,
+            KeyType::Ipv6Addr,
+            KeyType::InetProto,
+            KeyType::InetService,
+        ];
+        let k6 = vec![
+            Value::Addr("fd00::5".parse().unwrap()),
+            Value::Net("fd00:2::/64".parse().unwrap()),
+            Value::Proto(Proto::Sctp),
+            Value::Port(9000),
+        ];
+        let (start, end) = (key_bytes(&k6), key_end_bytes(&k6));
+        assert_eq!((start.len(), end.len()), (40, 40));
+        assert_eq!(&end[24..32], &[0xff; 8]);
+        assert_eq!(&end[32..], &[132, 0, 0, 0, 0x23, 0x28, 0, 0]);
+        assert_eq!(decode_key(&types6, &start, Some(&end)), Some(k6));
+    }
+
+    #[test]
+    fn one_field_ranges_are_element_pairs() {
+        let ports = [KeyType::InetService];
+        // 22, 80-90 and 91-100 (adjacent), 65000 up to the end; as the
+        // kernel dumps them (descending), with nft's closing element at 0.
+        let b = |key: &[u8], closes: bool| (key.to_vec(), closes, None, None);
+        let bounds = vec![
+            b(&[0xfd, 0xe8], false),
+            b(&[0, 101], true),
+            b(&[0, 91], false),
+            b(&[0, 91], true),
+            b(&[0, 80], false),
+            b(&[0, 23], true),
+            b(&[0, 22], false),
+            b(&[0, 0], true),
+        ];
+        let keys: Vec<Vec<Value>> = pair_bounds(&ports, bounds)
+            .into_iter()
+            .map(|(k, ..)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                vec![Value::Port(22)],
+                vec![Value::PortRange(80, 90)],
+                vec![Value::PortRange(91, 100)],
+                vec![Value::PortRange(65000, 65535)],
+            ]
+        );
+        // What the encoder sends for them: the closing key is the value
+        // after the last, none for a range that runs to the end.
+        assert_eq!(interval_end_key(&[Value::Port(22)]), Some(vec![0, 23]));
+        assert_eq!(
+            interval_end_key(&[Value::PortRange(80, 90)]),
+            Some(vec![0, 91])
+        );
+        assert_eq!(interval_end_key(&[Value::PortRange(65000, 65535)]), None);
+        assert_eq!(
+            interval_end_key(&[Value::Net("10.255.0.0/16".parse().unwrap())]),
+            Some(vec![11, 0, 0, 0])
+        );
+        assert_eq!(before(&[11, 0, 0, 0]), Some(vec![10, 255, 255, 255]));
+        assert_eq!(before(&[0, 0]), None);
+        // A one-field key is as long as its field, as nft declares it.
+        assert_eq!(set_key_len(&ports), 2);
+        assert_eq!(elem_key_bytes(&[Value::Port(80)]), [0, 80]);
+        assert_eq!(set_key_len(&[KeyType::InetProto, KeyType::InetService]), 8);
+        let nets = pair_bounds(
+            &[KeyType::Ipv4Addr],
+            vec![
+                b(&[0, 0, 0, 0], false),
+                b(&[128, 0, 0, 0], true),
+                b(&[192, 168, 1, 1], false),
+                b(&[192, 168, 1, 2], true),
+            ],
+        );
+        assert_eq!(
+            nets.into_iter().map(|(k, ..)| k).collect::<Vec<_>>(),
+            [
+                vec![Value::Net("0.0.0.0/1".parse().unwrap())],
+                vec![Value::Addr("192.168.1.1".parse().unwrap())],
+            ]
+        );
+    }
+
+    #[test]
+    fn log_and_limit_are_their_kernel_expressions() {
+        let t = Table::new(Family::Ip, "x");
+        let r = Rule::new(vec![
+            Expr::Limit {
+                rate: 10,
+                burst: 5,
+                over: true,
+            },
+            Expr::Log {
+                group: 3,
+                prefix: "np".into(),
+            },
+            Expr::Cmp {
+                field: Field::Dport,
+                neg: true,
+                value: Value::PortRange(80, 90),
+            },
+        ]);
+        assert_eq!(
+            rule_shape(&t, "c", &r).exprs,
+            ["limit", "log", "payload", "range"]
         );
     }
 

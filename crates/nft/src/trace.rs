@@ -10,6 +10,14 @@
 //! dynamic sets, so affinity can be traced across packets with [`Tracer`],
 //! and named counters count in [`Tracer::counters`].
 //!
+//! `log` records its prefix in [`Outcome::logs`] and goes on, as the kernel
+//! does, so a test sees which policy rules a packet was logged by. `limit`
+//! sees every packet within its rate unless [`Tracer::over_limit`] says the
+//! flow is over it, so both sides of a rate limit can be walked.
+//!
+//! Set lookups match ranges as the kernel does: an address inside an
+//! element's prefix, a port inside its port range.
+//!
 //! A packet may name the interfaces it came in and goes out on, its source
 //! MAC and its packet type, for the CNI plugins' and the lab gateway's
 //! tables; in an `inet` table, IPv4 fields match IPv4 packets only.
@@ -80,6 +88,9 @@ pub struct Outcome {
     pub notrack: bool,
     /// Chains visited, in order.
     pub path: Vec<String>,
+    /// The prefixes of the `log` statements it passed, in order, as the
+    /// kernel sends them (see [`crate::model::Expr::Log`]).
+    pub logs: Vec<String>,
 }
 
 enum Flow {
@@ -100,6 +111,9 @@ pub struct Tracer<'a> {
     dynamic: BTreeMap<String, BTreeSet<Vec<Value>>>,
     /// Packets counted by each named counter so far.
     pub counters: BTreeMap<String, u64>,
+    /// Whether the traced packets exceed every `limit` (then `limit rate
+    /// over` matches and a plain `limit` does not); false by default.
+    pub over_limit: bool,
 }
 
 struct Run<'p> {
@@ -110,6 +124,7 @@ struct Run<'p> {
     masq: bool,
     notrack: bool,
     path: Vec<String>,
+    logs: Vec<String>,
     pick: &'p mut dyn FnMut(u32) -> u32,
 }
 
@@ -134,10 +149,12 @@ fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
     })
 }
 
-/// Whether a packet value matches an element value (prefixes match inside).
+/// Whether a packet value matches an element value (prefixes and port
+/// ranges match inside).
 fn value_matches(have: &Value, want: &Value) -> bool {
     match (have, want) {
         (Value::Addr(a), Value::Net(n)) => n.contains(a),
+        (Value::Port(p), Value::PortRange(lo, hi)) => (lo..=hi).contains(&p),
         _ => have == want,
     }
 }
@@ -153,7 +170,14 @@ impl<'a> Tracer<'a> {
             local: BTreeSet::new(),
             dynamic: BTreeMap::new(),
             counters: BTreeMap::new(),
+            over_limit: false,
         }
+    }
+
+    /// The same tracer with every `limit` exceeded (or not).
+    pub fn with_over_limit(mut self, over: bool) -> Self {
+        self.over_limit = over;
+        self
     }
 
     pub fn with_local(mut self, addrs: &[&str]) -> Self {
@@ -336,6 +360,12 @@ impl<'a> Tracer<'a> {
                         return Flow::Accept;
                     }
                     Expr::Reject { .. } => return Flow::Reject,
+                    Expr::Log { prefix, .. } => run.logs.push(crate::model::log_prefix(prefix)),
+                    Expr::Limit { over, .. } => {
+                        if *over != self.over_limit {
+                            continue 'rules;
+                        }
+                    }
                     Expr::Verdict(v) => match self.verdict(v, run, depth) {
                         Some(f) => return f,
                         None => continue 'rules,
@@ -387,6 +417,7 @@ impl<'a> Tracer<'a> {
             masq: false,
             notrack: false,
             path: Vec::new(),
+            logs: Vec::new(),
             pick,
         };
         let mut fate = Fate::Accept;
@@ -407,6 +438,7 @@ impl<'a> Tracer<'a> {
             masquerade: run.masq,
             notrack: run.notrack,
             path: run.path,
+            logs: run.logs,
         }
     }
 
@@ -441,5 +473,219 @@ impl<'a> Tracer<'a> {
             out.insert(self.incoming(pkt, &mut pick).dnat);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BaseChain, Chain, KeyType, Rule, Set};
+
+    fn v(s: &str) -> Value {
+        match s.parse::<ipnet::IpNet>() {
+            Ok(n) => Value::Net(n),
+            Err(_) => Value::Addr(s.parse().expect("an address or a prefix")),
+        }
+    }
+
+    /// A NetworkPolicy-shaped table: (pod . peer . proto . port) allow sets
+    /// with prefixes and port ranges, a logged and rate-limited default
+    /// deny, a flood guard.
+    fn policy() -> Table {
+        let mut t = Table::new(crate::model::Family::Inet, "np");
+        for (name, addr, pod, peers) in [
+            (
+                "allow4",
+                KeyType::Ipv4Addr,
+                "10.0.1.5",
+                ["10.0.2.0/24", "10.0.3.7"],
+            ),
+            (
+                "allow6",
+                KeyType::Ipv6Addr,
+                "fd00::5",
+                ["fd00:2::/64", "fd00:3::7"],
+            ),
+        ] {
+            let mut s = Set::new(vec![addr, addr, KeyType::InetProto, KeyType::InetService]);
+            s.interval = true;
+            s.elements.insert(
+                vec![
+                    v(pod),
+                    v(peers[0]),
+                    Value::Proto(Proto::Tcp),
+                    Value::PortRange(8000, 8100),
+                ],
+                None,
+            );
+            s.elements.insert(
+                vec![
+                    v(pod),
+                    v(peers[1]),
+                    Value::Proto(Proto::Udp),
+                    Value::Port(53),
+                ],
+                None,
+            );
+            t.sets.insert(name.into(), s);
+        }
+        let lookup = |keys: Vec<Field>, set: &str| Expr::InSet {
+            keys,
+            set: set.into(),
+            neg: false,
+        };
+        let log = |p: &str| Expr::Log {
+            group: 7,
+            prefix: p.into(),
+        };
+        let accept = Expr::Verdict(Verdict::Accept);
+        t.chains.insert(
+            "forward".into(),
+            Chain {
+                base: Some(BaseChain {
+                    kind: ChainType::Filter,
+                    hook: Hook::Forward,
+                    priority: 0,
+                }),
+                rules: vec![
+                    Rule::new(vec![
+                        Expr::Limit {
+                            rate: 1000,
+                            burst: 100,
+                            over: true,
+                        },
+                        Expr::Verdict(Verdict::Drop),
+                    ]),
+                    Rule::new(vec![
+                        lookup(
+                            vec![Field::IpDaddr, Field::IpSaddr, Field::L4Proto, Field::Dport],
+                            "allow4",
+                        ),
+                        log("np allow"),
+                        accept.clone(),
+                    ]),
+                    Rule::new(vec![
+                        lookup(
+                            vec![
+                                Field::Ip6Daddr,
+                                Field::Ip6Saddr,
+                                Field::L4Proto,
+                                Field::Dport,
+                            ],
+                            "allow6",
+                        ),
+                        log("np allow"),
+                        accept.clone(),
+                    ]),
+                    Rule::new(vec![
+                        Expr::Cmp {
+                            field: Field::Dport,
+                            neg: false,
+                            value: Value::PortRange(9000, 9100),
+                        },
+                        accept,
+                    ]),
+                    Rule::new(vec![
+                        Expr::Limit {
+                            rate: 10,
+                            burst: 5,
+                            over: false,
+                        },
+                        log("np deny"),
+                    ]),
+                    Rule::new(vec![Expr::Verdict(Verdict::Drop)]),
+                ],
+            },
+        );
+        t
+    }
+
+    fn trace(t: &mut Tracer<'_>, src: &str, dst: &str, proto: Proto, port: u16) -> Outcome {
+        t.incoming(&Packet::new(src, dst, proto, port), &mut |_| 0)
+    }
+
+    #[test]
+    fn policy_sets_match_prefixes_and_port_ranges() {
+        let t = policy();
+        let mut tr = Tracer::new(&t);
+        let mut allowed = |src, dst, proto, port| {
+            let o = trace(&mut tr, src, dst, proto, port);
+            match o.fate {
+                Fate::Accept => {
+                    assert_eq!(o.logs, ["np allow"], "{src} -> {dst} {port}");
+                    true
+                }
+                _ => {
+                    assert_eq!(o.logs, ["np deny"], "{src} -> {dst} {port}");
+                    false
+                }
+            }
+        };
+        // A prefix and a port range, both ends inclusive.
+        assert!(allowed("10.0.2.9", "10.0.1.5", Proto::Tcp, 8000));
+        assert!(allowed("10.0.2.255", "10.0.1.5", Proto::Tcp, 8100));
+        assert!(!allowed("10.0.2.9", "10.0.1.5", Proto::Tcp, 8101));
+        assert!(!allowed("10.0.2.9", "10.0.1.5", Proto::Tcp, 7999));
+        assert!(!allowed("10.0.4.1", "10.0.1.5", Proto::Tcp, 8050));
+        assert!(!allowed("10.0.2.9", "10.0.1.5", Proto::Udp, 8050));
+        assert!(!allowed("10.0.2.9", "10.0.1.6", Proto::Tcp, 8050));
+        // An exact peer and an exact port.
+        assert!(allowed("10.0.3.7", "10.0.1.5", Proto::Udp, 53));
+        assert!(!allowed("10.0.3.8", "10.0.1.5", Proto::Udp, 53));
+        assert!(!allowed("10.0.3.7", "10.0.1.5", Proto::Udp, 54));
+        // IPv6 keys alike.
+        assert!(allowed("fd00:2::9", "fd00::5", Proto::Tcp, 8100));
+        assert!(!allowed("fd00:2:0:1::9", "fd00::5", Proto::Tcp, 8100));
+        assert!(allowed("fd00:3::7", "fd00::5", Proto::Udp, 53));
+        assert!(!allowed("fd00:3::8", "fd00::5", Proto::Udp, 53));
+        assert!(!allowed("10.9.9.9", "10.0.1.5", Proto::Tcp, 9101));
+        // `th dport 9000-9100` matches inside, not outside (and logs nothing).
+        let o = trace(&mut tr, "10.9.9.9", "10.0.1.5", Proto::Tcp, 9100);
+        assert_eq!((o.fate, o.logs.len()), (Fate::Accept, 0));
+    }
+
+    #[test]
+    fn limits_can_be_traced_on_both_sides() {
+        let t = policy();
+        // Within every limit: the flood guard never matches, the deny is logged.
+        let mut under = Tracer::new(&t);
+        let o = trace(&mut under, "10.0.4.1", "10.0.1.5", Proto::Tcp, 80);
+        assert_eq!((o.fate, o.logs), (Fate::Drop, vec!["np deny".to_string()]));
+        // Over them: the flood guard drops first, and nothing is logged.
+        let mut over = Tracer::new(&t).with_over_limit(true);
+        for (src, port) in [("10.0.4.1", 80), ("10.0.2.9", 8050)] {
+            let o = trace(&mut over, src, "10.0.1.5", Proto::Tcp, port);
+            assert_eq!((o.fate, o.logs), (Fate::Drop, vec![]));
+        }
+    }
+
+    #[test]
+    fn log_and_limit_render_as_nft_writes_them() {
+        let r = policy().render();
+        for want in [
+            "type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval;",
+            "type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval;",
+            "10.0.1.5 . 10.0.2.0/24 . tcp . 8000-8100",
+            "10.0.1.5 . 10.0.3.7 . udp . 53",
+            "fd00::5 . fd00:2::/64 . tcp . 8000-8100",
+            "limit rate over 1000/second burst 100 packets drop",
+            "ip daddr . ip saddr . meta l4proto . th dport @allow4 log prefix \"np allow\" group 7 accept",
+            "th dport 9000-9100 accept",
+            "limit rate 10/second burst 5 packets log prefix \"np deny\" group 7",
+        ] {
+            assert!(r.contains(want), "{want:?} in\n{r}");
+        }
+        // What nft cannot quote, and what the kernel would cut, is neither
+        // sent nor rendered.
+        let long = Expr::Log {
+            group: 1,
+            prefix: format!("a\"b{}", "é".repeat(100)),
+        };
+        let text = long.text();
+        let prefix = text
+            .strip_prefix("log prefix \"")
+            .and_then(|s| s.strip_suffix("\" group 1"))
+            .unwrap();
+        assert!(prefix.starts_with("a'b") && prefix.len() <= 127, "{text}");
     }
 }
