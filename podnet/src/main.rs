@@ -8,6 +8,7 @@ mod cmd;
 mod dns;
 mod kubectl;
 mod plugin_log;
+mod policy;
 
 use clap::{Parser, Subcommand};
 
@@ -121,6 +122,13 @@ enum Cmd {
         /// local addresses). Never on loopback.
         #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_cidr)]
         nodeport_addresses: Vec<Option<ipnet::IpNet>>,
+        /// Do not enforce NetworkPolicy.
+        #[arg(long)]
+        no_policy: bool,
+        /// Also cut established connections that a NetworkPolicy change no
+        /// longer allows (conntrack entries removed in the same sync).
+        #[arg(long)]
+        policy_strict: bool,
         #[command(flatten)]
         kube: cmd::KubeArgs,
     },
@@ -131,6 +139,11 @@ enum Cmd {
         /// Ports, e.g. 80/tcp,81/udp.
         #[arg(long)]
         ports: String,
+    },
+    /// NetworkPolicy tools.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCmd,
     },
     /// A multi-node cluster on this machine, out of network namespaces.
     Lab {
@@ -151,6 +164,25 @@ enum Cmd {
     },
     /// Cluster DNS: Services and endpoints from the store, other names forwarded.
     Dns(dns::DnsArgs),
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// Whether a new connection SRC -> DST:PORT[/proto] is allowed, which
+    /// policies isolate each end and which rules allowed it (from the
+    /// objects, by the API's semantics); with --lab, also what each node's
+    /// kernel table does with it.
+    Explain {
+        /// A pod (NAMESPACE/POD) or an address.
+        src: String,
+        /// A pod or an address, with the port: NS/POD:80/tcp, 10.244.1.5:53/udp.
+        dst: String,
+        /// Read the objects of this lab and trace its nodes' tables.
+        #[arg(long)]
+        lab: Option<String>,
+        #[command(flatten)]
+        kube: cmd::KubeArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -353,6 +385,8 @@ fn main() {
             cleanup,
             no_proxy,
             nodeport_addresses,
+            no_policy,
+            policy_strict,
             kube,
         } => {
             let opts = podnet_agent::Options {
@@ -366,10 +400,27 @@ fn main() {
                 mtu,
                 proxy: !no_proxy,
                 nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
+                policy: !no_policy,
+                policy_strict,
             };
             block_on(cmd::agent(&cli.store, &kube, opts, &metrics_addr, cleanup))
         }
         Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
+        Cmd::Policy {
+            command:
+                PolicyCmd::Explain {
+                    src,
+                    dst,
+                    lab,
+                    kube,
+                },
+        } => block_on(policy::explain(
+            &cli.store,
+            &kube,
+            lab.as_deref(),
+            &src,
+            &dst,
+        )),
         Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),
         Cmd::Controller {
             metrics_addr,

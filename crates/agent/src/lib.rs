@@ -7,7 +7,8 @@
 //! - the overlay (`podnet_overlay`): the backend (vxlan, host-gw, udp),
 //!   routes, masquerade and the CNI files;
 //! - the service proxy (`podnet_proxy`): Services on nftables;
-//! - NetworkPolicy next, as another subsystem on the same source.
+//! - NetworkPolicy (`podnet_policy`): the node's pods' ingress and egress
+//!   on nftables, the CNI plugin's wait for a new pod, the verdict log.
 //!
 //! The object source's and the lease watch's health are
 //! `podnet_daemon::StoreWatch` components `agent` and `overlay`: a lost
@@ -63,6 +64,11 @@ pub struct Options {
     /// primary address (its underlay IP); a `/0` means every local address
     /// but loopback.
     pub nodeport_addresses: Vec<ipnet::IpNet>,
+    /// Enforce NetworkPolicy.
+    pub policy: bool,
+    /// `--policy-strict`: also cut established connections a policy change
+    /// no longer allows.
+    pub policy_strict: bool,
 }
 
 /// The addresses NodePorts are accepted on, from `--nodeport-addresses`
@@ -132,6 +138,7 @@ pub async fn run(
     let proxy_sub = opts
         .proxy
         .then(|| source.subscribe(&[Kind::Service, Kind::EndpointSlice, Kind::Node]));
+    let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
     let mut subnets = match &cluster {
         Cluster::Store(store) => Subnets::Leases(Leases::new(
             store.clone(),
@@ -201,6 +208,25 @@ pub async fn run(
         }))
     });
 
+    // NetworkPolicy, also before the subnet claim (its subscription must
+    // be read); it fails closed on the subnet once it is known.
+    let policy = match policy_sub {
+        Some(sub) => {
+            let popts = podnet_policy::Options {
+                node: opts.node.clone(),
+                ipv6: cfg.ipv6_network.is_some(),
+                limit: Default::default(),
+                strict: opts.policy_strict,
+            };
+            let socket = podnet_policy::hint::socket_for(&opts.subnet_file);
+            let (feed, fut) =
+                podnet_policy::start(sub, popts, socket, opts.resync, metrics.clone())
+                    .map_err(|e| AgentError::Other(e.to_string()))?;
+            Some((feed, AbortOnDrop(tokio::spawn(fut))))
+        }
+        None => None,
+    };
+
     let attrs = overlay.attrs();
     let previous = podnet_overlay::files::previous_subnet(&opts.subnet_file);
     let mine = tokio::select! {
@@ -212,6 +238,9 @@ pub async fn run(
         .start(mine.clone())
         .map_err(|e| AgentError::Other(e.to_string()))?;
     subnets.network_up(underlay.ip).await?;
+    if let Some((feed, _)) = &policy {
+        feed.subnets(vec![ipnet::IpNet::V4(mine.subnet)]).await;
+    }
 
     // The overlay's reconcile loop; this task keeps the subnet claim and
     // feeds it the subnet map.
@@ -252,6 +281,9 @@ pub async fn run(
                     let l = subnets.acquire(&attrs, Some(mine_subnet)).await?;
                     tracing::info!(subnet = %l.subnet, "subnet re-acquired");
                     mine_subnet = l.subnet;
+                    if let Some((feed, _)) = &policy {
+                        feed.subnets(vec![ipnet::IpNet::V4(l.subnet)]).await;
+                    }
                     let _ = tx.send(Input::Changes(OverlayInput::Mine(l))).await;
                 }
             }
@@ -284,6 +316,10 @@ pub async fn cleanup(
     for t in podnet_proxy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
         done.push(format!("removed nft table {t}"));
     }
+    for t in podnet_policy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
+        done.push(format!("removed nft table {t}"));
+    }
+    let _ = std::fs::remove_file(podnet_policy::hint::socket_for(&opts.subnet_file));
     if let Some(client) = kube {
         podnet_source::subnets::podcidr::release(&client, &opts.node).await?;
         done.push(format!(

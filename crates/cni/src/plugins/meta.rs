@@ -5,6 +5,13 @@
 //!
 //! The delegate configuration used for ADD is saved under `dataDir`, so DEL
 //! undoes exactly what ADD did even after the node's subnet changes.
+//!
+//! No open window for NetworkPolicy: when the agent's socket exists beside
+//! the subnet file (`agent.sock`, or the `agentSocket` key), ADD tells the
+//! agent the pod's addresses and returns only once the agent has put the
+//! pod's policies in the kernel; an agent that answers with an error fails
+//! the ADD (the runtime retries). An agent that is not running is not
+//! waited for: its table fails closed on addresses it does not know.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +44,10 @@ struct Conf {
     ipam_data_dir: Option<String>,
     #[serde(default)]
     delegate: Option<Map<String, Value>>,
+    /// podnet extension: the agent's socket (default: `agent.sock` beside
+    /// the subnet file).
+    #[serde(rename = "agentSocket", default)]
+    agent_socket: Option<String>,
     #[serde(rename = "runtimeConfig", default)]
     runtime_config: Option<Value>,
     #[serde(rename = "prevResult", default)]
@@ -152,6 +163,68 @@ impl Conf {
     }
 }
 
+impl Conf {
+    fn agent_socket(&self) -> PathBuf {
+        match &self.agent_socket {
+            Some(p) => PathBuf::from(p),
+            None => std::path::Path::new(&self.subnet_file())
+                .parent()
+                .unwrap_or(std::path::Path::new("/run/podnet"))
+                .join("agent.sock"),
+        }
+    }
+}
+
+/// How long ADD waits for the agent to program a pod.
+const AGENT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Tells the node's agent about a pod (see the module docs). No socket, or
+/// no agent listening on it: nothing to wait for.
+fn tell_agent(c: &Conf, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), CniError> {
+    use std::io::{BufRead, Write};
+    let path = c.agent_socket();
+    let kv = args.cni_args();
+    let ns = kv.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default();
+    let name = kv
+        .get("K8S_POD_NAME")
+        .cloned()
+        .unwrap_or_else(|| args.container_id.clone());
+    let mut s = match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("podnet: agent socket {}: {e}; not waiting", path.display());
+            return Ok(());
+        }
+    };
+    let fail = |what: &str, e: String| {
+        CniError::new(
+            Code::TryAgain,
+            format!("podnet: the agent did not confirm pod {ns}/{name}: {what}"),
+        )
+        .with_details(e)
+    };
+    let _ = s.set_read_timeout(Some(AGENT_WAIT));
+    let mut req = serde_json::to_vec(&json!({
+        "op": op, "namespace": ns, "name": name, "ips": ips,
+    }))
+    .expect("json");
+    req.push(b'\n');
+    s.write_all(&req)
+        .map_err(|e| fail("sending", e.to_string()))?;
+    let mut line = String::new();
+    std::io::BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| fail("waiting", e.to_string()))?;
+    let reply: Value = serde_json::from_str(&line).map_err(|e| fail("reading", e.to_string()))?;
+    if reply["ok"] == json!(true) || op == "del" {
+        return Ok(());
+    }
+    Err(fail(
+        "its answer",
+        reply["error"].as_str().unwrap_or("no answer").to_string(),
+    ))
+}
+
 fn saved_path(dir: &std::path::Path, id: &str, ifname: &str) -> PathBuf {
     if ifname == "eth0" {
         dir.join(id)
@@ -213,13 +286,26 @@ impl Plugin for Meta {
                     e,
                 )
             })?;
-        match delegate(&delegate_type(&d), Command::Add, args, &bytes) {
-            Ok(r) => Ok(r.unwrap_or_default()),
+        let r = match delegate(&delegate_type(&d), Command::Add, args, &bytes) {
+            Ok(r) => r.unwrap_or_default(),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
-                Err(e)
+                return Err(e);
             }
+        };
+        let ips: Vec<String> = r.ips.iter().map(|i| i.address.addr().to_string()).collect();
+        if let Err(e) = tell_agent(&c, args, "add", &ips) {
+            // Undo the attachment: the runtime retries the whole ADD.
+            let _ = delegate(
+                &delegate_type(&d),
+                Command::Del,
+                &args.with_command(Command::Del),
+                &bytes,
+            );
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
         }
+        Ok(r)
     }
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -237,6 +323,7 @@ impl Plugin for Meta {
         })?;
         delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
         let _ = std::fs::remove_file(&path);
+        let _ = tell_agent(&c, args, "del", &[]);
         Ok(())
     }
 

@@ -1,0 +1,607 @@
+//! The policy subsystem on the reconcile loop: it watches Pods, Namespaces
+//! and NetworkPolicies, marks the local pods a change touches, plans their
+//! elements ([`crate::plan`]), and applies the element difference as one
+//! batch. A full sync (the first, a resync, a repair) reads the kernel's
+//! table and diffs the whole plan against it.
+//!
+//! What a change dirties, so its cost is what it touches:
+//! - a pod: itself when local, and the local pods selected by every policy
+//!   one of whose pod peers matched it before or after;
+//! - a namespace's labels: the local pods selected by policies that select
+//!   peers by namespace labels;
+//! - a policy: the local pods it selected before and after.
+//!
+//! The CNI plugin's ADD reaches this loop as [`PolicyInput::Added`]: the pod's
+//! address becomes known before the kubelet writes its status, the pod is
+//! planned at once, and the plugin is answered when the batch is in the
+//! kernel (see [`crate::hint`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use ipnet::IpNet;
+use podnet_api::{Kind, Object};
+use podnet_daemon::Metrics;
+use podnet_nft::diff::{self, Change};
+use podnet_nft::model::{Family, Table};
+use podnet_nft::netlink::Conn;
+use podnet_reconcile::{Scope, Subsystem, SyncError};
+use podnet_source::Delta;
+use tokio::sync::oneshot;
+
+use crate::plan::{self, Elem, LogLimit, SetId};
+use crate::world::{Key, Peer, PodView, Policy, PortMatch, World};
+
+/// An acknowledgement the CNI plugin waits for.
+pub type Ack = oneshot::Sender<Result<(), String>>;
+
+/// What the policy loop is fed.
+pub enum PolicyInput {
+    Deltas(Vec<Delta>),
+    /// This node's pod subnets (for failing closed).
+    Subnets(Vec<IpNet>),
+    /// A CNI ADD on this node: pod `key` has `ips`; `ack` once programmed.
+    Added {
+        key: Key,
+        ips: Vec<IpAddr>,
+        ack: Option<Ack>,
+    },
+    /// A CNI DEL: the addresses are free again.
+    Removed {
+        key: Key,
+    },
+}
+
+/// A dirty mark.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Dirty {
+    /// The table's chains (the node's subnets changed): a full sync.
+    Skeleton,
+    Pod(Key),
+}
+
+/// Whether a sync of `scope` reads and rewrites the whole table.
+fn whole(scope: &Scope<Dirty>) -> bool {
+    match scope {
+        Scope::Full => true,
+        Scope::Only(k) => k.contains(&Dirty::Skeleton),
+    }
+}
+
+/// Options of the data plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub node: String,
+    /// Also plan the IPv6 table.
+    pub ipv6: bool,
+    pub limit: LogLimit,
+    /// `--policy-strict`: cut established connections no longer allowed.
+    pub strict: bool,
+}
+
+pub struct PolicyPlane {
+    opts: Options,
+    world: Arc<RwLock<World>>,
+    subnets: Vec<IpNet>,
+    /// Pods the CNI plugin announced, with their addresses, until their
+    /// status carries them.
+    hints: BTreeMap<Key, Vec<IpAddr>>,
+    /// Pods known only from the CNI plugin (no Pod object).
+    bare: BTreeSet<Key>,
+    /// Elements as applied, per owning pod, and how many owners each has.
+    applied: HashMap<Key, Vec<Elem>>,
+    refs: HashMap<Elem, u32>,
+    conn: Option<Conn>,
+    waiters: Vec<(Key, Ack)>,
+    metrics: Arc<Metrics>,
+    /// Whether the last sync changed any element (for strict mode).
+    changed: bool,
+}
+
+/// What a sync plans.
+pub enum PolicyPlan {
+    Full(Vec<Table>),
+    Pods(Vec<(Key, Vec<Elem>)>),
+}
+
+pub enum PolicyChanges {
+    Full(Vec<(Table, Vec<Change>)>, Vec<Table>),
+    Elems(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
+}
+
+impl PolicyPlane {
+    pub fn new(
+        opts: Options,
+        world: Arc<RwLock<World>>,
+        metrics: Arc<Metrics>,
+    ) -> Result<PolicyPlane, SyncError> {
+        Ok(PolicyPlane {
+            opts,
+            world,
+            subnets: Vec::new(),
+            hints: BTreeMap::new(),
+            bare: BTreeSet::new(),
+            applied: HashMap::new(),
+            refs: HashMap::new(),
+            conn: Some(Conn::open()?),
+            waiters: Vec::new(),
+            metrics,
+            changed: false,
+        })
+    }
+
+    /// A plane without a kernel connection: plan and diff only (tests,
+    /// benchmarks of the pure part).
+    pub fn detached(opts: Options, world: Arc<RwLock<World>>, metrics: Arc<Metrics>) -> Self {
+        PolicyPlane {
+            opts,
+            world,
+            subnets: Vec::new(),
+            hints: BTreeMap::new(),
+            bare: BTreeSet::new(),
+            applied: HashMap::new(),
+            refs: HashMap::new(),
+            conn: None,
+            waiters: Vec::new(),
+            metrics,
+            changed: false,
+        }
+    }
+
+    pub fn world(&self) -> Arc<RwLock<World>> {
+        self.world.clone()
+    }
+
+    fn families(&self) -> Vec<bool> {
+        if self.opts.ipv6 {
+            vec![false, true]
+        } else {
+            vec![false]
+        }
+    }
+
+    fn local_targets(w: &World, node: &str, p: &Policy, out: &mut BTreeSet<Dirty>) {
+        for (k, v) in w.pods_in_matching(&p.key.ns, &p.selector) {
+            if plan::is_local(v, node) {
+                out.insert(Dirty::Pod(k.clone()));
+            }
+        }
+    }
+
+    /// The view of pod `k` with a CNI hint filled in.
+    fn with_hint(&self, k: &Key, mut v: PodView) -> PodView {
+        if v.ips.is_empty() {
+            if let Some(ips) = self.hints.get(k) {
+                v.ips = ips.clone();
+                if v.node.is_none() {
+                    v.node = Some(self.opts.node.clone());
+                }
+            }
+        }
+        v
+    }
+
+    fn set_pod(&mut self, k: Key, new: Option<PodView>, dirty: &mut BTreeSet<Dirty>) {
+        let new = new.map(|v| self.with_hint(&k, v));
+        let mut w = self.world.write().expect("world lock");
+        let old = w.set_pod(k.clone(), new.clone());
+        if old == new {
+            return;
+        }
+        let node = self.opts.node.as_str();
+        dirty.insert(Dirty::Pod(k.clone()));
+        let named = |v: &Option<PodView>| v.as_ref().is_some_and(|v| !v.ports.is_empty());
+        let any_named = named(&old) || named(&new);
+        for p in w.policies.values() {
+            let touches =
+                p.ingress
+                    .iter()
+                    .chain(p.egress.iter())
+                    .flatten()
+                    .any(|r| match &r.peers {
+                        None => false,
+                        Some(peers) => peers.iter().any(|peer| {
+                            matches!(peer, Peer::Pods { .. })
+                                && [&old, &new].into_iter().flatten().any(|v| {
+                                    !v.ips.is_empty() && w.peer_matches_pod(peer, &p.key.ns, &k, v)
+                                })
+                        }),
+                    })
+                    || (any_named
+                        && p.egress.iter().flatten().any(|r| {
+                            r.ports
+                                .iter()
+                                .flatten()
+                                .any(|m| matches!(m, PortMatch::Named(..)))
+                        }));
+            if touches {
+                Self::local_targets(&w, node, p, dirty);
+            }
+        }
+    }
+
+    fn watch_delta(&mut self, d: &Delta, dirty: &mut BTreeSet<Dirty>) {
+        let key = d.key();
+        let ns = key.namespace.clone().unwrap_or_default();
+        let obj = match d {
+            Delta::Added(o) | Delta::Updated(o) => Some(o.as_ref()),
+            Delta::Deleted(_) => None,
+        };
+        match key.kind {
+            Kind::Pod => {
+                let v = match obj {
+                    Some(Object::Pod(p)) => Some(PodView::of(p)),
+                    _ => None,
+                };
+                let k = Key::new(&ns, &key.name);
+                self.bare.remove(&k);
+                if v.as_ref().is_some_and(|v| !v.ips.is_empty()) || v.is_none() {
+                    // The status (or the deletion) takes over from a hint.
+                    self.hints.remove(&k);
+                }
+                self.set_pod(k, v, dirty);
+            }
+            Kind::Namespace => {
+                let labels = match obj {
+                    Some(Object::Namespace(n)) => {
+                        Some(n.metadata.labels.clone().unwrap_or_default())
+                    }
+                    _ => None,
+                };
+                let mut w = self.world.write().expect("world lock");
+                let old = w.set_namespace(&key.name, labels.clone());
+                if old == labels {
+                    return;
+                }
+                let node = self.opts.node.as_str();
+                for p in w.policies.values().filter(|p| p.uses_namespace_labels()) {
+                    Self::local_targets(&w, node, p, dirty);
+                }
+            }
+            Kind::NetworkPolicy => {
+                let p = match obj {
+                    Some(Object::NetworkPolicy(p)) => Policy::compile(p),
+                    _ => None,
+                };
+                let mut w = self.world.write().expect("world lock");
+                let k = Key::new(&ns, &key.name);
+                let old = w.set_policy(k, p.clone());
+                if old == p {
+                    return;
+                }
+                let node = self.opts.node.as_str();
+                for p in [old, p].iter().flatten() {
+                    Self::local_targets(&w, node, p, dirty);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn pod_plan(&self, w: &World, k: &Key) -> Vec<Elem> {
+        match w.pods.get(k) {
+            Some(v) => plan::pod_elements(w, &self.opts.node, k, v),
+            None => Vec::new(),
+        }
+    }
+
+    fn full_tables(&self) -> Vec<Table> {
+        let w = self.world.read().expect("world lock");
+        self.families()
+            .into_iter()
+            .map(|v6| plan::table(&w, &self.opts.node, v6, &self.subnets, self.opts.limit))
+            .collect()
+    }
+
+    /// Every element the full plan holds, per owner (for the bookkeeping
+    /// after a full sync).
+    fn all_owned(&self) -> Vec<(Key, Vec<Elem>)> {
+        let w = self.world.read().expect("world lock");
+        w.pods
+            .keys()
+            .map(|k| (k.clone(), self.pod_plan(&w, k)))
+            .filter(|(_, e)| !e.is_empty())
+            .collect()
+    }
+
+    fn record(&mut self, owned: Vec<(Key, Vec<Elem>)>) {
+        for (k, new) in owned {
+            if let Some(old) = self.applied.remove(&k) {
+                for e in old {
+                    if let Some(n) = self.refs.get_mut(&e) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.refs.remove(&e);
+                        }
+                    }
+                }
+            }
+            for e in &new {
+                *self.refs.entry(e.clone()).or_insert(0) += 1;
+            }
+            if !new.is_empty() {
+                self.applied.insert(k, new);
+            }
+        }
+    }
+
+    /// Pending CNI acks, answered after a sync.
+    fn answer(&mut self, ok: bool) {
+        if !ok {
+            return;
+        }
+        for (k, ack) in self.waiters.drain(..) {
+            tracing::debug!(pod = %k, "programmed; answering the CNI plugin");
+            let _ = ack.send(Ok(()));
+        }
+    }
+
+    /// Element counts per set, for metrics and tests.
+    pub fn element_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut m = BTreeMap::new();
+        for e in self.refs.keys() {
+            *m.entry(e.0.name()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Established connections no longer allowed, cut (strict mode).
+    fn cut_established(&mut self) {
+        let w = self.world.read().expect("world lock");
+        match crate::strict::cut(&w, &self.opts.node) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(
+                    connections = n,
+                    "policy-strict: cut connections no longer allowed"
+                );
+                self.metrics.inc(
+                    "podnet_policy_connections_cut_total",
+                    "Established connections removed by --policy-strict.",
+                    "",
+                    n as f64,
+                );
+            }
+            Err(e) => tracing::warn!("policy-strict: {e}"),
+        }
+    }
+}
+
+fn elem_changes(
+    tables: &[Table],
+    refs: &HashMap<Elem, u32>,
+    owned: &HashMap<Key, Vec<Elem>>,
+    new: &[(Key, Vec<Elem>)],
+) -> Vec<(Table, Vec<Change>)> {
+    // Owner counts after the change.
+    let mut delta: HashMap<&Elem, i64> = HashMap::new();
+    for (k, n) in new {
+        for e in owned.get(k).into_iter().flatten() {
+            *delta.entry(e).or_insert(0) -= 1;
+        }
+        for e in n {
+            *delta.entry(e).or_insert(0) += 1;
+        }
+    }
+    let mut adds: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
+    let mut dels: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
+    for (e, d) in delta {
+        let before = refs.get(e).copied().unwrap_or(0) as i64;
+        let after = before + d;
+        if before == 0 && after > 0 {
+            adds.entry((plan::elem_v6(e), e.0)).or_default().push(e);
+        } else if before > 0 && after <= 0 {
+            dels.entry((plan::elem_v6(e), e.0)).or_default().push(e);
+        }
+    }
+    let mut out = Vec::new();
+    for t in tables {
+        let v6 = t.family == Family::Ip6;
+        let mut ch = Vec::new();
+        // Removals first: an interval element may be replaced by ones that
+        // overlap it, which the kernel accepts only once it is gone.
+        for ((f, s), es) in &dels {
+            if *f == v6 {
+                ch.push(Change::DelElems {
+                    set: s.name().into(),
+                    keys: es.iter().map(|e| e.1.clone()).collect(),
+                });
+            }
+        }
+        for ((f, s), es) in &adds {
+            if *f == v6 {
+                ch.push(Change::AddElems {
+                    set: s.name().into(),
+                    elems: es.iter().map(|e| (e.1.clone(), None)).collect(),
+                });
+            }
+        }
+        if !ch.is_empty() {
+            out.push((t.clone(), ch));
+        }
+    }
+    out
+}
+
+impl Subsystem for PolicyPlane {
+    type Input = PolicyInput;
+    type Key = Dirty;
+    type Plan = PolicyPlan;
+    type Observed = Vec<Option<Table>>;
+    type Changes = PolicyChanges;
+
+    fn name(&self) -> &'static str {
+        "policy"
+    }
+
+    fn watch(&mut self, input: PolicyInput, dirty: &mut BTreeSet<Dirty>) {
+        match input {
+            PolicyInput::Deltas(ds) => {
+                for d in &ds {
+                    self.watch_delta(d, dirty);
+                }
+            }
+            PolicyInput::Subnets(s) => {
+                if s != self.subnets {
+                    self.subnets = s;
+                    dirty.insert(Dirty::Skeleton);
+                }
+            }
+            PolicyInput::Added { key, ips, ack } => {
+                self.hints.insert(key.clone(), ips.clone());
+                let cur = self
+                    .world
+                    .read()
+                    .expect("world lock")
+                    .pods
+                    .get(&key)
+                    .cloned();
+                let v = match cur {
+                    Some(v) => v,
+                    // No Pod object (a bare container): known, selected by
+                    // nothing that needs labels.
+                    None => {
+                        self.bare.insert(key.clone());
+                        PodView {
+                            labels: Default::default(),
+                            ips: Vec::new(),
+                            node: Some(self.opts.node.clone()),
+                            host_network: false,
+                            ports: Vec::new(),
+                        }
+                    }
+                };
+                self.set_pod(key.clone(), Some(v), dirty);
+                dirty.insert(Dirty::Pod(key.clone()));
+                if let Some(a) = ack {
+                    self.waiters.push((key, a));
+                }
+            }
+            PolicyInput::Removed { key } => {
+                if self.bare.remove(&key) {
+                    self.hints.remove(&key);
+                    self.set_pod(key, None, dirty);
+                } else if self.hints.remove(&key).is_some() {
+                    // The sandbox is gone before the status said anything.
+                    let cur = self
+                        .world
+                        .read()
+                        .expect("world lock")
+                        .pods
+                        .get(&key)
+                        .cloned();
+                    if let Some(mut v) = cur {
+                        v.ips.clear();
+                        self.set_pod(key, Some(v), dirty);
+                    }
+                }
+            }
+        }
+    }
+
+    fn plan(&self, scope: &Scope<Dirty>) -> PolicyPlan {
+        match scope {
+            _ if whole(scope) => PolicyPlan::Full(self.full_tables()),
+            Scope::Full => unreachable!("a full scope is whole"),
+            Scope::Only(keys) => {
+                let w = self.world.read().expect("world lock");
+                PolicyPlan::Pods(
+                    keys.iter()
+                        .filter_map(|d| match d {
+                            Dirty::Pod(k) => Some((k.clone(), self.pod_plan(&w, k))),
+                            Dirty::Skeleton => None,
+                        })
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    fn observe(&mut self, scope: &Scope<Dirty>) -> Result<Vec<Option<Table>>, SyncError> {
+        let fams = self.families();
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(Vec::new());
+        };
+        if !whole(scope) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for v6 in fams {
+            let want = plan::skeleton(v6, &self.subnets, self.opts.limit);
+            out.push(conn.observe(&want)?);
+        }
+        Ok(out)
+    }
+
+    fn diff(&self, plan: PolicyPlan, observed: Vec<Option<Table>>) -> PolicyChanges {
+        match plan {
+            PolicyPlan::Full(want) => {
+                let ch = want
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let have = observed.get(i).and_then(|o| o.as_ref());
+                        (t.clone(), diff::diff(have, t))
+                    })
+                    .collect();
+                PolicyChanges::Full(ch, want)
+            }
+            PolicyPlan::Pods(new) => {
+                let skeletons: Vec<Table> = self
+                    .families()
+                    .into_iter()
+                    .map(|v6| plan::skeleton(v6, &self.subnets, self.opts.limit))
+                    .collect();
+                PolicyChanges::Elems(
+                    elem_changes(&skeletons, &self.refs, &self.applied, &new),
+                    new,
+                )
+            }
+        }
+    }
+
+    fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
+        let (batches, owned) = match changes {
+            PolicyChanges::Full(b, _) => {
+                let owned = self.all_owned();
+                self.applied.clear();
+                self.refs.clear();
+                (b, owned)
+            }
+            PolicyChanges::Elems(b, owned) => (b, owned),
+        };
+        let mut n = 0;
+        if let Some(conn) = self.conn.as_mut() {
+            for (t, ch) in &batches {
+                if ch.is_empty() {
+                    continue;
+                }
+                conn.apply(t, ch)?;
+                n += diff::ops(ch);
+            }
+        } else {
+            n = batches.iter().map(|(_, c)| diff::ops(c)).sum();
+        }
+        self.record(owned);
+        self.changed = n > 0;
+        Ok(n)
+    }
+
+    fn synced(&mut self, _scope: &Scope<Dirty>, ok: bool) {
+        self.answer(ok);
+        if ok && self.changed && self.opts.strict && self.conn.is_some() {
+            self.cut_established();
+        }
+        if ok {
+            for (set, n) in self.element_counts() {
+                self.metrics.set(
+                    "podnet_policy_elements",
+                    "Set elements the policy table holds, per set.",
+                    &format!("set=\"{set}\""),
+                    n as f64,
+                );
+            }
+        }
+    }
+}

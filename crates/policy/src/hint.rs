@@ -1,0 +1,148 @@
+//! No open window: the CNI plugin's ADD waits here until the new pod is
+//! programmed.
+//!
+//! The agent listens on a unix socket beside the node's subnet file
+//! (`/run/podnet/agent.sock` by default; the `podnet` CNI plugin finds it
+//! from its `subnetFile`). The plugin sends one JSON line once the pod has
+//! its address, `{"op":"add","namespace":..,"name":..,"ips":[..]}`, and
+//! reads one back: `{"ok":true}` once the batch holding the pod's
+//! isolation, its allows and its `pods` entry is in the kernel, or
+//! `{"error":".."}`. A DEL sends `"op":"del"`.
+//!
+//! Together with failing closed (an address of the node's subnet the table
+//! does not know is dropped, see [`crate::plan`]), no packet reaches a new
+//! pod unjudged, and an allowed one does not depend on timing: when the
+//! runtime starts the pod's process, its rules are there.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use podnet_reconcile::Input;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::dataplane::PolicyInput;
+use crate::world::Key;
+
+/// The socket's file name, in the subnet file's directory.
+pub const SOCKET_NAME: &str = "agent.sock";
+
+/// How long an ADD may wait for its sync.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Request {
+    pub op: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Reply {
+    #[serde(default)]
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The socket path for a subnet file.
+pub fn socket_for(subnet_file: &Path) -> PathBuf {
+    subnet_file
+        .parent()
+        .unwrap_or(Path::new("/run/podnet"))
+        .join(SOCKET_NAME)
+}
+
+async fn handle(
+    stream: tokio::net::UnixStream,
+    tx: mpsc::Sender<Input<PolicyInput>>,
+) -> std::io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(r).read_line(&mut line).await?;
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Reply {
+            ok: false,
+            error: Some(format!("bad request: {e}")),
+        },
+        Ok(req) => {
+            let key = Key::new(&req.namespace, &req.name);
+            match req.op.as_str() {
+                "add" => {
+                    let (ack, done) = oneshot::channel();
+                    let msg = PolicyInput::Added {
+                        key: key.clone(),
+                        ips: req.ips,
+                        ack: Some(ack),
+                    };
+                    if tx.send(Input::Changes(msg)).await.is_err() {
+                        Reply {
+                            ok: false,
+                            error: Some("the policy loop is gone".into()),
+                        }
+                    } else {
+                        match tokio::time::timeout(WAIT, done).await {
+                            Ok(Ok(Ok(()))) => Reply {
+                                ok: true,
+                                error: None,
+                            },
+                            Ok(Ok(Err(e))) => Reply {
+                                ok: false,
+                                error: Some(e),
+                            },
+                            Ok(Err(_)) => Reply {
+                                ok: false,
+                                error: Some("the policy loop dropped the request".into()),
+                            },
+                            Err(_) => Reply {
+                                ok: false,
+                                error: Some(format!(
+                                    "pod {key} not programmed within {}s",
+                                    WAIT.as_secs()
+                                )),
+                            },
+                        }
+                    }
+                }
+                "del" => {
+                    let _ = tx.send(Input::Changes(PolicyInput::Removed { key })).await;
+                    Reply {
+                        ok: true,
+                        error: None,
+                    }
+                }
+                op => Reply {
+                    ok: false,
+                    error: Some(format!("unknown op {op:?} (add, del)")),
+                },
+            }
+        }
+    };
+    let mut out = serde_json::to_vec(&reply).expect("json");
+    out.push(b'\n');
+    w.write_all(&out).await
+}
+
+/// Serves the socket at `path` until the task is dropped.
+pub async fn serve(path: PathBuf, tx: mpsc::Sender<Input<PolicyInput>>) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path)?;
+    tracing::info!(socket = %path.display(), "answering the CNI plugin's ADD once a pod is programmed");
+    loop {
+        let (s, _) = l.accept().await?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle(s, tx).await {
+                tracing::debug!("CNI request: {e}");
+            }
+        });
+    }
+}

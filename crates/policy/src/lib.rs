@@ -1,0 +1,159 @@
+//! NetworkPolicy on nftables: Calico's job in podnet.
+//!
+//! Layout, one concept per module:
+//! - [`world`]: the policy view of the cluster (pods, namespace labels,
+//!   compiled policies with the API's defaults resolved) and its indexes;
+//! - [`eval`]: the evaluator, a pure function from the view and a flow to
+//!   a verdict with reasons: the oracle the data plane is tested against,
+//!   and what `podnet policy explain` and the verdict log answer from;
+//! - [`plan`]: the fixed table and each local pod's set elements (pure);
+//! - [`dataplane`]: the subsystem on the reconcile loop (watch, plan,
+//!   observe, diff, apply), element changes only after the first sync;
+//! - [`hint`]: the unix socket the CNI plugin's ADD waits on, so no new pod
+//!   is reachable before its policies are in the kernel;
+//! - [`log`]: the NFLOG reader that explains every denied connection;
+//! - [`strict`]: `--policy-strict`, cutting established connections a
+//!   change no longer allows.
+//!
+//! Enforcement is node-local: each agent judges the egress of its own pods
+//! and the ingress to them, in the forward hook after the service proxy's
+//! DNAT, on new connections only (replies and established traffic pass
+//! untouched). Traffic the node itself sends never crosses the forward
+//! hook, so the node always reaches its pods (health checks).
+
+pub mod dataplane;
+pub mod eval;
+pub mod hint;
+pub mod log;
+pub mod plan;
+pub mod strict;
+pub mod world;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use podnet_api::Kind;
+use podnet_daemon::Metrics;
+use podnet_reconcile::Input;
+use podnet_source::Subscription;
+use tokio::sync::mpsc;
+
+pub use dataplane::{Options, PolicyInput, PolicyPlane};
+pub use eval::{evaluate, Flow, Verdict};
+pub use world::{Key, World};
+
+/// The kinds the policy loop subscribes to.
+pub const KINDS: &[Kind] = &[Kind::Pod, Kind::Namespace, Kind::NetworkPolicy];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{0}")]
+    Sync(String),
+    #[error("policy socket {0}: {1}")]
+    Socket(String, std::io::Error),
+}
+
+/// A handle to feed the running loop (the node's subnets).
+#[derive(Clone)]
+pub struct Feed(mpsc::Sender<Input<PolicyInput>>);
+
+impl Feed {
+    pub async fn subnets(&self, s: Vec<ipnet::IpNet>) {
+        let _ = self.0.send(Input::Changes(PolicyInput::Subnets(s))).await;
+    }
+}
+
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Starts the policy loop: the subsystem fed by `sub` (subscribed to
+/// [`KINDS`]), the CNI socket at `socket`, the verdict log reader. Returns
+/// the feed for the node's subnets and a future that runs until dropped.
+pub fn start(
+    sub: Subscription,
+    opts: Options,
+    socket: PathBuf,
+    resync: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
+    let world = Arc::new(RwLock::new(World::new()));
+    let plane = PolicyPlane::new(opts, world.clone(), metrics.clone())
+        .map_err(|e| PolicyError::Sync(e.to_string()))?;
+    let (tx, rx) = podnet_reconcile::channel();
+    // The subscription, forwarded as deltas; it is always read.
+    let fwd = tx.clone();
+    let mut sub = sub;
+    let forward = async move {
+        while let Some(b) = sub.next_batch().await {
+            if !b.deltas.is_empty()
+                && fwd
+                    .send(Input::Changes(PolicyInput::Deltas(b.deltas)))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            if b.ready && fwd.send(Input::Ready).await.is_err() {
+                return;
+            }
+        }
+    };
+    let hint_tx = tx.clone();
+    let m = metrics.clone();
+    let fut = async move {
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop = StopOnDrop(stop.clone());
+        let (w, lm) = (world.clone(), m.clone());
+        std::thread::Builder::new()
+            .name("policy-log".into())
+            .spawn(move || log::read(w, lm, stop))
+            .expect("thread");
+        let hints = async {
+            if let Err(e) = hint::serve(socket.clone(), hint_tx).await {
+                tracing::error!("policy socket {}: {e}", socket.display());
+                m.set_unhealthy_for("policy", Some(format!("policy socket: {e}")));
+            }
+            std::future::pending::<()>().await
+        };
+        let run = podnet_reconcile::run(
+            plane,
+            rx,
+            podnet_reconcile::Options::new(resync),
+            m.clone(),
+            std::future::pending(),
+        );
+        tokio::select! {
+            _ = forward => {}
+            _ = hints => {}
+            _ = run => {}
+        }
+    };
+    Ok((Feed(tx), fut))
+}
+
+/// Removes the policy tables (for --cleanup); returns the ones removed.
+pub fn cleanup() -> Result<Vec<String>, PolicyError> {
+    let mut c = podnet_nft::netlink::Conn::open().map_err(|e| PolicyError::Sync(e.to_string()))?;
+    let mut gone = Vec::new();
+    for fam in [
+        podnet_nft::model::Family::Ip,
+        podnet_nft::model::Family::Ip6,
+    ] {
+        if c.delete_table(fam, plan::TABLE)
+            .map_err(|e| PolicyError::Sync(e.to_string()))?
+        {
+            gone.push(format!("{} {}", fam.name(), plan::TABLE));
+        }
+    }
+    Ok(gone)
+}

@@ -1,0 +1,654 @@
+//! The data plane's plan: NetworkPolicy as set elements in a fixed table.
+//!
+//! The chains never change with the objects; every pod, label, namespace
+//! or policy change is element additions and removals only, so no change
+//! makes the kernel re-validate the table's jumps (which costs what the
+//! whole table holds, as the service proxy found). A new connection takes
+//! at most four hash or interval lookups per direction whatever the number
+//! of policies; established traffic takes none.
+//!
+//! Per family (`ip podnet-policy`, `ip6 podnet-policy`), elements are keyed
+//! by a pod on this node first, so each local pod's elements are its own
+//! ([`pod_elements`]) and a change re-plans the local pods it touches:
+//!
+//! | set | key | holds |
+//! |---|---|---|
+//! | `pods` | addr | this node's pods the agent has programmed |
+//! | `in-isolated` | addr | local pods isolated for ingress |
+//! | `in-pod-all` | dst . src | a pod peer, every port |
+//! | `in-pod-port` | dst . src . proto . port | a pod peer, one port |
+//! | `in-net-all` | dst . src net | an ipBlock (or any source), every port |
+//! | `in-net-port` | dst . src net . proto . port range | an ipBlock, any source, or a port range |
+//!
+//! and the same for egress (`eg-*`, keyed source first). The `*-net-*`
+//! sets are interval sets (concatenated ranges); their elements are made
+//! disjoint here, since the kernel refuses overlapping ones.
+//!
+//! Fail closed: a new connection from or to an address in this node's pod
+//! subnet that is not in `pods` is dropped (and logged as "unknown"), so a
+//! pod the agent has not programmed yet is never reachable unjudged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use podnet_nft::model::{
+    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set, Table,
+    Value, Verdict,
+};
+
+use crate::world::{in_block, Dir, Key, Peer, PodView, PortMatch, World};
+
+/// The table's name in both families.
+pub const TABLE: &str = "podnet-policy";
+/// The NFLOG group denied connections are logged to.
+pub const LOG_GROUP: u16 = 100;
+/// The log prefixes, one per cause.
+pub const PREFIX_INGRESS: &str = "podnet-policy ingress";
+pub const PREFIX_EGRESS: &str = "podnet-policy egress";
+pub const PREFIX_UNKNOWN: &str = "podnet-policy unknown";
+
+/// One of the table's sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetId {
+    Pods,
+    InIsolated,
+    InPodAll,
+    InPodPort,
+    InNetAll,
+    InNetPort,
+    EgIsolated,
+    EgPodAll,
+    EgPodPort,
+    EgNetAll,
+    EgNetPort,
+}
+
+impl SetId {
+    pub const ALL: [SetId; 11] = [
+        SetId::Pods,
+        SetId::InIsolated,
+        SetId::InPodAll,
+        SetId::InPodPort,
+        SetId::InNetAll,
+        SetId::InNetPort,
+        SetId::EgIsolated,
+        SetId::EgPodAll,
+        SetId::EgPodPort,
+        SetId::EgNetAll,
+        SetId::EgNetPort,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SetId::Pods => "pods",
+            SetId::InIsolated => "in-isolated",
+            SetId::InPodAll => "in-pod-all",
+            SetId::InPodPort => "in-pod-port",
+            SetId::InNetAll => "in-net-all",
+            SetId::InNetPort => "in-net-port",
+            SetId::EgIsolated => "eg-isolated",
+            SetId::EgPodAll => "eg-pod-all",
+            SetId::EgPodPort => "eg-pod-port",
+            SetId::EgNetAll => "eg-net-all",
+            SetId::EgNetPort => "eg-net-port",
+        }
+    }
+
+    fn interval(self) -> bool {
+        matches!(
+            self,
+            SetId::InNetAll | SetId::InNetPort | SetId::EgNetAll | SetId::EgNetPort
+        )
+    }
+
+    /// The declaration in family `v6` or not.
+    pub fn decl(self, v6: bool) -> Set {
+        let a = if v6 {
+            KeyType::Ipv6Addr
+        } else {
+            KeyType::Ipv4Addr
+        };
+        let key = match self {
+            SetId::Pods | SetId::InIsolated | SetId::EgIsolated => vec![a],
+            SetId::InPodAll | SetId::EgPodAll | SetId::InNetAll | SetId::EgNetAll => vec![a, a],
+            SetId::InPodPort | SetId::EgPodPort | SetId::InNetPort | SetId::EgNetPort => {
+                vec![a, a, KeyType::InetProto, KeyType::InetService]
+            }
+        };
+        let mut s = Set::new(key);
+        s.interval = self.interval();
+        s
+    }
+}
+
+/// One element: a set and its key.
+pub type Elem = (SetId, Vec<Value>);
+
+/// The family an element belongs to (its first key's).
+pub fn elem_v6(e: &Elem) -> bool {
+    match e.1.first() {
+        Some(Value::Addr(a)) => a.is_ipv6(),
+        Some(Value::Net(n)) => matches!(n, IpNet::V6(_)),
+        _ => false,
+    }
+}
+
+/// An exact address as a field of an interval set (the model's canonical
+/// spelling, which the kernel reads back).
+fn iv(ip: IpAddr) -> Value {
+    Value::Addr(ip)
+}
+
+/// A port range as a field of an interval set.
+fn iv_port(a: u16, b: u16) -> Value {
+    if a == b {
+        Value::Port(a)
+    } else {
+        Value::PortRange(a, b)
+    }
+}
+
+/// Whether pod `v` is on `node` with an address policies can judge.
+pub fn is_local(v: &PodView, node: &str) -> bool {
+    !v.host_network && !v.ips.is_empty() && v.node.as_deref() == Some(node)
+}
+
+fn any_net(v6: bool) -> IpNet {
+    if v6 {
+        "::/0".parse().expect("net")
+    } else {
+        "0.0.0.0/0".parse().expect("net")
+    }
+}
+
+/// `cidr` minus `except`, as disjoint prefixes.
+pub fn block_nets(cidr: &IpNet, except: &[IpNet]) -> Vec<IpNet> {
+    let mut out = vec![cidr.trunc()];
+    for x in except {
+        let x = x.trunc();
+        let mut next = Vec::new();
+        for n in out {
+            if x.contains(&n) {
+                continue;
+            }
+            if !n.contains(&x) {
+                next.push(n);
+                continue;
+            }
+            // Split n until x is cut out: the halves not holding x stay.
+            let mut cur = n;
+            while cur.prefix_len() < x.prefix_len() {
+                let halves: Vec<IpNet> = cur
+                    .subnets(cur.prefix_len() + 1)
+                    .expect("subnets")
+                    .collect();
+                for h in halves {
+                    if h.contains(&x) {
+                        cur = h;
+                    } else {
+                        next.push(h);
+                    }
+                }
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+/// The largest prefixes of `nets`: nested ones dropped, duplicates merged.
+fn maximal(mut nets: Vec<IpNet>) -> Vec<IpNet> {
+    nets.sort_by_key(|n| n.prefix_len());
+    let mut out: Vec<IpNet> = Vec::new();
+    for n in nets {
+        if !out.iter().any(|o| o.contains(&n)) {
+            out.push(n);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Boxes (net, proto, from, to) made disjoint, as the kernel's interval
+/// sets need: per protocol, the port axis is cut at every box edge; in each
+/// piece only the largest prefixes stay; pieces of one prefix that touch
+/// are merged again.
+fn disjoint_boxes(boxes: &[(IpNet, Proto, u16, u16)]) -> Vec<(IpNet, Proto, u16, u16)> {
+    let mut out = Vec::new();
+    let protos: BTreeSet<Proto> = boxes.iter().map(|b| b.1).collect();
+    for p in protos {
+        let mine: Vec<_> = boxes.iter().filter(|b| b.1 == p).collect();
+        let mut cuts: BTreeSet<u32> = BTreeSet::new();
+        for b in &mine {
+            cuts.insert(b.2 as u32);
+            cuts.insert(b.3 as u32 + 1);
+        }
+        let cuts: Vec<u32> = cuts.into_iter().collect();
+        // net → ranges, in order.
+        let mut per_net: BTreeMap<IpNet, Vec<(u32, u32)>> = BTreeMap::new();
+        for w in cuts.windows(2) {
+            let (lo, hi) = (w[0], w[1] - 1);
+            let nets: Vec<IpNet> = mine
+                .iter()
+                .filter(|b| b.2 as u32 <= lo && hi <= b.3 as u32)
+                .map(|b| b.0)
+                .collect();
+            for n in maximal(nets) {
+                let rs = per_net.entry(n).or_default();
+                match rs.last_mut() {
+                    Some(last) if last.1 + 1 == lo => last.1 = hi,
+                    _ => rs.push((lo, hi)),
+                }
+            }
+        }
+        for (n, rs) in per_net {
+            for (lo, hi) in rs {
+                out.push((n, p, lo as u16, hi as u16));
+            }
+        }
+    }
+    out
+}
+
+/// What one local address admits in one direction, before it becomes
+/// elements.
+#[derive(Default)]
+struct Admits {
+    pod_all: BTreeSet<IpAddr>,
+    pod_port: BTreeSet<(IpAddr, Proto, u16)>,
+    net_all: Vec<IpNet>,
+    net_port: Vec<(IpNet, Proto, u16, u16)>,
+}
+
+/// An ipBlock: a prefix and its exceptions.
+type Block = (IpNet, Vec<IpNet>);
+
+/// A port match as a range, resolved on `dst` for a named port.
+fn resolve(m: &PortMatch, dst: Option<&PodView>) -> Option<(Proto, u16, u16)> {
+    match m {
+        PortMatch::Proto(p) => Some((*p, 0, 65535)),
+        PortMatch::Range(p, a, b) => Some((*p, *a, *b)),
+        PortMatch::Named(p, n) => dst
+            .and_then(|d| d.named(n, *p))
+            .map(|port| (*p, port, port)),
+    }
+}
+
+fn admits(w: &World, k: &Key, v: &PodView, ip: IpAddr, dir: Dir) -> Option<Admits> {
+    let v6 = ip.is_ipv6();
+    let same = |a: &IpAddr| a.is_ipv6() == v6;
+    let mut isolated = false;
+    let mut a = Admits::default();
+    for p in w.selecting(k, v) {
+        let rules = match dir {
+            Dir::Ingress => &p.ingress,
+            Dir::Egress => &p.egress,
+        };
+        let Some(rules) = rules else { continue };
+        isolated = true;
+        for r in rules {
+            // The remote ends this rule names.
+            let (pods, nets): (Vec<(&Key, &PodView)>, Vec<Block>) = match &r.peers {
+                None => (Vec::new(), vec![(any_net(v6), Vec::new())]),
+                Some(peers) => {
+                    let mut pods = Vec::new();
+                    let mut nets = Vec::new();
+                    for peer in peers {
+                        match peer {
+                            Peer::Block { cidr, except } => {
+                                if matches!(cidr, IpNet::V6(_)) == v6 {
+                                    nets.push((*cidr, except.clone()));
+                                }
+                            }
+                            Peer::Pods { .. } => pods.extend(w.peer_pods(peer, &p.key.ns)),
+                        }
+                    }
+                    (pods, nets)
+                }
+            };
+            let flat_nets = || {
+                nets.iter()
+                    .flat_map(|(c, x)| block_nets(c, x))
+                    .collect::<Vec<_>>()
+            };
+            match &r.ports {
+                None => {
+                    for (_, pv) in &pods {
+                        a.pod_all.extend(pv.ips.iter().filter(|x| same(x)));
+                    }
+                    a.net_all.extend(flat_nets());
+                }
+                Some(ms) => {
+                    for m in ms {
+                        match (dir, m) {
+                            // Egress to a named port: resolved on each
+                            // destination pod.
+                            (Dir::Egress, PortMatch::Named(proto, name)) => {
+                                for (_, pv) in &pods {
+                                    if let Some(port) = pv.named(name, *proto) {
+                                        for rip in pv.ips.iter().filter(|x| same(x)) {
+                                            a.pod_port.insert((*rip, *proto, port));
+                                        }
+                                    }
+                                }
+                                if !nets.is_empty() {
+                                    for (_, pv) in w.pods_with_port(name, *proto) {
+                                        let port = pv.named(name, *proto).expect("has port");
+                                        for rip in pv.ips.iter().filter(|x| same(x)) {
+                                            if nets.iter().any(|(c, x)| in_block(*rip, c, x)) {
+                                                a.pod_port.insert((*rip, *proto, port));
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            _ => {
+                                let dst = match dir {
+                                    Dir::Ingress => Some(v),
+                                    Dir::Egress => None,
+                                };
+                                let Some((proto, lo, hi)) = resolve(m, dst) else {
+                                    continue;
+                                };
+                                for (_, pv) in &pods {
+                                    for rip in pv.ips.iter().filter(|x| same(x)) {
+                                        if lo == hi {
+                                            a.pod_port.insert((*rip, proto, lo));
+                                        } else {
+                                            a.net_port.push((IpNet::from(*rip), proto, lo, hi));
+                                        }
+                                    }
+                                }
+                                for n in flat_nets() {
+                                    a.net_port.push((n, proto, lo, hi));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    isolated.then_some(a)
+}
+
+/// The elements local pod `k` owns: its `pods` entry, and per address and
+/// direction its isolation and what it admits. Empty for a pod that is not
+/// on `node`.
+pub fn pod_elements(w: &World, node: &str, k: &Key, v: &PodView) -> Vec<Elem> {
+    let mut out = Vec::new();
+    if !is_local(v, node) {
+        return out;
+    }
+    for &ip in &v.ips {
+        out.push((SetId::Pods, vec![Value::Addr(ip)]));
+        for dir in [Dir::Ingress, Dir::Egress] {
+            let Some(a) = admits(w, k, v, ip, dir) else {
+                continue;
+            };
+            let (iso, pod_all, pod_port, net_all, net_port) = match dir {
+                Dir::Ingress => (
+                    SetId::InIsolated,
+                    SetId::InPodAll,
+                    SetId::InPodPort,
+                    SetId::InNetAll,
+                    SetId::InNetPort,
+                ),
+                Dir::Egress => (
+                    SetId::EgIsolated,
+                    SetId::EgPodAll,
+                    SetId::EgPodPort,
+                    SetId::EgNetAll,
+                    SetId::EgNetPort,
+                ),
+            };
+            out.push((iso, vec![Value::Addr(ip)]));
+            for r in &a.pod_all {
+                out.push((pod_all, vec![Value::Addr(ip), Value::Addr(*r)]));
+            }
+            for (r, p, port) in &a.pod_port {
+                out.push((
+                    pod_port,
+                    vec![
+                        Value::Addr(ip),
+                        Value::Addr(*r),
+                        Value::Proto(*p),
+                        Value::Port(*port),
+                    ],
+                ));
+            }
+            for n in maximal(a.net_all) {
+                out.push((net_all, vec![iv(ip), Value::Net(n).canonical()]));
+            }
+            for (n, p, lo, hi) in disjoint_boxes(&a.net_port) {
+                out.push((
+                    net_port,
+                    vec![
+                        iv(ip),
+                        Value::Net(n).canonical(),
+                        Value::Proto(p),
+                        iv_port(lo, hi),
+                    ],
+                ));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// How denied connections are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLimit {
+    /// Log lines per second, per table (the rest are counted, not logged).
+    pub rate: u64,
+    pub burst: u32,
+}
+
+impl Default for LogLimit {
+    fn default() -> Self {
+        LogLimit {
+            rate: 100,
+            burst: 200,
+        }
+    }
+}
+
+/// The named counters: every denial per cause, and the log lines the rate
+/// limit suppressed.
+pub const COUNTER_INGRESS: &str = "denied-ingress";
+pub const COUNTER_EGRESS: &str = "denied-egress";
+pub const COUNTER_UNKNOWN: &str = "denied-unknown";
+pub const COUNTER_SUPPRESSED: &str = "log-suppressed";
+
+fn deny_chain(counter: &str, prefix: &str, limit: LogLimit) -> Chain {
+    Chain {
+        base: None,
+        rules: vec![
+            Rule::new(vec![Expr::CounterRef(counter.into())]),
+            Rule::new(vec![
+                Expr::Limit {
+                    rate: limit.rate,
+                    burst: limit.burst,
+                    over: true,
+                },
+                Expr::CounterRef(COUNTER_SUPPRESSED.into()),
+                Expr::Verdict(Verdict::Drop),
+            ]),
+            Rule::new(vec![
+                Expr::Log {
+                    group: LOG_GROUP,
+                    prefix: prefix.into(),
+                },
+                Expr::Verdict(Verdict::Drop),
+            ]),
+        ],
+    }
+}
+
+/// The table with its chains and empty sets. `subnets` are this node's pod
+/// subnets (of this family), for failing closed.
+pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
+    let fam = if v6 { Family::Ip6 } else { Family::Ip };
+    let (saddr, daddr) = if v6 {
+        (Field::Ip6Saddr, Field::Ip6Daddr)
+    } else {
+        (Field::IpSaddr, Field::IpDaddr)
+    };
+    let mut t = Table::new(fam, TABLE);
+    for s in SetId::ALL {
+        t.sets.insert(s.name().into(), s.decl(v6));
+    }
+    for c in [
+        COUNTER_INGRESS,
+        COUNTER_EGRESS,
+        COUNTER_UNKNOWN,
+        COUNTER_SUPPRESSED,
+    ] {
+        t.counters.insert(c.into());
+    }
+    t.chains.insert(
+        "forward".into(),
+        Chain {
+            // After the service proxy's filter chains (priority 0): the
+            // destination is the endpoint, after DNAT.
+            base: Some(BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Forward,
+                priority: 10,
+            }),
+            rules: vec![Rule::new(vec![
+                Expr::CtStateNew,
+                Expr::Verdict(Verdict::Jump("judge".into())),
+            ])],
+        },
+    );
+    let mut judge = Vec::new();
+    for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
+        for f in [saddr, daddr] {
+            judge.push(Rule::new(vec![
+                Expr::Cmp {
+                    field: f,
+                    neg: false,
+                    value: Value::Net(*n),
+                },
+                Expr::InSet {
+                    keys: vec![f],
+                    set: SetId::Pods.name().into(),
+                    neg: true,
+                },
+                Expr::Verdict(Verdict::Goto("deny-unknown".into())),
+            ]));
+        }
+    }
+    judge.push(Rule::new(vec![
+        Expr::InSet {
+            keys: vec![saddr],
+            set: SetId::EgIsolated.name().into(),
+            neg: false,
+        },
+        Expr::Verdict(Verdict::Jump("egress".into())),
+    ]));
+    judge.push(Rule::new(vec![
+        Expr::InSet {
+            keys: vec![daddr],
+            set: SetId::InIsolated.name().into(),
+            neg: false,
+        },
+        Expr::Verdict(Verdict::Jump("ingress".into())),
+    ]));
+    t.chains.insert(
+        "judge".into(),
+        Chain {
+            base: None,
+            rules: judge,
+        },
+    );
+    let lookups = |local: Field, remote: Field, sets: [SetId; 4], deny: &str| {
+        let mut rules: Vec<Rule> = sets
+            .iter()
+            .map(|s| {
+                let keys = match s.decl(v6).key.len() {
+                    2 => vec![local, remote],
+                    _ => vec![local, remote, Field::L4Proto, Field::Dport],
+                };
+                Rule::new(vec![
+                    Expr::InSet {
+                        keys,
+                        set: s.name().into(),
+                        neg: false,
+                    },
+                    Expr::Verdict(Verdict::Return),
+                ])
+            })
+            .collect();
+        rules.push(Rule::new(vec![Expr::Verdict(Verdict::Goto(deny.into()))]));
+        Chain { base: None, rules }
+    };
+    t.chains.insert(
+        "egress".into(),
+        lookups(
+            saddr,
+            daddr,
+            [
+                SetId::EgPodAll,
+                SetId::EgPodPort,
+                SetId::EgNetAll,
+                SetId::EgNetPort,
+            ],
+            "deny-egress",
+        ),
+    );
+    t.chains.insert(
+        "ingress".into(),
+        lookups(
+            daddr,
+            saddr,
+            [
+                SetId::InPodAll,
+                SetId::InPodPort,
+                SetId::InNetAll,
+                SetId::InNetPort,
+            ],
+            "deny-ingress",
+        ),
+    );
+    t.chains.insert(
+        "deny-egress".into(),
+        deny_chain(COUNTER_EGRESS, PREFIX_EGRESS, limit),
+    );
+    t.chains.insert(
+        "deny-ingress".into(),
+        deny_chain(COUNTER_INGRESS, PREFIX_INGRESS, limit),
+    );
+    t.chains.insert(
+        "deny-unknown".into(),
+        deny_chain(COUNTER_UNKNOWN, PREFIX_UNKNOWN, limit),
+    );
+    t
+}
+
+/// Adds elements to their sets in `t` (those of `t`'s family).
+pub fn fill<'a>(t: &mut Table, elems: impl IntoIterator<Item = &'a Elem>) {
+    let v6 = t.family == Family::Ip6;
+    for e in elems {
+        if elem_v6(e) != v6 {
+            continue;
+        }
+        if let Some(s) = t.sets.get_mut(e.0.name()) {
+            s.elements.insert(e.1.clone(), None);
+        }
+    }
+}
+
+/// The whole table for `node`: every local pod's elements (for full syncs
+/// and the tracer tests).
+pub fn table(w: &World, node: &str, v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
+    let mut t = skeleton(v6, subnets, limit);
+    for (k, v) in &w.pods {
+        fill(&mut t, &pod_elements(w, node, k, v));
+    }
+    t
+}
