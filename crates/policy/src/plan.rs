@@ -559,11 +559,62 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
         },
         Expr::Verdict(Verdict::Jump("ingress".into())),
     ]));
+    // Pods' traffic to this node's own addresses meets the input hook, not
+    // forward: judged for the pod's egress (and failing closed) there too.
+    // What the node sends itself is never judged.
+    let mut judge_input = vec![Rule::new(vec![
+        Expr::FibSaddrLocal,
+        Expr::Verdict(Verdict::Return),
+    ])];
+    for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
+        judge_input.push(Rule::new(vec![
+            Expr::Cmp {
+                field: saddr,
+                neg: false,
+                value: Value::Net(*n),
+            },
+            Expr::InSet {
+                keys: vec![saddr],
+                set: SetId::Pods.name().into(),
+                neg: true,
+            },
+            Expr::Verdict(Verdict::Goto("deny-unknown".into())),
+        ]));
+    }
+    judge_input.push(Rule::new(vec![
+        Expr::InSet {
+            keys: vec![saddr],
+            set: SetId::EgIsolated.name().into(),
+            neg: false,
+        },
+        Expr::Verdict(Verdict::Jump("egress".into())),
+    ]));
     t.chains.insert(
         "judge".into(),
         Chain {
             base: None,
             rules: judge,
+        },
+    );
+    t.chains.insert(
+        "judge-input".into(),
+        Chain {
+            base: None,
+            rules: judge_input,
+        },
+    );
+    t.chains.insert(
+        "input".into(),
+        Chain {
+            base: Some(BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Input,
+                priority: 10,
+            }),
+            rules: vec![Rule::new(vec![
+                Expr::CtStateNew,
+                Expr::Verdict(Verdict::Jump("judge-input".into())),
+            ])],
         },
     );
     let lookups = |local: Field, remote: Field, sets: [SetId; 4], deny: &str| {

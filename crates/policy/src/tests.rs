@@ -488,3 +488,44 @@ mod random {
         }
     }
 }
+
+#[test]
+fn pods_reaching_their_node_are_judged_for_egress_and_the_node_never() {
+    let mut w = model();
+    policy(
+        &mut w,
+        "x",
+        json!({"metadata": {"name": "dns-only"}, "spec": {"podSelector": {}, "policyTypes": ["Egress", "Ingress"],
+            "egress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]}}),
+    );
+    let t = plan::table(
+        &w,
+        "n1",
+        false,
+        &["10.244.1.0/24".parse().unwrap()],
+        LogLimit::default(),
+    );
+    let node_ip = "10.244.1.1";
+    let x_a = ip(&w, "x/a").to_string();
+    let mut tr = Tracer::new(&t).with_local(&[node_ip]);
+    let to_node = |port, proto| Packet::new(&x_a, node_ip, proto, port);
+    assert_eq!(
+        tr.incoming(&to_node(53, Proto::Udp), &mut |_| 0).fate,
+        Fate::Accept
+    );
+    let o = tr.incoming(&to_node(10249, Proto::Tcp), &mut |_| 0);
+    assert_eq!(o.fate, Fate::Drop);
+    assert_eq!(o.logs, vec![plan::PREFIX_EGRESS.to_string()]);
+    // The node reaches its isolated pods; from its bridge address too.
+    let from_node = Packet::new(node_ip, &x_a, Proto::Tcp, 80);
+    assert_eq!(tr.local(&from_node, &mut |_| 0).fate, Fate::Accept);
+    // A stranger in the node's subnet fails closed, forwarded or local.
+    let stray = Packet::new("10.244.1.200", "10.244.3.10", Proto::Tcp, 80);
+    let o = tr.incoming(&stray, &mut |_| 0);
+    assert_eq!(
+        (o.fate, o.logs),
+        (Fate::Drop, vec![plan::PREFIX_UNKNOWN.to_string()])
+    );
+    let stray = Packet::new("10.244.1.200", node_ip, Proto::Tcp, 22);
+    assert_eq!(tr.incoming(&stray, &mut |_| 0).fate, Fate::Drop);
+}

@@ -1,0 +1,224 @@
+//! The policy plane against a real kernel, in a fresh namespace: the first
+//! sync builds the table, changes cost elements only, a repeated sync
+//! changes nothing, and what someone else deletes is put back.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+
+use podnet_api::Object;
+use podnet_nft::model::{Family, Value};
+use podnet_nft::netlink::Conn;
+use podnet_policy::dataplane::{Dirty, Options, PolicyInput, PolicyPlane};
+use podnet_policy::plan::{self, SetId};
+use podnet_policy::{Key, World};
+use podnet_reconcile::{sync, Scope, Subsystem};
+use podnet_source::Delta;
+use podnet_testkit::{require_root, TestNs};
+use serde_json::json;
+
+fn pod(ns: &str, name: &str, ip: &str, labels: serde_json::Value) -> Delta {
+    Delta::Updated(Arc::new(Object::Pod(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+        }))
+        .unwrap(),
+    ))))
+}
+
+fn ns(name: &str) -> Delta {
+    Delta::Added(Arc::new(Object::Namespace(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"ns": name}}}))
+            .unwrap(),
+    ))))
+}
+
+fn netpol(ns: &str, name: &str, spec: serde_json::Value) -> Delta {
+    Delta::Updated(Arc::new(Object::NetworkPolicy(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}))
+            .unwrap(),
+    ))))
+}
+
+struct Fixture {
+    ns: TestNs,
+    plane: PolicyPlane,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Fixture {
+        require_root();
+        let ns = TestNs::new(tag);
+        let plane = ns
+            .run(|| {
+                PolicyPlane::new(
+                    Options {
+                        node: "n1".into(),
+                        ipv6: false,
+                        limit: Default::default(),
+                        strict: false,
+                    },
+                    Arc::new(RwLock::new(World::new())),
+                    podnet_daemon::Metrics::new(),
+                )
+            })
+            .expect("plane");
+        Fixture { ns, plane }
+    }
+
+    /// Watches `deltas` and syncs what they dirtied; returns the ops sent.
+    fn feed(&mut self, deltas: Vec<Delta>) -> usize {
+        let mut dirty = BTreeSet::new();
+        self.plane.watch(PolicyInput::Deltas(deltas), &mut dirty);
+        sync(&mut self.plane, &Scope::Only(dirty)).expect("sync")
+    }
+
+    fn full(&mut self) -> usize {
+        sync(&mut self.plane, &Scope::Full).expect("full sync")
+    }
+
+    fn has(&self, set: SetId, key: Vec<Value>) -> bool {
+        let decl = set.decl(false);
+        self.ns.run(|| {
+            let mut c = Conn::open().unwrap();
+            c.elements(Family::Ip, plan::TABLE, set.name(), &decl)
+                .unwrap()
+                .is_some_and(|s| s.elements.contains_key(&key))
+        })
+    }
+}
+
+fn a(s: &str) -> Value {
+    Value::Addr(s.parse().unwrap())
+}
+
+#[test]
+fn changes_are_elements_and_a_repeated_sync_is_nothing() {
+    let mut f = Fixture::new("polk");
+    let mut dirty = BTreeSet::new();
+    f.plane.watch(
+        PolicyInput::Subnets(vec!["10.9.1.0/24".parse().unwrap()]),
+        &mut dirty,
+    );
+    f.plane.watch(
+        PolicyInput::Deltas(vec![
+            ns("x"),
+            ns("y"),
+            pod("x", "a", "10.9.1.2", json!({"pod": "a"})),
+            pod("x", "b", "10.9.1.3", json!({"pod": "b"})),
+            pod("y", "c", "10.9.2.4", json!({"pod": "c"})),
+            netpol(
+                "x",
+                "web",
+                json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                       "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                                    "ports": [{"port": 80}]}]}),
+            ),
+        ]),
+        &mut dirty,
+    );
+    assert!(f.full() > 0, "the first sync builds the table");
+    assert_eq!(f.full(), 0, "a repeated full sync changes nothing");
+    let want = [
+        a("10.9.1.2"),
+        a("10.9.2.4"),
+        Value::Proto(podnet_nft::model::Proto::Tcp),
+        Value::Port(80),
+    ];
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.2")]));
+    assert!(f.has(SetId::InPodPort, want.to_vec()));
+    assert!(!f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+
+    // y/c loses its namespace's match: one pod change, its element goes.
+    let ops = f.feed(vec![
+        pod("y", "c", "10.9.2.4", json!({"pod": "c"})),
+        Delta::Updated(Arc::new(Object::Namespace(Box::new(
+            serde_json::from_value(json!({"metadata": {"name": "y", "labels": {"ns": "other"}}}))
+                .unwrap(),
+        )))),
+    ]);
+    assert_eq!(ops, 1, "one element removed");
+    assert!(!f.has(SetId::InPodPort, want.to_vec()));
+    assert_eq!(f.feed(vec![]), 0);
+    assert_eq!(
+        f.full(),
+        0,
+        "the incremental path left what a full plan wants"
+    );
+
+    // x/b gets label pod=a: it becomes isolated (and keeps its pods entry).
+    let ops = f.feed(vec![pod("x", "b", "10.9.1.3", json!({"pod": "a"}))]);
+    assert_eq!(ops, 1, "in-isolated gains x/b");
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+    assert_eq!(f.full(), 0);
+
+    // Someone deletes an element: a full sync (the resync) puts it back.
+    f.ns.nft("delete element ip podnet-policy in-isolated { 10.9.1.3 }");
+    assert!(!f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+    assert_eq!(f.full(), 1);
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+
+    // Someone deletes the table: repaired whole.
+    f.ns.nft("delete table ip podnet-policy");
+    assert!(f.full() > 0);
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+    assert_eq!(f.full(), 0);
+
+    // The policy goes: its elements go, the pods stay known.
+    let ops = f.feed(vec![Delta::Deleted(podnet_source::ObjectKey {
+        kind: podnet_api::Kind::NetworkPolicy,
+        namespace: Some("x".into()),
+        name: "web".into(),
+    })]);
+    assert_eq!(ops, 2, "two in-isolated elements removed");
+    assert!(f.has(SetId::Pods, vec![a("10.9.1.2")]));
+    assert_eq!(f.full(), 0);
+}
+
+#[test]
+fn a_cni_hint_programs_a_pod_before_its_status() {
+    let mut f = Fixture::new("polh");
+    let mut dirty = BTreeSet::new();
+    f.plane.watch(
+        PolicyInput::Deltas(vec![
+            ns("x"),
+            netpol("x", "deny", json!({"podSelector": {}})),
+        ]),
+        &mut dirty,
+    );
+    f.full();
+    // The Pod object exists, bound to the node, without an address.
+    let bare = Delta::Updated(Arc::new(Object::Pod(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "new", "namespace": "x", "labels": {"pod": "new"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}
+        }))
+        .unwrap(),
+    ))));
+    assert_eq!(f.feed(vec![bare]), 0, "no address, nothing to program");
+    let (ack, mut done) = tokio::sync::oneshot::channel();
+    let mut dirty = BTreeSet::new();
+    f.plane.watch(
+        PolicyInput::Added {
+            key: Key::new("x", "new"),
+            ips: vec!["10.9.1.7".parse().unwrap()],
+            ack: Some(ack),
+        },
+        &mut dirty,
+    );
+    assert!(dirty.contains(&Dirty::Pod(Key::new("x", "new"))));
+    assert!(done.try_recv().is_err(), "not answered before the sync");
+    let scope = Scope::Only(dirty);
+    let ops = sync(&mut f.plane, &scope).unwrap();
+    f.plane.synced(&scope, true);
+    assert_eq!(ops, 2, "pods and in-isolated");
+    assert_eq!(done.try_recv().unwrap(), Ok(()));
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.7")]));
+    // The status arrives with the same address: nothing to do.
+    assert_eq!(
+        f.feed(vec![pod("x", "new", "10.9.1.7", json!({"pod": "new"}))]),
+        0
+    );
+    assert_eq!(f.full(), 0);
+}
