@@ -84,6 +84,38 @@ fn proto(n: u8) -> Option<Proto> {
     }
 }
 
+/// The table's own counts: every denial (logged or not) per cause, and
+/// the log lines the rate limit held back.
+fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
+    use crate::plan::{COUNTER_EGRESS, COUNTER_INGRESS, COUNTER_SUPPRESSED, COUNTER_UNKNOWN, TABLE};
+    use podnet_nft::model::Family;
+    let mut sums = [0u64; 4];
+    for fam in [Family::Ip, Family::Ip6] {
+        for (i, name) in [COUNTER_INGRESS, COUNTER_EGRESS, COUNTER_UNKNOWN, COUNTER_SUPPRESSED]
+            .iter()
+            .enumerate()
+        {
+            if let Ok(Some((pk, _))) = c.counter(fam, TABLE, name) {
+                sums[i] += pk;
+            }
+        }
+    }
+    for (i, cause) in ["ingress", "egress", "unknown"].iter().enumerate() {
+        metrics.set(
+            "podnet_policy_kernel_denied_total",
+            "New connections the policy table dropped, logged or not, per cause.",
+            &format!("cause=\"{cause}\""),
+            sums[i] as f64,
+        );
+    }
+    metrics.set(
+        "podnet_policy_log_suppressed_total",
+        "Denials the kernel's log rate limit kept out of the log (counted, not explained).",
+        "",
+        sums[3] as f64,
+    );
+}
+
 /// Reads the log group until `stop` is set; runs on its own thread.
 pub fn read(world: Arc<RwLock<World>>, metrics: Arc<Metrics>, stop: Arc<AtomicBool>) {
     let mut l = match Listener::bind(LOG_GROUP) {
@@ -94,8 +126,16 @@ pub fn read(world: Arc<RwLock<World>>, metrics: Arc<Metrics>, stop: Arc<AtomicBo
         }
     };
     let _ = l.set_timeout(Some(Duration::from_millis(500)));
+    let mut conn = podnet_nft::netlink::Conn::open().ok();
+    let mut last_read = std::time::Instant::now();
     let mut lost = 0;
     while !stop.load(Ordering::Relaxed) {
+        if last_read.elapsed() >= Duration::from_secs(1) {
+            last_read = std::time::Instant::now();
+            if let Some(c) = conn.as_mut() {
+                kernel_counters(c, &metrics);
+            }
+        }
         let pkts = match l.recv() {
             Ok(p) => p,
             Err(e) => {
