@@ -101,12 +101,13 @@ pub struct PolicyPlane {
 
 /// What a sync plans.
 pub enum PolicyPlan {
-    Full(Vec<Table>),
+    /// The tables, and the elements per owning pod they hold.
+    Full(Vec<Table>, Vec<(Key, Vec<Elem>)>),
     Pods(Vec<(Key, Vec<Elem>)>),
 }
 
 pub enum PolicyChanges {
-    Full(Vec<(Table, Vec<Change>)>, Vec<Table>),
+    Full(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
     Elems(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
 }
 
@@ -286,23 +287,26 @@ impl PolicyPlane {
         }
     }
 
-    fn full_tables(&self) -> Vec<Table> {
+    /// The whole plan: every local pod's elements, and the tables holding
+    /// them.
+    fn full_plan(&self) -> PolicyPlan {
         let w = self.world.read().expect("world lock");
-        self.families()
-            .into_iter()
-            .map(|v6| plan::table(&w, &self.opts.node, v6, &self.subnets, self.opts.limit))
-            .collect()
-    }
-
-    /// Every element the full plan holds, per owner (for the bookkeeping
-    /// after a full sync).
-    fn all_owned(&self) -> Vec<(Key, Vec<Elem>)> {
-        let w = self.world.read().expect("world lock");
-        w.pods
+        let owned: Vec<(Key, Vec<Elem>)> = w
+            .pods
             .keys()
             .map(|k| (k.clone(), self.pod_plan(&w, k)))
             .filter(|(_, e)| !e.is_empty())
-            .collect()
+            .collect();
+        let tables = self
+            .families()
+            .into_iter()
+            .map(|v6| {
+                let mut t = plan::skeleton(v6, &self.subnets, self.opts.limit);
+                plan::fill(&mut t, owned.iter().flat_map(|(_, e)| e.iter()));
+                t
+            })
+            .collect();
+        PolicyPlan::Full(tables, owned)
     }
 
     fn record(&mut self, owned: Vec<(Key, Vec<Elem>)>) {
@@ -502,7 +506,7 @@ impl Subsystem for PolicyPlane {
 
     fn plan(&self, scope: &Scope<Dirty>) -> PolicyPlan {
         match scope {
-            _ if whole(scope) => PolicyPlan::Full(self.full_tables()),
+            _ if whole(scope) => self.full_plan(),
             Scope::Full => unreachable!("a full scope is whole"),
             Scope::Only(keys) => {
                 let w = self.world.read().expect("world lock");
@@ -536,16 +540,17 @@ impl Subsystem for PolicyPlane {
 
     fn diff(&self, plan: PolicyPlan, observed: Vec<Option<Table>>) -> PolicyChanges {
         match plan {
-            PolicyPlan::Full(want) => {
+            PolicyPlan::Full(want, owned) => {
                 let ch = want
-                    .iter()
+                    .into_iter()
                     .enumerate()
                     .map(|(i, t)| {
                         let have = observed.get(i).and_then(|o| o.as_ref());
-                        (t.clone(), diff::diff(have, t))
+                        let d = diff::diff(have, &t);
+                        (t, d)
                     })
                     .collect();
-                PolicyChanges::Full(ch, want)
+                PolicyChanges::Full(ch, owned)
             }
             PolicyPlan::Pods(new) => {
                 let skeletons: Vec<Table> = self
@@ -563,8 +568,7 @@ impl Subsystem for PolicyPlane {
 
     fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
         let (batches, owned) = match changes {
-            PolicyChanges::Full(b, _) => {
-                let owned = self.all_owned();
+            PolicyChanges::Full(b, owned) => {
                 self.applied.clear();
                 self.refs.clear();
                 (b, owned)

@@ -426,8 +426,9 @@ impl World {
             .filter(move |p| !host && selector::matches(&p.selector, &v.labels))
     }
 
-    fn ns_labels(&self, ns: &str) -> Labels {
-        self.namespaces.get(ns).cloned().unwrap_or_default()
+    fn ns_labels(&self, ns: &str) -> &Labels {
+        static EMPTY: Labels = BTreeMap::new();
+        self.namespaces.get(ns).unwrap_or(&EMPTY)
     }
 
     /// Whether a pod-selecting peer of policy `policy_ns` matches pod
@@ -441,7 +442,7 @@ impl World {
                 }
                 let ns_ok = match namespaces {
                     None => k.ns == policy_ns,
-                    Some(s) => selector::matches(s, &self.ns_labels(&k.ns)),
+                    Some(s) => selector::matches(s, self.ns_labels(&k.ns)),
                 };
                 ns_ok && selector::matches(pods, &v.labels)
             }
@@ -498,7 +499,7 @@ impl World {
             } => self
                 .by_ns
                 .keys()
-                .filter(|n| selector::matches(nsel, &self.ns_labels(n)))
+                .filter(|n| selector::matches(nsel, self.ns_labels(n)))
                 .flat_map(|n| self.pods_in_matching(n, pods))
                 .collect(),
         }
