@@ -127,7 +127,7 @@ enum Cmd {
         no_policy: bool,
         /// Also cut established connections that a NetworkPolicy change no
         /// longer allows (conntrack entries removed in the same sync).
-        #[arg(long)]
+        #[arg(long, env = "PODNET_POLICY_STRICT")]
         policy_strict: bool,
         #[command(flatten)]
         kube: cmd::KubeArgs,
