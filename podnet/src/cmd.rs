@@ -286,9 +286,9 @@ pub async fn agent(
 }
 
 /// `podnet serve`.
-pub fn serve(name: &str, ports: &str) -> Result<()> {
+pub fn serve(namespace: &str, name: &str, ports: &str) -> Result<()> {
     let ports = podnet_lab::serve::parse_ports(ports).map_err(anyhow::Error::msg)?;
-    podnet_lab::serve::serve(name, &ports)?;
+    podnet_lab::serve::serve(namespace, name, &ports)?;
     Ok(())
 }
 

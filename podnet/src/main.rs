@@ -136,7 +136,10 @@ enum Cmd {
     Serve {
         #[arg(long)]
         name: String,
-        /// Ports, e.g. 80/tcp,81/udp.
+        /// The pod's namespace, for the `whoami` answer (NAMESPACE/NAME).
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// Ports, e.g. 80/tcp,81/udp (names allowed: serve-80=80/tcp).
         #[arg(long)]
         ports: String,
     },
@@ -213,7 +216,9 @@ pub enum LabCmd {
         /// Labels, e.g. app=web,tier=front.
         #[arg(long)]
         labels: Option<String>,
-        /// Ports `podnet serve` answers on, e.g. 80/tcp,81/udp.
+        /// Ports `podnet serve` answers on, e.g. 80/tcp,81/udp; a port may
+        /// be named as a container port: serve-80-tcp=80/tcp,serve-81-udp=81/udp.
+        /// Unnamed ports are named tcp-80, udp-81 in the Pod.
         #[arg(long, default_value = "80/tcp")]
         ports: String,
     },
@@ -405,7 +410,11 @@ fn main() {
             };
             block_on(cmd::agent(&cli.store, &kube, opts, &metrics_addr, cleanup))
         }
-        Cmd::Serve { name, ports } => cmd::serve(&name, &ports),
+        Cmd::Serve {
+            name,
+            namespace,
+            ports,
+        } => cmd::serve(&namespace, &name, &ports),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {

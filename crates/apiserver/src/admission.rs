@@ -1,7 +1,9 @@
 //! Admission: the API server's write path in standalone mode. A document
-//! is validated (`podnet_api::validate`, the API server's rules for what
-//! networking uses), merged with what the server owns (uid, creation time,
-//! an allocated ClusterIP, NodePorts), and written together with its
+//! gets what the server sets on every write ([`defaults`]: a Namespace's
+//! `kubernetes.io/metadata.name` label), is validated
+//! (`podnet_api::validate`, the API server's rules for what networking
+//! uses), merged with what the server owns (uid, creation time, an
+//! allocated ClusterIP, NodePorts), and written together with its
 //! reservations ([`crate::alloc`]) in one transaction, so concurrent
 //! writers never share an address and nothing is half-applied. The
 //! Kubernetes mode does not use this: the real API server admits there.
@@ -23,6 +25,25 @@ pub async fn context(objs: &Objects) -> Result<VCtx, StoreError> {
         Some(Object::NetworkConfig(c)) => VCtx::from_config(Some(&c)),
         _ => VCtx::default(),
     })
+}
+
+/// The label the API server puts on every Namespace, with the
+/// namespace's name as its value (immutable: policies select namespaces
+/// by name through it).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// What the API server sets on every create and update, whatever the
+/// document says: a Namespace's [`NAMESPACE_NAME_LABEL`] (a missing or
+/// wrong value is overwritten, as kube-apiserver's namespace strategy does).
+pub fn defaults(o: &mut Object) {
+    if let Object::Namespace(n) = o {
+        if let Some(name) = n.metadata.name.clone().filter(|n| !n.is_empty()) {
+            n.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(NAMESPACE_NAME_LABEL.to_string(), name);
+        }
+    }
 }
 
 /// Carries over what the server owns when an object is re-applied.
@@ -117,7 +138,8 @@ pub enum Plan {
 }
 
 /// Validates a document and reads its object to decide what to write.
-pub async fn plan(objs: &Objects, ctx: &VCtx, o: Object) -> Plan {
+pub async fn plan(objs: &Objects, ctx: &VCtx, mut o: Object) -> Plan {
+    defaults(&mut o);
     let errs = validate::validate(&o, ctx);
     if !errs.is_empty() {
         return Plan::Done(Err(errs
@@ -205,4 +227,70 @@ pub async fn delete_one(
         }
     }
     Err(format!("{kind} {name} keeps changing under us; giving up"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podnet_api::k8s_openapi::api::core::v1::Namespace;
+
+    fn ns(name: &str, labels: serde_json::Value) -> Object {
+        let v = serde_json::json!({"metadata": {"name": name, "labels": labels}});
+        Object::Namespace(Box::new(serde_json::from_value::<Namespace>(v).unwrap()))
+    }
+
+    fn labels(o: &Object) -> serde_json::Value {
+        serde_json::to_value(&o.meta().labels).unwrap()
+    }
+
+    #[test]
+    fn namespaces_get_their_name_label_and_a_wrong_one_is_overwritten() {
+        for given in [
+            serde_json::json!(null),
+            serde_json::json!({"team": "blue"}),
+            serde_json::json!({"team": "blue", NAMESPACE_NAME_LABEL: "other"}),
+        ] {
+            let mut o = ns("x", given.clone());
+            defaults(&mut o);
+            let mut want = if given.is_null() {
+                serde_json::json!({})
+            } else {
+                given
+            };
+            want[NAMESPACE_NAME_LABEL] = "x".into();
+            assert_eq!(labels(&o), want);
+        }
+    }
+
+    /// Through the write path: create, then an update that drops the label
+    /// or changes it, then an unchanged re-apply.
+    #[tokio::test]
+    async fn the_write_path_keeps_the_name_label_on_create_and_update() {
+        let dir = std::env::temp_dir().join(format!("podnet-admission-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("state.db").display());
+        let objs = Objects::new(podnet_store::open(&url).await.unwrap());
+        let ctx = VCtx::default();
+        let stored = |objs: Objects| async move {
+            labels(&objs.get(Kind::Namespace, None, "y").await.unwrap().unwrap())
+        };
+        assert!(matches!(
+            apply_one(&objs, &ctx, ns("y", serde_json::json!({"ns": "y"}))).await,
+            Ok(Outcome::Created)
+        ));
+        let want = serde_json::json!({"ns": "y", NAMESPACE_NAME_LABEL: "y"});
+        assert_eq!(stored(objs.clone()).await, want);
+        let wrong = serde_json::json!({"ns": "y", NAMESPACE_NAME_LABEL: "z"});
+        assert!(matches!(
+            apply_one(&objs, &ctx, ns("y", wrong)).await,
+            Ok(Outcome::Unchanged)
+        ));
+        assert!(matches!(
+            apply_one(&objs, &ctx, ns("y", serde_json::json!({"ns": "y2"}))).await,
+            Ok(Outcome::Configured)
+        ));
+        let want = serde_json::json!({"ns": "y2", NAMESPACE_NAME_LABEL: "y"});
+        assert_eq!(stored(objs.clone()).await, want);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

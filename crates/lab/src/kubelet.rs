@@ -2,7 +2,9 @@
 //! the admin's client: registering Nodes (addresses, hostname label, Ready),
 //! waiting for kube-controller-manager's podCIDRs, creating Pods bound to a
 //! node and writing their status through the status subresource once CNI
-//! has wired them, as a kubelet would, and deleting them.
+//! has wired them, as a kubelet would, and deleting them. The Pod object
+//! itself ([`pod_object`]) is the same in standalone mode, where the lab
+//! writes it to the store in the same order.
 //!
 //! Kept apart from [`crate::kube`] (which runs the control plane) and from
 //! the lab's namespace plumbing (`lib.rs`), so the API calls a kubelet makes
@@ -152,23 +154,25 @@ pub async fn ensure_namespace(c: &Client, ns: &str) -> Result<(), KubeError> {
     Ok(())
 }
 
-/// The container port name for a lab port: `tcp-80`, `udp-53`.
+/// The container port name of a lab port: its own name, else `tcp-80`,
+/// `udp-53`.
 pub fn port_name(p: &PortSpec) -> String {
-    format!("{}-{}", if p.udp { "udp" } else { "tcp" }, p.port)
+    p.name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", if p.udp { "udp" } else { "tcp" }, p.port))
 }
 
-/// Creates Pod `ns/name` bound to `node` (as if scheduled there), one
-/// container declaring `ports`.
-pub async fn create_pod(
-    c: &Client,
+/// The Pod `ns/name` bound to `node` (as if scheduled there), one
+/// container declaring `ports`, with no status yet: what both modes
+/// register before the pod's sandbox exists, as a kubelet finds it.
+pub fn pod_object(
     ns: &str,
     name: &str,
     node: &str,
     labels: BTreeMap<String, String>,
     ports: &[PortSpec],
-) -> Result<(), KubeError> {
-    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
-    let pod = Pod {
+) -> Pod {
+    Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
@@ -197,8 +201,15 @@ pub async fn create_pod(
             ..Default::default()
         }),
         status: None,
-    };
-    pods.create(&PostParams::default(), &pod)
+    }
+}
+
+/// Creates `pod` (see [`pod_object`]) through the API.
+pub async fn create_pod(c: &Client, pod: &Pod) -> Result<(), KubeError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    pods.create(&PostParams::default(), pod)
         .await
         .map_err(api_err(format!("creating Pod {ns}/{name}")))?;
     Ok(())
@@ -265,12 +276,38 @@ pub async fn ensure_service(c: &Client, svc: &Service) -> Result<(), KubeError> 
 
 #[cfg(test)]
 mod tests {
+    use crate::serve::PortSpec;
+
     #[test]
     fn port_names_are_valid_iana_names() {
-        for (port, udp, want) in [(80, false, "tcp-80"), (65535, true, "udp-65535")] {
-            let n = super::port_name(&crate::serve::PortSpec { port, udp });
+        for (p, want) in [
+            (PortSpec::tcp(80), "tcp-80"),
+            (PortSpec::udp(65535), "udp-65535"),
+            (PortSpec::tcp(80).named("serve-80-tcp"), "serve-80-tcp"),
+        ] {
+            let n = super::port_name(&p);
             assert_eq!(n, want);
-            assert!(n.len() <= 15);
+            assert!(podnet_api::validate::is_port_name(&n), "{n}");
         }
+    }
+
+    /// The Pod both modes register: bound to its node, named container
+    /// ports, no status until the sandbox runs.
+    #[test]
+    fn pod_object_declares_named_ports_and_no_status() {
+        let ports = crate::serve::parse_ports("serve-80-tcp=80/tcp,81/udp").unwrap();
+        let labels = [("pod".to_string(), "a".to_string())].into();
+        let p = super::pod_object("x", "a", "node2", labels, &ports);
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["spec"]["nodeName"], "node2");
+        assert_eq!(v["metadata"]["labels"]["pod"], "a");
+        assert_eq!(
+            v["spec"]["containers"][0]["ports"],
+            serde_json::json!([
+                {"name": "serve-80-tcp", "containerPort": 80, "protocol": "TCP"},
+                {"name": "udp-81", "containerPort": 81, "protocol": "UDP"},
+            ])
+        );
+        assert!(p.status.is_none());
     }
 }

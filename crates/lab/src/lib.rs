@@ -25,6 +25,8 @@ pub mod kube;
 pub mod kubelet;
 pub mod serve;
 
+pub use serve::Reach;
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -33,8 +35,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use podnet_api::k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Namespace, Pod, PodCondition, PodIP, PodSpec, PodStatus, Service,
-    ServicePort, ServiceSpec,
+    Namespace, PodCondition, PodIP, PodStatus, Service, ServicePort, ServiceSpec,
 };
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use podnet_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -903,9 +904,13 @@ impl Lab {
         serde_json::from_slice(&b).map_err(|e| msg(format!("corrupt pod record: {e}")))
     }
 
-    /// Creates a pod on a node through the real CNI plugins. In Kubernetes
-    /// mode its Pod is created through the API first, with `spec.nodeName`
-    /// set, and its status written once it runs, as a kubelet does.
+    /// Creates a pod on a node through the real CNI plugins, in a kubelet's
+    /// order, in both modes: the Pod object first (namespace created if
+    /// absent; bound to its node, labels, named container ports, no
+    /// status), so whatever runs at CNI ADD (a policy agent) finds it; then
+    /// the sandbox; then the status (IP, Running, Ready). Through the API in
+    /// Kubernetes mode, in the store otherwise. On failure the sandbox and
+    /// the object are removed again.
     pub async fn run_pod(
         &self,
         ns: &str,
@@ -935,39 +940,40 @@ impl Lab {
                     .ok_or_else(|| msg("the lab has no nodes"))?
             }
         };
-        // Kubernetes mode: the Pod exists, bound to its node, before its
-        // sandbox does, as when a kubelet picks up a scheduled Pod.
-        let kube = match st.kube {
-            true => {
-                let c = self.kube_client().await?;
-                kubelet::ensure_namespace(&c, ns).await?;
-                kubelet::create_pod(&c, ns, pod, &n.name, labels.clone(), ports).await?;
-                Some(c)
-            }
-            false => None,
+        let api = match st.kube {
+            true => PodApi::Kube(self.kube_client().await?),
+            false => PodApi::Store(self.objects(&st).await?),
         };
-        let r = self
-            .start_pod(&st, ns, pod, &n, labels, ports, kube.as_ref())
-            .await;
-        if let (Err(_), Some(c)) = (&r, &kube) {
-            let _ = kubelet::delete_pod(c, ns, pod).await;
+        let obj = kubelet::pod_object(ns, pod, &n.name, labels, ports);
+        match &api {
+            PodApi::Kube(c) => {
+                kubelet::ensure_namespace(c, ns).await?;
+                kubelet::create_pod(c, &obj).await?;
+            }
+            PodApi::Store(objs) => {
+                ensure_store_namespace(objs, ns).await?;
+                upsert(objs, Object::Pod(Box::new(obj))).await?;
+            }
+        }
+        let r = self.start_pod(ns, pod, &n, ports, &api).await;
+        if r.is_err() {
+            if self.pod_file(ns, pod).exists() {
+                let _ = self.remove_sandbox(&st, ns, pod);
+            }
+            let _ = api.delete_pod(ns, pod).await;
         }
         r
     }
 
     /// The sandbox of a pod on node `n`: namespace, CNI, DNS config,
-    /// server; then its object: through the API with `kube`, else in the
-    /// store.
-    #[allow(clippy::too_many_arguments)]
+    /// server; then the status of its object, which exists already.
     async fn start_pod(
         &self,
-        st: &LabState,
         ns: &str,
         pod: &str,
         n: &NodeInfo,
-        labels: BTreeMap<String, String>,
         ports: &[serve::PortSpec],
-        kube: Option<&::kube::Client>,
+        api: &PodApi,
     ) -> Result<PodInfo, LabError> {
         let netns = format!("pn-{}-p{}", self.name, short_hash(&format!("{ns}/{pod}")));
         let pns = Netns::create_named(&netns)?;
@@ -976,11 +982,17 @@ impl Lab {
             .node_dir(&n.name)
             .join("net.d")
             .join("10-podnet.conflist");
-        let list: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(&list_path)
-                .map_err(|e| io(format!("reading {}", list_path.display()), e))?,
-        )
-        .map_err(|e| msg(format!("{}: {e}", list_path.display())))?;
+        let list: serde_json::Value = match std::fs::read(&list_path)
+            .map_err(|e| io(format!("reading {}", list_path.display()), e))
+            .and_then(|b| {
+                serde_json::from_slice(&b).map_err(|e| msg(format!("{}: {e}", list_path.display())))
+            }) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = Netns::delete_named(&netns);
+                return Err(e);
+            }
+        };
         let rt = Runtime::new(self.bin_dir()).in_netns(Path::new("/run/netns").join(&n.netns));
         let attach = Attach {
             container_id: container_id.clone(),
@@ -1018,16 +1030,12 @@ impl Lab {
         .map_err(|e| io("writing pod record", e))?;
 
         // Cluster DNS for `lab exec` (ip netns exec bind-mounts this file).
-        let objs = match kube {
-            Some(_) => None,
-            None => Some(self.objects(st).await?),
-        };
-        let config = match &objs {
-            Some(objs) => {
+        let config = match api {
+            PodApi::Store(objs) => {
                 objs.get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
                     .await?
             }
-            None => None,
+            PodApi::Kube(_) => None,
         };
         let (dns_ip, zone) = match config {
             Some(Object::NetworkConfig(c)) => c
@@ -1052,7 +1060,7 @@ impl Lab {
         if !ports.is_empty() {
             let spec = ports
                 .iter()
-                .map(|p| format!("{}/{}", p.port, if p.udp { "udp" } else { "tcp" }))
+                .map(serve::PortSpec::number_and_protocol)
                 .collect::<Vec<_>>()
                 .join(",");
             self.spawn(
@@ -1060,6 +1068,8 @@ impl Lab {
                 Some(&netns),
                 &[
                     "serve".into(),
+                    "--namespace".into(),
+                    ns.into(),
                     "--name".into(),
                     pod.into(),
                     "--ports".into(),
@@ -1083,62 +1093,11 @@ impl Lab {
             }
         }
 
-        let Some(objs) = objs else {
-            // The kubelet's part: the sandbox runs, so the status says so.
-            let c = kube.expect("kube mode");
-            kubelet::set_pod_running(c, ns, pod, &ip, n.ip).await?;
-            return Ok(info);
-        };
-        if objs.get(Kind::Namespace, None, ns).await?.is_none() {
-            let nso = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(ns.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let _ = objs.create(Object::Namespace(Box::new(nso)), vec![]).await;
+        // The kubelet's part: the sandbox runs, so the status says so.
+        match api {
+            PodApi::Kube(c) => kubelet::set_pod_running(c, ns, pod, &ip, n.ip).await?,
+            PodApi::Store(objs) => set_store_pod_running(objs, ns, pod, &ip, n.ip).await?,
         }
-        let pod_obj = Pod {
-            metadata: ObjectMeta {
-                name: Some(pod.into()),
-                namespace: Some(ns.into()),
-                labels: Some(labels),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some(n.name.clone()),
-                containers: vec![Container {
-                    name: "serve".into(),
-                    image: Some("podnet".into()),
-                    ports: Some(
-                        ports
-                            .iter()
-                            .map(|p| ContainerPort {
-                                container_port: p.port as i32,
-                                protocol: Some(if p.udp { "UDP" } else { "TCP" }.into()),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    ),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                pod_ip: Some(ip.clone()),
-                pod_ips: Some(vec![PodIP { ip: ip.clone() }]),
-                host_ip: Some(n.ip.to_string()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: "True".into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        };
-        upsert(&objs, Object::Pod(Box::new(pod_obj))).await?;
         Ok(info)
     }
 
@@ -1176,6 +1135,29 @@ impl Lab {
             .map_err(|e| io(format!("{proto} {addr} from {ns}/{pod}"), e))
     }
 
+    /// Asks `target` from inside pod `ns/pod` who answers ([`serve::WHOAMI`]),
+    /// and says what happened by cause ([`Reach`]): a UDP probe uses a
+    /// connected socket, so a reject (ICMP port-unreachable) shows as
+    /// [`Reach::Refused`] and a drop as [`Reach::TimedOut`]. It enters the
+    /// pod's namespace on the calling thread only (and leaves it again), so
+    /// many probes can run at once, one per thread.
+    pub fn reach(
+        &self,
+        ns: &str,
+        pod: &str,
+        target: SocketAddr,
+        udp: bool,
+        timeout: Duration,
+    ) -> Reach {
+        let p = match self.pod(ns, pod) {
+            Ok(p) => p,
+            Err(e) => return Reach::Other(e.to_string()),
+        };
+        Netns::named(&p.netns)
+            .and_then(|n| n.run(|| serve::reach(target, udp, timeout)))
+            .unwrap_or_else(|e| Reach::Other(format!("entering {}: {e}", p.netns)))
+    }
+
     /// What reached the underlay gateway since the lab came up: packets
     /// that left a node because nothing on the node handled them (see
     /// [`gateway`]). An unchanged count after some traffic means it was
@@ -1188,6 +1170,17 @@ impl Lab {
     /// Removes one pod (CNI DEL, namespace, record, Pod object).
     pub async fn delete_pod(&self, ns: &str, pod: &str) -> Result<(), LabError> {
         let st = self.state()?;
+        self.pod(ns, pod)?;
+        self.remove_sandbox(&st, ns, pod)?;
+        let api = match st.kube {
+            true => PodApi::Kube(self.kube_client().await?),
+            false => PodApi::Store(self.objects(&st).await?),
+        };
+        api.delete_pod(ns, pod).await
+    }
+
+    /// A pod's sandbox: its server, CNI DEL, its namespace, its record.
+    fn remove_sandbox(&self, st: &LabState, ns: &str, pod: &str) -> Result<(), LabError> {
         let p = self.pod(ns, pod)?;
         self.kill_role(&format!("pod-{ns}_{pod}"));
         let list_path = self
@@ -1212,12 +1205,6 @@ impl Lab {
         Netns::delete_named(&p.netns)?;
         let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.netns));
         let _ = std::fs::remove_file(self.pod_file(ns, pod));
-        if st.kube {
-            kubelet::delete_pod(&self.kube_client().await?, ns, pod).await?;
-        } else {
-            let objs = self.objects(&st).await?;
-            let _ = objs.delete(Kind::Pod, Some(ns), pod, None, vec![]).await;
-        }
         Ok(())
     }
 
@@ -1376,6 +1363,88 @@ fn dns_answers(addr: SocketAddr, name: &str) -> bool {
     c.udp(name, podnet_dns::wire::TYPE_TXT)
         .map(|m| m.rcode() == podnet_dns::wire::NOERROR)
         .unwrap_or(false)
+}
+
+/// Where a pod's object lives: the API (Kubernetes mode) or the store.
+enum PodApi {
+    Kube(::kube::Client),
+    Store(Objects),
+}
+
+impl PodApi {
+    /// Deletes the Pod object; a missing one is fine.
+    async fn delete_pod(&self, ns: &str, pod: &str) -> Result<(), LabError> {
+        match self {
+            PodApi::Kube(c) => Ok(kubelet::delete_pod(c, ns, pod).await?),
+            PodApi::Store(objs) => {
+                podnet_apiserver::admission::delete_one(objs, Kind::Pod, Some(ns), pod)
+                    .await
+                    .map_err(msg)?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Standalone: creates namespace `ns` unless it exists, through admission
+/// (which labels it `kubernetes.io/metadata.name`, as the API server does).
+async fn ensure_store_namespace(objs: &Objects, ns: &str) -> Result<(), LabError> {
+    if objs.get(Kind::Namespace, None, ns).await?.is_some() {
+        return Ok(());
+    }
+    let nso = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ctx = podnet_apiserver::admission::context(objs).await?;
+    podnet_apiserver::admission::apply_one(objs, &ctx, Object::Namespace(Box::new(nso)))
+        .await
+        .map_err(|e| msg(format!("creating namespace {ns}: {e}")))?;
+    Ok(())
+}
+
+/// Standalone: the status a kubelet writes once the pod runs (IP, its
+/// node's IP, Running, Ready), onto the Pod object made before the sandbox.
+async fn set_store_pod_running(
+    objs: &Objects,
+    ns: &str,
+    pod: &str,
+    ip: &str,
+    host_ip: Ipv4Addr,
+) -> Result<(), LabError> {
+    let cond = |t: &str| PodCondition {
+        type_: t.into(),
+        status: "True".into(),
+        ..Default::default()
+    };
+    let status = PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some(ip.into()),
+        pod_ips: Some(vec![PodIP { ip: ip.into() }]),
+        host_ip: Some(host_ip.to_string()),
+        conditions: Some(vec![
+            cond("PodScheduled"),
+            cond("Initialized"),
+            cond("ContainersReady"),
+            cond("Ready"),
+        ]),
+        ..Default::default()
+    };
+    for _ in 0..5 {
+        let Some(Object::Pod(mut p)) = objs.get(Kind::Pod, Some(ns), pod).await? else {
+            return Err(msg(format!("Pod {ns}/{pod} vanished before it ran")));
+        };
+        p.status = Some(status.clone());
+        match objs.update(Object::Pod(p), vec![]).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(msg(format!("Pod {ns}/{pod} keeps changing")))
 }
 
 async fn upsert(objs: &Objects, o: Object) -> Result<(), LabError> {
