@@ -1592,3 +1592,282 @@ fn netpol_addresses() {
 fn netpol_addresses_kube() {
     Harness::run(Mode::Kube, "na", ADDRESSES);
 }
+
+// ---- Group 5: no open window, --policy-strict, every drop explained.
+
+/// A new pod's first packet already meets its policies: the probes start
+/// the moment `lab run` returns, once each, and are judged right: the
+/// allowed one connects at once, the denied one is dropped. On both nodes.
+fn a_new_pod_is_judged_from_its_first_packet(h: &Harness) {
+    h.apply(&policy(
+        "x",
+        "fresh-from-b",
+        "
+        podSelector: {matchExpressions: [{key: pod, operator: In, values: [fresh, a, b]}]}
+        ingress:
+        - from: [{podSelector: {matchLabels: {pod: b}}}]
+          ports: [{port: 80}]
+        ",
+    ));
+    // The policy is in force on both nodes before the new pods exist: it
+    // isolates x/a and x/b, one on each node.
+    let mut r = all();
+    r.expect_all_ingress("x/a", false)
+        .expect_all_ingress("x/b", false)
+        .expect("x/b", "x/a", true);
+    h.check_all(&[TCP80], &r);
+    for node in ["node1", "node2"] {
+        let name = format!("fresh{}", &node[4..]);
+        let id = format!("x/{name}");
+        h.cluster.lab_ok(&[
+            "run",
+            &id,
+            "--node",
+            node,
+            "--labels",
+            "pod=fresh",
+            "--ports",
+            "serve-80-tcp=80/tcp",
+        ]);
+        let ip: IpAddr = h.cluster.lab.pod("x", &name).unwrap().ip.parse().unwrap();
+        let addr = SocketAddr::new(ip, 80);
+        // At once, no retry: allowed from x/b, dropped from x/c and y/b.
+        assert_eq!(
+            h.reach("x/b", addr, false),
+            Reach::Connected(id.clone()),
+            "x/b -> {id} right after lab run"
+        );
+        assert_eq!(h.reach("x/c", addr, false), Reach::TimedOut, "x/c -> {id}");
+        assert_eq!(h.reach("y/b", addr, false), Reach::TimedOut, "y/b -> {id}");
+        h.cluster.lab_ok(&["rm", &id]);
+    }
+}
+
+/// The agent's log line and metrics for one denied connection, and
+/// `podnet policy explain --lab`, name the policy that isolated it, and
+/// what the kernel did.
+fn a_denied_connection_is_explained(h: &Harness) {
+    h.apply(&policy(
+        "y",
+        "only-from-y",
+        "
+        podSelector: {matchLabels: {pod: b}}
+        ingress:
+        - from: [{podSelector: {}}]
+        ",
+    ));
+    let mut r = all();
+    r.expect_peer("x", "y/b", false)
+        .expect_peer("z", "y/b", false);
+    h.check_all(&[TCP80], &r);
+    let yb = h.model.pod("y/b").clone();
+    assert_eq!(
+        h.reach("x/a", SocketAddr::new(yb.ip, 81), false),
+        Reach::TimedOut
+    );
+    let log = h.cluster.lab.log_path(&format!("agent-{}", yb.node));
+    let want = "src=x/a dst=y/b port=81 proto=\"tcp\" policies=y/only-from-y";
+    podnet_testkit::eventually(
+        "the agent explains the drop",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(&log).is_ok_and(|l| {
+                l.lines().any(|line| {
+                    line.contains(
+                        "denied: ingress of y/b: isolated by [y/only-from-y], no rule allowed it",
+                    ) && line.contains(want)
+                })
+            })
+        },
+    );
+    // Counted per policy on the node's agent.
+    let ns = podnet_kernel::Netns::named(&format!("pn-{}-{}", h.cluster.name, yb.node)).unwrap();
+    let (code, body) =
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/metrics").unwrap();
+    assert_eq!(code, 200);
+    let line = body
+        .lines()
+        .find(|l| {
+            l.starts_with("podnet_policy_denied_by_policy_total")
+                && l.contains("policy=\"y/only-from-y\"")
+        })
+        .unwrap_or_else(|| panic!("no per-policy count in:\n{body}"));
+    let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1.0, "{line}");
+    // explain: the evaluator's reasons and the kernel's verdict.
+    let out = h.cluster.podnet(
+        &[
+            "policy",
+            "explain",
+            "--lab",
+            &h.cluster.name,
+            "x/a",
+            "y/b:81/tcp",
+        ],
+        None,
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(": DENIED"), "{text}");
+    assert!(
+        text.contains("ingress of y/b: isolated by y/only-from-y"),
+        "{text}"
+    );
+    assert!(text.contains("no peer selects x/a"), "{text}");
+    assert!(
+        text.contains(&format!("kernel on {}", yb.node))
+            && text.contains("drop (podnet-policy ingress)"),
+        "{text}"
+    );
+    // And an allowed flow says which rule allowed it.
+    let out = h.cluster.podnet(
+        &[
+            "policy",
+            "explain",
+            "--lab",
+            &h.cluster.name,
+            "y/a",
+            "y/b:81/tcp",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains(": ALLOWED"), "{text}");
+    assert!(
+        text.contains("allowed by y/only-from-y ingress[0]"),
+        "{text}"
+    );
+}
+
+/// An established connection that a new policy no longer allows survives
+/// by default (new connections are judged), and is cut with
+/// `--policy-strict` in the sync that applies the change.
+fn policy_strict_cuts_established_connections(h: &Harness) {
+    use std::io::{Read, Write};
+    let c = &h.cluster;
+    let xa = h.model.pod("x/a").clone();
+    let pod_ns = |id: &str| {
+        let (ns, p) = id.split_once('/').unwrap();
+        podnet_kernel::Netns::named(&c.lab.pod(ns, p).unwrap().netns).unwrap()
+    };
+    let open = |port: u16| {
+        let l = pod_ns("x/a")
+            .run(|| std::net::TcpListener::bind(("0.0.0.0", port)))
+            .unwrap()
+            .unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        });
+        let conn = pod_ns("y/b")
+            .run(|| std::net::TcpStream::connect((xa.ip, port)))
+            .unwrap()
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        (conn, server)
+    };
+    let round_trip = |conn: &mut std::net::TcpStream| -> bool {
+        let mut buf = [0u8; 64];
+        conn.write_all(b"ping").is_ok() && matches!(conn.read(&mut buf), Ok(4))
+    };
+    let deny = policy(
+        "x",
+        "deny-all-in",
+        "
+        podSelector: {}
+        policyTypes: [Ingress]
+        ",
+    );
+    let mut denied = all();
+    denied.expect_peer("*", "x", false);
+
+    // Default: the connection outlives the policy that denies new ones.
+    let (mut conn, _srv) = open(9100);
+    assert!(round_trip(&mut conn));
+    h.apply(&deny);
+    h.check_all(&[TCP80], &denied);
+    assert!(round_trip(&mut conn), "established traffic is not judged");
+    drop(conn);
+    h.delete_policy("x", "deny-all-in");
+    h.check_all(&[TCP80], &all());
+
+    // Strict: restart x/a's agent with PODNET_POLICY_STRICT, then the same.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(["lab", "--name", &c.name, "restart-agent", &xa.node])
+        .env("PODNET_POLICY_STRICT", "true")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ns = podnet_kernel::Netns::named(&format!("pn-{}-{}", c.name, xa.node)).unwrap();
+    agent_ready(h, &xa.node);
+    let (mut conn, _srv) = open(9101);
+    assert!(round_trip(&mut conn));
+    h.apply(&deny);
+    h.check_all(&[TCP80], &denied);
+    assert!(
+        !round_trip(&mut conn),
+        "--policy-strict cut the established connection"
+    );
+    // Cut by the agent, which counted it.
+    let (_, body) =
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/metrics").unwrap();
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("podnet_policy_connections_cut_total") && !l.ends_with(" 0")),
+        "{body}"
+    );
+    // Back to the lab's default agent for the next scenario.
+    c.lab_ok(&["restart-agent", &xa.node]);
+    agent_ready(h, &xa.node);
+}
+
+/// Waits for a (restarted) agent's `/readyz`; on timeout, shows its log.
+fn agent_ready(h: &Harness, node: &str) {
+    let c = &h.cluster;
+    let ns = podnet_kernel::Netns::named(&format!("pn-{}-{node}", c.name)).unwrap();
+    let r = podnet_testkit::try_eventually(Duration::from_secs(30), || {
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/readyz")
+            .is_some_and(|(code, _)| code == 200)
+    });
+    if let Err(e) = r {
+        let log =
+            std::fs::read_to_string(c.lab.log_path(&format!("agent-{node}"))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let ready = podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/readyz");
+        panic!(
+            "the agent on {node} not ready in 30 s ({e:?}); /readyz {ready:?}; agent log:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+}
+
+const ENFORCEMENT: &[Scenario] = &[
+    (
+        "a_new_pod_is_judged_from_its_first_packet",
+        a_new_pod_is_judged_from_its_first_packet,
+    ),
+    (
+        "a_denied_connection_is_explained",
+        a_denied_connection_is_explained,
+    ),
+    (
+        "policy_strict_cuts_established_connections",
+        policy_strict_cuts_established_connections,
+    ),
+];
+
+#[test]
+fn netpol_enforcement() {
+    Harness::run(Mode::Standalone, "ne", ENFORCEMENT);
+}
+
+#[test]
+fn netpol_enforcement_kube() {
+    Harness::run(Mode::Kube, "ne", ENFORCEMENT);
+}

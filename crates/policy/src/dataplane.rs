@@ -97,6 +97,10 @@ pub struct PolicyPlane {
     metrics: Arc<Metrics>,
     /// Whether the last sync changed any element (for strict mode).
     changed: bool,
+    /// Whether a full sync has succeeded: until then every sync is full,
+    /// so watching skips working out what a change dirties (the first
+    /// list of thousands of pods and policies would cost their product).
+    whole_done: bool,
 }
 
 /// What a sync plans.
@@ -129,6 +133,7 @@ impl PolicyPlane {
             waiters: Vec::new(),
             metrics,
             changed: false,
+            whole_done: false,
         })
     }
 
@@ -147,6 +152,7 @@ impl PolicyPlane {
             waiters: Vec::new(),
             metrics,
             changed: false,
+            whole_done: false,
         }
     }
 
@@ -192,6 +198,9 @@ impl PolicyPlane {
         }
         let node = self.opts.node.as_str();
         dirty.insert(Dirty::Pod(k.clone()));
+        if !self.whole_done {
+            return;
+        }
         let named = |v: &Option<PodView>| v.as_ref().is_some_and(|v| !v.ports.is_empty());
         let any_named = named(&old) || named(&new);
         for p in w.policies.values() {
@@ -252,7 +261,7 @@ impl PolicyPlane {
                 };
                 let mut w = self.world.write().expect("world lock");
                 let old = w.set_namespace(&key.name, labels.clone());
-                if old == labels {
+                if old == labels || !self.whole_done {
                     return;
                 }
                 let node = self.opts.node.as_str();
@@ -268,7 +277,7 @@ impl PolicyPlane {
                 let mut w = self.world.write().expect("world lock");
                 let k = Key::new(&ns, &key.name);
                 let old = w.set_policy(k, p.clone());
-                if old == p {
+                if old == p || !self.whole_done {
                     return;
                 }
                 let node = self.opts.node.as_str();
@@ -567,6 +576,7 @@ impl Subsystem for PolicyPlane {
     }
 
     fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
+        let full = matches!(changes, PolicyChanges::Full(..));
         let (batches, owned) = match changes {
             PolicyChanges::Full(b, owned) => {
                 self.applied.clear();
@@ -589,6 +599,9 @@ impl Subsystem for PolicyPlane {
         }
         self.record(owned);
         self.changed = n > 0;
+        if full {
+            self.whole_done = true;
+        }
         Ok(n)
     }
 

@@ -87,13 +87,20 @@ fn proto(n: u8) -> Option<Proto> {
 /// The table's own counts: every denial (logged or not) per cause, and
 /// the log lines the rate limit held back.
 fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
-    use crate::plan::{COUNTER_EGRESS, COUNTER_INGRESS, COUNTER_SUPPRESSED, COUNTER_UNKNOWN, TABLE};
+    use crate::plan::{
+        COUNTER_EGRESS, COUNTER_INGRESS, COUNTER_SUPPRESSED, COUNTER_UNKNOWN, TABLE,
+    };
     use podnet_nft::model::Family;
     let mut sums = [0u64; 4];
     for fam in [Family::Ip, Family::Ip6] {
-        for (i, name) in [COUNTER_INGRESS, COUNTER_EGRESS, COUNTER_UNKNOWN, COUNTER_SUPPRESSED]
-            .iter()
-            .enumerate()
+        for (i, name) in [
+            COUNTER_INGRESS,
+            COUNTER_EGRESS,
+            COUNTER_UNKNOWN,
+            COUNTER_SUPPRESSED,
+        ]
+        .iter()
+        .enumerate()
         {
             if let Ok(Some((pk, _))) = c.counter(fam, TABLE, name) {
                 sums[i] += pk;

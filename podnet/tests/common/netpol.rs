@@ -980,10 +980,10 @@ impl Harness {
                 filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()))
             })
             .collect();
-        if chosen.is_empty() {
-            eprintln!("no scenario matches PODNET_NETPOL_SCENARIO={filter:?}");
-            return;
-        }
+        assert!(
+            !chosen.is_empty(),
+            "no scenario matches PODNET_NETPOL_SCENARIO={filter:?}"
+        );
         let h = Harness::up(mode, tag);
         let mut failed = Vec::new();
         for (name, f) in chosen {
