@@ -991,3 +991,94 @@ fn del_without_netns_or_prev_result_removes_masquerade_by_owner() {
     );
     assert!(ipam_files(state.path(), "masq").is_empty());
 }
+
+/// The meta plugin's ADD waits for the node agent (NetworkPolicy's "no
+/// open window"): it sends the pod's name and addresses to the agent's
+/// socket beside the subnet file and returns once the agent confirms; an
+/// agent's error fails the ADD (retryable) and undoes the attachment; DEL
+/// tells the agent too. The agent side is the agent's real socket server
+/// (`podnet_policy::hint`); the test plays the policy loop behind it.
+#[test]
+fn podnet_meta_plugin_waits_for_the_agent() {
+    use podnet_policy::dataplane::PolicyInput;
+    use podnet_reconcile::Input;
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let pod = TestNs::new("a");
+    let state = tempfile::tempdir().unwrap();
+    let env = state.path().join("subnet.env");
+    std::fs::write(
+        &env,
+        "FLANNEL_NETWORK=10.212.0.0/16\nFLANNEL_SUBNET=10.212.3.1/24\nFLANNEL_IPMASQ=false\n",
+    )
+    .unwrap();
+    let socket = podnet_policy::hint::socket_for(&env);
+    assert_eq!(socket, state.path().join("agent.sock"));
+    // The loop's side: record what arrives, answer per `fail`.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (tx, mut rx) = podnet_reconcile::channel::<PolicyInput>();
+    rt.spawn(podnet_policy::hint::serve(socket.clone(), tx));
+    let (seen2, fail2) = (seen.clone(), fail.clone());
+    rt.spawn(async move {
+        while let Some(m) = rx.recv().await {
+            match m {
+                Input::Changes(PolicyInput::Added { key, ips, ack }) => {
+                    seen2.lock().unwrap().push(format!("add {key} {ips:?}"));
+                    let r = if fail2.load(std::sync::atomic::Ordering::SeqCst) {
+                        Err("the table is full".to_string())
+                    } else {
+                        Ok(())
+                    };
+                    let _ = ack.unwrap().send(r);
+                }
+                Input::Changes(PolicyInput::Removed { key }) => {
+                    seen2.lock().unwrap().push(format!("del {key}"));
+                }
+                _ => {}
+            }
+        }
+    });
+    podnet_testkit::eventually("the socket", std::time::Duration::from_secs(5), || {
+        socket.exists()
+    });
+    let mut list = json!({"cniVersion": "1.0.0", "name": "podnet", "plugins": [{
+        "type": "podnet", "subnetFile": env, "dataDir": state.path().join("meta"),
+        "delegate": {"bridge": "pnbr12"}
+    }]});
+    list["name"] = json!(format!("pn-wait-{}", std::process::id()));
+    let cni = runtime(&p.bin(), &host);
+    let mut at = attach("wait-a", &pod);
+    at.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web".into();
+    let r = cni.add_list(&list, &at).unwrap();
+    let ip = first_ip(&r);
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        [format!("add ns1/web [{ip}]")]
+    );
+    cni.del_list(&list, &at, Some(&r)).unwrap();
+    assert_eq!(seen.lock().unwrap().last().unwrap(), "del ns1/web");
+    // The agent says no: ADD fails, retryable, and leaves nothing.
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = cni.add_list(&list, &at).unwrap_err();
+    assert_eq!(e.code, 11, "{e}");
+    assert!(
+        e.to_string()
+            .contains("the agent did not confirm pod ns1/web")
+            && e.to_string().contains("the table is full"),
+        "{e}"
+    );
+    assert!(
+        !pod.try_sh("ip link show eth0").0,
+        "the attachment was undone"
+    );
+    // No agent on the socket: nothing to wait for (its table fails closed).
+    drop(rt);
+    let _ = std::fs::remove_file(&socket);
+    let r = cni.add_list(&list, &at).unwrap();
+    cni.del_list(&list, &at, Some(&r)).unwrap();
+    let _ = std::fs::remove_dir_all(
+        Path::new("/var/lib/cni/networks").join(list["name"].as_str().unwrap()),
+    );
+}

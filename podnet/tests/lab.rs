@@ -934,8 +934,13 @@ fn service_types_in(mode: Mode, tag: &str) {
     // `--cleanup` (run by remove-node) leaves no proxy table behind.
     let tables_before = lab.nft_list("node2", "tables").unwrap();
     assert!(tables_before.contains("table ip podnet"), "{tables_before}");
+    assert!(
+        tables_before.contains("table ip podnet-policy"),
+        "{tables_before}"
+    );
     let removed = lab.ok(&["stop-agent", "node2", "--cleanup"]);
     assert!(removed.contains("ip podnet"), "{removed}");
+    assert!(removed.contains("ip podnet-policy"), "{removed}");
     let tables = lab.nft_list("node2", "tables").unwrap();
     assert!(!tables.contains("podnet"), "{tables}");
 }
