@@ -80,6 +80,10 @@ pub struct Options {
     pub strict: bool,
 }
 
+/// The node's policy data plane: the view it plans from (shared with the
+/// verdict log, which explains drops from the same objects), the elements
+/// it applied per pod (so a change is diffed against them, not against the
+/// kernel), and the CNI plugins waiting for their pods.
 pub struct PolicyPlane {
     opts: Options,
     world: Arc<RwLock<World>>,
@@ -103,13 +107,16 @@ pub struct PolicyPlane {
     whole_done: bool,
 }
 
-/// What a sync plans.
+/// What a sync plans: the whole tables (first sync, resync, repair), or
+/// the new elements of the pods a change touched.
 pub enum PolicyPlan {
     /// The tables, and the elements per owning pod they hold.
     Full(Vec<Table>, Vec<(Key, Vec<Elem>)>),
     Pods(Vec<(Key, Vec<Elem>)>),
 }
 
+/// Per table, the batch to send; and the elements per pod it leaves, for
+/// the bookkeeping once it is applied.
 pub enum PolicyChanges {
     Full(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
     Elems(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
@@ -121,20 +128,9 @@ impl PolicyPlane {
         world: Arc<RwLock<World>>,
         metrics: Arc<Metrics>,
     ) -> Result<PolicyPlane, SyncError> {
-        Ok(PolicyPlane {
-            opts,
-            world,
-            subnets: Vec::new(),
-            hints: BTreeMap::new(),
-            bare: BTreeSet::new(),
-            applied: HashMap::new(),
-            refs: HashMap::new(),
-            conn: Some(Conn::open()?),
-            waiters: Vec::new(),
-            metrics,
-            changed: false,
-            whole_done: false,
-        })
+        let mut p = PolicyPlane::detached(opts, world, metrics);
+        p.conn = Some(Conn::open()?);
+        Ok(p)
     }
 
     /// A plane without a kernel connection: plan and diff only (tests,
@@ -156,6 +152,7 @@ impl PolicyPlane {
         }
     }
 
+    /// The view, for readers beside the loop (the verdict log).
     pub fn world(&self) -> Arc<RwLock<World>> {
         self.world.clone()
     }

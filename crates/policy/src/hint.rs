@@ -33,6 +33,7 @@ pub const SOCKET_NAME: &str = "agent.sock";
 /// How long an ADD may wait for its sync.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// The plugin's line: which pod, and its addresses.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Request {
     pub op: String,
@@ -42,6 +43,7 @@ pub struct Request {
     pub ips: Vec<IpAddr>,
 }
 
+/// The agent's line: programmed, or why not.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct Reply {
     #[serde(default)]

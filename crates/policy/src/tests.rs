@@ -529,3 +529,63 @@ fn pods_reaching_their_node_are_judged_for_egress_and_the_node_never() {
     let stray = Packet::new("10.244.1.200", node_ip, Proto::Tcp, 22);
     assert_eq!(tr.incoming(&stray, &mut |_| 0).fate, Fate::Drop);
 }
+
+#[test]
+fn ipv6_pods_are_judged_in_the_ip6_table() {
+    let mut w = World::new();
+    let mut l = std::collections::BTreeMap::new();
+    l.insert("ns".to_string(), "x".to_string());
+    w.set_namespace("x", Some(l));
+    for (name, ip) in [
+        ("a", "fd00:10::a"),
+        ("b", "fd00:10::b"),
+        ("c", "fd00:20::c"),
+    ] {
+        let o = pod_obj("x", name, ip.parse().unwrap(), "n1", json!({"pod": name}));
+        w.set_pod(Key::new("x", name), Some(PodView::of(&o)));
+    }
+    policy(
+        &mut w,
+        "x",
+        json!({"metadata": {"name": "v6"}, "spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [{"from": [{"ipBlock": {"cidr": "fd00:10::/64", "except": ["fd00:10::b/128"]}},
+                                  {"podSelector": {"matchLabels": {"pod": "c"}}}],
+                         "ports": [{"port": 80}, {"port": 1000, "endPort": 2000}]}]}}),
+    );
+    let t = plan::table(
+        &w,
+        "n1",
+        true,
+        &["fd00:10::/64".parse().unwrap()],
+        LogLimit::default(),
+    );
+    assert_eq!(t.family, podnet_nft::model::Family::Ip6);
+    let v4 = plan::table(&w, "n1", false, &[], LogLimit::default());
+    assert!(
+        v4.sets.values().all(|s| s.elements.is_empty()),
+        "no IPv6 element in the ip table"
+    );
+    let a = "fd00:10::a";
+    for (src, port, want) in [
+        ("fd00:10::99", 80, true),
+        ("fd00:10::99", 1500, true),
+        ("fd00:10::99", 81, false),
+        ("fd00:10::b", 80, false),
+        ("fd00:20::c", 80, true),
+        ("fd00:20::c", 2001, false),
+        ("fd00:30::1", 80, false),
+    ] {
+        let f = Flow {
+            src: src.parse().unwrap(),
+            dst: a.parse().unwrap(),
+            proto: Proto::Tcp,
+            port,
+        };
+        assert_eq!(evaluate(&w, &f).allowed(), want, "{f}");
+        let pkt = Packet::new(src, a, Proto::Tcp, port);
+        let got = Tracer::new(&t).incoming(&pkt, &mut |_| 0).fate == Fate::Accept;
+        // fd00:10::99 is in the node's subnet but no pod: failing closed.
+        let want_traced = want && src != "fd00:10::99";
+        assert_eq!(got, want_traced, "traced {f}");
+    }
+}
