@@ -58,6 +58,10 @@ pub enum PolicyInput {
 pub enum Dirty {
     /// The table's chains (the node's subnets changed): a full sync.
     Skeleton,
+    /// A periodic resync's cheap check: the tables' use counts (chains,
+    /// sets, counters) against what was applied; a table someone changed
+    /// is replaced whole.
+    Check,
     Pod(Key),
 }
 
@@ -96,6 +100,11 @@ pub struct PolicyPlane {
     /// Elements as applied, per owning pod, and how many owners each has.
     applied: HashMap<Key, Vec<Elem>>,
     refs: HashMap<Elem, u32>,
+    /// Elements per set (kept with `refs`, for the metrics).
+    counts: BTreeMap<SetId, usize>,
+    /// The tables' use counts after the last full sync.
+    expected_use: Vec<Option<u32>>,
+    resyncs: std::cell::Cell<u32>,
     conn: Option<Conn>,
     waiters: Vec<(Key, Ack)>,
     metrics: Arc<Metrics>,
@@ -105,6 +114,27 @@ pub struct PolicyPlane {
     /// so watching skips working out what a change dirties (the first
     /// list of thousands of pods and policies would cost their product).
     whole_done: bool,
+}
+
+/// How often a periodic resync reads the whole tables back: reading
+/// 400,000 elements costs seconds of kernel time, the use-count check
+/// nothing.
+pub const FULL_EVERY: u32 = 30;
+
+fn family(v6: bool) -> Family {
+    if v6 {
+        Family::Ip6
+    } else {
+        Family::Ip
+    }
+}
+
+/// What `observe` read: whole tables (a full sync), their use counts (a
+/// periodic check), or nothing (a change: the applied elements are known).
+pub enum Seen {
+    Tables(Vec<Option<Table>>),
+    Uses(Vec<Option<u32>>),
+    Nothing,
 }
 
 /// What a sync plans: the whole tables (first sync, resync, repair), or
@@ -144,6 +174,9 @@ impl PolicyPlane {
             bare: BTreeSet::new(),
             applied: HashMap::new(),
             refs: HashMap::new(),
+            counts: BTreeMap::new(),
+            expected_use: Vec::new(),
+            resyncs: std::cell::Cell::new(0),
             conn: None,
             waiters: Vec::new(),
             metrics,
@@ -198,33 +231,50 @@ impl PolicyPlane {
         if !self.whole_done {
             return;
         }
-        let named = |v: &Option<PodView>| v.as_ref().is_some_and(|v| !v.ports.is_empty());
-        let any_named = named(&old) || named(&new);
-        for p in w.policies.values() {
-            let touches =
-                p.ingress
-                    .iter()
-                    .chain(p.egress.iter())
-                    .flatten()
-                    .any(|r| match &r.peers {
-                        None => false,
-                        Some(peers) => peers.iter().any(|peer| {
-                            matches!(peer, Peer::Pods { .. })
-                                && [&old, &new].into_iter().flatten().any(|v| {
-                                    !v.ips.is_empty() && w.peer_matches_pod(peer, &p.key.ns, &k, v)
-                                })
-                        }),
+        // What a peer can see of the pod: its addresses and named ports.
+        let moved =
+            old.as_ref().map(|v| (&v.ips, &v.ports)) != new.as_ref().map(|v| (&v.ips, &v.ports));
+        let old_v = old.as_ref().filter(|v| !v.ips.is_empty());
+        let new_v = new.as_ref().filter(|v| !v.ips.is_empty());
+        let mut touched: Vec<&Policy> = Vec::new();
+        // Only policies of the pod's namespace and those whose peers reach
+        // across namespaces can name it.
+        for p in w.policies_in(&k.ns).chain(w.wide_policies()) {
+            let rules = p.ingress.iter().chain(p.egress.iter()).flatten();
+            let by_peer = rules.clone().any(|r| {
+                r.peers.iter().flatten().any(|peer| {
+                    if !matches!(peer, Peer::Pods { .. }) {
+                        return false;
+                    }
+                    let m = |v: Option<&PodView>| {
+                        v.is_some_and(|v| w.peer_matches_pod(peer, &p.key.ns, &k, v))
+                    };
+                    let (was, is) = (m(old_v), m(new_v));
+                    was != is || (is && moved)
+                })
+            });
+            // Egress to a named port of any pod (no peers, or an ipBlock):
+            // resolved on every pod carrying the name.
+            let by_port = moved
+                && p.egress.iter().flatten().any(|r| {
+                    let open = r
+                        .peers
+                        .as_ref()
+                        .is_none_or(|ps| ps.iter().any(|x| matches!(x, Peer::Block { .. })));
+                    open && r.ports.iter().flatten().any(|m| match m {
+                        PortMatch::Named(proto, name) => [old_v, new_v]
+                            .into_iter()
+                            .flatten()
+                            .any(|v| v.named(name, *proto).is_some()),
+                        _ => false,
                     })
-                    || (any_named
-                        && p.egress.iter().flatten().any(|r| {
-                            r.ports
-                                .iter()
-                                .flatten()
-                                .any(|m| matches!(m, PortMatch::Named(..)))
-                        }));
-            if touches {
-                Self::local_targets(&w, node, p, dirty);
+                });
+            if by_peer || by_port {
+                touched.push(p);
             }
+        }
+        for p in touched {
+            Self::local_targets(&w, node, p, dirty);
         }
     }
 
@@ -323,12 +373,17 @@ impl PolicyPlane {
                         *n -= 1;
                         if *n == 0 {
                             self.refs.remove(&e);
+                            *self.counts.entry(e.set).or_insert(1) -= 1;
                         }
                     }
                 }
             }
             for e in &new {
-                *self.refs.entry(e.clone()).or_insert(0) += 1;
+                let n = self.refs.entry(*e).or_insert(0);
+                if *n == 0 {
+                    *self.counts.entry(e.set).or_insert(0) += 1;
+                }
+                *n += 1;
             }
             if !new.is_empty() {
                 self.applied.insert(k, new);
@@ -349,11 +404,7 @@ impl PolicyPlane {
 
     /// Element counts per set, for metrics and tests.
     pub fn element_counts(&self) -> BTreeMap<&'static str, usize> {
-        let mut m = BTreeMap::new();
-        for e in self.refs.keys() {
-            *m.entry(e.0.name()).or_insert(0) += 1;
-        }
-        m
+        self.counts.iter().map(|(s, n)| (s.name(), *n)).collect()
     }
 
     /// Established connections no longer allowed, cut (strict mode).
@@ -400,9 +451,9 @@ fn elem_changes(
         let before = refs.get(e).copied().unwrap_or(0) as i64;
         let after = before + d;
         if before == 0 && after > 0 {
-            adds.entry((plan::elem_v6(e), e.0)).or_default().push(e);
+            adds.entry((e.v6(), e.set)).or_default().push(e);
         } else if before > 0 && after <= 0 {
-            dels.entry((plan::elem_v6(e), e.0)).or_default().push(e);
+            dels.entry((e.v6(), e.set)).or_default().push(e);
         }
     }
     let mut out = Vec::new();
@@ -415,7 +466,7 @@ fn elem_changes(
             if *f == v6 {
                 ch.push(Change::DelElems {
                     set: s.name().into(),
-                    keys: es.iter().map(|e| e.1.clone()).collect(),
+                    keys: es.iter().map(|e| e.key()).collect(),
                 });
             }
         }
@@ -423,7 +474,7 @@ fn elem_changes(
             if *f == v6 {
                 ch.push(Change::AddElems {
                     set: s.name().into(),
-                    elems: es.iter().map(|e| (e.1.clone(), None)).collect(),
+                    elems: es.iter().map(|e| (e.key(), None)).collect(),
                 });
             }
         }
@@ -438,7 +489,7 @@ impl Subsystem for PolicyPlane {
     type Input = PolicyInput;
     type Key = Dirty;
     type Plan = PolicyPlan;
-    type Observed = Vec<Option<Table>>;
+    type Observed = Seen;
     type Changes = PolicyChanges;
 
     fn name(&self) -> &'static str {
@@ -520,7 +571,7 @@ impl Subsystem for PolicyPlane {
                     keys.iter()
                         .filter_map(|d| match d {
                             Dirty::Pod(k) => Some((k.clone(), self.pod_plan(&w, k))),
-                            Dirty::Skeleton => None,
+                            Dirty::Skeleton | Dirty::Check => None,
                         })
                         .collect(),
                 )
@@ -528,37 +579,72 @@ impl Subsystem for PolicyPlane {
         }
     }
 
-    fn observe(&mut self, scope: &Scope<Dirty>) -> Result<Vec<Option<Table>>, SyncError> {
+    fn observe(&mut self, scope: &Scope<Dirty>) -> Result<Seen, SyncError> {
         let fams = self.families();
         let Some(conn) = self.conn.as_mut() else {
-            return Ok(Vec::new());
+            return Ok(Seen::Nothing);
         };
-        if !whole(scope) {
-            return Ok(Vec::new());
+        if whole(scope) {
+            let mut out = Vec::new();
+            for v6 in fams {
+                let want = plan::skeleton(v6, &self.subnets, self.opts.limit);
+                out.push(conn.observe(&want)?);
+            }
+            return Ok(Seen::Tables(out));
         }
-        let mut out = Vec::new();
-        for v6 in fams {
-            let want = plan::skeleton(v6, &self.subnets, self.opts.limit);
-            out.push(conn.observe(&want)?);
+        match scope {
+            Scope::Only(k) if k.contains(&Dirty::Check) => {
+                let mut out = Vec::new();
+                for v6 in fams {
+                    out.push(conn.table_use(family(v6), plan::TABLE)?);
+                }
+                Ok(Seen::Uses(out))
+            }
+            _ => Ok(Seen::Nothing),
         }
-        Ok(out)
     }
 
-    fn diff(&self, plan: PolicyPlan, observed: Vec<Option<Table>>) -> PolicyChanges {
-        match plan {
-            PolicyPlan::Full(want, owned) => {
+    fn diff(&self, plan: PolicyPlan, observed: Seen) -> PolicyChanges {
+        match (plan, observed) {
+            (PolicyPlan::Full(want, owned), seen) => {
+                let have = match seen {
+                    Seen::Tables(t) => t,
+                    _ => Vec::new(),
+                };
                 let ch = want
                     .into_iter()
                     .enumerate()
                     .map(|(i, t)| {
-                        let have = observed.get(i).and_then(|o| o.as_ref());
-                        let d = diff::diff(have, &t);
+                        let d = diff::diff(have.get(i).and_then(|o| o.as_ref()), &t);
                         (t, d)
                     })
                     .collect();
                 PolicyChanges::Full(ch, owned)
             }
-            PolicyPlan::Pods(new) => {
+            (PolicyPlan::Pods(_), Seen::Uses(u))
+                if !self.expected_use.is_empty() && u != self.expected_use =>
+            {
+                // Someone changed a table's chains or sets: replace it
+                // whole, in one batch (new connections only are judged, so
+                // nothing established notices).
+                tracing::warn!(
+                    have = ?u,
+                    want = ?self.expected_use,
+                    "policy table changed behind the agent's back; rebuilding it"
+                );
+                let PolicyPlan::Full(want, owned) = self.full_plan() else {
+                    unreachable!("full_plan plans whole tables")
+                };
+                let ch = want
+                    .into_iter()
+                    .map(|t| {
+                        let d = diff::replace(&t);
+                        (t, d)
+                    })
+                    .collect();
+                PolicyChanges::Full(ch, owned)
+            }
+            (PolicyPlan::Pods(new), _) => {
                 let skeletons: Vec<Table> = self
                     .families()
                     .into_iter()
@@ -578,18 +664,32 @@ impl Subsystem for PolicyPlane {
             PolicyChanges::Full(b, owned) => {
                 self.applied.clear();
                 self.refs.clear();
+                self.counts.clear();
+                self.expected_use.clear();
                 (b, owned)
             }
             PolicyChanges::Elems(b, owned) => (b, owned),
         };
         let mut n = 0;
+        let fams = self.families();
         if let Some(conn) = self.conn.as_mut() {
-            for (t, ch) in &batches {
+            for (t, ch) in batches {
                 if ch.is_empty() {
                     continue;
                 }
-                conn.apply(t, ch)?;
-                n += diff::ops(ch);
+                n += diff::ops(&ch);
+                // Moved into the batch, not copied: a full sync's change
+                // list is the size of the table.
+                let mut ch = Some(ch);
+                conn.apply_chunks(&t, &mut |k| if k == 0 { ch.take() } else { None }, &|_| {
+                    Vec::new()
+                })?;
+            }
+            if full {
+                for v6 in fams {
+                    self.expected_use
+                        .push(conn.table_use(family(v6), plan::TABLE)?);
+                }
             }
         } else {
             n = batches.iter().map(|(_, c)| diff::ops(c)).sum();
@@ -600,6 +700,18 @@ impl Subsystem for PolicyPlane {
             self.whole_done = true;
         }
         Ok(n)
+    }
+
+    /// Mostly the cheap check; every [`FULL_EVERY`]th resync reads the
+    /// whole tables back (elements someone deleted are put back then).
+    fn resync(&self) -> Scope<Dirty> {
+        let n = self.resyncs.get().wrapping_add(1);
+        self.resyncs.set(n);
+        if n % FULL_EVERY == 0 {
+            Scope::Full
+        } else {
+            Scope::Only([Dirty::Check].into_iter().collect())
+        }
     }
 
     fn synced(&mut self, _scope: &Scope<Dirty>, ok: bool) {

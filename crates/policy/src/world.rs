@@ -275,6 +275,24 @@ impl Policy {
         })
     }
 
+    /// Whether a pod outside the policy's namespace can matter to it: a
+    /// peer chosen by namespace labels, or egress to a named port of any
+    /// pod (no peers, or an ipBlock).
+    pub fn is_wide(&self) -> bool {
+        self.uses_namespace_labels()
+            || self.egress.iter().flatten().any(|r| {
+                let open = r
+                    .peers
+                    .as_ref()
+                    .is_none_or(|ps| ps.iter().any(|x| matches!(x, Peer::Block { .. })));
+                open && r
+                    .ports
+                    .iter()
+                    .flatten()
+                    .any(|m| matches!(m, PortMatch::Named(..)))
+            })
+    }
+
     /// Whether the policy has any peer that selects by namespace labels.
     pub fn uses_namespace_labels(&self) -> bool {
         self.ingress
@@ -321,6 +339,9 @@ pub struct World {
     /// (label key, value) → pods carrying it, for matchLabels lookups.
     by_label: HashMap<(String, String), BTreeSet<Key>>,
     policies_by_ns: HashMap<String, BTreeSet<Key>>,
+    /// Policies a pod of another namespace can matter to: peers chosen by
+    /// namespace labels, or egress to named ports of any pod.
+    wide: BTreeSet<Key>,
 }
 
 impl World {
@@ -388,12 +409,18 @@ impl World {
                     .entry(k.ns.clone())
                     .or_default()
                     .insert(k.clone());
+                if p.is_wide() {
+                    self.wide.insert(k.clone());
+                } else {
+                    self.wide.remove(&k);
+                }
                 self.policies.insert(k, p)
             }
             None => {
                 if let Some(s) = self.policies_by_ns.get_mut(&k.ns) {
                     s.remove(&k);
                 }
+                self.wide.remove(&k);
                 self.policies.remove(&k)
             }
         }
@@ -412,6 +439,12 @@ impl World {
             .into_iter()
             .flatten()
             .filter_map(|k| self.policies.get(k))
+    }
+
+    /// The policies that can name a pod of another namespace (see
+    /// [`Policy::is_wide`]).
+    pub fn wide_policies(&self) -> impl Iterator<Item = &Policy> + '_ {
+        self.wide.iter().filter_map(|k| self.policies.get(k))
     }
 
     /// The policies that select pod `k` (in its namespace), whatever their

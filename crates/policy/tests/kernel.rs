@@ -159,6 +159,18 @@ fn changes_are_elements_and_a_repeated_sync_is_nothing() {
     assert_eq!(f.full(), 1);
     assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
 
+    // The periodic check reads use counts only: nothing to do...
+    let check = || Scope::Only([Dirty::Check].into_iter().collect());
+    assert_eq!(sync(&mut f.plane, &check()).unwrap(), 0);
+    // ...until someone adds or removes a set or chain: rebuilt whole.
+    f.ns.nft("'add set ip podnet-policy stray { type ipv4_addr; }'");
+    assert!(sync(&mut f.plane, &check()).unwrap() > 0);
+    let t = f.ns.nft_list("table ip podnet-policy").unwrap();
+    assert!(!t.contains("stray"), "{t}");
+    assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
+    assert_eq!(sync(&mut f.plane, &check()).unwrap(), 0);
+    assert_eq!(f.full(), 0);
+
     // Someone deletes the table: repaired whole.
     f.ns.nft("delete table ip podnet-policy");
     assert!(f.full() > 0);
