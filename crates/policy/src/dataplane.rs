@@ -105,6 +105,9 @@ pub struct PolicyPlane {
     /// The tables' use counts after the last full sync.
     expected_use: Vec<Option<u32>>,
     resyncs: std::cell::Cell<u32>,
+    /// Per namespace, [`World::wide_for`]; cleared when a namespace or a
+    /// policy changes.
+    wide_cache: HashMap<String, Vec<Key>>,
     conn: Option<Conn>,
     waiters: Vec<(Key, Ack)>,
     metrics: Arc<Metrics>,
@@ -140,7 +143,7 @@ pub enum Seen {
 /// What a sync plans: the whole tables (first sync, resync, repair), or
 /// the new elements of the pods a change touched.
 pub enum PolicyPlan {
-    /// The tables, and the elements per owning pod they hold.
+    /// The tables' skeletons, and the elements per owning pod they hold.
     Full(Vec<Table>, Vec<(Key, Vec<Elem>)>),
     Pods(Vec<(Key, Vec<Elem>)>),
 }
@@ -148,8 +151,63 @@ pub enum PolicyPlan {
 /// Per table, the batch to send; and the elements per pod it leaves, for
 /// the bookkeeping once it is applied.
 pub enum PolicyChanges {
-    Full(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
+    Full(Vec<(Table, Batch)>, Vec<(Key, Vec<Elem>)>),
     Elems(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
+}
+
+/// One table's batch in a full sync.
+pub enum Batch {
+    /// The difference from the kernel's table.
+    Diff(Vec<Change>),
+    /// A table made anew (none in the kernel, or replaced): its skeleton's
+    /// changes, then its elements, sorted by set, turned into changes a
+    /// chunk at a time as the batch is encoded, so the whole table never
+    /// exists twice in memory.
+    Fresh { head: Vec<Change>, elems: Vec<Elem> },
+}
+
+impl Batch {
+    fn ops(&self) -> usize {
+        match self {
+            Batch::Diff(c) => diff::ops(c),
+            Batch::Fresh { head, elems } => diff::ops(head) + elems.len(),
+        }
+    }
+}
+
+/// Elements per chunk of a fresh table's batch.
+const CHUNK: usize = 8192;
+
+/// The changes adding `elems` (sorted by set).
+fn add_changes(elems: &[Elem]) -> Vec<Change> {
+    let mut out: Vec<Change> = Vec::new();
+    for e in elems {
+        let name = e.set.name();
+        match out.last_mut() {
+            Some(Change::AddElems { set, elems }) if *set == name => {
+                elems.push((e.key(), e.data()))
+            }
+            _ => out.push(Change::AddElems {
+                set: name,
+                elems: vec![(e.key(), e.data())],
+            }),
+        }
+    }
+    out
+}
+
+/// The family's elements of `owned`, sorted (by set first) and without
+/// duplicates.
+fn family_elems(owned: &[(Key, Vec<Elem>)], v6: bool) -> Vec<Elem> {
+    let mut v: Vec<Elem> = owned
+        .iter()
+        .flat_map(|(_, e)| e.iter())
+        .filter(|e| e.v6() == v6)
+        .copied()
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 impl PolicyPlane {
@@ -177,6 +235,7 @@ impl PolicyPlane {
             counts: BTreeMap::new(),
             expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
+            wide_cache: HashMap::new(),
             conn: None,
             waiters: Vec::new(),
             metrics,
@@ -237,9 +296,14 @@ impl PolicyPlane {
         let old_v = old.as_ref().filter(|v| !v.ips.is_empty());
         let new_v = new.as_ref().filter(|v| !v.ips.is_empty());
         let mut touched: Vec<&Policy> = Vec::new();
-        // Only policies of the pod's namespace and those whose peers reach
-        // across namespaces can name it.
-        for p in w.policies_in(&k.ns).chain(w.wide_policies()) {
+        // Only policies of the pod's namespace and the wide ones that reach
+        // its namespace can name it.
+        let wide = self
+            .wide_cache
+            .entry(k.ns.clone())
+            .or_insert_with(|| w.wide_for(&k.ns));
+        let wide = wide.iter().filter_map(|key| w.policies.get(key));
+        for p in w.policies_in(&k.ns).chain(wide) {
             let rules = p.ingress.iter().chain(p.egress.iter()).flatten();
             let by_peer = rules.clone().any(|r| {
                 r.peers.iter().flatten().any(|peer| {
@@ -306,6 +370,7 @@ impl PolicyPlane {
                     }
                     _ => None,
                 };
+                self.wide_cache.clear();
                 let mut w = self.world.write().expect("world lock");
                 let old = w.set_namespace(&key.name, labels.clone());
                 if old == labels || !self.whole_done {
@@ -321,6 +386,7 @@ impl PolicyPlane {
                     Some(Object::NetworkPolicy(p)) => Policy::compile(p),
                     _ => None,
                 };
+                self.wide_cache.clear();
                 let mut w = self.world.write().expect("world lock");
                 let k = Key::new(&ns, &key.name);
                 let old = w.set_policy(k, p.clone());
@@ -356,11 +422,7 @@ impl PolicyPlane {
         let tables = self
             .families()
             .into_iter()
-            .map(|v6| {
-                let mut t = plan::skeleton(v6, &self.subnets, self.opts.limit);
-                plan::fill(&mut t, owned.iter().flat_map(|(_, e)| e.iter()));
-                t
-            })
+            .map(|v6| plan::skeleton(v6, &self.subnets, self.opts.limit))
             .collect();
         PolicyPlan::Full(tables, owned)
     }
@@ -403,8 +465,27 @@ impl PolicyPlane {
     }
 
     /// Element counts per set, for metrics and tests.
+    /// Every element as applied (for tests: after partial syncs it must
+    /// equal what a full plan holds).
+    pub fn applied_elements(&self) -> BTreeSet<Elem> {
+        self.refs.keys().copied().collect()
+    }
+
+    /// What a full plan holds now.
+    pub fn planned_elements(&self) -> BTreeSet<Elem> {
+        match self.full_plan() {
+            PolicyPlan::Full(_, owned) => owned.into_iter().flat_map(|(_, e)| e).collect(),
+            PolicyPlan::Pods(_) => unreachable!("full_plan plans whole tables"),
+        }
+    }
+
+    /// Elements per kind of set (shards added up).
     pub fn element_counts(&self) -> BTreeMap<&'static str, usize> {
-        self.counts.iter().map(|(s, n)| (s.name(), *n)).collect()
+        let mut m = BTreeMap::new();
+        for (s, n) in &self.counts {
+            *m.entry(s.kind()).or_insert(0) += n;
+        }
+        m
     }
 
     /// Established connections no longer allowed, cut (strict mode).
@@ -465,7 +546,7 @@ fn elem_changes(
         for ((f, s), es) in &dels {
             if *f == v6 {
                 ch.push(Change::DelElems {
-                    set: s.name().into(),
+                    set: s.name(),
                     keys: es.iter().map(|e| e.key()).collect(),
                 });
             }
@@ -473,8 +554,8 @@ fn elem_changes(
         for ((f, s), es) in &adds {
             if *f == v6 {
                 ch.push(Change::AddElems {
-                    set: s.name().into(),
-                    elems: es.iter().map(|e| (e.key(), None)).collect(),
+                    set: s.name(),
+                    elems: es.iter().map(|e| (e.key(), e.data())).collect(),
                 });
             }
         }
@@ -615,8 +696,19 @@ impl Subsystem for PolicyPlane {
                     .into_iter()
                     .enumerate()
                     .map(|(i, t)| {
-                        let d = diff::diff(have.get(i).and_then(|o| o.as_ref()), &t);
-                        (t, d)
+                        let v6 = t.family == Family::Ip6;
+                        let b = match have.get(i).and_then(|o| o.as_ref()) {
+                            Some(h) => {
+                                let mut full = t.clone();
+                                plan::fill(&mut full, owned.iter().flat_map(|(_, e)| e.iter()));
+                                Batch::Diff(diff::diff(Some(h), &full))
+                            }
+                            None => Batch::Fresh {
+                                head: diff::diff(None, &t),
+                                elems: family_elems(&owned, v6),
+                            },
+                        };
+                        (t, b)
                     })
                     .collect();
                 PolicyChanges::Full(ch, owned)
@@ -638,8 +730,11 @@ impl Subsystem for PolicyPlane {
                 let ch = want
                     .into_iter()
                     .map(|t| {
-                        let d = diff::replace(&t);
-                        (t, d)
+                        let b = Batch::Fresh {
+                            head: diff::replace(&t),
+                            elems: family_elems(&owned, t.family == Family::Ip6),
+                        };
+                        (t, b)
                     })
                     .collect();
                 PolicyChanges::Full(ch, owned)
@@ -660,7 +755,7 @@ impl Subsystem for PolicyPlane {
 
     fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
         let full = matches!(changes, PolicyChanges::Full(..));
-        let (batches, owned) = match changes {
+        let (batches, owned): (Vec<(Table, Batch)>, _) = match changes {
             PolicyChanges::Full(b, owned) => {
                 self.applied.clear();
                 self.refs.clear();
@@ -668,22 +763,40 @@ impl Subsystem for PolicyPlane {
                 self.expected_use.clear();
                 (b, owned)
             }
-            PolicyChanges::Elems(b, owned) => (b, owned),
+            PolicyChanges::Elems(b, owned) => (
+                b.into_iter().map(|(t, c)| (t, Batch::Diff(c))).collect(),
+                owned,
+            ),
         };
-        let mut n = 0;
+        let n: usize = batches.iter().map(|(_, b)| b.ops()).sum();
         let fams = self.families();
         if let Some(conn) = self.conn.as_mut() {
-            for (t, ch) in batches {
-                if ch.is_empty() {
+            for (t, b) in batches {
+                if b.ops() == 0 {
                     continue;
                 }
-                n += diff::ops(&ch);
-                // Moved into the batch, not copied: a full sync's change
-                // list is the size of the table.
-                let mut ch = Some(ch);
-                conn.apply_chunks(&t, &mut |k| if k == 0 { ch.take() } else { None }, &|_| {
-                    Vec::new()
-                })?;
+                // Moved into the batch, not copied.
+                let (mut head, elems) = match b {
+                    Batch::Diff(c) => (Some(c), Vec::new()),
+                    Batch::Fresh { head, elems } => (Some(head), elems),
+                };
+                let mut pos = 0;
+                conn.apply_chunks(
+                    &t,
+                    &mut |k| {
+                        if k == 0 {
+                            return head.take();
+                        }
+                        if pos >= elems.len() {
+                            return None;
+                        }
+                        let end = (pos + CHUNK).min(elems.len());
+                        let c = add_changes(&elems[pos..end]);
+                        pos = end;
+                        Some(c)
+                    },
+                    &|_| Vec::new(),
+                )?;
             }
             if full {
                 for v6 in fams {
@@ -691,8 +804,6 @@ impl Subsystem for PolicyPlane {
                         .push(conn.table_use(family(v6), plan::TABLE)?);
                 }
             }
-        } else {
-            n = batches.iter().map(|(_, c)| diff::ops(c)).sum();
         }
         self.record(owned);
         self.changed = n > 0;
@@ -707,7 +818,7 @@ impl Subsystem for PolicyPlane {
     fn resync(&self) -> Scope<Dirty> {
         let n = self.resyncs.get().wrapping_add(1);
         self.resyncs.set(n);
-        if n % FULL_EVERY == 0 {
+        if n.is_multiple_of(FULL_EVERY) {
             Scope::Full
         } else {
             Scope::Only([Dirty::Check].into_iter().collect())

@@ -33,8 +33,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set, Table,
-    Value, Verdict,
+    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
+    Table, Value, Verdict,
 };
 
 use crate::world::{in_block, Dir, Key, Peer, PodView, PortMatch, World};
@@ -48,6 +48,23 @@ pub const PREFIX_INGRESS: &str = "podnet-policy ingress";
 pub const PREFIX_EGRESS: &str = "podnet-policy egress";
 pub const PREFIX_UNKNOWN: &str = "podnet-policy unknown";
 
+/// How many shards the interval sets are cut into, per direction. The
+/// kernel's concatenated-range sets (pipapo) copy their whole lookup data
+/// on the first change in a transaction, so a change costs the set's size:
+/// each local pod's interval elements live in shard [`shard`] of its
+/// address, reached through a verdict map with one element per isolated
+/// pod, and a change copies one shard, not all of them.
+pub const SHARDS: u8 = 32;
+
+/// The shard of a local pod's address.
+pub fn shard(ip: IpAddr) -> u8 {
+    let low = match ip {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(a) => u128::from(a) as u32,
+    };
+    (low % SHARDS as u32) as u8
+}
+
 /// One of the table's sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetId {
@@ -55,50 +72,84 @@ pub enum SetId {
     InIsolated,
     InPodAll,
     InPodPort,
-    InNetAll,
-    InNetPort,
+    /// Verdict map: isolated local pod → `goto in-net-<shard>`.
+    InShard,
+    InNetAll(u8),
+    InNetPort(u8),
     EgIsolated,
     EgPodAll,
     EgPodPort,
-    EgNetAll,
-    EgNetPort,
+    EgShard,
+    EgNetAll(u8),
+    EgNetPort(u8),
 }
 
 impl SetId {
-    pub const ALL: [SetId; 11] = [
-        SetId::Pods,
-        SetId::InIsolated,
-        SetId::InPodAll,
-        SetId::InPodPort,
-        SetId::InNetAll,
-        SetId::InNetPort,
-        SetId::EgIsolated,
-        SetId::EgPodAll,
-        SetId::EgPodPort,
-        SetId::EgNetAll,
-        SetId::EgNetPort,
-    ];
+    /// Every set of the table.
+    pub fn all() -> Vec<SetId> {
+        let mut v = vec![
+            SetId::Pods,
+            SetId::InIsolated,
+            SetId::InPodAll,
+            SetId::InPodPort,
+            SetId::InShard,
+            SetId::EgIsolated,
+            SetId::EgPodAll,
+            SetId::EgPodPort,
+            SetId::EgShard,
+        ];
+        for k in 0..SHARDS {
+            v.extend([
+                SetId::InNetAll(k),
+                SetId::InNetPort(k),
+                SetId::EgNetAll(k),
+                SetId::EgNetPort(k),
+            ]);
+        }
+        v
+    }
 
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
+        match self {
+            SetId::Pods => "pods".into(),
+            SetId::InIsolated => "in-isolated".into(),
+            SetId::InPodAll => "in-pod-all".into(),
+            SetId::InPodPort => "in-pod-port".into(),
+            SetId::InShard => "in-net-shard".into(),
+            SetId::InNetAll(k) => format!("in-net-all-{k}"),
+            SetId::InNetPort(k) => format!("in-net-port-{k}"),
+            SetId::EgIsolated => "eg-isolated".into(),
+            SetId::EgPodAll => "eg-pod-all".into(),
+            SetId::EgPodPort => "eg-pod-port".into(),
+            SetId::EgShard => "eg-net-shard".into(),
+            SetId::EgNetAll(k) => format!("eg-net-all-{k}"),
+            SetId::EgNetPort(k) => format!("eg-net-port-{k}"),
+        }
+    }
+
+    /// The set's kind without its shard (for metrics).
+    pub fn kind(self) -> &'static str {
         match self {
             SetId::Pods => "pods",
             SetId::InIsolated => "in-isolated",
             SetId::InPodAll => "in-pod-all",
             SetId::InPodPort => "in-pod-port",
-            SetId::InNetAll => "in-net-all",
-            SetId::InNetPort => "in-net-port",
+            SetId::InShard => "in-net-shard",
+            SetId::InNetAll(_) => "in-net-all",
+            SetId::InNetPort(_) => "in-net-port",
             SetId::EgIsolated => "eg-isolated",
             SetId::EgPodAll => "eg-pod-all",
             SetId::EgPodPort => "eg-pod-port",
-            SetId::EgNetAll => "eg-net-all",
-            SetId::EgNetPort => "eg-net-port",
+            SetId::EgShard => "eg-net-shard",
+            SetId::EgNetAll(_) => "eg-net-all",
+            SetId::EgNetPort(_) => "eg-net-port",
         }
     }
 
     fn interval(self) -> bool {
         matches!(
             self,
-            SetId::InNetAll | SetId::InNetPort | SetId::EgNetAll | SetId::EgNetPort
+            SetId::InNetAll(_) | SetId::InNetPort(_) | SetId::EgNetAll(_) | SetId::EgNetPort(_)
         )
     }
 
@@ -111,8 +162,11 @@ impl SetId {
         };
         let key = match self {
             SetId::Pods | SetId::InIsolated | SetId::EgIsolated => vec![a],
-            SetId::InPodAll | SetId::EgPodAll | SetId::InNetAll | SetId::EgNetAll => vec![a, a],
-            SetId::InPodPort | SetId::EgPodPort | SetId::InNetPort | SetId::EgNetPort => {
+            SetId::InShard | SetId::EgShard => return Set::map(vec![a]),
+            SetId::InPodAll | SetId::EgPodAll | SetId::InNetAll(_) | SetId::EgNetAll(_) => {
+                vec![a, a]
+            }
+            SetId::InPodPort | SetId::EgPodPort | SetId::InNetPort(_) | SetId::EgNetPort(_) => {
                 vec![a, a, KeyType::InetProto, KeyType::InetService]
             }
         };
@@ -151,6 +205,19 @@ impl Elem {
     /// Whether it belongs to the `ip6` table.
     pub fn v6(&self) -> bool {
         self.local.is_ipv6()
+    }
+
+    /// A verdict map element's verdict: the shard chain of the pod.
+    pub fn data(&self) -> Option<ElemData> {
+        let dir = match self.set {
+            SetId::InShard => "in",
+            SetId::EgShard => "eg",
+            _ => return None,
+        };
+        Some(ElemData::Verdict(Verdict::Goto(format!(
+            "{dir}-net-{}",
+            shard(self.local)
+        ))))
     }
 
     /// The key as the set holds it.
@@ -418,20 +485,23 @@ pub fn pod_elements(w: &World, node: &str, k: &Key, v: &PodView) -> Vec<Elem> {
             let Some(a) = admits(w, k, v, ip, dir) else {
                 continue;
             };
-            let (iso, pod_all, pod_port, net_all, net_port) = match dir {
+            let k = shard(ip);
+            let (iso, pod_all, pod_port, to_shard, net_all, net_port) = match dir {
                 Dir::Ingress => (
                     SetId::InIsolated,
                     SetId::InPodAll,
                     SetId::InPodPort,
-                    SetId::InNetAll,
-                    SetId::InNetPort,
+                    SetId::InShard,
+                    SetId::InNetAll(k),
+                    SetId::InNetPort(k),
                 ),
                 Dir::Egress => (
                     SetId::EgIsolated,
                     SetId::EgPodAll,
                     SetId::EgPodPort,
-                    SetId::EgNetAll,
-                    SetId::EgNetPort,
+                    SetId::EgShard,
+                    SetId::EgNetAll(k),
+                    SetId::EgNetPort(k),
                 ),
             };
             let e = |set, remote: IpNet, proto, ports| Elem {
@@ -442,6 +512,7 @@ pub fn pod_elements(w: &World, node: &str, k: &Key, v: &PodView) -> Vec<Elem> {
                 ports,
             };
             out.push(Elem::one(iso, ip));
+            out.push(Elem::one(to_shard, ip));
             for r in &a.pod_all {
                 out.push(e(pod_all, IpNet::from(*r), None, (0, 0)));
             }
@@ -520,8 +591,8 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
         (Field::IpSaddr, Field::IpDaddr)
     };
     let mut t = Table::new(fam, TABLE);
-    for s in SetId::ALL {
-        t.sets.insert(s.name().into(), s.decl(v6));
+    for s in SetId::all() {
+        t.sets.insert(s.name(), s.decl(v6));
     }
     for c in [
         COUNTER_INGRESS,
@@ -558,7 +629,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
                 },
                 Expr::InSet {
                     keys: vec![f],
-                    set: SetId::Pods.name().into(),
+                    set: SetId::Pods.name(),
                     neg: true,
                 },
                 Expr::Verdict(Verdict::Goto("deny-unknown".into())),
@@ -568,7 +639,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
     judge.push(Rule::new(vec![
         Expr::InSet {
             keys: vec![saddr],
-            set: SetId::EgIsolated.name().into(),
+            set: SetId::EgIsolated.name(),
             neg: false,
         },
         Expr::Verdict(Verdict::Jump("egress".into())),
@@ -576,7 +647,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
     judge.push(Rule::new(vec![
         Expr::InSet {
             keys: vec![daddr],
-            set: SetId::InIsolated.name().into(),
+            set: SetId::InIsolated.name(),
             neg: false,
         },
         Expr::Verdict(Verdict::Jump("ingress".into())),
@@ -597,7 +668,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
             },
             Expr::InSet {
                 keys: vec![saddr],
-                set: SetId::Pods.name().into(),
+                set: SetId::Pods.name(),
                 neg: true,
             },
             Expr::Verdict(Verdict::Goto("deny-unknown".into())),
@@ -606,7 +677,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
     judge_input.push(Rule::new(vec![
         Expr::InSet {
             keys: vec![saddr],
-            set: SetId::EgIsolated.name().into(),
+            set: SetId::EgIsolated.name(),
             neg: false,
         },
         Expr::Verdict(Verdict::Jump("egress".into())),
@@ -639,55 +710,76 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
             ])],
         },
     );
-    let lookups = |local: Field, remote: Field, sets: [SetId; 4], deny: &str| {
-        let mut rules: Vec<Rule> = sets
-            .iter()
-            .map(|s| {
-                let keys = match s.decl(v6).key.len() {
-                    2 => vec![local, remote],
-                    _ => vec![local, remote, Field::L4Proto, Field::Dport],
-                };
-                Rule::new(vec![
-                    Expr::InSet {
-                        keys,
-                        set: s.name().into(),
-                        neg: false,
-                    },
-                    Expr::Verdict(Verdict::Return),
-                ])
-            })
-            .collect();
-        rules.push(Rule::new(vec![Expr::Verdict(Verdict::Goto(deny.into()))]));
-        Chain { base: None, rules }
+    // One lookup rule: allowed, so back to `judge`.
+    let lookup = |local: Field, remote: Field, set: SetId| {
+        let keys = match set.decl(v6).key.len() {
+            2 => vec![local, remote],
+            _ => vec![local, remote, Field::L4Proto, Field::Dport],
+        };
+        Rule::new(vec![
+            Expr::InSet {
+                keys,
+                set: set.name(),
+                neg: false,
+            },
+            Expr::Verdict(Verdict::Return),
+        ])
     };
-    t.chains.insert(
-        "egress".into(),
-        lookups(
+    let goto = |c: &str| Rule::new(vec![Expr::Verdict(Verdict::Goto(c.into()))]);
+    for (dir, local, remote, pod_all, pod_port, to_shard) in [
+        (
+            "egress",
             saddr,
             daddr,
-            [
-                SetId::EgPodAll,
-                SetId::EgPodPort,
-                SetId::EgNetAll,
-                SetId::EgNetPort,
-            ],
-            "deny-egress",
+            SetId::EgPodAll,
+            SetId::EgPodPort,
+            SetId::EgShard,
         ),
-    );
-    t.chains.insert(
-        "ingress".into(),
-        lookups(
+        (
+            "ingress",
             daddr,
             saddr,
-            [
-                SetId::InPodAll,
-                SetId::InPodPort,
-                SetId::InNetAll,
-                SetId::InNetPort,
-            ],
-            "deny-ingress",
+            SetId::InPodAll,
+            SetId::InPodPort,
+            SetId::InShard,
         ),
-    );
+    ] {
+        let deny = format!("deny-{dir}");
+        // Exact pod peers in hash sets, then the pod's shard of ranges.
+        t.chains.insert(
+            dir.into(),
+            Chain {
+                base: None,
+                rules: vec![
+                    lookup(local, remote, pod_all),
+                    lookup(local, remote, pod_port),
+                    Rule::new(vec![Expr::VMap {
+                        keys: vec![local],
+                        map: to_shard.name(),
+                    }]),
+                    goto(&deny),
+                ],
+            },
+        );
+        // Reached by `goto`: a `return` goes back to `judge`.
+        for k in 0..SHARDS {
+            let (all, port) = match dir {
+                "ingress" => (SetId::InNetAll(k), SetId::InNetPort(k)),
+                _ => (SetId::EgNetAll(k), SetId::EgNetPort(k)),
+            };
+            t.chains.insert(
+                format!("{}-net-{k}", &dir[..2]),
+                Chain {
+                    base: None,
+                    rules: vec![
+                        lookup(local, remote, all),
+                        lookup(local, remote, port),
+                        goto(&deny),
+                    ],
+                },
+            );
+        }
+    }
     t.chains.insert(
         "deny-egress".into(),
         deny_chain(COUNTER_EGRESS, PREFIX_EGRESS, limit),
@@ -710,8 +802,8 @@ pub fn fill<'a>(t: &mut Table, elems: impl IntoIterator<Item = &'a Elem>) {
         if e.v6() != v6 {
             continue;
         }
-        if let Some(s) = t.sets.get_mut(e.set.name()) {
-            s.elements.insert(e.key(), None);
+        if let Some(s) = t.sets.get_mut(&e.set.name()) {
+            s.elements.insert(e.key(), e.data());
         }
     }
 }

@@ -279,18 +279,23 @@ impl Policy {
     /// peer chosen by namespace labels, or egress to a named port of any
     /// pod (no peers, or an ipBlock).
     pub fn is_wide(&self) -> bool {
-        self.uses_namespace_labels()
-            || self.egress.iter().flatten().any(|r| {
-                let open = r
-                    .peers
-                    .as_ref()
-                    .is_none_or(|ps| ps.iter().any(|x| matches!(x, Peer::Block { .. })));
-                open && r
-                    .ports
-                    .iter()
-                    .flatten()
-                    .any(|m| matches!(m, PortMatch::Named(..)))
-            })
+        self.uses_namespace_labels() || self.named_wide()
+    }
+
+    /// Whether it has egress to a named port of any pod (no peers, or an
+    /// ipBlock), resolved on every pod carrying the name.
+    pub fn named_wide(&self) -> bool {
+        self.egress.iter().flatten().any(|r| {
+            let open = r
+                .peers
+                .as_ref()
+                .is_none_or(|ps| ps.iter().any(|x| matches!(x, Peer::Block { .. })));
+            open && r
+                .ports
+                .iter()
+                .flatten()
+                .any(|m| matches!(m, PortMatch::Named(..)))
+        })
     }
 
     /// Whether the policy has any peer that selects by namespace labels.
@@ -445,6 +450,27 @@ impl World {
     /// [`Policy::is_wide`]).
     pub fn wide_policies(&self) -> impl Iterator<Item = &Policy> + '_ {
         self.wide.iter().filter_map(|k| self.policies.get(k))
+    }
+
+    /// The wide policies a pod of namespace `ns` can matter to: a peer's
+    /// namespaceSelector matches `ns`, or egress to named ports of any pod.
+    pub fn wide_for(&self, ns: &str) -> Vec<Key> {
+        let labels = self.ns_labels(ns);
+        self.wide_policies()
+            .filter(|p| {
+                p.named_wide()
+                    || p.ingress
+                        .iter()
+                        .chain(p.egress.iter())
+                        .flatten()
+                        .flat_map(|r| r.peers.iter().flatten())
+                        .any(|peer| {
+                            matches!(peer, Peer::Pods { namespaces: Some(sel), .. }
+                                if selector::matches(sel, labels))
+                        })
+            })
+            .map(|p| p.key.clone())
+            .collect()
     }
 
     /// The policies that select pod `k` (in its namespace), whatever their

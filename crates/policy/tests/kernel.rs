@@ -82,7 +82,7 @@ impl Fixture {
         let decl = set.decl(false);
         self.ns.run(|| {
             let mut c = Conn::open().unwrap();
-            c.elements(Family::Ip, plan::TABLE, set.name(), &decl)
+            c.elements(Family::Ip, plan::TABLE, &set.name(), &decl)
                 .unwrap()
                 .is_some_and(|s| s.elements.contains_key(&key))
         })
@@ -149,7 +149,7 @@ fn changes_are_elements_and_a_repeated_sync_is_nothing() {
 
     // x/b gets label pod=a: it becomes isolated (and keeps its pods entry).
     let ops = f.feed(vec![pod("x", "b", "10.9.1.3", json!({"pod": "a"}))]);
-    assert_eq!(ops, 1, "in-isolated gains x/b");
+    assert_eq!(ops, 2, "in-isolated and the shard map gain x/b");
     assert!(f.has(SetId::InIsolated, vec![a("10.9.1.3")]));
     assert_eq!(f.full(), 0);
 
@@ -183,7 +183,7 @@ fn changes_are_elements_and_a_repeated_sync_is_nothing() {
         namespace: Some("x".into()),
         name: "web".into(),
     })]);
-    assert_eq!(ops, 2, "two in-isolated elements removed");
+    assert_eq!(ops, 4, "two pods leave in-isolated and the shard map");
     assert!(f.has(SetId::Pods, vec![a("10.9.1.2")]));
     assert_eq!(f.full(), 0);
 }
@@ -224,7 +224,7 @@ fn a_cni_hint_programs_a_pod_before_its_status() {
     let scope = Scope::Only(dirty);
     let ops = sync(&mut f.plane, &scope).unwrap();
     f.plane.synced(&scope, true);
-    assert_eq!(ops, 2, "pods and in-isolated");
+    assert_eq!(ops, 3, "pods, in-isolated and its shard's map entry");
     assert_eq!(done.try_recv().unwrap(), Ok(()));
     assert!(f.has(SetId::InIsolated, vec![a("10.9.1.7")]));
     // The status arrives with the same address: nothing to do.
