@@ -54,15 +54,15 @@ pub const PREFIX_UNKNOWN: &str = "podnet-policy unknown";
 /// each local pod's interval elements live in shard [`shard`] of its
 /// address, reached through a verdict map with one element per isolated
 /// pod, and a change copies one shard, not all of them.
-pub const SHARDS: u8 = 32;
+pub const SHARDS: u16 = 256;
 
 /// The shard of a local pod's address.
-pub fn shard(ip: IpAddr) -> u8 {
+pub fn shard(ip: IpAddr) -> u16 {
     let low = match ip {
         IpAddr::V4(a) => u32::from(a),
         IpAddr::V6(a) => u128::from(a) as u32,
     };
-    (low % SHARDS as u32) as u8
+    (low % SHARDS as u32) as u16
 }
 
 /// One of the table's sets.
@@ -74,14 +74,14 @@ pub enum SetId {
     InPodPort,
     /// Verdict map: isolated local pod → `goto in-net-<shard>`.
     InShard,
-    InNetAll(u8),
-    InNetPort(u8),
+    InNetAll(u16),
+    InNetPort(u16),
     EgIsolated,
     EgPodAll,
     EgPodPort,
     EgShard,
-    EgNetAll(u8),
-    EgNetPort(u8),
+    EgNetAll(u16),
+    EgNetPort(u16),
 }
 
 impl SetId {
