@@ -983,7 +983,10 @@ fn connection_rate(a: &Args, shape: Shape, node: &TestNs) -> Result<ConnResult> 
     if after <= before {
         bail!("the denied connection to {denied} failed but no denial counter moved ({before} -> {after})");
     }
-    for (what, p) in [("no table", &none), ("the policy table without policies", &ct)] {
+    for (what, p) in [
+        ("no table", &none),
+        ("the policy table without policies", &ct),
+    ] {
         if !connects(p, denied, 3) {
             bail!("{denied} is unreachable on the node with {what}");
         }

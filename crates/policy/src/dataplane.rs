@@ -108,6 +108,9 @@ pub struct PolicyPlane {
     /// Per namespace, [`World::wide_for`]; cleared when a namespace or a
     /// policy changes.
     wide_cache: HashMap<String, Vec<Key>>,
+    /// The tables without elements (what a partial sync's batches are
+    /// encoded against), made again only when the subnets change.
+    skeletons: Vec<Table>,
     conn: Option<Conn>,
     waiters: Vec<(Key, Ack)>,
     metrics: Arc<Metrics>,
@@ -152,7 +155,8 @@ pub enum PolicyPlan {
 /// the bookkeeping once it is applied.
 pub enum PolicyChanges {
     Full(Vec<(Table, Batch)>, Vec<(Key, Vec<Elem>)>),
-    Elems(Vec<(Table, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
+    /// Per family (an index into the plane's skeletons), element changes.
+    Elems(Vec<(usize, Vec<Change>)>, Vec<(Key, Vec<Elem>)>),
 }
 
 /// One table's batch in a full sync.
@@ -177,6 +181,37 @@ impl Batch {
 
 /// Elements per chunk of a fresh table's batch.
 const CHUNK: usize = 8192;
+
+/// Sends one table's batch as one transaction; a fresh table's elements
+/// are turned into changes a chunk at a time as they are encoded.
+fn send(conn: &mut Conn, t: &Table, b: Batch) -> Result<(), podnet_kernel::KernelError> {
+    if b.ops() == 0 {
+        return Ok(());
+    }
+    let (mut head, elems) = match b {
+        // Small, or the size of the difference: copied once, and a failure
+        // names the change the kernel refused.
+        Batch::Diff(c) => return conn.apply(t, &c),
+        Batch::Fresh { head, elems } => (Some(head), elems),
+    };
+    let mut pos = 0;
+    conn.apply_chunks(
+        t,
+        &mut |k| {
+            if k == 0 {
+                return head.take();
+            }
+            if pos >= elems.len() {
+                return None;
+            }
+            let end = (pos + CHUNK).min(elems.len());
+            let c = add_changes(&elems[pos..end]);
+            pos = end;
+            Some(c)
+        },
+        &|_| Vec::new(),
+    )
+}
 
 /// The changes adding `elems` (sorted by set).
 fn add_changes(elems: &[Elem]) -> Vec<Change> {
@@ -224,7 +259,7 @@ impl PolicyPlane {
     /// A plane without a kernel connection: plan and diff only (tests,
     /// benchmarks of the pure part).
     pub fn detached(opts: Options, world: Arc<RwLock<World>>, metrics: Arc<Metrics>) -> Self {
-        PolicyPlane {
+        let mut p = PolicyPlane {
             opts,
             world,
             subnets: Vec::new(),
@@ -236,12 +271,22 @@ impl PolicyPlane {
             expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
             wide_cache: HashMap::new(),
+            skeletons: Vec::new(),
             conn: None,
             waiters: Vec::new(),
             metrics,
             changed: false,
             whole_done: false,
-        }
+        };
+        p.skeletons = p.make_skeletons();
+        p
+    }
+
+    fn make_skeletons(&self) -> Vec<Table> {
+        self.families()
+            .into_iter()
+            .map(|v6| plan::skeleton(v6, &self.subnets, self.opts.limit))
+            .collect()
     }
 
     /// The view, for readers beside the loop (the verdict log).
@@ -515,7 +560,7 @@ fn elem_changes(
     refs: &HashMap<Elem, u32>,
     owned: &HashMap<Key, Vec<Elem>>,
     new: &[(Key, Vec<Elem>)],
-) -> Vec<(Table, Vec<Change>)> {
+) -> Vec<(usize, Vec<Change>)> {
     // Owner counts after the change.
     let mut delta: HashMap<&Elem, i64> = HashMap::new();
     for (k, n) in new {
@@ -538,7 +583,7 @@ fn elem_changes(
         }
     }
     let mut out = Vec::new();
-    for t in tables {
+    for (i, t) in tables.iter().enumerate() {
         let v6 = t.family == Family::Ip6;
         let mut ch = Vec::new();
         // Removals first: an interval element may be replaced by ones that
@@ -560,7 +605,7 @@ fn elem_changes(
             }
         }
         if !ch.is_empty() {
-            out.push((t.clone(), ch));
+            out.push((i, ch));
         }
     }
     out
@@ -587,6 +632,7 @@ impl Subsystem for PolicyPlane {
             PolicyInput::Subnets(s) => {
                 if s != self.subnets {
                     self.subnets = s;
+                    self.skeletons = self.make_skeletons();
                     dirty.insert(Dirty::Skeleton);
                 }
             }
@@ -739,72 +785,43 @@ impl Subsystem for PolicyPlane {
                     .collect();
                 PolicyChanges::Full(ch, owned)
             }
-            (PolicyPlan::Pods(new), _) => {
-                let skeletons: Vec<Table> = self
-                    .families()
-                    .into_iter()
-                    .map(|v6| plan::skeleton(v6, &self.subnets, self.opts.limit))
-                    .collect();
-                PolicyChanges::Elems(
-                    elem_changes(&skeletons, &self.refs, &self.applied, &new),
-                    new,
-                )
-            }
+            (PolicyPlan::Pods(new), _) => PolicyChanges::Elems(
+                elem_changes(&self.skeletons, &self.refs, &self.applied, &new),
+                new,
+            ),
         }
     }
 
     fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
-        let full = matches!(changes, PolicyChanges::Full(..));
-        let (batches, owned): (Vec<(Table, Batch)>, _) = match changes {
-            PolicyChanges::Full(b, owned) => {
+        let fams = self.families();
+        let (n, owned, full) = match changes {
+            PolicyChanges::Full(batches, owned) => {
                 self.applied.clear();
                 self.refs.clear();
                 self.counts.clear();
                 self.expected_use.clear();
-                (b, owned)
+                let n = batches.iter().map(|(_, b)| b.ops()).sum();
+                if let Some(conn) = self.conn.as_mut() {
+                    for (t, b) in batches {
+                        send(conn, &t, b)?;
+                    }
+                    for v6 in fams {
+                        self.expected_use
+                            .push(conn.table_use(family(v6), plan::TABLE)?);
+                    }
+                }
+                (n, owned, true)
             }
-            PolicyChanges::Elems(b, owned) => (
-                b.into_iter().map(|(t, c)| (t, Batch::Diff(c))).collect(),
-                owned,
-            ),
+            PolicyChanges::Elems(batches, owned) => {
+                let n = batches.iter().map(|(_, c)| diff::ops(c)).sum();
+                if let Some(conn) = self.conn.as_mut() {
+                    for (i, c) in batches {
+                        send(conn, &self.skeletons[i], Batch::Diff(c))?;
+                    }
+                }
+                (n, owned, false)
+            }
         };
-        let n: usize = batches.iter().map(|(_, b)| b.ops()).sum();
-        let fams = self.families();
-        if let Some(conn) = self.conn.as_mut() {
-            for (t, b) in batches {
-                if b.ops() == 0 {
-                    continue;
-                }
-                // Moved into the batch, not copied.
-                let (mut head, elems) = match b {
-                    Batch::Diff(c) => (Some(c), Vec::new()),
-                    Batch::Fresh { head, elems } => (Some(head), elems),
-                };
-                let mut pos = 0;
-                conn.apply_chunks(
-                    &t,
-                    &mut |k| {
-                        if k == 0 {
-                            return head.take();
-                        }
-                        if pos >= elems.len() {
-                            return None;
-                        }
-                        let end = (pos + CHUNK).min(elems.len());
-                        let c = add_changes(&elems[pos..end]);
-                        pos = end;
-                        Some(c)
-                    },
-                    &|_| Vec::new(),
-                )?;
-            }
-            if full {
-                for v6 in fams {
-                    self.expected_use
-                        .push(conn.table_use(family(v6), plan::TABLE)?);
-                }
-            }
-        }
         self.record(owned);
         self.changed = n > 0;
         if full {
