@@ -280,8 +280,23 @@ impl Metrics {
 }
 
 /// Binds the metrics/health listener (so callers learn the port at once).
+///
+/// An address in use is tried again for a few seconds: a daemon restarted
+/// at once (a supervisor, `lab restart-agent`) may start while its killed
+/// predecessor's sockets are still being closed.
 pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Serves /metrics, /healthz and /readyz until the listener is dropped.

@@ -1496,13 +1496,21 @@ pub(crate) fn kill_wait(pid: i32) -> bool {
 }
 
 pub(crate) fn alive(pid: i32) -> bool {
-    // A zombie has exited: treat it as gone.
+    // A zombie has exited: treat it as gone, once its other threads have
+    // too (a killed process's leader turns zombie while its other threads
+    // are still exiting, and its sockets close only after the last one).
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit(')')
-            .next()
-            .map(|r| r.trim_start().starts_with('Z'))
-            .unwrap_or(false),
+        Ok(s) => {
+            let zombie = s
+                .rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+                .unwrap_or(false);
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            !zombie || threads > 1
+        }
         Err(_) => false,
     }
 }
