@@ -464,9 +464,15 @@ fn stub_answer(msg: &[u8], n: u8, tcp: bool) -> Option<Vec<u8>> {
 impl Stub {
     fn start(n: u8) -> Stub {
         Self::start_on(n, || {
-            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-            let tcp = std::net::TcpListener::bind(sock.local_addr().unwrap()).unwrap();
-            (sock, tcp)
+            // UDP and TCP on one port number: a free UDP port's TCP twin
+            // may be taken by a parallel test; try another.
+            for _ in 0..50 {
+                let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+                if let Ok(tcp) = std::net::TcpListener::bind(sock.local_addr().unwrap()) {
+                    return (sock, tcp);
+                }
+            }
+            panic!("no port free for both UDP and TCP on 127.0.0.1 in 50 tries");
         })
     }
 
