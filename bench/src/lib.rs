@@ -11,6 +11,9 @@
 //! - `policy-bench`: NetworkPolicy at 10,000 pods × 10,000 policies (full
 //!   programming, memory, one-change latency), the new-connection rate
 //!   through the policy table, and enforcement latency in a lab.
+//!
+//! [`conn_rate`] is the new-connection rate both `proxy-bench` and
+//! `policy-bench` measure with.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -153,6 +156,68 @@ impl Stats {
 
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Sets SO_LINGER 0, so closing the socket resets the connection: a rate
+/// test never runs out of ports or fills TIME_WAIT.
+fn reset_on_close(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own, with a correctly sized value.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// New TCP connections per second from namespace `client` to `addr` for
+/// `secs`, two client threads; each connection completes the handshake and
+/// is reset at once. A lost SYN costs its retransmission time, as it would
+/// for a real client; only persistent failure ends the run.
+pub fn conn_rate(client: &str, addr: std::net::SocketAddr, secs: f64) -> Result<f64> {
+    use std::time::Instant;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let client = client.to_string();
+            std::thread::spawn(move || -> Result<u64> {
+                Netns::named(&client)?.run(|| {
+                    let (mut n, mut failed) = (0u64, 0u64);
+                    while Instant::now() < deadline {
+                        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+                            Ok(s) => {
+                                reset_on_close(&s);
+                                n += 1;
+                            }
+                            Err(e) => {
+                                failed += 1;
+                                if failed > 10 + n / 100 {
+                                    bail!("connecting to {addr}: {e} ({failed} failures, {n} ok)");
+                                }
+                            }
+                        }
+                    }
+                    Ok(n)
+                })?
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut total = 0;
+    for t in threads {
+        total += t
+            .join()
+            .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    Ok(total as f64 / t0.elapsed().as_secs_f64().max(secs))
 }
 
 #[cfg(test)]

@@ -52,8 +52,8 @@ use podnet_api::k8s_openapi::api::core::v1::{Namespace, Pod};
 use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
 use podnet_api::{Kind, Object};
 use podnet_bench::{
-    catch_interrupts, check_interrupted, locate_podnet, ns_name, remove_stale_namespaces,
-    require_root,
+    catch_interrupts, check_interrupted, conn_rate, locate_podnet, ns_name,
+    remove_stale_namespaces, require_root,
 };
 use podnet_kernel::Netns;
 use podnet_nft::diff::Change;
@@ -774,62 +774,6 @@ fn sh(ns: &str, cmd: &str) -> Result<String> {
         bail!("{ns}: {cmd}: {out}");
     }
     Ok(out)
-}
-
-fn reset_on_close(s: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a socket we own, with a correctly sized value.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
-/// New TCP connections per second from namespace `client` to `addr` for
-/// `secs`, two client threads; each connection completes the handshake and
-/// is reset at once (SO_LINGER 0), so ports and TIME_WAIT never run out.
-fn conn_rate(client: &str, addr: SocketAddr, secs: f64) -> Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let client = client.to_string();
-            std::thread::spawn(move || -> Result<u64> {
-                Netns::named(&client)?.run(|| {
-                    let (mut n, mut failed) = (0u64, 0u64);
-                    while Instant::now() < deadline {
-                        match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
-                            Ok(s) => {
-                                reset_on_close(&s);
-                                n += 1;
-                            }
-                            Err(e) => {
-                                failed += 1;
-                                if failed > 10 + n / 100 {
-                                    bail!("connecting to {addr}: {e} ({failed} failures, {n} ok)");
-                                }
-                            }
-                        }
-                    }
-                    Ok(n)
-                })?
-            })
-        })
-        .collect();
-    let t0 = Instant::now();
-    let mut total = 0;
-    for t in threads {
-        total += t.join().map_err(|_| anyhow!("client thread panicked"))??;
-    }
-    Ok(total as f64 / t0.elapsed().as_secs_f64().max(secs))
 }
 
 fn denied_packets(c: &mut Conn) -> Result<u64> {

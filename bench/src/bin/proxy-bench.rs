@@ -22,6 +22,7 @@ use clap::Parser;
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::Object;
+use podnet_bench::conn_rate;
 use podnet_kernel::Netns;
 use podnet_proxy::proxier::Proxier;
 use podnet_source::Delta;
@@ -223,70 +224,6 @@ fn sh(ns: &str, cmd: &str) -> Result<()> {
         bail!("{ns}: {cmd}: {out}");
     }
     Ok(())
-}
-
-fn reset_on_close(s: &std::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a socket we own, with a correctly sized value.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
-/// New TCP connections per second from `client` to `addr` for `secs`, with
-/// two client threads; each connection completes the handshake and is
-/// reset at once (SO_LINGER 0) so ports and TIME_WAIT never run out.
-fn conn_rate(client: &str, addr: std::net::SocketAddr, secs: f64) -> Result<f64> {
-    let deadline = Instant::now() + std::time::Duration::from_secs_f64(secs);
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let client = client.to_string();
-            std::thread::spawn(move || -> Result<u64> {
-                let ns = Netns::named(&client)?;
-                ns.run(|| {
-                    let (mut n, mut failed) = (0u64, 0u64);
-                    while Instant::now() < deadline {
-                        // A lost SYN costs its retransmission time, as it
-                        // would for a real client; only persistent
-                        // failure ends the run.
-                        match std::net::TcpStream::connect_timeout(
-                            &addr,
-                            std::time::Duration::from_secs(3),
-                        ) {
-                            Ok(s) => {
-                                reset_on_close(&s);
-                                drop(s);
-                                n += 1;
-                            }
-                            Err(e) => {
-                                failed += 1;
-                                if failed > 10 + n / 100 {
-                                    bail!("connecting to {addr}: {e} ({failed} failures, {n} ok)");
-                                }
-                            }
-                        }
-                    }
-                    Ok(n)
-                })?
-            })
-        })
-        .collect();
-    let t0 = Instant::now();
-    let mut total = 0;
-    for t in threads {
-        total += t.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
-    }
-    Ok(total as f64 / t0.elapsed().as_secs_f64().max(secs))
 }
 
 /// A client pod, a node running the proxy with `n` Services, a server pod:

@@ -597,18 +597,7 @@ impl Controller {
             match self.objs.update(Object::Service(Box::new(new)), ops).await {
                 Ok(Object::Service(s)) => {
                     for key in alloc::keys(&s) {
-                        if let Some(ip) = key
-                            .strip_prefix(alloc::IP_PREFIX)
-                            .and_then(|x| x.parse().ok())
-                        {
-                            self.state.ips.insert(ip);
-                        }
-                        if let Some(p) = key
-                            .strip_prefix(alloc::PORT_PREFIX)
-                            .and_then(|x| x.parse().ok())
-                        {
-                            self.state.ports.insert(p);
-                        }
+                        self.remember_alloc(&key);
                     }
                     self.metrics.inc(
                         "podnet_controller_allocations_total",
@@ -622,18 +611,7 @@ impl Controller {
                 Ok(_) => return Ok(()),
                 Err(StoreError::AlreadyExists(key)) => {
                     // Someone else holds it: remember and pick again.
-                    if let Some(ip) = key
-                        .strip_prefix(alloc::IP_PREFIX)
-                        .and_then(|x| x.parse().ok())
-                    {
-                        self.state.ips.insert(ip);
-                    }
-                    if let Some(p) = key
-                        .strip_prefix(alloc::PORT_PREFIX)
-                        .and_then(|x| x.parse().ok())
-                    {
-                        self.state.ports.insert(p);
-                    }
+                    self.remember_alloc(&key);
                 }
                 Err(StoreError::Conflict { .. }) => {
                     match self.objs.get(Kind::Service, Some(&k.0), &k.1).await? {

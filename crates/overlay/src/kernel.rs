@@ -187,41 +187,26 @@ pub fn apply(
         run(h.del_route(&kr));
     }
     let ov = overlay.unwrap_or(0);
+    // A permanent entry on the overlay device: an FDB entry (VTEP) or a
+    // neighbour (ARP).
+    let entry = |dst: std::net::Ipv4Addr, mac, fdb| Neigh {
+        ifindex: ov,
+        dst: Some(IpAddr::V4(dst)),
+        mac,
+        state: NUD_PERMANENT,
+        fdb,
+    };
     for f in &diff.del_fdbs {
-        run(h.del_neighbour(&Neigh {
-            ifindex: ov,
-            dst: Some(IpAddr::V4(f.dst)),
-            mac: f.mac,
-            state: NUD_PERMANENT,
-            fdb: true,
-        }));
+        run(h.del_neighbour(&entry(f.dst, f.mac, true)));
     }
     for n in &diff.del_neighs {
-        run(h.del_neighbour(&Neigh {
-            ifindex: ov,
-            dst: Some(IpAddr::V4(n.ip)),
-            mac: n.mac,
-            state: NUD_PERMANENT,
-            fdb: false,
-        }));
+        run(h.del_neighbour(&entry(n.ip, n.mac, false)));
     }
     for f in &diff.add_fdbs {
-        run(h.set_neighbour(&Neigh {
-            ifindex: ov,
-            dst: Some(IpAddr::V4(f.dst)),
-            mac: f.mac,
-            state: NUD_PERMANENT,
-            fdb: true,
-        }));
+        run(h.set_neighbour(&entry(f.dst, f.mac, true)));
     }
     for n in &diff.add_neighs {
-        run(h.set_neighbour(&Neigh {
-            ifindex: ov,
-            dst: Some(IpAddr::V4(n.ip)),
-            mac: n.mac,
-            state: NUD_PERMANENT,
-            fdb: false,
-        }));
+        run(h.set_neighbour(&entry(n.ip, n.mac, false)));
     }
     for r in &diff.add_routes {
         run(h.replace_route(&kroute(r, overlay, underlay)));
