@@ -52,6 +52,22 @@ pub struct Reply {
     pub error: Option<String>,
 }
 
+impl Reply {
+    fn ok() -> Reply {
+        Reply {
+            ok: true,
+            error: None,
+        }
+    }
+
+    fn err(why: impl Into<String>) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(why.into()),
+        }
+    }
+}
+
 /// The socket path for a subnet file.
 pub fn socket_for(subnet_file: &Path) -> PathBuf {
     subnet_file
@@ -68,10 +84,7 @@ async fn handle(
     let mut line = String::new();
     BufReader::new(r).read_line(&mut line).await?;
     let reply = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Reply {
-            ok: false,
-            error: Some(format!("bad request: {e}")),
-        },
+        Err(e) => Reply::err(format!("bad request: {e}")),
         Ok(req) => {
             let key = Key::new(&req.namespace, &req.name);
             match req.op.as_str() {
@@ -83,45 +96,24 @@ async fn handle(
                         ack: Some(ack),
                     };
                     if tx.send(Input::Changes(msg)).await.is_err() {
-                        Reply {
-                            ok: false,
-                            error: Some("the policy loop is gone".into()),
-                        }
+                        Reply::err("the policy loop is gone")
                     } else {
                         match tokio::time::timeout(WAIT, done).await {
-                            Ok(Ok(Ok(()))) => Reply {
-                                ok: true,
-                                error: None,
-                            },
-                            Ok(Ok(Err(e))) => Reply {
-                                ok: false,
-                                error: Some(e),
-                            },
-                            Ok(Err(_)) => Reply {
-                                ok: false,
-                                error: Some("the policy loop dropped the request".into()),
-                            },
-                            Err(_) => Reply {
-                                ok: false,
-                                error: Some(format!(
-                                    "pod {key} not programmed within {}s",
-                                    WAIT.as_secs()
-                                )),
-                            },
+                            Ok(Ok(Ok(()))) => Reply::ok(),
+                            Ok(Ok(Err(e))) => Reply::err(e),
+                            Ok(Err(_)) => Reply::err("the policy loop dropped the request"),
+                            Err(_) => Reply::err(format!(
+                                "pod {key} not programmed within {}s",
+                                WAIT.as_secs()
+                            )),
                         }
                     }
                 }
                 "del" => {
                     let _ = tx.send(Input::Changes(PolicyInput::Removed { key })).await;
-                    Reply {
-                        ok: true,
-                        error: None,
-                    }
+                    Reply::ok()
                 }
-                op => Reply {
-                    ok: false,
-                    error: Some(format!("unknown op {op:?} (add, del)")),
-                },
+                op => Reply::err(format!("unknown op {op:?} (add, del)")),
             }
         }
     };

@@ -343,6 +343,8 @@ pub struct World {
     by_ns: HashMap<String, BTreeSet<Key>>,
     /// (label key, value) → pods carrying it, for matchLabels lookups.
     by_label: HashMap<(String, String), BTreeSet<Key>>,
+    /// Container port name → pods declaring it.
+    by_port_name: HashMap<String, BTreeSet<Key>>,
     policies_by_ns: HashMap<String, BTreeSet<Key>>,
     /// Policies a pod of another namespace can matter to: peers chosen by
     /// namespace labels, or egress to named ports of any pod.
@@ -374,6 +376,14 @@ impl World {
                     }
                 }
             }
+            for p in &o.ports {
+                if let Some(s) = self.by_port_name.get_mut(&p.name) {
+                    s.remove(&k);
+                    if s.is_empty() {
+                        self.by_port_name.remove(&p.name);
+                    }
+                }
+            }
         }
         match self.pods.get(&k) {
             Some(n) => {
@@ -383,6 +393,12 @@ impl World {
                 for (lk, lv) in &n.labels {
                     self.by_label
                         .entry((lk.clone(), lv.clone()))
+                        .or_default()
+                        .insert(k.clone());
+                }
+                for p in &n.ports {
+                    self.by_port_name
+                        .entry(p.name.clone())
                         .or_default()
                         .insert(k.clone());
                 }
@@ -564,14 +580,19 @@ impl World {
         }
     }
 
-    /// Pods whose labels carry a named port `name` for `proto`.
+    /// Pods that declare a container port named `name` for `proto`
+    /// (through the port-name index: egress to a named port of any pod is
+    /// planned for every local pod a policy selects).
     pub fn pods_with_port<'a>(
         &'a self,
         name: &'a str,
         proto: Proto,
     ) -> impl Iterator<Item = (&'a Key, &'a PodView)> + 'a {
-        self.pods
-            .iter()
+        self.by_port_name
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| Some((k, self.pods.get(k)?)))
             .filter(move |(_, v)| !v.host_network && v.named(name, proto).is_some())
     }
 }
