@@ -1058,7 +1058,11 @@ fn podnet_meta_plugin_waits_for_the_agent() {
         [format!("add ns1/web [{ip}]")]
     );
     cni.del_list(&list, &at, Some(&r)).unwrap();
-    assert_eq!(seen.lock().unwrap().last().unwrap(), "del ns1/web");
+    // DEL is a notice: the server answers once it has queued it, and the
+    // loop's side records it on its own task.
+    podnet_testkit::eventually("the DEL notice", std::time::Duration::from_secs(5), || {
+        seen.lock().unwrap().last().map(String::as_str) == Some("del ns1/web")
+    });
     // The agent says no: ADD fails, retryable, and leaves nothing.
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let e = cni.add_list(&list, &at).unwrap_err();
