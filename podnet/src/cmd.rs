@@ -30,6 +30,53 @@ pub fn cni_install(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `podnet node-setup`: what a node needs before its agent starts, done
+/// from inside a container whose image the host cannot see. So the binary
+/// is copied (not linked) into `bin_dir`, atomically, since a runtime may
+/// be running the old one; the plugin names link to the copy. The conflist
+/// is the one the agent writes, so the runtime sees the network from now
+/// on and the agent's rewrite changes nothing.
+pub fn node_setup(
+    bin_dir: &Path,
+    conf_dir: &Path,
+    subnet_file: &Path,
+    data_dir: Option<&Path>,
+) -> Result<()> {
+    use podnet_overlay::files;
+    std::fs::create_dir_all(bin_dir).with_context(|| format!("creating {}", bin_dir.display()))?;
+    let me = bin_dir.join("podnet");
+    let tmp = bin_dir.join(".podnet.podnet-tmp");
+    std::fs::copy("/proc/self/exe", &tmp)
+        .with_context(|| format!("copying this binary to {}", tmp.display()))?;
+    std::fs::rename(&tmp, &me).with_context(|| format!("installing {}", me.display()))?;
+    // The copy is itself the `podnet` plugin; the others link to it.
+    for name in podnet_cni::plugins::NAMES
+        .iter()
+        .filter(|n| **n != "podnet")
+    {
+        let dst = bin_dir.join(name);
+        let tmp = bin_dir.join(format!(".{name}.podnet-tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink("podnet", &tmp)
+            .with_context(|| format!("linking {}", tmp.display()))?;
+        std::fs::rename(&tmp, &dst).with_context(|| format!("installing {}", dst.display()))?;
+    }
+    let list = files::conflist(subnet_file, data_dir);
+    let path = conf_dir.join(files::CONFLIST_NAME);
+    files::write_if_changed(&path, &serde_json::to_string_pretty(&list)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1")
+        .context("turning on IP forwarding")?;
+    podnet_overlay::ensure_bridge_netfilter(true);
+    println!(
+        "installed podnet and {} plugins in {}, {}; IP forwarding on",
+        podnet_cni::plugins::NAMES.len(),
+        bin_dir.display(),
+        path.display()
+    );
+    Ok(())
+}
+
 const DEMO_HOST: &str = "pn-demo-host";
 const DEMO_PODS: [&str; 2] = ["pn-demo-a", "pn-demo-b"];
 const DEMO_DIR: &str = "/run/podnet-demo";

@@ -132,6 +132,24 @@ enum Cmd {
         #[command(flatten)]
         kube: cmd::KubeArgs,
     },
+    /// Prepare a node for the agent, once per start (the DaemonSet's
+    /// privileged init container): copy this binary and the CNI plugin
+    /// links into the runtime's plugin dir, write the conflist, turn on IP
+    /// forwarding and bridge netfilter.
+    NodeSetup {
+        /// The container runtime's CNI plugin dir on the host.
+        #[arg(long, default_value = "/opt/cni/bin")]
+        cni_bin_dir: std::path::PathBuf,
+        /// The container runtime's CNI config dir on the host.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: std::path::PathBuf,
+        /// The agent's --subnet-file (the conflist names it).
+        #[arg(long, default_value = "/run/podnet/subnet.env")]
+        subnet_file: std::path::PathBuf,
+        /// The agent's --cni-data-dir (the conflist names it).
+        #[arg(long)]
+        cni_data_dir: Option<std::path::PathBuf>,
+    },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
         #[arg(long)]
@@ -342,6 +360,17 @@ fn main() {
                 podnet_cni::plugins::NAMES
             )),
         },
+        Cmd::NodeSetup {
+            cni_bin_dir,
+            cni_conf_dir,
+            subnet_file,
+            cni_data_dir,
+        } => cmd::node_setup(
+            &cni_bin_dir,
+            &cni_conf_dir,
+            &subnet_file,
+            cni_data_dir.as_deref(),
+        ),
         Cmd::Demo { keep, down } => cmd::demo(keep, down),
         Cmd::Apply { files } => block_on(async {
             let objs = cmd::objects(&cli.store).await?;

@@ -186,20 +186,37 @@ fn kube_lab_nodes_pods_and_endpoint_slices_through_the_real_control_plane() {
     assert_ne!(cidrs["node1"], cidrs["node2"]);
 
     // Inside a node namespace, the node's kubeconfig reaches the apiserver
-    // (through the lab's forwarder at the same loopback address).
+    // (through the lab's forwarder at the same loopback address), as the
+    // agent's ServiceAccount: it may list nodes, and not get one (the agent
+    // never does).
     let node_kc = lab.dir().join("nodes/node2/kubeconfig");
-    let o = Command::new("ip")
-        .args(["netns", "exec", &format!("pn-{}-node2", lab.name)])
-        .arg(&lab.kubectl)
-        .arg("--kubeconfig")
-        .arg(&node_kc)
-        .arg("--cache-dir")
-        .arg(lab.dir().join("kubectl-cache"))
-        .args(["get", "node", "node2", "-o", "name"])
-        .output()
-        .unwrap();
+    let node_kubectl = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &format!("pn-{}-node2", lab.name)])
+            .arg(&lab.kubectl)
+            .arg("--kubeconfig")
+            .arg(&node_kc)
+            .arg("--cache-dir")
+            .arg(lab.dir().join("kubectl-cache"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = node_kubectl(&["get", "nodes", "-o", "name"]);
     assert!(o.status.success(), "kubectl in node2: {}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "node/node2");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "node/node1\nnode/node2"
+    );
+    let o = node_kubectl(&["get", "node", "node2", "-o", "name"]);
+    assert!(
+        !o.status.success()
+            && text(&o).contains(
+                "User \"system:serviceaccount:kube-system:podnet-agent\" cannot get resource \"nodes\""
+            ),
+        "{}",
+        text(&o)
+    );
 
     // Cluster DNS: the kube-dns Service at 10.96.0.10, its pod an endpoint.
     let dns = lab.json(&["get", "service", "-n", "kube-system", "kube-dns"]);

@@ -50,6 +50,8 @@ pub enum KubeError {
     Kubeconfig(String, String),
     #[error("{0}: {1}")]
     Api(String, kube::Error),
+    #[error("RBAC manifest: {0}")]
+    Manifest(String),
 }
 
 fn io(what: impl Into<String>, e: std::io::Error) -> KubeError {
@@ -294,6 +296,87 @@ pub fn kubeconfig_text(server: &str, pki_dir: &Path, user: &str) -> String {
     )
 }
 
+/// A kubeconfig for `server` that authenticates with a bearer token.
+fn token_kubeconfig_text(server: &str, pki_dir: &Path, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\n\
+         clusters:\n- name: podnet-lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: {user}\n  user:\n    token: {token}\n\
+         contexts:\n- name: podnet-lab\n  context:\n    cluster: podnet-lab\n    user: {user}\n\
+         current-context: podnet-lab\n",
+        ca = pki_dir.join("ca.crt").display(),
+    )
+}
+
+/// Audit podnet's ServiceAccounts' requests, once each (at
+/// ResponseComplete; a watch also at its start), and nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: [\"system:serviceaccounts:kube-system\"]
+- level: None
+";
+
+/// Where deploy/'s ServiceAccounts live.
+pub const RBAC_NAMESPACE: &str = "kube-system";
+/// The agent's ServiceAccount, ClusterRole and binding, as shipped.
+pub const AGENT_RBAC: &str = include_str!("../../../deploy/parts/10-agent-rbac.yaml");
+/// Cluster DNS's ServiceAccount, ClusterRole and binding, as shipped.
+pub const DNS_RBAC: &str = include_str!("../../../deploy/parts/11-dns-rbac.yaml");
+/// The ServiceAccounts those files make.
+pub const AGENT_ACCOUNT: &str = "podnet-agent";
+pub const DNS_ACCOUNT: &str = "podnet-dns";
+
+/// Creates or updates the ServiceAccounts, ClusterRoles and
+/// ClusterRoleBindings of a multi-document YAML text (server-side apply,
+/// so a rerun converges). Any other kind is refused by name.
+pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use serde::Deserialize;
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v =
+            serde_json::Value::deserialize(doc).map_err(|e| KubeError::Manifest(e.to_string()))?;
+        if v.is_null() {
+            continue;
+        }
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        let name = v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let pp = kube::api::PatchParams::apply("podnet-lab").force();
+        let patch = kube::api::Patch::Apply(&v);
+        let what = format!("applying {kind} {name}");
+        let r = match kind.as_str() {
+            "ServiceAccount" => kube::Api::<ServiceAccount>::namespaced(
+                c.clone(),
+                v["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or(RBAC_NAMESPACE),
+            )
+            .patch(&name, &pp, &patch)
+            .await
+            .map(drop),
+            "ClusterRole" => kube::Api::<ClusterRole>::all(c.clone())
+                .patch(&name, &pp, &patch)
+                .await
+                .map(drop),
+            "ClusterRoleBinding" => kube::Api::<ClusterRoleBinding>::all(c.clone())
+                .patch(&name, &pp, &patch)
+                .await
+                .map(drop),
+            other => return Err(KubeError::Manifest(format!(
+                "{name}: kind {other:?} is not a ServiceAccount, ClusterRole or ClusterRoleBinding"
+            ))),
+        };
+        r.map_err(|e| KubeError::Api(what, e))?;
+    }
+    Ok(())
+}
+
 /// A loopback port nobody listens on right now. Another lab can take it
 /// before our process binds it; [`ControlPlane::start`] retries then.
 fn free_port() -> Result<u16, KubeError> {
@@ -391,6 +474,8 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 
+        let audit_policy = kube_dir.join("audit-policy.yaml");
+        write_file(&audit_policy, AUDIT_POLICY).map_err(f)?;
         let api_pid = spawn(
             dir,
             "kube-apiserver",
@@ -413,11 +498,20 @@ impl ControlPlane {
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
                 "--service-node-port-range=30000-32767".into(),
                 "--authorization-mode=Node,RBAC".into(),
+                // As kubeadm clusters: network add-ons need privileged
+                // (init) containers.
+                "--allow-privileged=true".into(),
                 // The lease reconciler would publish 127.0.0.1 as the
                 // kubernetes Service's endpoint, which validation rejects
                 // (loopback); nothing in the lab needs that endpoint.
                 "--endpoint-reconciler-type=none".into(),
                 "--profiling=false".into(),
+                // Every request of podnet's ServiceAccounts, with its
+                // answer's code: the oracle for "the RBAC is enough".
+                format!("--audit-policy-file={}", p(&audit_policy)),
+                format!("--audit-log-path={}", p(&Self::audit_log_of(dir))),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
             ],
         )
         .map_err(f)?;
@@ -504,18 +598,62 @@ impl ControlPlane {
         format!("127.0.0.1:{}", self.apiserver_port)
     }
 
+    /// The API server's audit log: one JSON line per request that a
+    /// podnet ServiceAccount made (`<dir>/logs/audit.log`).
+    pub fn audit_log(&self) -> PathBuf {
+        Self::audit_log_of(&self.dir)
+    }
+
+    fn audit_log_of(dir: &Path) -> PathBuf {
+        dir.join("logs").join("audit.log")
+    }
+
     /// The admin kubeconfig (`<dir>/kubeconfig`), for kubectl on this machine.
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
     }
 
     /// Writes a kubeconfig for processes inside a namespace that has a
-    /// forwarder to the apiserver (same address, admin credentials for now:
-    /// least-privilege identities come with issue 15).
-    pub fn write_node_kubeconfig(&self, path: &Path) -> Result<(), KubeError> {
+    /// forwarder to the apiserver (same address), acting as ServiceAccount
+    /// `kube-system/<account>` with a token the API server issued (a
+    /// TokenRequest, as a kubelet gets for a pod): the daemons run with
+    /// exactly the rights `deploy/` grants them.
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        c: &kube::Client,
+        account: &str,
+        path: &Path,
+    ) -> Result<(), KubeError> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: kube::Api<ServiceAccount> = kube::Api::namespaced(c.clone(), RBAC_NAMESPACE);
+        let req = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                // A lab may stay up for long; it is torn down, not renewed.
+                expiration_seconds: Some(365 * 24 * 3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let t = api
+            .create_token_request(account, &Default::default(), &req)
+            .await
+            .map_err(|e| KubeError::Api(format!("a token for ServiceAccount {account}"), e))?;
+        let token = t
+            .status
+            .and_then(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                KubeError::Kubeconfig(account.into(), "the TokenRequest gave no token".into())
+            })?;
         write_file(
             path,
-            &kubeconfig_text(&self.server(), &self.dir.join("kube").join("pki"), "admin"),
+            &token_kubeconfig_text(
+                &self.server(),
+                &self.dir.join("kube").join("pki"),
+                account,
+                &token,
+            ),
         )
     }
 

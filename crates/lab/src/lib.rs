@@ -250,10 +250,10 @@ impl Lab {
         if !st.kube {
             a.extend(["--store".into(), st.store.clone()]);
         }
-        let source = |a: &mut Vec<String>, node: &str| {
+        let source = |a: &mut Vec<String>, kubeconfig: PathBuf| {
             if st.kube {
                 a.push("--kubeconfig".into());
-                a.push(self.node_kubeconfig(node).display().to_string());
+                a.push(kubeconfig.display().to_string());
                 a.push("--net-conf".into());
                 a.push(self.net_conf_path().display().to_string());
             }
@@ -262,7 +262,7 @@ impl Lab {
             Daemon::Agent(node) => {
                 let d = self.node_dir(&node.name);
                 a.push("agent".into());
-                source(&mut a, &node.name);
+                source(&mut a, self.node_kubeconfig(&node.name));
                 a.extend([
                     "--node".into(),
                     node.name.clone(),
@@ -280,9 +280,9 @@ impl Lab {
                     "127.0.0.1:10249".into(),
                 ]);
             }
-            Daemon::Dns { node, upstreams } => {
+            Daemon::Dns { node: _, upstreams } => {
                 a.push("dns".into());
-                source(&mut a, node);
+                source(&mut a, self.dns_kubeconfig());
                 a.extend([
                     "--listen".into(),
                     "0.0.0.0:53".into(),
@@ -307,6 +307,12 @@ impl Lab {
     /// the DNS pod's) namespace.
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
         self.node_dir(node).join("kubeconfig")
+    }
+
+    /// The kubeconfig of cluster DNS in Kubernetes mode, as ServiceAccount
+    /// `kube-system/podnet-dns`: `<lab dir>/dns-kubeconfig`.
+    pub fn dns_kubeconfig(&self) -> PathBuf {
+        self.dir.join("dns-kubeconfig")
     }
 
     /// The network config of a Kubernetes-mode lab's daemons (flannel's
@@ -581,6 +587,11 @@ impl Lab {
         std::fs::write(self.net_conf_path(), conf.to_string())
             .map_err(|e| io("writing the lab's net-conf.json", e))?;
         let c = cp.client().await?;
+        // The daemons' identities and rights, exactly as deploy/ ships them.
+        kube::apply_rbac(&c, kube::AGENT_RBAC).await?;
+        kube::apply_rbac(&c, kube::DNS_RBAC).await?;
+        cp.write_service_account_kubeconfig(&c, kube::DNS_ACCOUNT, &self.dns_kubeconfig())
+            .await?;
         // kube-dns first, so no other Service can take its address.
         kubelet::ensure_namespace(&c, DNS_NAMESPACE).await?;
         let dns_ip: IpAddr = netconfig::DEFAULT_DNS_IP.parse().expect("default IP");
@@ -593,7 +604,12 @@ impl Lab {
             kubelet::register_node(&c, &n.name, n.ip).await?;
             // The node's kubeconfig works inside its namespace from now on,
             // agent or not.
-            cp.write_node_kubeconfig(&self.node_kubeconfig(&n.name))?;
+            cp.write_service_account_kubeconfig(
+                &c,
+                kube::AGENT_ACCOUNT,
+                &self.node_kubeconfig(&n.name),
+            )
+            .await?;
             self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
         }
         let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();

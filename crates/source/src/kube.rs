@@ -67,6 +67,19 @@ where
         .boxed()
 }
 
+/// The HTTP code of a watcher error the API server gave for lack of
+/// rights (401, 403).
+fn denied(e: &watcher::Error) -> Option<u16> {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
+        watcher::Error::WatchError(s) => s.code,
+        _ => return None,
+    };
+    matches!(code, 401 | 403).then_some(code)
+}
+
 fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>> {
     Some(match kind {
         Kind::Namespace => {
@@ -202,7 +215,17 @@ impl KubeSource {
                     Ok(Msg::Apply(o)) => out.extend(cache.put(o)),
                     Ok(Msg::Delete(o)) => out.extend(cache.delete(ObjectKey::of(&o))),
                     Err(e) => {
-                        tracing::debug!(kind = %kind, "watch: {e}");
+                        // A denial is the operator's to fix (RBAC), not a
+                        // blip: say so at once, once per failing spell.
+                        match denied(&e) {
+                            Some(code) if !failing.contains(&kind) => tracing::warn!(
+                                kind = %kind,
+                                code,
+                                "the API server denies list/watch of {kind}: {e} \
+                                 (the ClusterRole of this ServiceAccount needs it; see deploy/parts)"
+                            ),
+                            _ => tracing::debug!(kind = %kind, "watch: {e}"),
+                        }
                         self.health.broken(&format!("{kind} watch: {e}"));
                         failing.insert(kind);
                     }
