@@ -626,6 +626,12 @@ fn the_rbac_is_exactly_enough() {
             };
             let at = args.iter().position(|a| a == "--kubeconfig").unwrap();
             args[at + 1] = kc.display().to_string();
+            // A watch that cannot list is declared lost (readyz) in 1s.
+            args.push("--watch-timeout=1s".into());
+            let metrics: std::net::SocketAddr = args
+                [args.iter().position(|a| a == "--metrics-addr").unwrap() + 1]
+                .parse()
+                .unwrap();
             let mut cmd = match component {
                 "agent" => podnet_testkit::command_in(&node1.netns, &exe),
                 _ => Command::new(&exe),
@@ -638,6 +644,23 @@ fn the_rbac_is_exactly_enough() {
                 WAIT,
                 || p.log().contains(&want),
             );
+            // What breaks: without a list the daemon never gets ready, and
+            // its /readyz says the API refused it; without a patch the agent cannot publish
+            // its node and stops. (Without only a watch it relists, logging
+            // each refusal.)
+            let ns = match component {
+                "agent" => Some(podnet_kernel::netns::Netns::named(&node1.netns).unwrap()),
+                _ => None,
+            };
+            match grant.2.as_str() {
+                "list" => eventually(&format!("{account} not ready"), WAIT, || {
+                    !p.alive()
+                        || http_get(ns.as_ref(), metrics, "/readyz")
+                            .is_some_and(|(c, b)| c != 200 && b.to_lowercase().contains("forbidden"))
+                }),
+                "patch" => eventually(&format!("{account} stopped"), WAIT, || !p.alive()),
+                _ => {}
+            }
             drop(p);
             checked += 1;
         }

@@ -327,7 +327,8 @@ pub fn udp_worker(
                 fd,
                 hdrs.as_mut_ptr(),
                 BATCH as u32,
-                libc::MSG_WAITFORONE,
+                // (The flags' type differs between glibc and musl.)
+                libc::MSG_WAITFORONE as _,
                 std::ptr::null_mut(),
             )
         };

@@ -176,8 +176,12 @@ impl Subsystem for Zone {
         }
         // A full load frees megabytes of decoded objects: hand them back
         // to the system instead of keeping them in malloc's free lists.
+        // (glibc only: musl's malloc returns memory by itself.)
         // SAFETY: malloc_trim only releases free heap memory.
-        unsafe { libc::malloc_trim(0) };
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0)
+        };
         if !self.metrics.is_ready() {
             tracing::info!(
                 names = self.zone.load().name_count(),

@@ -13,11 +13,11 @@ use std::os::fd::AsRawFd;
 
 use crate::KernelError;
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETOFFLOAD: libc::Ioctl = 0x4004_54d0;
 const TUN_F_CSUM: libc::c_uint = 0x01;
 const TUN_F_TSO4: libc::c_uint = 0x02;
 

@@ -47,6 +47,12 @@ use podnet_store::{Objects, StoreError};
 use serde::{Deserialize, Serialize};
 
 pub const RUN_DIR: &str = "/run/podnet-lab";
+/// The agent's capabilities in `deploy/`'s DaemonSet: CAP_NET_ADMIN.
+pub const AGENT_CAPS: &[u32] = &[12];
+/// Cluster DNS's capabilities in `deploy/`'s Deployment:
+/// CAP_NET_BIND_SERVICE.
+pub const DNS_CAPS: &[u32] = &[10];
+
 /// Where the lab's cluster DNS lives, as in kubeadm clusters.
 pub const DNS_NAMESPACE: &str = "kube-system";
 pub const DNS_POD: &str = "podnet-dns";
@@ -222,6 +228,37 @@ impl Lab {
         spawn_logged(&self.dir, role, &mut cmd, ns)
     }
 
+    /// [`Lab::spawn`] for a daemon that `deploy/` runs with only the
+    /// capabilities `keep`: the lab runs it so too (root, with every other
+    /// capability gone from its bounding set, so its permitted set is
+    /// `keep`), so every lab test checks the manifests' privilege claims.
+    fn spawn_daemon(
+        &self,
+        role: &str,
+        ns: Option<&str>,
+        args: &[String],
+        keep: &'static [u32],
+    ) -> Result<u32, LabError> {
+        let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(40);
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(args);
+        // SAFETY: prctl(2) only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                for cap in (0..=last).filter(|c| !keep.contains(c)) {
+                    if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            })
+        };
+        spawn_logged(&self.dir, role, &mut cmd, ns)
+    }
+
     /// Whether the recorded process of `role` still runs.
     fn role_alive(&self, role: &str) -> bool {
         std::fs::read_to_string(self.dir.join("pids").join(role))
@@ -341,11 +378,11 @@ impl Lab {
     fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
         // An etcd on this machine's loopback is reached through a forwarder.
         self.ensure_forwarder(st, &format!("forward-{}", node.name), &node.netns)?;
-        self.spawn(
+        self.spawn_daemon(
             &format!("agent-{}", node.name),
             Some(&node.netns),
             &self.agent_args(st, node),
-            &[],
+            AGENT_CAPS,
         )?;
         Ok(())
     }
@@ -724,7 +761,7 @@ impl Lab {
             .filter(|ip| !ip.is_loopback())
             .map(|ip| ip.to_string())
             .collect();
-        self.spawn(
+        self.spawn_daemon(
             "dns",
             Some(&pod.netns),
             &self.daemon_args(
@@ -734,7 +771,7 @@ impl Lab {
                     upstreams: &upstreams,
                 },
             ),
-            &[],
+            DNS_CAPS,
         )?;
         let (dns_ip, zone) = if st.kube {
             // The Service was made with the control plane (`up_kube`).
