@@ -8,6 +8,7 @@ PKGS=(
   iproute2 nftables iptables conntrack      # kernel tooling the tests inspect with
   containernetworking-plugins                # reference CNI plugins (differential tests, bench)
   podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
+  containerd                                 # a real CRI runtime (podnet/tests/cri.rs; pause image: scripts/pause-image.sh)
   protobuf-compiler libprotobuf-dev etcd-server  # etcd-client build (protoc + well-known protos), etcd tests
   dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
   dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
