@@ -9,8 +9,13 @@
 //! independent; only the executable's own load address stops being
 //! randomised (shared libraries, heap and stacks still are), which is also
 //! what Go's default build does for the reference plugins.
+//!
+//! Only for glibc: a musl build (the image) is a static PIE that relocates
+//! itself from its own start code, which `-no-pie` breaks.
 fn main() {
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu")
+    {
         println!("cargo:rustc-link-arg-bin=podnet=-no-pie");
     }
     println!("cargo:rerun-if-changed=build.rs");

@@ -506,6 +506,23 @@ fn the_rbac_is_exactly_enough() {
         });
     }
 
+    // They run with only the manifests' capabilities, and work.
+    for (role, caps) in [
+        ("agent-node1", podnet_lab::AGENT_CAPS),
+        ("agent-node2", podnet_lab::AGENT_CAPS),
+        ("dns", podnet_lab::DNS_CAPS),
+    ] {
+        let pid = std::fs::read_to_string(l.dir.join("pids").join(role)).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+            .unwrap();
+        let want = caps.iter().fold(0u64, |m, c| m | 1 << c);
+        assert_eq!(eff, want, "{role}'s effective capabilities");
+    }
+
     // The API server's own record: podnet's identities made requests, and
     // not one was refused.
     let audit = std::fs::read_to_string(cp.audit_log()).unwrap();
