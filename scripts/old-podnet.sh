@@ -40,7 +40,8 @@ report() { echo "PODNET_OLD=$bin"; }
 
 if works; then report; exit 0; fi
 
-command -v cargo >/dev/null || die "cargo (Rust toolchain) is required"
+CARGO="${CARGO:-cargo}"   # cargo sets it for the tests that call this
+command -v "$CARGO" >/dev/null || die "cargo (Rust toolchain) is required"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock-podnet-$short"
 flock 9
@@ -57,7 +58,7 @@ say "building podnet at $short (cold: several minutes) ..."
 t0=$(date +%s)
 # No debug info: the binary is run, not debugged, and the build is smaller.
 if ! (cd "$src" && CARGO_TARGET_DIR="$target" CARGO_PROFILE_DEV_DEBUG=0 \
-        cargo build --locked -p podnet --bin podnet) >&2; then
+        "$CARGO" build --locked -p podnet --bin podnet) >&2; then
     die "cargo build of $short failed (source kept in $src)"
 fi
 mkdir -p "$dir"
