@@ -371,6 +371,8 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     resync_secs: resync,
                     kube,
                     kube_agents: !no_agents,
+                    dns_replicas: 1,
+                    daemon_exe: None,
                 })
                 .await?;
             let objects = if st.kube {

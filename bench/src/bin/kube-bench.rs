@@ -231,6 +231,8 @@ fn main() -> Result<()> {
         resync_secs: 10,
         kube: true,
         kube_agents: true,
+        dns_replicas: 1,
+        daemon_exe: None,
     }))?;
     let client = rt.block_on(lab.0.kube_client())?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);

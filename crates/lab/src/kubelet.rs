@@ -248,6 +248,26 @@ pub async fn set_pod_running(
     Ok(())
 }
 
+/// Writes what a kubelet writes when a pod's readiness probe starts
+/// failing (`ready: false`) or passes again: the Ready and ContainersReady
+/// conditions, merged by type into the status (the other conditions and
+/// the IPs stay). kube-controller-manager then marks the pod's endpoints
+/// not ready, and service proxies stop sending it new connections, which
+/// is how a rolling replacement drains a pod before stopping it.
+pub async fn set_pod_ready(c: &Client, ns: &str, name: &str, ready: bool) -> Result<(), KubeError> {
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let t = now();
+    let status = if ready { "True" } else { "False" };
+    let cond = |ty: &str| json!({"type": ty, "status": status, "lastTransitionTime": t});
+    let patch = json!({"status": {
+        "conditions": [cond("ContainersReady"), cond("Ready")],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .map_err(api_err(format!("writing Pod {ns}/{name} readiness")))?;
+    Ok(())
+}
+
 /// Deletes Pod `ns/name` at once (grace period 0: the lab has already
 /// stopped it, as a kubelet confirms a deletion); a missing Pod is fine.
 pub async fn delete_pod(c: &Client, ns: &str, name: &str) -> Result<(), KubeError> {

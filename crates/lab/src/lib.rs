@@ -18,12 +18,16 @@
 //! ([`kube`]), nodes and pods are registered through the API and the lab
 //! writes pod status as their kubelet ([`kubelet`]); daemons get a
 //! kubeconfig instead of a store ([`Lab::daemon_args`]).
+//!
+//! Rolling replacements of the daemons' binaries (an upgrade or a
+//! downgrade, one agent or DNS replica at a time) are [`upgrade`]'s.
 
 pub mod forward;
 pub mod gateway;
 pub mod kube;
 pub mod kubelet;
 pub mod serve;
+pub mod upgrade;
 
 pub use serve::Reach;
 
@@ -145,6 +149,13 @@ pub struct UpOptions {
     /// pods still get addresses (the control-plane and kubelet duties can
     /// be tested on their own).
     pub kube_agents: bool,
+    /// Cluster DNS replicas, one pod per node in turn (0 and 1: the one
+    /// `kube-system/podnet-dns` on the first node). More than one needs
+    /// Kubernetes mode, for rolling replacements ([`upgrade`]).
+    pub dns_replicas: usize,
+    /// The binary the agents and DNS run instead of the lab's own (an
+    /// older podnet, for upgrade tests); everything else runs the lab's.
+    pub daemon_exe: Option<PathBuf>,
 }
 
 fn io(what: impl Into<String>, e: std::io::Error) -> LabError {
@@ -220,7 +231,7 @@ impl Lab {
         args: &[String],
         env: &[(&str, String)],
     ) -> Result<u32, LabError> {
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = Command::new(self.role_exe(role));
         cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
@@ -491,6 +502,7 @@ impl Lab {
                 "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",
             ));
         }
+        upgrade::check_options(o)?;
         // The Kubernetes binaries are found before anything is made.
         let peers = match o.kube {
             true => Some(kube::Peers::find()?),
@@ -502,7 +514,10 @@ impl Lab {
             std::fs::create_dir_all(self.dir.join(d))
                 .map_err(|e| io(format!("creating {}", self.dir.display()), e))?;
         }
-        let r = self.up_inner(o, peers).await;
+        let r = match self.record_daemon_exe(o) {
+            Ok(()) => self.up_inner(o, peers).await,
+            Err(e) => Err(e),
+        };
         if r.is_err() {
             let _ = self.down();
         }
@@ -666,6 +681,9 @@ impl Lab {
             }
         }
         self.start_dns(&st, o.kube_agents).await?;
+        if o.kube_agents {
+            self.start_dns_replicas(&st, o.dns_replicas).await?;
+        }
         Ok(st)
     }
 
