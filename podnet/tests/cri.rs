@@ -80,6 +80,8 @@ impl LabGuard {
                 resync_secs: 5,
                 kube: true,
                 kube_agents: true,
+                dns_replicas: 1,
+                daemon_exe: None,
             })
             .await
             .unwrap_or_else(|e| panic!("lab up --kube: {e}"));

@@ -672,8 +672,9 @@ fn the_rbac_is_exactly_enough() {
             match grant.2.as_str() {
                 "list" => eventually(&format!("{account} not ready"), WAIT, || {
                     !p.alive()
-                        || http_get(ns.as_ref(), metrics, "/readyz")
-                            .is_some_and(|(c, b)| c != 200 && b.to_lowercase().contains("forbidden"))
+                        || http_get(ns.as_ref(), metrics, "/readyz").is_some_and(|(c, b)| {
+                            c != 200 && b.to_lowercase().contains("forbidden")
+                        })
                 }),
                 "patch" => eventually(&format!("{account} stopped"), WAIT, || !p.alive()),
                 _ => {}

@@ -328,7 +328,11 @@ impl Socket {
         let d = timeout.map_or(Duration::ZERO, |d| d.max(Duration::from_micros(1)));
         // (Field types by inference: musl's libc deprecates the aliases.)
         let tv = libc::timeval {
-            tv_sec: d.as_secs().min(i32::MAX as u64).try_into().unwrap_or_default(),
+            tv_sec: d
+                .as_secs()
+                .min(i32::MAX as u64)
+                .try_into()
+                .unwrap_or_default(),
             tv_usec: d.subsec_micros().into(),
         };
         // SAFETY: setsockopt reads size_of::<timeval>() bytes from a live timeval.

@@ -368,9 +368,11 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
                 .patch(&name, &pp, &patch)
                 .await
                 .map(drop),
-            other => return Err(KubeError::Manifest(format!(
+            other => {
+                return Err(KubeError::Manifest(format!(
                 "{name}: kind {other:?} is not a ServiceAccount, ClusterRole or ClusterRoleBinding"
-            ))),
+            )))
+            }
         };
         r.map_err(|e| KubeError::Api(what, e))?;
     }

@@ -254,7 +254,7 @@ impl Lab {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(40);
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = Command::new(self.role_exe(role));
         cmd.args(args);
         // SAFETY: prctl(2) only, between fork and exec.
         unsafe {

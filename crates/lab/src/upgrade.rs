@@ -345,7 +345,7 @@ impl Lab {
 
     fn spawn_dns(&self, st: &LabState, r: &DnsReplica, pod: &PodInfo) -> Result<u32, LabError> {
         let upstreams = dns_upstreams();
-        self.spawn(
+        self.spawn_daemon(
             &r.role,
             Some(&pod.netns),
             &self.daemon_args(
@@ -355,7 +355,7 @@ impl Lab {
                     upstreams: &upstreams,
                 },
             ),
-            &[],
+            crate::DNS_CAPS,
         )
     }
 
