@@ -484,6 +484,44 @@ fn nodes_leave_and_join_and_agents_restart() {
     );
 }
 
+/// `--no-policy` takes NetworkPolicy off the node: the policy table an
+/// earlier agent left is removed, so nothing judges (or fails closed on)
+/// pods with nobody updating it. This is also the way down to a version
+/// without NetworkPolicy (podnet/tests/upgrade.rs shows why it is needed).
+#[test]
+fn an_agent_without_policy_removes_the_policy_table() {
+    let lab = Lab::up("np", "vxlan", 1);
+    let n1 = lab.node_ns("node1");
+    let table = |ns: &str| podnet_testkit::nft_list(Some(ns), "table ip podnet-policy");
+    eventually("node1's policy table", WAIT, || table(&n1).is_some());
+    lab.ok(&["stop-agent", "node1"]);
+    assert!(table(&n1).is_some(), "a stopped agent leaves its tables");
+    let l = podnet_lab::Lab::new(&lab.name, env!("CARGO_BIN_EXE_podnet").into()).unwrap();
+    let st = l.state().unwrap();
+    let mut args = l.daemon_args(&st, podnet_lab::Daemon::Agent(&st.nodes[0]));
+    args.push("--no-policy".into());
+    let mut cmd = podnet_testkit::command_in(&n1, env!("CARGO_BIN_EXE_podnet"));
+    cmd.args(&args);
+    let logs = tempfile::tempdir().unwrap();
+    let agent = podnet_testkit::Proc::spawn("agent", cmd, logs.path());
+    eventually("the policy table gone, and said so", WAIT, || {
+        agent.check();
+        table(&n1).is_none()
+            && agent
+                .log()
+                .contains("removed the nft table ip podnet-policy")
+    });
+    // A pod started now is reachable: nothing judges it.
+    let ip = lab.pod("late", "node1");
+    lab.pod("peer", "node1");
+    let who = lab.ok(&["probe", "default/peer", &format!("{ip}:8080")]);
+    assert_eq!(who, "late");
+    drop(agent);
+    // The lab's agent, policy on, puts it back.
+    lab.ok(&["restart-agent", "node1"]);
+    eventually("node1's policy table back", WAIT, || table(&n1).is_some());
+}
+
 #[test]
 fn lab_down_after_a_crash_leaves_nothing() {
     let lab = Lab::up("cr", "host-gw", 2);

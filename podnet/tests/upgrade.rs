@@ -31,7 +31,9 @@
 //! addresses it does not know, so a pod started on the node after the
 //! downgrade can neither be reached nor reach anything with a new
 //! connection, until the table is deleted (`nft delete table ip
-//! podnet-policy`, a step a downgrade below the policy plane needs).
+//! podnet-policy` here; in a cluster, rolling out this version with
+//! `--no-policy` first removes it: podnet/tests/lab.rs
+//! `an_agent_without_policy_removes_the_policy_table`).
 //!
 //! Needs root, the Kubernetes peers (`scripts/k8s-peers.sh`) and a Rust
 //! toolchain for the old build (about a minute cold, cached after); set

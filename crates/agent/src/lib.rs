@@ -224,7 +224,25 @@ pub async fn run(
                     .map_err(|e| AgentError::Other(e.to_string()))?;
             Some((feed, AbortOnDrop(tokio::spawn(fut))))
         }
-        None => None,
+        None => {
+            // Policy off: a table an enforcing agent left would go on
+            // judging with nobody updating it, and fail closed on every
+            // new pod. (This is also the way down to a version without
+            // NetworkPolicy: roll out --no-policy first.)
+            match podnet_policy::cleanup() {
+                Ok(gone) => {
+                    for t in gone {
+                        tracing::info!(
+                            "NetworkPolicy is off (--no-policy): removed the nft table {t} an earlier agent left"
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "NetworkPolicy is off (--no-policy), but the policy tables could not be checked: {e}"
+                ),
+            }
+            None
+        }
     };
 
     let attrs = overlay.attrs();
