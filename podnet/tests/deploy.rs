@@ -270,17 +270,20 @@ fn node_setup_installs_the_plugins_the_conflist_and_forwarding() {
         dir.path().join("cni"),
     );
     let subnet = dir.path().join("run/subnet.env");
+    let setup = || {
+        let o = ns
+            .command(env!("CARGO_BIN_EXE_podnet"))
+            .arg("node-setup")
+            .arg(format!("--cni-bin-dir={}", bin.display()))
+            .arg(format!("--cni-conf-dir={}", conf.display()))
+            .arg(format!("--subnet-file={}", subnet.display()))
+            .arg(format!("--cni-data-dir={}", data.display()))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
     assert_eq!(ns.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "0");
-    let o = ns
-        .command(env!("CARGO_BIN_EXE_podnet"))
-        .arg("node-setup")
-        .arg(format!("--cni-bin-dir={}", bin.display()))
-        .arg(format!("--cni-conf-dir={}", conf.display()))
-        .arg(format!("--subnet-file={}", subnet.display()))
-        .arg(format!("--cni-data-dir={}", data.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    setup();
     // A copy, not a link: the image's path does not exist on the host.
     let copy = bin.join("podnet");
     assert!(!copy.symlink_metadata().unwrap().file_type().is_symlink());
@@ -315,16 +318,7 @@ fn node_setup_installs_the_plugins_the_conflist_and_forwarding() {
     assert_eq!(list, podnet_overlay::files::conflist(&subnet, Some(&data)));
     assert_eq!(ns.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "1");
     // Again: same result (an init container runs at every pod start).
-    let o = ns
-        .command(env!("CARGO_BIN_EXE_podnet"))
-        .arg("node-setup")
-        .arg(format!("--cni-bin-dir={}", bin.display()))
-        .arg(format!("--cni-conf-dir={}", conf.display()))
-        .arg(format!("--subnet-file={}", subnet.display()))
-        .arg(format!("--cni-data-dir={}", data.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    setup();
     let mut left: Vec<String> = std::fs::read_dir(&bin)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

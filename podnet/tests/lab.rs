@@ -12,6 +12,9 @@ use podnet_kernel::Netns;
 use podnet_testkit::{eventually, http_get, nft, nft_list, require_root, try_sh_in};
 
 /// The bound on every wait.
+#[path = "common/kubectl.rs"]
+mod kubectl;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 struct Lab {
@@ -57,39 +60,7 @@ impl Lab {
 
     /// `kubectl ARGS` against a Kubernetes-mode lab, with `stdin`.
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let kc = self.ok(&["kubeconfig"]);
-        let peers = Command::new("bash")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../scripts/k8s-peers.sh"
-            ))
-            .arg("kubectl")
-            .output()
-            .expect("scripts/k8s-peers.sh");
-        let out = String::from_utf8_lossy(&peers.stdout);
-        let kubectl = out
-            .lines()
-            .find_map(|l| l.strip_prefix("KUBECTL="))
-            .unwrap_or_else(|| panic!("scripts/k8s-peers.sh gave no kubectl: {out}"))
-            .to_string();
-        let mut p = Command::new(kubectl)
-            .arg(format!("--kubeconfig={kc}"))
-            .arg(format!(
-                "--cache-dir=/run/podnet-lab/{}/kubectl-cache",
-                self.name
-            ))
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        let mut i = p.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            i.write_all(text.as_bytes()).unwrap();
-        }
-        drop(i);
-        p.wait_with_output().unwrap()
+        kubectl::run(&kubectl::path(), &self.name, args, stdin)
     }
 
     /// A Service as JSON, from the store or the API (Null when absent).

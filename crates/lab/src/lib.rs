@@ -769,16 +769,7 @@ impl Lab {
             return Ok(());
         }
         self.ensure_forwarder(st, "forward-dns", &pod.netns)?;
-        // Upstreams: the machine's nameservers, minus loopback ones (a
-        // pod's loopback is its own).
-        let upstreams: Vec<String> = std::fs::read_to_string("/etc/resolv.conf")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.strip_prefix("nameserver"))
-            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
-            .filter(|ip| !ip.is_loopback())
-            .map(|ip| ip.to_string())
-            .collect();
+        let upstreams = upgrade::dns_upstreams();
         self.spawn_daemon(
             "dns",
             Some(&pod.netns),

@@ -560,7 +560,7 @@ impl Lab {
 
 /// The DNS servers' upstreams: the machine's nameservers, minus loopback
 /// ones (a pod's loopback is its own).
-fn dns_upstreams() -> Vec<String> {
+pub(crate) fn dns_upstreams() -> Vec<String> {
     std::fs::read_to_string("/etc/resolv.conf")
         .unwrap_or_default()
         .lines()

@@ -6,11 +6,13 @@
 
 #![allow(dead_code)]
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use podnet_testkit::{require_root, try_sh_in};
+
+#[path = "kubectl.rs"]
+mod kubectl;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -47,41 +49,12 @@ impl KubeLab {
         );
         let kc = podnet(&["lab", "--name", &lab.name, "kubeconfig"]);
         lab.kubeconfig = String::from_utf8_lossy(&kc.stdout).trim().to_string();
-        let peers = Command::new("bash")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../scripts/k8s-peers.sh"
-            ))
-            .arg("kubectl")
-            .output()
-            .expect("scripts/k8s-peers.sh");
-        lab.kubectl = String::from_utf8_lossy(&peers.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("KUBECTL="))
-            .expect("scripts/k8s-peers.sh names kubectl")
-            .to_string();
+        lab.kubectl = kubectl::path().display().to_string();
         lab
     }
 
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        let mut p = Command::new(&self.kubectl)
-            .arg(format!("--kubeconfig={}", self.kubeconfig))
-            .arg(format!(
-                "--cache-dir=/run/podnet-lab/{}/kubectl-cache",
-                self.name
-            ))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        let mut i = p.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            i.write_all(s.as_bytes()).unwrap();
-        }
-        drop(i);
-        let o = p.wait_with_output().unwrap();
+        let o = kubectl::run(self.kubectl.as_ref(), &self.name, args, stdin);
         (
             o.status.success(),
             String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),

@@ -41,6 +41,9 @@ use podnet_lab::Reach;
 use podnet_testkit::require_root;
 use serde_json::Value;
 
+#[path = "kubectl.rs"]
+mod kubectl;
+
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 pub const PODS: [&str; 3] = ["a", "b", "c"];
 /// The lab's nodes; pods alternate between them.
@@ -111,7 +114,7 @@ impl Cluster {
             lab: podnet_lab::Lab::new(&name, exe).expect("lab name"),
             name,
             mode,
-            kubectl: (mode == Mode::Kube).then(find_kubectl),
+            kubectl: (mode == Mode::Kube).then(|| kubectl::path().display().to_string()),
         };
         let nodes = NODES.to_string();
         let mut args = vec![
@@ -164,15 +167,7 @@ impl Cluster {
     /// `kubectl ARGS` against the lab's apiserver (Kubernetes mode).
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let kubectl = self.kubectl.as_ref().expect("a --kube lab");
-        let kc = format!("/run/podnet-lab/{}/kubeconfig", self.name);
-        let mut c = Command::new(kubectl);
-        c.arg(format!("--kubeconfig={kc}"))
-            .arg(format!(
-                "--cache-dir=/run/podnet-lab/{}/kubectl-cache",
-                self.name
-            ))
-            .args(args);
-        run_with_stdin(&mut c, stdin)
+        kubectl::run(kubectl.as_ref(), &self.name, args, stdin)
     }
 
     /// The mode's tool (`podnet` or kubectl) with ARGS; panics on failure.
@@ -296,22 +291,6 @@ impl Drop for Cluster {
 }
 
 /// The real kubectl that scripts/k8s-peers.sh built and cached.
-fn find_kubectl() -> String {
-    let peers = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../scripts/k8s-peers.sh"
-        ))
-        .arg("kubectl")
-        .output()
-        .expect("scripts/k8s-peers.sh");
-    let out = text(&peers.stdout);
-    out.lines()
-        .find_map(|l| l.strip_prefix("KUBECTL="))
-        .unwrap_or_else(|| panic!("scripts/k8s-peers.sh gave no kubectl: {out}"))
-        .to_string()
-}
-
 // ---- The model.
 
 /// One pod of the model.
