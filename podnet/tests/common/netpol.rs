@@ -290,7 +290,6 @@ impl Drop for Cluster {
     }
 }
 
-/// The real kubectl that scripts/k8s-peers.sh built and cached.
 // ---- The model.
 
 /// One pod of the model.
