@@ -69,7 +69,7 @@ pub fn node_setup(
         .context("turning on IP forwarding")?;
     podnet_overlay::ensure_bridge_netfilter(true);
     println!(
-        "installed podnet and {} plugins in {}, {}; IP forwarding on",
+        "installed the {} CNI plugins in {} (podnet, and links to it), {}; IP forwarding on",
         podnet_cni::plugins::NAMES.len(),
         bin_dir.display(),
         path.display()
