@@ -11,9 +11,9 @@
 //! the median of the per-round ratios; the medians of the raw figures are
 //! printed beside it.
 //!
-//! The peer: flannel is not packaged here, so each `--reference` backend is
-//! the data path flannel and the reference bridge plugin would leave in the
-//! kernel, built by this program with `ip` and `bridge` commands alone (an
+//! The peer: not flannel itself (`flannel-bench` runs the real flanneld);
+//! each `--reference` backend is a kernel-only copy of the data path
+//! flannel and the reference bridge plugin would leave in the kernel, built by this program with `ip` and `bridge` commands alone (an
 //! underlay bridge, two node namespaces, a pod behind a `cni0`-style bridge
 //! on each, and either a VXLAN VTEP with one route, neighbour and FDB entry
 //! per remote subnet, or one direct route). No podnet process and no

@@ -877,6 +877,47 @@ impl Lab {
         Ok(n)
     }
 
+    /// Kubernetes mode: adds a node with no network daemon yet, as a
+    /// kubelet joins a cluster: its namespace and underlay link, its Node
+    /// object, its kubeconfig and forwarder, and (once kube-controller-
+    /// manager gave it a podCIDR) the CNI files a daemon would write, so
+    /// pods can start on it. The caller then starts the node's network
+    /// daemon (`restart_agent`, or another one such as flanneld) and times
+    /// how soon the node's pods are reachable (`flannel-bench`).
+    pub async fn add_kube_node_without_agent(&self) -> Result<NodeInfo, LabError> {
+        let mut st = self.state()?;
+        if !st.kube {
+            return Err(msg("add_kube_node_without_agent: a --kube lab only"));
+        }
+        let next = st
+            .nodes
+            .iter()
+            .filter_map(|n| n.name.strip_prefix("node")?.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let n = self.add_node_ns(&mut st, next)?;
+        self.save(&st)?;
+        let cp = kube::ControlPlane::open(&self.dir)?;
+        let c = cp.client().await?;
+        kubelet::register_node(&c, &n.name, n.ip).await?;
+        cp.write_service_account_kubeconfig(
+            &c,
+            kube::AGENT_ACCOUNT,
+            &self.node_kubeconfig(&n.name),
+        )
+        .await?;
+        self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
+        let cidrs = kubelet::wait_pod_cidrs(
+            &c,
+            std::slice::from_ref(&n.name),
+            Instant::now() + Duration::from_secs(60),
+        )
+        .await?;
+        self.write_cni_files(&n, cidrs[&n.name])?;
+        Ok(n)
+    }
+
     /// Removes a node: stops its agent, runs `agent --cleanup` (which gives
     /// its subnet back), and deletes its namespace.
     pub fn remove_node(&self, node: &str) -> Result<(), LabError> {
