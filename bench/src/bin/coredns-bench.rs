@@ -1,0 +1,1404 @@
+//! coredns-bench: `podnet dns` against the real CoreDNS (issue 16), both
+//! reading the same real kube-apiserver, in one run.
+//!
+//! This file owns the comparison and nothing else: the control plane is the
+//! lab's (`podnet_lab::kube::ControlPlane`: etcd, kube-apiserver and
+//! kube-controller-manager on loopback), CoreDNS is what
+//! `scripts/coredns.sh` builds from Go modules, and it runs with the default
+//! kubeadm Corefile (errors, health with lameduck, ready, kubernetes with
+//! `pods insecure`, `fallthrough` and `ttl 30`, prometheus, forward with
+//! `max_concurrent 1000`, cache 30, loop, reload, loadbalance), only its
+//! ports moved to free loopback ones and `forward` pointed at a stub
+//! upstream in this process, which both servers share, so no query leaves
+//! the machine. podnet runs with the same settings where it has them
+//! (`--ttl 30 --pods-insecure --upstream <stub>`).
+//!
+//! It creates `--services` ClusterIP Services through the API, then, per
+//! CPU configuration (server confined to CPU 0 with dnsperf on CPU 1; then
+//! both CPUs shared by server and dnsperf), runs both servers side by side
+//! and, in alternating rounds, measures:
+//! - qps at saturation with `dnsperf` over random names of the Services;
+//! - p50/p99 at a fixed offered load (`dnsperf -Q`, per-query latencies);
+//! - resident memory (VmRSS, VmHWM, RssAnon) after loading and after the runs.
+//!
+//! Once, in the one-CPU configuration, it also measures the time from a
+//! Service's create until each server knows the name (polled with a fresh
+//! query type each time, which no cache can answer), and until an A query
+//! gets its ClusterIP (a client's view, CoreDNS's cache included), and asks
+//! both a list of names (A, AAAA, SRV, PTR, headless, ExternalName, pods,
+//! NXDOMAIN versus NODATA, forwarding) and prints every difference, TTLs
+//! apart. Everything it starts is stopped at the end, also on error.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use kube::api::{Api, PostParams};
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
+use podnet_api::k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
+};
+use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_dns::client::Client as DnsClient;
+use podnet_dns::wire::{self, Message, RData};
+
+#[derive(Parser)]
+#[command(about = "podnet dns against the real CoreDNS on a real kube-apiserver")]
+struct Args {
+    /// The podnet binary.
+    #[arg(long, default_value = "target/release/podnet")]
+    podnet: PathBuf,
+    /// The CoreDNS binary (default: $COREDNS, else what scripts/coredns.sh
+    /// has cached; it is not built behind your back).
+    #[arg(long)]
+    coredns: Option<PathBuf>,
+    #[arg(long, default_value_t = 10_000)]
+    services: usize,
+    /// Alternating rounds per CPU configuration (medians are printed).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds per saturation run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Offered load (queries/s) of the latency runs.
+    #[arg(long, default_value_t = 10_000)]
+    latency_qps: u64,
+    /// Seconds per latency run.
+    #[arg(long, default_value_t = 5)]
+    latency_seconds: u64,
+    /// Queries dnsperf keeps in flight at saturation.
+    #[arg(long, default_value_t = 100)]
+    outstanding: usize,
+    /// Services created one at a time for the "knows the name" latency.
+    #[arg(long, default_value_t = 20)]
+    creates: usize,
+    /// Services created one at a time for the "A answered" latency (each
+    /// may take CoreDNS's negative-cache TTL, 30 s).
+    #[arg(long, default_value_t = 3)]
+    client_creates: usize,
+    /// API requests in flight while filling.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+}
+
+const NS: &str = "bench";
+const DIFF_NS: &str = "diff";
+const ZONE: &str = "cluster.local";
+
+// ---------------------------------------------------------------- objects
+
+fn meta(name: &str, ns: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, port: i32, proto: &str) -> ServicePort {
+    ServicePort {
+        name: Some(name.into()),
+        port,
+        protocol: Some(proto.into()),
+        ..Default::default()
+    }
+}
+
+fn cluster_ip_service(name: &str, ns: &str, ports: Vec<ServicePort>) -> Service {
+    Service {
+        metadata: meta(name, ns),
+        spec: Some(ServiceSpec {
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn headless_service(name: &str, ports: Vec<ServicePort>) -> Service {
+    Service {
+        metadata: meta(name, DIFF_NS),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn external_name(name: &str, target: &str) -> Service {
+    Service {
+        metadata: meta(name, DIFF_NS),
+        spec: Some(ServiceSpec {
+            type_: Some("ExternalName".into()),
+            external_name: Some(target.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// An EndpointSlice of `service` with (address, hostname, ready) endpoints.
+fn slice(service: &str, family: &str, eps: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
+    let mut m = meta(&format!("{service}-1"), DIFF_NS);
+    m.labels = Some(
+        [(
+            "kubernetes.io/service-name".to_string(),
+            service.to_string(),
+        )]
+        .into(),
+    );
+    EndpointSlice {
+        metadata: m,
+        address_type: family.into(),
+        endpoints: Some(
+            eps.iter()
+                .map(|(a, h, ready)| Endpoint {
+                    addresses: vec![a.to_string()],
+                    hostname: h.map(str::to_string),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(*ready),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+    }
+}
+
+fn cluster_ip(s: &Service) -> Result<IpAddr> {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .context("the apiserver gave no clusterIP")?
+        .parse()
+        .context("clusterIP")
+}
+
+fn svc_fqdn(name: &str, ns: &str) -> String {
+    format!("{name}.{ns}.svc.{ZONE}")
+}
+
+/// The answer-diff namespace: one object of each kind a cluster DNS must
+/// answer for. Returns web's ClusterIP.
+async fn create_diff_objects(c: &kube::Client) -> Result<IpAddr> {
+    let svcs: Api<Service> = Api::namespaced(c.clone(), DIFF_NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), DIFF_NS);
+    let pp = PostParams::default();
+    let web = svcs
+        .create(
+            &pp,
+            &cluster_ip_service(
+                "web",
+                DIFF_NS,
+                vec![port("http", 80, "TCP"), port("dns", 53, "UDP")],
+            ),
+        )
+        .await
+        .context("creating diff/web")?;
+    let http = || vec![port("http", 80, "TCP")];
+    for s in [
+        headless_service("headless", http()),
+        headless_service("headless6", http()),
+        headless_service("empty", http()),
+        external_name("ext", "example.com"),
+        external_name("ext-in", &svc_fqdn("web", DIFF_NS)),
+    ] {
+        svcs.create(&pp, &s)
+            .await
+            .context("creating diff objects")?;
+    }
+    for sl in [
+        slice(
+            "headless",
+            "IPv4",
+            &[
+                ("10.244.1.5", Some("web-0"), true),
+                ("10.244.1.6", None, true),
+                ("10.244.1.7", Some("web-2"), false),
+            ],
+        ),
+        slice(
+            "headless6",
+            "IPv6",
+            &[("fd00:10:244::5", Some("v6-0"), true)],
+        ),
+    ] {
+        slices.create(&pp, &sl).await.context("creating slices")?;
+    }
+    cluster_ip(&web)
+}
+
+// ---------------------------------------------------------------- processes
+
+/// A server process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn check(&mut self, log: &Path) -> Result<()> {
+        if let Some(st) = self.child.try_wait()? {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            bail!(
+                "{} exited ({st}); the end of {}:\n{}",
+                self.name,
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of our own child, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // CoreDNS's health plugin holds the lameduck (5 s) before exiting.
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Stops the control plane on every way out.
+struct PlaneGuard(podnet_lab::kube::ControlPlane);
+
+impl Drop for PlaneGuard {
+    fn drop(&mut self) {
+        for line in self.0.stop() {
+            eprintln!("coredns-bench: {line}");
+        }
+    }
+}
+
+/// `taskset -c CPUS prog` when pinned, else `prog`.
+fn pinned(prog: &Path, cpus: Option<&str>) -> Command {
+    match cpus {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.args(["-c", c]).arg(prog);
+            cmd
+        }
+        None => Command::new(prog),
+    }
+}
+
+/// A loopback port free for both UDP and TCP (a few tries: the TCP side
+/// of a free UDP port may be taken).
+fn free_port() -> Result<u16> {
+    let mut last = None;
+    for _ in 0..20 {
+        let u = UdpSocket::bind("127.0.0.1:0")?;
+        match std::net::TcpListener::bind(u.local_addr()?) {
+            Ok(t) => return Ok(t.local_addr()?.port()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("tried")).context("no loopback port free for both UDP and TCP")
+}
+
+/// The status line of `GET path` on 127.0.0.1:port says 200.
+fn http_ok(port: u16, path: &str) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .next()
+        .is_some_and(|l| l.split_whitespace().nth(1) == Some("200"))
+}
+
+/// One server under test: its DNS port, readiness endpoint and process.
+struct Server {
+    name: &'static str,
+    port: u16,
+    ready_port: u16,
+    ready_path: &'static str,
+    log: PathBuf,
+    proc: Proc,
+}
+
+impl Server {
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// (VmRSS, VmHWM, RssAnon) in MiB.
+    fn memory(&self) -> (f64, f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.proc.pid()))
+            .unwrap_or_default();
+        let kb = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .map(|kb| kb / 1024.0)
+                .unwrap_or(0.0)
+        };
+        (kb("VmRSS:"), kb("VmHWM:"), kb("RssAnon:"))
+    }
+}
+
+struct Setup<'a> {
+    a: &'a Args,
+    coredns: &'a Path,
+    kubeconfig: &'a Path,
+    upstream: SocketAddr,
+    dir: &'a Path,
+}
+
+/// The default kubeadm Corefile, ports moved to loopback ones, `bind`
+/// added so it listens on loopback only, `forward` to the shared stub.
+fn corefile(port: u16, health: u16, ready: u16, prom: u16, kc: &Path, up: SocketAddr) -> String {
+    format!(
+        ".:{port} {{
+    bind 127.0.0.1
+    errors
+    health 127.0.0.1:{health} {{
+       lameduck 5s
+    }}
+    ready 127.0.0.1:{ready}
+    kubernetes {ZONE} in-addr.arpa ip6.arpa {{
+       kubeconfig {kc} podnet-lab
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }}
+    prometheus 127.0.0.1:{prom}
+    forward . {up} {{
+       max_concurrent 1000
+    }}
+    cache 30
+    loop
+    reload
+    loadbalance
+}}
+",
+        kc = kc.display()
+    )
+}
+
+fn start_coredns(s: &Setup, cpus: Option<&str>, tag: &str) -> Result<Server> {
+    let (port, health, ready, prom) = (free_port()?, free_port()?, free_port()?, free_port()?);
+    let conf = s.dir.join(format!("Corefile-{tag}"));
+    std::fs::write(
+        &conf,
+        corefile(port, health, ready, prom, s.kubeconfig, s.upstream),
+    )?;
+    let log = s.dir.join(format!("coredns-{tag}.log"));
+    let out = std::fs::File::create(&log)?;
+    let child = pinned(s.coredns, cpus)
+        .arg("-conf")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {}", s.coredns.display()))?;
+    Ok(Server {
+        name: "coredns",
+        port,
+        ready_port: ready,
+        ready_path: "/ready",
+        log,
+        proc: Proc {
+            name: "coredns",
+            child,
+        },
+    })
+}
+
+fn start_podnet(s: &Setup, cpus: Option<&str>, threads: usize, tag: &str) -> Result<Server> {
+    let (port, metrics) = (free_port()?, free_port()?);
+    let log = s.dir.join(format!("podnet-{tag}.log"));
+    let child = pinned(&s.a.podnet, cpus)
+        .arg("dns")
+        .arg("--kubeconfig")
+        .arg(s.kubeconfig)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+            "--upstream",
+            &s.upstream.to_string(),
+            "--threads",
+            &threads.to_string(),
+            "--ttl",
+            "30",
+            "--pods-insecure",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", s.a.podnet.display()))?;
+    Ok(Server {
+        name: "podnet",
+        port,
+        ready_port: metrics,
+        ready_path: "/readyz",
+        log,
+        proc: Proc {
+            name: "podnet",
+            child,
+        },
+    })
+}
+
+/// Polls readiness, then until `name` has an A answer; returns the time
+/// since `t0`.
+fn wait_ready(srv: &mut Server, name: &str, t0: Instant) -> Result<Duration> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let c = DnsClient {
+        timeout: Duration::from_millis(300),
+        ..DnsClient::new(srv.addr())
+    };
+    loop {
+        srv.proc.check(&srv.log)?;
+        if http_ok(srv.ready_port, srv.ready_path)
+            && c.udp(name, wire::TYPE_A)
+                .is_ok_and(|m| !m.answers.is_empty())
+        {
+            return Ok(t0.elapsed());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} not ready (GET {} on port {}, then {name} A) after 180 s; see {}",
+                srv.name,
+                srv.ready_path,
+                srv.ready_port,
+                srv.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------- the stub upstream
+
+/// A UDP resolver on loopback for what both servers forward: it answers
+/// `example.com A` with 192.0.2.1 (TTL 60), NODATA for its other types and
+/// NXDOMAIN for everything else.
+fn stub_upstream() -> Result<SocketAddr> {
+    let s = UdpSocket::bind("127.0.0.1:0")?;
+    let addr = s.local_addr()?;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok((n, from)) = s.recv_from(&mut buf) {
+            if let Some(r) = stub_answer(&buf[..n]) {
+                let _ = s.send_to(&r, from);
+            }
+        }
+    });
+    Ok(addr)
+}
+
+fn stub_answer(q: &[u8]) -> Option<Vec<u8>> {
+    let mut p = 12;
+    loop {
+        let l = *q.get(p)? as usize;
+        p += 1;
+        if l == 0 {
+            break;
+        }
+        if l & 0xc0 != 0 {
+            return None;
+        }
+        p += l;
+    }
+    let qend = p + 4;
+    if q.len() < qend {
+        return None;
+    }
+    let name = q[12..p].to_ascii_lowercase();
+    let qtype = u16::from_be_bytes([q[p], q[p + 1]]);
+    let hit = name == b"\x07example\x03com\x00";
+    let mut r = q[..qend].to_vec();
+    r[2] = 0x80 | (q[2] & 0x01); // QR, RD copied
+    r[3] = 0x80 | if hit { 0 } else { 3 }; // RA, NOERROR or NXDOMAIN
+    r[4..12].copy_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
+    if hit && qtype == wire::TYPE_A {
+        r[7] = 1;
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1]);
+    }
+    Some(r)
+}
+
+// ---------------------------------------------------------------- dnsperf
+
+fn query_file(path: &Path, services: usize) -> Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        writeln!(
+            f,
+            "{} A",
+            svc_fqdn(&format!("svc-{}", x as usize % services), NS)
+        )?;
+    }
+    Ok(())
+}
+
+fn dnsperf_cmd(port: u16, file: &Path, secs: u64, threads: usize, cpus: Option<&str>) -> Command {
+    let mut c = pinned(Path::new("dnsperf"), cpus);
+    c.args(["-s", "127.0.0.1", "-p", &port.to_string(), "-d"])
+        .arg(file)
+        .args([
+            "-l",
+            &secs.to_string(),
+            "-T",
+            &threads.to_string(),
+            "-c",
+            &threads.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+/// (qps, lost %) at saturation.
+fn saturate(
+    port: u16,
+    file: &Path,
+    a: &Args,
+    threads: usize,
+    cpus: Option<&str>,
+) -> Result<(f64, f64)> {
+    let out = dnsperf_cmd(port, file, a.seconds, threads, cpus)
+        .args(["-q", &a.outstanding.to_string()])
+        .output()
+        .context("running dnsperf (apt-get install dnsperf)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let qps = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Queries per second:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
+    let Some(qps) = qps else {
+        bail!("unexpected dnsperf output:\n{text}");
+    };
+    let lost = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Queries lost:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .map(|p| p.trim_matches(|c| c == '(' || c == ')' || c == '%'))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    Ok((qps, lost))
+}
+
+/// (p50, p99, answered) in ms from dnsperf's per-query lines at a fixed load.
+fn latency(
+    port: u16,
+    file: &Path,
+    a: &Args,
+    threads: usize,
+    cpus: Option<&str>,
+) -> Result<(f64, f64, usize)> {
+    let out = dnsperf_cmd(port, file, a.latency_seconds, threads, cpus)
+        .args(["-v", "-Q", &a.latency_qps.to_string()])
+        .output()?;
+    let mut v: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("> "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    if v.is_empty() {
+        bail!("dnsperf -v reported no latencies");
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] * 1000.0;
+    Ok((p(0.5), p(0.99), v.len()))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// CPU seconds (user + system) `pid` has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's ")": state is field 3, utime 14, stime 15.
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| {
+        rest.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (tick(11) + tick(12)) / hz
+}
+
+#[derive(Default)]
+struct Figures {
+    qps: Vec<f64>,
+    /// Server CPU µs per answered query at saturation.
+    cpu_us: Vec<f64>,
+    /// Server CPU used during the fixed-load runs, in cores.
+    cpu_at_load: Vec<f64>,
+    lost: Vec<f64>,
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    load_s: f64,
+    mem_loaded: (f64, f64, f64),
+    mem_after: (f64, f64, f64),
+}
+
+// ---------------------------------------------------------------- name latency
+
+/// Time from the create's POST until each server answers for the new
+/// name. `probe`: a fresh private query type per poll, NOERROR (NODATA)
+/// once the server knows the name, NXDOMAIN before (no cache holds an
+/// answer to it); else A until the ClusterIP comes back, as a client
+/// polls (CoreDNS's cache may hold the NXDOMAIN it gave first).
+fn name_latency(
+    rt: &tokio::runtime::Runtime,
+    svcs: &Api<Service>,
+    servers: &[&Server],
+    i: usize,
+    probe: bool,
+    qtype: &mut u16,
+) -> Result<(f64, Vec<f64>)> {
+    let name = format!("new-{i}");
+    let fqdn = svc_fqdn(&name, NS);
+    let t = Instant::now();
+    let s = rt.block_on(svcs.create(
+        &PostParams::default(),
+        &cluster_ip_service(&name, NS, vec![port("http", 80, "TCP")]),
+    ))?;
+    let api = t.elapsed().as_secs_f64() * 1000.0;
+    let ip = cluster_ip(&s)?;
+    let timeout = if probe { 10 } else { 45 };
+    let clients: Vec<DnsClient> = servers
+        .iter()
+        .map(|s| DnsClient {
+            timeout: Duration::from_millis(500),
+            ..DnsClient::new(s.addr())
+        })
+        .collect();
+    let mut done: Vec<Option<f64>> = vec![None; servers.len()];
+    let mut round = 0usize;
+    while done.iter().any(Option::is_none) {
+        if t.elapsed() > Duration::from_secs(timeout) {
+            bail!("{fqdn}: not answered by every server within {timeout} s ({done:?})");
+        }
+        // Alternate who is asked first.
+        for k in 0..servers.len() {
+            let j = (k + round) % servers.len();
+            if done[j].is_some() {
+                continue;
+            }
+            let ok = if probe {
+                *qtype = if *qtype >= 30_000 { 1_000 } else { *qtype + 1 };
+                clients[j]
+                    .udp(&fqdn, *qtype)
+                    .is_ok_and(|m| m.rcode() == wire::NOERROR)
+            } else {
+                clients[j].udp(&fqdn, wire::TYPE_A).is_ok_and(|m| {
+                    m.answers
+                        .iter()
+                        .any(|r| matches!(r.rdata, RData::A(a) if IpAddr::V4(a) == ip))
+                })
+            };
+            if ok {
+                done[j] = Some(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        round += 1;
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok((
+        api,
+        done.into_iter().map(|d| d.unwrap_or(f64::NAN)).collect(),
+    ))
+}
+
+// ---------------------------------------------------------------- answer diff
+
+fn type_name(t: u16) -> String {
+    match t {
+        wire::TYPE_A => "A".into(),
+        wire::TYPE_NS => "NS".into(),
+        wire::TYPE_CNAME => "CNAME".into(),
+        wire::TYPE_SOA => "SOA".into(),
+        wire::TYPE_PTR => "PTR".into(),
+        wire::TYPE_TXT => "TXT".into(),
+        wire::TYPE_AAAA => "AAAA".into(),
+        wire::TYPE_SRV => "SRV".into(),
+        t => format!("TYPE{t}"),
+    }
+}
+
+fn rcode_name(r: u8) -> String {
+    match r {
+        wire::NOERROR => "NOERROR".into(),
+        wire::SERVFAIL => "SERVFAIL".into(),
+        wire::NXDOMAIN => "NXDOMAIN".into(),
+        wire::REFUSED => "REFUSED".into(),
+        wire::NOTIMP => "NOTIMP".into(),
+        r => format!("RCODE{r}"),
+    }
+}
+
+fn n(w: &[u8]) -> String {
+    wire::name_to_string(w).to_ascii_lowercase()
+}
+
+fn rdata(r: &RData) -> String {
+    match r {
+        RData::A(a) => a.to_string(),
+        RData::Aaaa(a) => a.to_string(),
+        RData::Name(x) => n(x),
+        RData::Srv {
+            priority,
+            weight,
+            port,
+            target,
+        } => format!("{priority} {weight} {port} {}", n(target)),
+        RData::Mx {
+            preference,
+            exchange,
+        } => format!("{preference} {}", n(exchange)),
+        RData::Txt(t) => t
+            .iter()
+            .map(|s| format!("{:?}", String::from_utf8_lossy(s)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        // The serial differs by design; the rest is the zone's identity.
+        RData::Soa {
+            mname,
+            rname,
+            refresh,
+            retry,
+            expire,
+            minimum,
+            ..
+        } => format!(
+            "{} {} (serial) {refresh} {retry} {expire} {minimum}",
+            n(mname),
+            n(rname)
+        ),
+        RData::Raw(b) => format!("\\# {}", b.len()),
+    }
+}
+
+/// A response with TTLs taken out: what must be equal.
+#[derive(PartialEq)]
+struct Shape {
+    rcode: String,
+    aa: bool,
+    answer: Vec<String>,
+    authority: Vec<String>,
+}
+
+fn shape(m: &Message) -> (Shape, Vec<String>) {
+    let mut ttls = Vec::new();
+    let mut sect = |rs: &[wire::Record], sec: &str| {
+        let mut v: Vec<String> = rs
+            .iter()
+            .filter(|r| r.rtype != wire::TYPE_OPT)
+            .map(|r| {
+                ttls.push(format!("{sec} {} {}", type_name(r.rtype), r.ttl));
+                format!("{} {} {}", n(&r.name), type_name(r.rtype), rdata(&r.rdata))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let answer = sect(&m.answers, "answer");
+    let authority = sect(&m.authority, "authority");
+    ttls.sort();
+    ttls.dedup();
+    (
+        Shape {
+            rcode: rcode_name(m.rcode()),
+            aa: m.header.flags & wire::AA != 0,
+            answer,
+            authority,
+        },
+        ttls,
+    )
+}
+
+fn show(s: &Shape) -> String {
+    let mut out = format!("{}{}", s.rcode, if s.aa { " aa" } else { "" });
+    if !s.answer.is_empty() {
+        out += &format!(" answer[{}]", s.answer.join("; "));
+    }
+    if !s.authority.is_empty() {
+        out += &format!(" authority[{}]", s.authority.join("; "));
+    }
+    out
+}
+
+fn diff_queries(web_ip: IpAddr) -> Vec<(String, u16, &'static str)> {
+    let d = |s: &str| svc_fqdn(s, DIFF_NS);
+    let rev = |ip: &str| wire::name_to_string(&wire::reverse_name(ip.parse().expect("ip")));
+    vec![
+        (d("web"), wire::TYPE_A, "ClusterIP Service"),
+        (d("web"), wire::TYPE_AAAA, "IPv4-only Service: NODATA"),
+        (d("web"), wire::TYPE_SRV, "SRV of the Service name itself"),
+        (
+            d("web"),
+            wire::TYPE_TXT,
+            "a type the spec has no record for",
+        ),
+        (d("web"), 65280, "a private type"),
+        (
+            format!("_http._tcp.{}", d("web")),
+            wire::TYPE_SRV,
+            "named port",
+        ),
+        (
+            format!("_dns._udp.{}", d("web")),
+            wire::TYPE_SRV,
+            "named UDP port",
+        ),
+        (
+            format!("_http._udp.{}", d("web")),
+            wire::TYPE_SRV,
+            "port name, wrong protocol",
+        ),
+        (
+            format!("_http._tcp.{}", d("nope")),
+            wire::TYPE_SRV,
+            "SRV, no such Service",
+        ),
+        (
+            format!("a.b.{}", d("web")),
+            wire::TYPE_A,
+            "below a Service name",
+        ),
+        (d("headless"), wire::TYPE_A, "headless: ready endpoints"),
+        (
+            d("headless"),
+            wire::TYPE_AAAA,
+            "headless, IPv4 endpoints: NODATA",
+        ),
+        (
+            format!("_http._tcp.{}", d("headless")),
+            wire::TYPE_SRV,
+            "headless SRV",
+        ),
+        (
+            format!("web-0.{}", d("headless")),
+            wire::TYPE_A,
+            "endpoint hostname",
+        ),
+        (
+            format!("10-244-1-6.{}", d("headless")),
+            wire::TYPE_A,
+            "endpoint without hostname",
+        ),
+        (
+            format!("web-2.{}", d("headless")),
+            wire::TYPE_A,
+            "not-ready endpoint",
+        ),
+        (d("headless6"), wire::TYPE_AAAA, "headless, IPv6 endpoints"),
+        (d("headless6"), wire::TYPE_A, "headless, IPv6 only: NODATA"),
+        (
+            format!("v6-0.{}", d("headless6")),
+            wire::TYPE_AAAA,
+            "IPv6 endpoint hostname",
+        ),
+        (d("empty"), wire::TYPE_A, "headless without endpoints"),
+        (d("ext"), wire::TYPE_A, "ExternalName out of the zone (A)"),
+        (d("ext"), wire::TYPE_CNAME, "ExternalName (CNAME)"),
+        (d("ext-in"), wire::TYPE_A, "ExternalName inside the zone"),
+        (d("nope"), wire::TYPE_A, "no such Service: NXDOMAIN"),
+        (d("nope"), wire::TYPE_AAAA, "no such Service, AAAA"),
+        (format!("{DIFF_NS}.svc.{ZONE}"), wire::TYPE_A, "a namespace"),
+        (
+            format!("nope-ns.svc.{ZONE}"),
+            wire::TYPE_A,
+            "no such namespace",
+        ),
+        (format!("svc.{ZONE}"), wire::TYPE_A, "svc."),
+        (format!("pod.{ZONE}"), wire::TYPE_A, "pod."),
+        (ZONE.into(), wire::TYPE_SOA, "apex SOA"),
+        (ZONE.into(), wire::TYPE_NS, "apex NS"),
+        (ZONE.into(), wire::TYPE_A, "apex A"),
+        (
+            format!("dns-version.{ZONE}"),
+            wire::TYPE_TXT,
+            "schema version",
+        ),
+        (
+            format!("kubernetes.default.svc.{ZONE}"),
+            wire::TYPE_A,
+            "the API Service",
+        ),
+        (svc_fqdn("svc-42", NS), wire::TYPE_A, "one of the 10k"),
+        (
+            format!("10-244-1-5.{DIFF_NS}.pod.{ZONE}"),
+            wire::TYPE_A,
+            "pods insecure",
+        ),
+        (
+            format!("10-244-1-5.{DIFF_NS}.pod.{ZONE}"),
+            wire::TYPE_AAAA,
+            "pods insecure, AAAA",
+        ),
+        (
+            format!("10-244-1-5.nope-ns.pod.{ZONE}"),
+            wire::TYPE_A,
+            "pods insecure, no such namespace",
+        ),
+        (
+            format!("x.{DIFF_NS}.pod.{ZONE}"),
+            wire::TYPE_A,
+            "pod name that is not an IP",
+        ),
+        (
+            rev(&web_ip.to_string()),
+            wire::TYPE_PTR,
+            "PTR of a ClusterIP",
+        ),
+        (
+            rev("10.244.1.5"),
+            wire::TYPE_PTR,
+            "PTR of a headless endpoint (hostname)",
+        ),
+        (
+            rev("10.244.1.6"),
+            wire::TYPE_PTR,
+            "PTR of a headless endpoint (no hostname)",
+        ),
+        (
+            rev("fd00:10:244::5"),
+            wire::TYPE_PTR,
+            "PTR of an IPv6 endpoint",
+        ),
+        (
+            rev("10.111.222.111"),
+            wire::TYPE_PTR,
+            "PTR, unused service IP",
+        ),
+        (
+            rev("192.0.2.9"),
+            wire::TYPE_PTR,
+            "PTR outside the cluster (forwarded)",
+        ),
+        ("example.com".into(), wire::TYPE_A, "forwarded"),
+        (
+            "nope.example".into(),
+            wire::TYPE_A,
+            "forwarded, NXDOMAIN upstream",
+        ),
+    ]
+}
+
+/// Asks both servers every name of the list; prints each answer pair,
+/// marked same or DIFF, and TTL differences apart. Returns (same, differ).
+fn answer_diff(podnet: &Server, coredns: &Server, web_ip: IpAddr) -> (usize, usize) {
+    let (p, c) = (
+        DnsClient::new(podnet.addr()),
+        DnsClient::new(coredns.addr()),
+    );
+    let (mut same, mut differ) = (0, 0);
+    println!(
+        "\nanswer diff (TTLs apart; answer and authority records sorted, SOA serial ignored):"
+    );
+    for (name, qtype, what) in diff_queries(web_ip) {
+        let ask = |cl: &DnsClient| match cl.query(&name, qtype) {
+            Ok(m) => Ok(shape(&m)),
+            Err(e) => Err(e.to_string()),
+        };
+        let (a, b) = (ask(&p), ask(&c));
+        let head = format!("{name} {} ({what})", type_name(qtype));
+        match (&a, &b) {
+            (Ok((sa, ta)), Ok((sb, tb))) if sa == sb => {
+                same += 1;
+                println!("  same  {head}: {}", show(sa));
+                if ta != tb {
+                    println!("        TTLs: podnet {ta:?}, coredns {tb:?}");
+                }
+            }
+            _ => {
+                differ += 1;
+                let f = |r: &Result<(Shape, Vec<String>), String>| match r {
+                    Ok((s, t)) => format!("{} ttl {t:?}", show(s)),
+                    Err(e) => format!("error: {e}"),
+                };
+                println!(
+                    "  DIFF  {head}\n        podnet:  {}\n        coredns: {}",
+                    f(&a),
+                    f(&b)
+                );
+            }
+        }
+    }
+    (same, differ)
+}
+
+// ---------------------------------------------------------------- main
+
+fn find_coredns(a: &Args) -> Result<PathBuf> {
+    if let Some(p) = a
+        .coredns
+        .clone()
+        .or_else(|| std::env::var_os("COREDNS").map(PathBuf::from))
+    {
+        return Ok(p);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/coredns.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("GOPROXY", "off")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().find_map(|l| l.strip_prefix("COREDNS=")) {
+        Some(p) if out.status.success() => Ok(PathBuf::from(p)),
+        _ => bail!(
+            "CoreDNS is not built; run `bash {}` (it builds and caches it): {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
+}
+
+struct Config {
+    label: &'static str,
+    server_cpus: Option<&'static str>,
+    perf_cpus: Option<&'static str>,
+    threads: usize,
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    if !a.podnet.exists() {
+        bail!(
+            "{} not found: cargo build --release -p podnet",
+            a.podnet.display()
+        );
+    }
+    let coredns = find_coredns(&a)?;
+    let version = Command::new(&coredns).arg("-version").output()?;
+    let version = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .next()
+        .unwrap_or("?")
+        .to_string();
+    let peers = podnet_lab::kube::Peers::find()?;
+    let dir = tempfile::Builder::new()
+        .prefix("pn-coredns-bench")
+        .tempdir()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+
+    let t0 = Instant::now();
+    let plane = PlaneGuard(rt.block_on(podnet_lab::kube::ControlPlane::start(dir.path(), &peers))?);
+    eprintln!(
+        "coredns-bench: control plane up in {:.1} s at {}",
+        t0.elapsed().as_secs_f64(),
+        plane.0.server()
+    );
+    let kubeconfig = plane.0.admin_kubeconfig();
+    let client = rt.block_on(plane.0.client())?;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for ns in [NS, DIFF_NS] {
+        let o = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        rt.block_on(nss.create(&PostParams::default(), &o))?;
+    }
+    let web_ip = rt.block_on(create_diff_objects(&client))?;
+    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    let t0 = Instant::now();
+    rt.block_on(async {
+        stream::iter(0..a.services)
+            .map(|i| {
+                let svcs = svcs.clone();
+                async move {
+                    let s =
+                        cluster_ip_service(&format!("svc-{i}"), NS, vec![port("http", 80, "TCP")]);
+                    svcs.create(&PostParams::default(), &s).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(a.concurrency)
+            .try_collect::<Vec<()>>()
+            .await
+    })?;
+    let fill = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "coredns-bench: {} Services created through the API in {fill:.1} s",
+        a.services
+    );
+
+    let queries = dir.path().join("queries.txt");
+    query_file(&queries, a.services)?;
+    let setup = Setup {
+        a: &a,
+        coredns: &coredns,
+        kubeconfig: &kubeconfig,
+        upstream: stub_upstream()?,
+        dir: dir.path(),
+    };
+    let last = svc_fqdn(&format!("svc-{}", a.services - 1), NS);
+    let configs = [
+        Config {
+            label: "1 CPU (server on CPU 0, dnsperf on CPU 1, 1 thread each)",
+            server_cpus: Some("0"),
+            perf_cpus: Some("1"),
+            threads: 1,
+        },
+        Config {
+            label: "2 CPUs (server and dnsperf share both, 2 threads each)",
+            server_cpus: None,
+            perf_cpus: None,
+            threads: 2,
+        },
+    ];
+    let mut results: Vec<(usize, Figures, Figures)> = Vec::new();
+    let mut extra = None;
+    for (ci, cfg) in configs.iter().enumerate() {
+        let tag = format!("{}cpu", cfg.threads);
+        let t = Instant::now();
+        let mut pn = start_podnet(&setup, cfg.server_cpus, cfg.threads, &tag)?;
+        let mut cd = start_coredns(&setup, cfg.server_cpus, &tag)?;
+        let (mut fp, mut fc) = (Figures::default(), Figures::default());
+        fp.load_s = wait_ready(&mut pn, &last, t)?.as_secs_f64();
+        fc.load_s = wait_ready(&mut cd, &last, t)?.as_secs_f64();
+        fp.mem_loaded = pn.memory();
+        fc.mem_loaded = cd.memory();
+        eprintln!("coredns-bench: {}: both ready and answering", cfg.label);
+        for r in 0..a.rounds {
+            let order: [(&Server, &mut Figures); 2] = if r % 2 == 0 {
+                [(&pn, &mut fp), (&cd, &mut fc)]
+            } else {
+                [(&cd, &mut fc), (&pn, &mut fp)]
+            };
+            for (srv, f) in order {
+                let c0 = cpu_secs(srv.proc.pid());
+                let (q, lost) = saturate(srv.port, &queries, &a, cfg.threads, cfg.perf_cpus)?;
+                let c1 = cpu_secs(srv.proc.pid());
+                let (p50, p99, _) = latency(srv.port, &queries, &a, cfg.threads, cfg.perf_cpus)?;
+                let c2 = cpu_secs(srv.proc.pid());
+                f.cpu_us.push((c1 - c0) * 1e6 / (q * a.seconds as f64));
+                f.cpu_at_load.push((c2 - c1) / a.latency_seconds as f64);
+                eprintln!(
+                    "coredns-bench:   round {} {:<8} {q:>9.0} qps (lost {lost}%), p50 {p50:.3} ms p99 {p99:.3} ms at {} qps",
+                    r + 1,
+                    srv.name,
+                    a.latency_qps
+                );
+                f.qps.push(q);
+                f.lost.push(lost);
+                f.p50.push(p50);
+                f.p99.push(p99);
+            }
+        }
+        fp.mem_after = pn.memory();
+        fc.mem_after = cd.memory();
+        if ci == 0 {
+            // Name latency and the answer diff, once, on the pinned pair.
+            let mut qtype = 1_000u16;
+            let (mut known, mut client) = (Vec::new(), Vec::new());
+            for k in 0..a.creates + a.client_creates {
+                let probe = k < a.creates;
+                let r = name_latency(&rt, &svcs, &[&pn, &cd], k, probe, &mut qtype)?;
+                if probe {
+                    known.push(r);
+                } else {
+                    eprintln!(
+                        "coredns-bench:   A answered after create: podnet {:.1} ms, coredns {:.1} ms",
+                        r.1[0], r.1[1]
+                    );
+                    client.push(r);
+                }
+            }
+            let diff = answer_diff(&pn, &cd, web_ip);
+            extra = Some((known, client, diff));
+        }
+        results.push((ci, fp, fc));
+        drop(pn);
+        drop(cd);
+    }
+
+    // ------------------------------------------------------------ report
+    println!(
+        "\ncoredns-bench: podnet {} vs {version} (default kubeadm Corefile), one real kube-apiserver, \
+         {} Services (+{} measured creates); {} alternating rounds per configuration, medians",
+        env!("CARGO_PKG_VERSION"),
+        a.services,
+        a.creates + a.client_creates,
+        a.rounds
+    );
+    println!(
+        "fill: {} Services through the API in {fill:.1} s",
+        a.services
+    );
+    println!(
+        "saturation: dnsperf -q {} for {} s over random names of the {} Services; latency: dnsperf -Q {} for {} s",
+        a.outstanding, a.seconds, a.services, a.latency_qps, a.latency_seconds
+    );
+    for (ci, fp, fc) in &results {
+        let cfg = &configs[*ci];
+        let (qp, qc) = (median(&fp.qps), median(&fc.qps));
+        println!("\n{}:", cfg.label);
+        println!(
+            "  qps        podnet {qp:>9.0}   coredns {qc:>9.0}   ratio {:.2}×  (rounds: podnet {:?}, coredns {:?})",
+            qp / qc,
+            fp.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>(),
+            fc.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>()
+        );
+        println!(
+            "  p50 / p99  podnet {:.3} / {:.3} ms   coredns {:.3} / {:.3} ms   p99 ratio {:.2}× (at {} qps)",
+            median(&fp.p50),
+            median(&fp.p99),
+            median(&fc.p50),
+            median(&fc.p99),
+            median(&fp.p99) / median(&fc.p99),
+            a.latency_qps
+        );
+        println!(
+            "  server CPU per query at saturation: podnet {:.2} µs, coredns {:.2} µs ({:.2}× less); \
+             CPU used at {} qps: podnet {:.2} cores, coredns {:.2}",
+            median(&fp.cpu_us),
+            median(&fc.cpu_us),
+            median(&fc.cpu_us) / median(&fp.cpu_us),
+            a.latency_qps,
+            median(&fp.cpu_at_load),
+            median(&fc.cpu_at_load)
+        );
+        let lost = |f: &Figures| f.lost.iter().cloned().fold(0.0, f64::max);
+        if lost(fp) > 0.0 || lost(fc) > 0.0 {
+            println!(
+                "  most lost at saturation: podnet {}%, coredns {}%",
+                lost(fp),
+                lost(fc)
+            );
+        }
+        println!(
+            "  ready (process start -> /ready and the last name answered): podnet {:.2} s, coredns {:.2} s",
+            fp.load_s, fc.load_s
+        );
+        let m =
+            |x: (f64, f64, f64)| format!("RSS {:.1} MiB (anon {:.1}), peak {:.1}", x.0, x.2, x.1);
+        println!(
+            "  memory loaded:    podnet {}   coredns {}",
+            m(fp.mem_loaded),
+            m(fc.mem_loaded)
+        );
+        println!(
+            "  memory after runs: podnet {}   coredns {}",
+            m(fp.mem_after),
+            m(fc.mem_after)
+        );
+        println!(
+            "  RSS ratio podnet/coredns: {:.2}× loaded, {:.2}× after the runs",
+            fp.mem_loaded.0 / fc.mem_loaded.0,
+            fp.mem_after.0 / fc.mem_after.0
+        );
+    }
+    if let Some((known, client, (same, differ))) = extra {
+        let col = |v: &[(f64, Vec<f64>)], j: usize| v.iter().map(|r| r.1[j]).collect::<Vec<_>>();
+        let api: Vec<f64> = known.iter().chain(&client).map(|r| r.0).collect();
+        println!(
+            "\nnew Service name, from the POST (its own p50 {:.1} ms), {} creates, 1-CPU pair:",
+            median(&api),
+            known.len()
+        );
+        for (j, who) in ["podnet", "coredns"].iter().enumerate() {
+            let v = col(&known, j);
+            let after: Vec<f64> = known.iter().map(|r| r.1[j] - r.0).collect();
+            println!(
+                "  {who:<8} knows the name: p50 {:.1} ms  p90 {:.1} ms  max {:.1} ms from the POST sent; \
+                 p50 {:.1} ms  max {:.1} ms from its answer",
+                pct(&v, 0.5),
+                pct(&v, 0.9),
+                pct(&v, 1.0),
+                pct(&after, 0.5),
+                pct(&after, 1.0)
+            );
+        }
+        if !client.is_empty() {
+            println!(
+                "  A polled every ~0.5 ms from the POST's answer (a client's view; caches included), {} creates:",
+                client.len()
+            );
+            for (j, who) in ["podnet", "coredns"].iter().enumerate() {
+                let v: Vec<String> = col(&client, j).iter().map(|x| format!("{x:.1}")).collect();
+                println!("  {who:<8} A answered after: {} ms", v.join(", "));
+            }
+        }
+        println!("\nanswer diff: {same} same, {differ} different (listed above)");
+    }
+    let r1 = &results[0];
+    println!(
+        "\ntargets: qps per core ≥ 3× CoreDNS: {:.2}× ({}); p99 no worse: {:.3} vs {:.3} ms ({}); RSS ≤ 0.5× CoreDNS: {:.2}× ({})",
+        median(&r1.1.qps) / median(&r1.2.qps),
+        if median(&r1.1.qps) >= 3.0 * median(&r1.2.qps) { "met" } else { "MISSED" },
+        median(&r1.1.p99),
+        median(&r1.2.p99),
+        if median(&r1.1.p99) <= median(&r1.2.p99) { "met" } else { "MISSED" },
+        r1.1.mem_after.0 / r1.2.mem_after.0,
+        if r1.1.mem_after.0 <= 0.5 * r1.2.mem_after.0 { "met" } else { "MISSED" },
+    );
+    drop(plane);
+    Ok(())
+}
