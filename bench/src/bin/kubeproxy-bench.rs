@@ -78,6 +78,11 @@ struct Args {
     /// Give up on one Service after this long.
     #[arg(long, default_value = "30s", value_parser = podnet_daemon::parse_duration)]
     timeout: Duration,
+    /// kube-proxy's `--nftables-min-sync-period` (its default when not
+    /// given: 1s, which bounds every change's latency from below when
+    /// changes come back to back).
+    #[arg(long)]
+    kp_min_sync_period: Option<String>,
 }
 
 const NS: &str = "kpb";
@@ -290,7 +295,13 @@ fn stop(pid: i32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Path::new(&format!("/proc/{pid}")).exists() {
         let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true);
         if zombie {
             break;
@@ -334,6 +345,7 @@ struct Bench {
     svcs: Api<Service>,
     nodes: Nodes,
     kube_proxy: PathBuf,
+    kp_extra: Vec<String>,
     admin_kubeconfig: PathBuf,
     /// The proxy running now (None: agents with `--no-proxy`).
     active: Option<Proxy>,
@@ -412,6 +424,7 @@ impl Bench {
                         "--conntrack-tcp-timeout-close-wait=0".into(),
                         "--v=1".into(),
                     ]);
+                    cmd.args(&self.kp_extra);
                     spawn_in(&self.lab.0, &p.role(&node), &netns, &mut cmd)?;
                 }
             }
@@ -508,6 +521,11 @@ fn main() -> Result<()> {
         svcs,
         nodes,
         kube_proxy,
+        kp_extra: a
+            .kp_min_sync_period
+            .iter()
+            .map(|d| format!("--nftables-min-sync-period={d}"))
+            .collect(),
         admin_kubeconfig,
         active: Some(Proxy::Podnet),
     };
@@ -562,14 +580,19 @@ fn main() -> Result<()> {
                 for k in 0..a.creates {
                     let name = format!("m{turn}-{k}");
                     let t = Instant::now();
-                    let s = b
-                        .rt
-                        .block_on(b.svcs.create(&PostParams::default(), &service(name.clone())))?;
+                    let s = b.rt.block_on(
+                        b.svcs
+                            .create(&PostParams::default(), &service(name.clone())),
+                    )?;
                     made.push(name);
                     let ip = cluster_ip(&s)?;
                     while b.nodes.holding(p.table(), ip)? < a.nodes {
                         if t.elapsed() > a.timeout {
-                            bail!("{}: {ip} not on every node within {:?}", p.name(), a.timeout);
+                            bail!(
+                                "{}: {ip} not on every node within {:?}",
+                                p.name(),
+                                a.timeout
+                            );
                         }
                         std::thread::sleep(Duration::from_micros(200));
                     }
@@ -610,11 +633,12 @@ fn main() -> Result<()> {
     }
 
     println!(
-        "kubeproxy-bench: {} nodes, {} rounds per size, {} creates per turn, podnet {} against {kp_version} (--proxy-mode=nftables)",
+        "kubeproxy-bench: {} nodes, {} rounds per size, {} creates per turn, podnet {} against {kp_version} (--proxy-mode=nftables, --nftables-min-sync-period {})",
         a.nodes,
         a.rounds,
         a.creates,
-        env!("CARGO_PKG_VERSION")
+        env!("CARGO_PKG_VERSION"),
+        a.kp_min_sync_period.as_deref().unwrap_or("1s (default)")
     );
     let med = |v: &[f64]| if v.is_empty() { f64::NAN } else { pct(v, 0.5) };
     for &size in &sizes {
@@ -623,7 +647,7 @@ fn main() -> Result<()> {
                 continue;
             };
             println!(
-                "{size:>6} Services  {:<20} programming p50 {:>8.1} ms  p99 {:>8.1} ms  (n={}, turn medians {:?})  cold start {:.2} s (median of {})  CPU {:.1} s per turn (all nodes)  peak RSS {:.0} MiB",
+                "{size:>6} Services  {:<20} programming p50 {:>8.1} ms  p99 {:>8.1} ms  (n={}, turn medians {:?})  cold start {:.2} s (median of {})  CPU {:.1} s per turn ({:.1} s over all its turns, all nodes)  peak RSS {:.0} MiB",
                 p.name(),
                 pct(&f.prog, 0.5),
                 pct(&f.prog, 0.99),
@@ -632,6 +656,7 @@ fn main() -> Result<()> {
                 med(&f.cold),
                 f.cold.len(),
                 med(&f.cpu),
+                f.cpu.iter().sum::<f64>(),
                 med(&f.rss),
             );
         }
