@@ -78,7 +78,8 @@ struct Args {
     /// Give up on one Service after this long.
     #[arg(long, default_value = "30s", value_parser = podnet_daemon::parse_duration)]
     timeout: Duration,
-    /// kube-proxy's `--nftables-min-sync-period` (its default when not
+    /// kube-proxy's `--iptables-min-sync-period`, which sets the nftables
+    /// mode's minimum sync period too (its default when not
     /// given: 1s, which bounds every change's latency from below when
     /// changes come back to back).
     #[arg(long)]
@@ -524,7 +525,7 @@ fn main() -> Result<()> {
         kp_extra: a
             .kp_min_sync_period
             .iter()
-            .map(|d| format!("--nftables-min-sync-period={d}"))
+            .map(|d| format!("--iptables-min-sync-period={d}"))
             .collect(),
         admin_kubeconfig,
         active: Some(Proxy::Podnet),
@@ -633,7 +634,7 @@ fn main() -> Result<()> {
     }
 
     println!(
-        "kubeproxy-bench: {} nodes, {} rounds per size, {} creates per turn, podnet {} against {kp_version} (--proxy-mode=nftables, --nftables-min-sync-period {})",
+        "kubeproxy-bench: {} nodes, {} rounds per size, {} creates per turn, podnet {} against {kp_version} (--proxy-mode=nftables, --iptables-min-sync-period {})",
         a.nodes,
         a.rounds,
         a.creates,
