@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build real Kubernetes peers (kube-apiserver, kube-controller-manager, kubectl;
-# optionally etcd/etcdctl) from Go modules, for tests.
+# optionally kube-proxy, etcd/etcdctl) from Go modules, for tests and benches.
 #
 #   scripts/k8s-peers.sh                 # kube-apiserver kube-controller-manager kubectl
 #   scripts/k8s-peers.sh kubectl etcd    # only these
+#   scripts/k8s-peers.sh kube-proxy      # the peer of kubeproxy-bench (not in the default list)
 #   K8S_VERSION=v1.34.4 scripts/k8s-peers.sh
 #
 # Binaries are cached by version under /var/cache/podnet-peers/<component>-<version>/.
@@ -39,9 +40,9 @@ components=("$@")
 
 version_of() {   # component -> version it is built at
     case "$1" in
-        kube-apiserver|kube-controller-manager|kubectl) echo "$K8S_VERSION" ;;
+        kube-apiserver|kube-controller-manager|kubectl|kube-proxy) echo "$K8S_VERSION" ;;
         etcd|etcdctl) echo "$ETCD_VERSION" ;;
-        *) die "unknown component '$1' (known: kube-apiserver kube-controller-manager kubectl etcd etcdctl)" ;;
+        *) die "unknown component '$1' (known: kube-apiserver kube-controller-manager kubectl kube-proxy etcd etcdctl)" ;;
     esac
 }
 bin_of() { echo "$CACHE/$1-$(version_of "$1")/$1"; }
