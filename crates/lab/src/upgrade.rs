@@ -122,6 +122,23 @@ fn http_get(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// Whether the policy table in `netns` fails closed on the node's pod
+/// subnet yet (its judge chain sends unknown addresses to `deny-unknown`).
+fn policy_fails_closed(netns: &str) -> bool {
+    Netns::named(netns)
+        .ok()
+        .and_then(|ns| {
+            ns.run(|| {
+                Command::new("nft")
+                    .args(["list", "chain", "ip", "podnet-policy", "judge"])
+                    .output()
+            })
+            .ok()
+        })
+        .and_then(|o| o.ok())
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains("deny-unknown"))
+}
+
 /// The subsystems with at least one successful full sync, from an agent's
 /// `/metrics` (`podnet_reconcile_syncs_total{subsystem="…",scope="full"}`).
 pub fn fully_synced(metrics: &str) -> Vec<String> {
@@ -260,7 +277,10 @@ impl Lab {
                 .filter(|s| !synced.iter().any(|x| x == *s))
                 .copied()
                 .collect();
-            if matches!(ready, Some((200, _))) && missing.is_empty() {
+            // The policy plane's first full sync can come before it knows
+            // the node's subnet; it fails closed on it from the sync after.
+            let closed = !also.contains(&"policy") || policy_fails_closed(&n.netns);
+            if matches!(ready, Some((200, _))) && missing.is_empty() && closed {
                 return Ok(());
             }
             if !self.role_alive(&role) {
@@ -271,10 +291,15 @@ impl Lab {
                 )));
             }
             if Instant::now() > deadline {
+                // The log's tail goes into the error: a test's guard takes
+                // the lab (and its logs) down before anyone can look.
+                let log = std::fs::read_to_string(self.log_path(&role)).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
                 return Err(msg(format!(
-                    "the agent on {node} is not synced after {timeout:?} (/readyz: {:?}; no full sync yet: {missing:?}); see {}",
+                    "the agent on {node} is not synced after {timeout:?} (/readyz: {:?}; no full sync yet: {missing:?}); {}'s last lines:\n{}",
                     ready.map(|r| r.0),
-                    self.log_path(&role).display()
+                    self.log_path(&role).display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )));
             }
             std::thread::sleep(Duration::from_millis(50));
