@@ -109,6 +109,10 @@ pub struct PodCidr {
     /// Every node with a podCIDR, by name (published or not yet).
     all: BTreeMap<String, Node>,
     mine: Option<Ipv4Net>,
+    /// Whether [`PodCidr::next`] gave the map since the last acquire. The
+    /// first call gives it at once: a restarted agent whose annotations
+    /// are already right makes no Node change to wait for.
+    told: bool,
 }
 
 impl PodCidr {
@@ -121,6 +125,7 @@ impl PodCidr {
             nodes,
             ready: false,
             all: BTreeMap::new(),
+            told: false,
             mine: None,
         }
     }
@@ -182,6 +187,7 @@ impl PodCidr {
         api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         self.mine = Some(subnet);
+        self.told = false;
         Ok(SubnetLease {
             subnet,
             attrs: attrs.clone(),
@@ -199,6 +205,10 @@ impl PodCidr {
     }
 
     pub(crate) async fn next(&mut self) -> Result<Change, SourceError> {
+        if !self.told && self.mine.is_some() {
+            self.told = true;
+            return Ok(Change::Nodes(self.map()));
+        }
         if !self.take().await {
             return Err(Self::stopped());
         }
