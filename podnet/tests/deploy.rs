@@ -282,6 +282,9 @@ fn node_setup_installs_the_plugins_the_conflist_and_forwarding() {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
+    // A new namespace may inherit forwarding from the machine's: start
+    // from off.
+    ns.sh("sysctl -qw net.ipv4.ip_forward=0");
     assert_eq!(ns.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "0");
     setup();
     // A copy, not a link: the image's path does not exist on the host.
