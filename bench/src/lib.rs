@@ -15,6 +15,8 @@
 //! [`conn_rate`] is the new-connection rate both `proxy-bench` and
 //! `policy-bench` measure with.
 
+pub mod objects;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

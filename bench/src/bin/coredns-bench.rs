@@ -44,6 +44,7 @@ use podnet_api::k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
 };
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_bench::objects::cluster_ip;
 use podnet_dns::client::Client as DnsClient;
 use podnet_dns::wire::{self, Message, RData};
 
@@ -177,15 +178,6 @@ fn slice(service: &str, family: &str, eps: &[(&str, Option<&str>, bool)]) -> End
             ..Default::default()
         }]),
     }
-}
-
-fn cluster_ip(s: &Service) -> Result<IpAddr> {
-    s.spec
-        .as_ref()
-        .and_then(|s| s.cluster_ip.as_deref())
-        .context("the apiserver gave no clusterIP")?
-        .parse()
-        .context("clusterIP")
 }
 
 fn svc_fqdn(name: &str, ns: &str) -> String {

@@ -29,11 +29,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use kube::api::{Api, PostParams};
-use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
-use podnet_api::k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
-};
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_bench::objects::{cluster_ip, http_service, one_endpoint_slice};
 use podnet_dns::client::Client as DnsClient;
 use podnet_kernel::Netns;
 use podnet_nft::model::{Family, Value};
@@ -77,56 +76,6 @@ impl Drop for LabGuard {
     }
 }
 
-fn service(i: usize) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(format!("s{i}")),
-            namespace: Some(NS.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn slice(i: usize) -> EndpointSlice {
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(format!("s{i}-1")),
-            namespace: Some(NS.into()),
-            labels: Some([("kubernetes.io/service-name".to_string(), format!("s{i}"))].into()),
-            ..Default::default()
-        },
-        address_type: "IPv4".into(),
-        endpoints: Some(vec![Endpoint {
-            addresses: vec![format!(
-                "10.244.{}.{}",
-                200 + i / 60_000,
-                2 + (i / 250) % 240
-            )],
-            conditions: Some(EndpointConditions {
-                ready: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]),
-        ports: Some(vec![EndpointPort {
-            name: Some("http".into()),
-            port: Some(8080),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-    }
-}
-
 /// One netlink connection per node, opened inside its namespace.
 struct Nodes(Vec<(String, Conn)>);
 
@@ -155,15 +104,6 @@ impl Nodes {
         }
         Ok(n)
     }
-}
-
-fn cluster_ip(s: &Service) -> Result<IpAddr> {
-    s.spec
-        .as_ref()
-        .and_then(|s| s.cluster_ip.as_deref())
-        .context("the apiserver gave no clusterIP")?
-        .parse()
-        .context("clusterIP")
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -257,8 +197,12 @@ fn main() -> Result<()> {
             .map(|i| {
                 let (svcs, slices) = (svcs.clone(), slices.clone());
                 async move {
-                    let s = svcs.create(&PostParams::default(), &service(i)).await?;
-                    slices.create(&PostParams::default(), &slice(i)).await?;
+                    let s = svcs
+                        .create(&PostParams::default(), &http_service(NS, &format!("s{i}")))
+                        .await?;
+                    slices
+                        .create(&PostParams::default(), &one_endpoint_slice(NS, i))
+                        .await?;
                     anyhow::Ok(cluster_ip(&s)?)
                 }
             })
@@ -298,7 +242,8 @@ fn main() -> Result<()> {
         let ask_dns = a.dns_every > 0 && k % a.dns_every == 0;
         let fqdn = format!("s{i}.{NS}.svc.cluster.local");
         let t = Instant::now();
-        let s = rt.block_on(svcs.create(&PostParams::default(), &service(i)))?;
+        let s =
+            rt.block_on(svcs.create(&PostParams::default(), &http_service(NS, &format!("s{i}"))))?;
         let api = t.elapsed();
         let ip = cluster_ip(&s)?;
         let (mut p, mut d) = (None, None);
@@ -338,7 +283,7 @@ fn main() -> Result<()> {
         }
         // Its endpoints, outside the measurement (the next create starts
         // from a quiet cluster).
-        rt.block_on(slices.create(&PostParams::default(), &slice(i)))?;
+        rt.block_on(slices.create(&PostParams::default(), &one_endpoint_slice(NS, i)))?;
     }
 
     println!(

@@ -42,11 +42,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, PostParams};
-use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
-use podnet_api::k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
-};
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podnet_bench::objects::{cluster_ip, http_service, one_endpoint_slice};
 use podnet_kernel::Netns;
 use podnet_nft::model::{Family, Value};
 use podnet_nft::netlink::Conn;
@@ -130,65 +129,6 @@ impl Drop for LabGuard {
             eprintln!("kubeproxy-bench: lab down: {e}");
         }
     }
-}
-
-fn service(name: String) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(NS.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn slice(i: usize) -> EndpointSlice {
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(format!("s{i}-1")),
-            namespace: Some(NS.into()),
-            labels: Some([("kubernetes.io/service-name".to_string(), format!("s{i}"))].into()),
-            ..Default::default()
-        },
-        address_type: "IPv4".into(),
-        endpoints: Some(vec![Endpoint {
-            addresses: vec![format!(
-                "10.244.{}.{}",
-                200 + i / 60_000,
-                2 + (i / 250) % 240
-            )],
-            conditions: Some(EndpointConditions {
-                ready: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]),
-        ports: Some(vec![EndpointPort {
-            name: Some("http".into()),
-            port: Some(8080),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-    }
-}
-
-fn cluster_ip(s: &Service) -> Result<IpAddr> {
-    s.spec
-        .as_ref()
-        .and_then(|s| s.cluster_ip.as_deref())
-        .context("the apiserver gave no clusterIP")?
-        .parse()
-        .context("clusterIP")
 }
 
 /// One netlink connection per node, opened inside its namespace.
@@ -547,9 +487,11 @@ fn main() -> Result<()> {
                     let (svcs, slices) = (b.svcs.clone(), slices.clone());
                     async move {
                         let s = svcs
-                            .create(&PostParams::default(), &service(format!("s{i}")))
+                            .create(&PostParams::default(), &http_service(NS, &format!("s{i}")))
                             .await?;
-                        slices.create(&PostParams::default(), &slice(i)).await?;
+                        slices
+                            .create(&PostParams::default(), &one_endpoint_slice(NS, i))
+                            .await?;
                         anyhow::Ok(cluster_ip(&s)?)
                     }
                 })
@@ -583,7 +525,7 @@ fn main() -> Result<()> {
                     let t = Instant::now();
                     let s = b.rt.block_on(
                         b.svcs
-                            .create(&PostParams::default(), &service(name.clone())),
+                            .create(&PostParams::default(), &http_service(NS, &name)),
                     )?;
                     made.push(name);
                     let ip = cluster_ip(&s)?;

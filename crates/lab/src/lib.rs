@@ -863,13 +863,7 @@ impl Lab {
         if st.kube {
             return Err(msg("add-node is not supported in a --kube lab yet"));
         }
-        let next = st
-            .nodes
-            .iter()
-            .filter_map(|n| n.name.strip_prefix("node")?.parse::<usize>().ok())
-            .max()
-            .unwrap_or(0)
-            + 1;
+        let next = next_node_index(&st);
         let n = self.add_node_ns(&mut st, next)?;
         self.save(&st)?;
         self.start_agent(&st, &n)?;
@@ -889,13 +883,7 @@ impl Lab {
         if !st.kube {
             return Err(msg("add_kube_node_without_agent: a --kube lab only"));
         }
-        let next = st
-            .nodes
-            .iter()
-            .filter_map(|n| n.name.strip_prefix("node")?.parse::<usize>().ok())
-            .max()
-            .unwrap_or(0)
-            + 1;
+        let next = next_node_index(&st);
         let n = self.add_node_ns(&mut st, next)?;
         self.save(&st)?;
         let cp = kube::ControlPlane::open(&self.dir)?;
@@ -1423,6 +1411,17 @@ fn resolve_in_pod(netns: &str, host: &str) -> Result<IpAddr, LabError> {
         .lines()
         .find_map(|l| l.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| msg(format!("{host}: no address from the pod's resolver")))
+}
+
+/// The number the next node of a lab gets (`node<N>`): one past the
+/// highest, so a removed node's name is not reused.
+fn next_node_index(st: &LabState) -> usize {
+    st.nodes
+        .iter()
+        .filter_map(|n| n.name.strip_prefix("node")?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0)
+        + 1
 }
 
 /// The labels of the cluster DNS pod, which kube-dns selects.
