@@ -470,12 +470,20 @@ fn check(resp: &[u8], id: u16, name: &[u8], qtype: u16, qclass: u16) -> Option<M
 /// SERVFAIL and REFUSED mean "try another upstream". So does an OPT
 /// record that is not the last record: only TSIG or SIG(0), which we never
 /// ask for, may follow it, and it could not be cut out of the middle
-/// without breaking compression pointers behind it.
+/// without breaking compression pointers behind it. So does a name that
+/// points into bytes [`to_client`] rewrites in place (the header's ID,
+/// flags and counts, or a TTL that ages): it would read differently, or
+/// not at all, in the client's copy. No real server compresses that way.
 fn usable(resp: Vec<u8>, m: Message) -> Result<(Vec<u8>, Message), Attempt> {
     if let Some((s, _)) = m.opt_span {
         if m.ttl_offsets.iter().any(|&o| o > s) {
             return Err(Attempt::Failed);
         }
+    }
+    let rewritten =
+        |p: usize| p < wire::HEADER_LEN || m.ttl_offsets.iter().any(|&o| (o..o + 4).contains(&p));
+    if m.pointer_targets.iter().any(|&p| rewritten(p)) {
+        return Err(Attempt::Failed);
     }
     match m.rcode() {
         wire::SERVFAIL | wire::REFUSED | wire::NOTIMP | wire::FORMERR => Err(Attempt::Failed),
@@ -769,6 +777,36 @@ mod tests {
         let m = relayed(&opt_last).unwrap();
         assert_eq!(m.answers.len(), 1);
         assert_eq!(m.header.ar, 1);
+    }
+
+    /// A reply whose one A record's owner name is `owner` (raw wire bytes),
+    /// after `good`'s own record.
+    fn with_second_owner(good: &[u8], owner: &[u8]) -> Vec<u8> {
+        let mut b = good.to_vec();
+        b.extend_from_slice(owner);
+        b.extend_from_slice(&[0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 2]);
+        b[7] = 2; // an: 2
+        b
+    }
+
+    #[test]
+    fn names_pointing_into_rewritten_bytes_are_refused() {
+        let good = upstream_answer();
+        // Found by fuzzing: a name pointing into the header's ID (here the
+        // byte 0, which reads as the root) reads as garbage once the
+        // client's ID is written over it.
+        let into_id = with_second_owner(&good, &[0xc0, 0]);
+        assert_eq!(Message::parse(&into_id).unwrap().answers[1].name, [0]);
+        assert!(relayed(&into_id).is_none());
+        // The same for a TTL, which ages in the cache: the first record's
+        // TTL is 0,0,0,60, so its first byte reads as the root today.
+        let ttl = Message::parse(&good).unwrap().ttl_offsets[0];
+        let into_ttl = with_second_owner(&good, &[0xc0, ttl as u8]);
+        assert_eq!(Message::parse(&into_ttl).unwrap().answers[1].name, [0]);
+        assert!(relayed(&into_ttl).is_none());
+        // A pointer to the question's name is what servers really send.
+        let into_question = with_second_owner(&good, &[0xc0, wire::HEADER_LEN as u8]);
+        assert_eq!(relayed(&into_question).unwrap().answers.len(), 2);
     }
 
     #[test]

@@ -257,6 +257,17 @@ impl NameBuf {
 /// in the original message. Pointers must point strictly backwards, which
 /// bounds the walk.
 pub fn read_name(msg: &[u8], pos: usize, out: &mut NameBuf, lower: bool) -> Result<usize> {
+    read_name_seeing(msg, pos, out, lower, |_| {})
+}
+
+/// [`read_name`], telling `seen` every pointer target it follows.
+fn read_name_seeing(
+    msg: &[u8],
+    pos: usize,
+    out: &mut NameBuf,
+    lower: bool,
+    mut seen: impl FnMut(usize),
+) -> Result<usize> {
     *out = NameBuf::default();
     let mut i = pos;
     let mut end = None;
@@ -281,6 +292,7 @@ pub fn read_name(msg: &[u8], pos: usize, out: &mut NameBuf, lower: bool) -> Resu
                 if p >= limit {
                     return Err(WireError::BadPointer);
                 }
+                seen(p);
                 limit = p;
                 i = p;
             }
@@ -578,19 +590,29 @@ pub struct Message {
     pub ttl_offsets: Vec<usize>,
     /// The byte range of the OPT record, if any.
     pub opt_span: Option<(usize, usize)>,
+    /// Every offset a compression pointer in a decoded name points at. A
+    /// forwarder that edits bytes in place (ID, flags, counts, TTLs) needs
+    /// them: a name that points into an edited byte would read differently.
+    pub pointer_targets: Vec<usize>,
 }
 
-fn name_vec(msg: &[u8], pos: usize) -> Result<(Vec<u8>, usize)> {
+fn name_vec(msg: &[u8], pos: usize, targets: &mut Vec<usize>) -> Result<(Vec<u8>, usize)> {
     let mut n = NameBuf::default();
-    let next = read_name(msg, pos, &mut n, false)?;
+    let next = read_name_seeing(msg, pos, &mut n, false, |p| targets.push(p))?;
     Ok((n.wire().to_vec(), next))
 }
 
-fn parse_rdata(msg: &[u8], rtype: u16, start: usize, len: usize) -> Result<RData> {
+fn parse_rdata(
+    msg: &[u8],
+    rtype: u16,
+    start: usize,
+    len: usize,
+    targets: &mut Vec<usize>,
+) -> Result<RData> {
     let end = start + len;
     let rd = msg.get(start..end).ok_or(WireError::Short)?;
-    let name_exact = |pos: usize| -> Result<(Vec<u8>, usize)> {
-        let (n, next) = name_vec(msg, pos)?;
+    let mut name_exact = |pos: usize| -> Result<(Vec<u8>, usize)> {
+        let (n, next) = name_vec(msg, pos, targets)?;
         if next > end {
             return Err(WireError::BadRdata);
         }
@@ -677,7 +699,7 @@ impl Message {
         };
         let mut i = HEADER_LEN;
         for _ in 0..header.qd {
-            let (n, next) = name_vec(msg, i)?;
+            let (n, next) = name_vec(msg, i, &mut m.pointer_targets)?;
             m.questions
                 .push((n, u16_at(msg, next)?, u16_at(msg, next + 2)?));
             i = next + 4;
@@ -686,7 +708,7 @@ impl Message {
             let count = [header.an, header.ns, header.ar][sec];
             for _ in 0..count {
                 let start = i;
-                let (name, next) = name_vec(msg, i)?;
+                let (name, next) = name_vec(msg, i, &mut m.pointer_targets)?;
                 let rtype = u16_at(msg, next)?;
                 let class = u16_at(msg, next + 2)?;
                 let ttl = u32_at(msg, next + 4)?;
@@ -703,7 +725,7 @@ impl Message {
                     m.opt_span = Some((start, i));
                     continue;
                 }
-                let rdata = parse_rdata(msg, rtype, rstart, rdlen)?;
+                let rdata = parse_rdata(msg, rtype, rstart, rdlen, &mut m.pointer_targets)?;
                 m.ttl_offsets.push(next + 4);
                 let r = Record {
                     name,
