@@ -202,6 +202,7 @@ fn kernel_trace(flow: &Flow, subnets: &[ipnet::IpNet]) -> Result<(String, String
         dst: flow.dst,
         proto: flow.proto,
         dport: flow.port,
+        sport: 0,
         mark: 0,
         iif: None,
         oif: None,

@@ -21,6 +21,7 @@ pub mod detach;
 pub mod neigh;
 pub mod netns;
 pub mod nflog;
+pub mod nftrace;
 pub mod nl;
 pub mod rtnl;
 pub mod tun;

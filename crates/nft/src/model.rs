@@ -68,6 +68,8 @@ pub enum Field {
     L4Proto,
     /// th dport (TCP, UDP or SCTP destination port)
     Dport,
+    /// th sport (TCP, UDP or SCTP source port)
+    Sport,
     /// meta mark
     Mark,
     /// The connection's original destination (before DNAT), from conntrack.
@@ -97,6 +99,7 @@ impl Field {
             Field::Ip6Daddr => "ip6 daddr",
             Field::L4Proto => "meta l4proto",
             Field::Dport => "th dport",
+            Field::Sport => "th sport",
             Field::Mark => "meta mark",
             Field::CtOrigIpDaddr => "ct original ip daddr",
             Field::CtOrigIp6Daddr => "ct original ip6 daddr",
@@ -115,7 +118,7 @@ impl Field {
             Field::IpSaddr | Field::IpDaddr | Field::CtOrigIpDaddr => KeyType::Ipv4Addr,
             Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOrigIp6Daddr => KeyType::Ipv6Addr,
             Field::L4Proto => KeyType::InetProto,
-            Field::Dport | Field::CtOrigDport => KeyType::InetService,
+            Field::Dport | Field::Sport | Field::CtOrigDport => KeyType::InetService,
             Field::Mark => KeyType::Mark,
             Field::IifName | Field::OifName => KeyType::IfName,
             Field::EtherSaddr => KeyType::EtherAddr,
@@ -353,6 +356,9 @@ pub enum Expr {
     CounterRef(String),
     /// `notrack`: no connection tracking for this packet.
     Notrack,
+    /// `meta nftrace set 1`: the kernel reports every rule this packet
+    /// meets from here on (`podnet trace` reads the reports).
+    SetNftrace,
     Dnat {
         addr: IpAddr,
         port: Option<u16>,
@@ -540,6 +546,7 @@ impl Expr {
             Expr::Counter => "counter".into(),
             Expr::CounterRef(n) => format!("counter name \"{n}\""),
             Expr::Notrack => "notrack".into(),
+            Expr::SetNftrace => "meta nftrace set 1".into(),
             Expr::MapDnat { keys, map, v6 } => format!(
                 "dnat {} to {} map @{map}",
                 if *v6 { "ip6" } else { "ip" },

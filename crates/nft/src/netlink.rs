@@ -326,6 +326,7 @@ impl Ex<'_> {
             Field::Ip6Daddr => self.payload(1, 24, 16, reg),
             Field::L4Proto => self.meta(16, reg),
             Field::Dport => self.payload(2, 2, 2, reg),
+            Field::Sport => self.payload(2, 0, 2, reg),
             Field::Mark => self.meta(3, reg),
             // NFT_CT_DST_IP / NFT_CT_DST_IP6 / NFT_CT_PROTO_DST, original direction.
             Field::CtOrigIpDaddr => self.ct_orig(20, reg),
@@ -553,6 +554,12 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
             m.u32_be(1, NFT_OBJECT_COUNTER).str(2, name);
         }),
         Expr::Notrack => x.expr("notrack", |_| {}),
+        Expr::SetNftrace => {
+            x.immediate_data(NFT_REG_1, &[1]);
+            x.expr("meta", |m| {
+                m.u32_be(2, 12).u32_be(3, NFT_REG_1); // NFT_META_NFTRACE, sreg
+            });
+        }
         Expr::MapDnat { keys, map, v6 } => {
             let addr = x.load_keys_end(keys);
             x.lookup(map, NFT_REG32_00, Some(addr), false);
@@ -1210,6 +1217,19 @@ fn decode_data(attr: &[u8], data: &Option<MapData>) -> Option<ElemData> {
     None
 }
 
+/// Where a rule sits, as [`Conn::rule_refs`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRef {
+    /// `nfgen_family`: 1 inet, 2 ip, 10 ip6, 7 bridge, 5 netdev.
+    pub family: u8,
+    pub table: String,
+    pub chain: String,
+    pub handle: u64,
+    /// Its position in its chain, from 0.
+    pub index: usize,
+    pub comment: Option<String>,
+}
+
 /// An nfnetlink socket for applying batches (reuse it: opening costs).
 pub struct Conn {
     sock: Socket,
@@ -1334,6 +1354,48 @@ impl Conn {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every rule of every table in the namespace, in chain order: what a
+    /// trace event's (table, chain, handle) refers to. For a table of ours
+    /// the rule's place in its chain is its place in the plan.
+    pub fn rule_refs(&mut self) -> Result<Vec<RuleRef>, KernelError> {
+        let mut m = Msg::new((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE, NLM_F_DUMP);
+        m.raw(&[0, 0, 0, 0]); // every family
+        let replies = self.sock.request(m, &|| "listing nftables rules".into())?;
+        let mut out: Vec<RuleRef> = Vec::new();
+        let mut seen: BTreeMap<(u8, String, String), usize> = BTreeMap::new();
+        for r in replies {
+            let Some(&family) = r.body.first() else {
+                continue;
+            };
+            let mut rr = RuleRef {
+                family,
+                table: String::new(),
+                chain: String::new(),
+                handle: 0,
+                index: 0,
+                comment: None,
+            };
+            for (ty, v) in Attrs::new(r.body.get(4..).unwrap_or_default()) {
+                match ty {
+                    1 => rr.table = get_str(v),
+                    2 => rr.chain = get_str(v),
+                    3 if v.len() >= 8 => {
+                        rr.handle = u64::from_be_bytes(v[..8].try_into().unwrap_or_default())
+                    }
+                    7 => rr.comment = comment_from_udata(v),
+                    _ => {}
+                }
+            }
+            let next = seen
+                .entry((family, rr.table.clone(), rr.chain.clone()))
+                .or_insert(0);
+            rr.index = *next;
+            *next += 1;
+            out.push(rr);
+        }
+        Ok(out)
     }
 
     /// The kernel's copy of table `want.family`/`want.name` in the model's

@@ -33,6 +33,8 @@ pub struct Packet {
     pub dst: IpAddr,
     pub proto: Proto,
     pub dport: u16,
+    /// The source port (0 when it does not matter).
+    pub sport: u16,
     pub mark: u32,
     /// The interface it arrived on (`iifname`), if any.
     pub iif: Option<String>,
@@ -51,6 +53,7 @@ impl Packet {
             dst: dst.parse().expect("dst ip"),
             proto,
             dport,
+            sport: 0,
             mark: 0,
             iif: None,
             oif: None,
@@ -139,6 +142,7 @@ fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
         Field::Ip6Daddr if pkt.dst.is_ipv6() => Value::Addr(pkt.dst),
         Field::L4Proto => Value::Proto(pkt.proto),
         Field::Dport => Value::Port(pkt.dport),
+        Field::Sport => Value::Port(pkt.sport),
         Field::Mark => Value::U32(pkt.mark),
         Field::IifName => Value::Name(pkt.iif.clone()?),
         Field::OifName => Value::Name(pkt.oif.clone()?),
@@ -312,6 +316,7 @@ impl<'a> Tracer<'a> {
                     Expr::Counter => {}
                     Expr::CounterRef(name) => *self.counters.entry(name.clone()).or_default() += 1,
                     Expr::Notrack => run.notrack = true,
+                    Expr::SetNftrace => {}
                     Expr::MapDnat { keys, map, .. } => {
                         let Some(k) = Self::keys(run, keys) else {
                             continue 'rules;
