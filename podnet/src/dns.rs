@@ -90,7 +90,7 @@ fn recursion(a: &DnsArgs, net: &netconfig::Resolved) -> Result<podnet_dns::Allow
         .map_err(|e| anyhow::anyhow!("--allow-recursion {e}"))
 }
 
-async fn network_config(store: &podnet_store::AnyStore) -> netconfig::Resolved {
+pub(crate) async fn network_config(store: &podnet_store::AnyStore) -> netconfig::Resolved {
     let cfg = podnet_source::store::network_config(store)
         .await
         .ok()

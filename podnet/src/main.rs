@@ -9,6 +9,7 @@ mod dns;
 mod kubectl;
 mod plugin_log;
 mod policy;
+mod trace;
 
 use clap::{Parser, Subcommand};
 
@@ -160,6 +161,26 @@ enum Cmd {
         /// Ports, e.g. 80/tcp,81/udp (names allowed: serve-80=80/tcp).
         #[arg(long)]
         ports: String,
+    },
+    /// Send one real probe from a pod and show every hop the kernel took:
+    /// the pod's route, veth and bridge, each node's nftables rules (Service
+    /// DNAT, NetworkPolicy), masquerade, the routing decision and backend
+    /// (vxlan VTEP, host-gw next hop, udp tunnel), and delivery or the drop
+    /// with its reason. Built from nftables trace events, route and FDB
+    /// lookups and conntrack; the pure evaluators' answers are shown beside
+    /// them and a disagreement is flagged.
+    Trace {
+        /// The source pod, NAMESPACE/POD.
+        src: String,
+        /// DST:PORT[/tcp|/udp]: DST a pod (NS/POD), a Service (NS/NAME), a
+        /// node name (for a NodePort) or an address.
+        dst: String,
+        /// The lab to trace in.
+        #[arg(long, default_value = "lab")]
+        lab: String,
+        /// Output: text or json (the same hops as data).
+        #[arg(short = 'o', long, default_value = "text")]
+        output: String,
     },
     /// NetworkPolicy tools.
     Policy {
@@ -444,6 +465,12 @@ fn main() {
             namespace,
             ports,
         } => cmd::serve(&namespace, &name, &ports),
+        Cmd::Trace {
+            src,
+            dst,
+            lab,
+            output,
+        } => block_on(trace::run(&lab, &src, &dst, &output)),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {

@@ -31,7 +31,7 @@ fn endpoint(w: &World, s: &str) -> Result<IpAddr> {
 }
 
 /// Parses `DST:PORT[/proto]`.
-fn target(s: &str) -> Result<(String, u16, Proto)> {
+pub(crate) fn target(s: &str) -> Result<(String, u16, Proto)> {
     let (hp, proto) = match s.rsplit_once('/') {
         Some((h, p)) if ["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) => {
             (h, p.to_ascii_lowercase())
@@ -187,6 +187,33 @@ pub async fn explain(
         }
     }
     Ok(())
+}
+
+/// The evaluator's reasons in one line: who isolates each end and which
+/// rule admitted the flow, or what each rule lacked.
+pub(crate) fn verdict_text(v: &podnet_policy::Verdict) -> String {
+    let mut parts = Vec::new();
+    for (dir, s) in [("egress", &v.egress), ("ingress", &v.ingress)] {
+        if s.isolated_by.is_empty() {
+            parts.push(format!("{dir} not isolated"));
+            continue;
+        }
+        let by: Vec<String> = s.isolated_by.iter().map(|k| k.to_string()).collect();
+        if s.allowed_by.is_empty() {
+            parts.push(format!(
+                "{dir} isolated by {} and no rule allowed it",
+                by.join(", ")
+            ));
+        } else {
+            let rules: Vec<String> = s.allowed_by.iter().map(|r| r.to_string()).collect();
+            parts.push(format!(
+                "{dir} isolated by {}, allowed by {}",
+                by.join(", "),
+                rules.join(", ")
+            ));
+        }
+    }
+    parts.join("; ")
 }
 
 /// Traces `flow` through the policy table this namespace's kernel holds.

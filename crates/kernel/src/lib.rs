@@ -28,7 +28,7 @@ pub mod tun;
 
 pub use neigh::Neigh;
 pub use netns::Netns;
-pub use rtnl::{Addr, Handle, Link, LinkKind, Route, VxlanOpts};
+pub use rtnl::{Addr, Handle, Link, LinkKind, Route, RouteLookup, VxlanOpts};
 
 use std::io;
 

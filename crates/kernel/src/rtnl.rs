@@ -167,6 +167,29 @@ pub struct Route {
     pub v6: bool,
 }
 
+/// A route lookup's answer ([`Handle::route_get`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteLookup {
+    pub route: Route,
+    /// The route's type: 1 unicast, 2 local, 3 broadcast, 6 blackhole,
+    /// 7 unreachable, 8 prohibit.
+    pub kind: u8,
+}
+
+impl RouteLookup {
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            1 => "unicast",
+            2 => "local",
+            3 => "broadcast",
+            6 => "blackhole",
+            7 => "unreachable",
+            8 => "prohibit",
+            _ => "other",
+        }
+    }
+}
+
 impl Route {
     fn family_v6(&self) -> bool {
         match (self.dst, self.gateway) {
@@ -616,6 +639,52 @@ impl Handle {
             .filter_map(|r| parse_route(&r.body))
             .filter(|r| r.table == Some(want))
             .collect())
+    }
+
+    /// The route the kernel picks for a packet to `dst` (from `src`, as if
+    /// it came in on link `iif` when given, else as if sent from here): the
+    /// matching entry of the FIB with its own prefix (`RTM_F_FIB_MATCH`),
+    /// and its type. `podnet trace` shows each node's routing decision
+    /// with it. An unroutable destination is an error from the kernel
+    /// (`ENETUNREACH`, `EHOSTUNREACH`), which [`KernelError`] carries.
+    pub fn route_get(
+        &mut self,
+        dst: IpAddr,
+        src: Option<IpAddr>,
+        iif: Option<u32>,
+    ) -> Result<RouteLookup, KernelError> {
+        const RTA_SRC: u16 = 2;
+        const RTA_IIF: u16 = 3;
+        const RTM_F_FIB_MATCH: u32 = 0x2000;
+        let v6 = dst.is_ipv6();
+        let mut m = Msg::new(RTM_GETROUTE, 0);
+        let mut h = [0u8; 12];
+        h[0] = family(v6);
+        h[1] = if v6 { 128 } else { 32 };
+        if src.is_some() {
+            h[2] = h[1];
+        }
+        h[8..12].copy_from_slice(&RTM_F_FIB_MATCH.to_ne_bytes());
+        m.raw(&h);
+        m.attr(RTA_DST, &ip_bytes(&dst));
+        if let Some(s) = src {
+            m.attr(RTA_SRC, &ip_bytes(&s));
+        }
+        if let Some(i) = iif {
+            m.u32(RTA_IIF, i);
+        }
+        let replies = self.req(m, &|| format!("looking up the route to {dst}"))?;
+        let body = replies
+            .iter()
+            .find(|r| r.msg_type == RTM_NEWROUTE)
+            .map(|r| r.body.clone())
+            .ok_or_else(|| KernelError::Other(format!("no route in the reply for {dst}")))?;
+        let kind = *body.get(7).unwrap_or(&0);
+        let mut unicast = body;
+        unicast[7] = RTN_UNICAST;
+        let route = parse_route(&unicast)
+            .ok_or_else(|| KernelError::Other(format!("an unreadable route for {dst}")))?;
+        Ok(RouteLookup { route, kind })
     }
 
     pub fn add_route(&mut self, r: &Route) -> Result<(), KernelError> {

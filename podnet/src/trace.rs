@@ -1,0 +1,334 @@
+//! `podnet trace SRC DST:PORT[/tcp|/udp] --lab NAME [-o json]`: the glue
+//! between a lab's objects and the trace crate. It resolves SRC (a pod)
+//! and DST (a pod, a Service, a node for a NodePort, or an address), names
+//! every address it can, and answers the trace's questions to the pure
+//! evaluators: the policy evaluator over the cluster's objects, and the
+//! proxy's tracer over the table the proxy would plan for the node.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use podnet_api::k8s_openapi::api::core::v1::Service;
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_api::{Kind, Object};
+use podnet_nft::model::Proto;
+use podnet_policy::{evaluate, Flow, World};
+use podnet_trace::collect::{Node, Oracles, Pod, PolicyAnswer, Request};
+use podnet_trace::hops::{Names, ServicePort};
+
+/// The cluster's objects the trace needs, from one complete list.
+struct View {
+    world: World,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+}
+
+async fn load(source: podnet_source::Source) -> Result<View> {
+    let mut source = source;
+    let kinds = [
+        Kind::Pod,
+        Kind::Namespace,
+        Kind::NetworkPolicy,
+        Kind::Service,
+        Kind::EndpointSlice,
+    ];
+    let mut sub = source.subscribe(&kinds);
+    let _running = source.start();
+    let mut v = View {
+        world: World::new(),
+        services: Vec::new(),
+        slices: Vec::new(),
+    };
+    let mut svcs: BTreeMap<String, Service> = BTreeMap::new();
+    let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
+    loop {
+        let b = tokio::time::timeout(Duration::from_secs(15), sub.next_batch())
+            .await
+            .map_err(|_| anyhow!("the cluster's objects did not arrive within 15s"))?
+            .ok_or_else(|| anyhow!("the object source ended"))?;
+        for d in &b.deltas {
+            v.world.apply(d);
+            let k = d.key();
+            let id = format!("{}/{}", k.namespace.clone().unwrap_or_default(), k.name);
+            match d {
+                podnet_source::Delta::Added(o) | podnet_source::Delta::Updated(o) => {
+                    match o.as_ref() {
+                        Object::Service(s) => {
+                            svcs.insert(id, (**s).clone());
+                        }
+                        Object::EndpointSlice(s) => {
+                            slices.insert(id, (**s).clone());
+                        }
+                        _ => {}
+                    }
+                }
+                podnet_source::Delta::Deleted(_) => {
+                    if k.kind == Kind::Service {
+                        svcs.remove(&id);
+                    } else if k.kind == Kind::EndpointSlice {
+                        slices.remove(&id);
+                    }
+                }
+            }
+        }
+        if b.ready {
+            v.services = svcs.into_values().collect();
+            v.slices = slices.into_values().collect();
+            return Ok(v);
+        }
+    }
+}
+
+struct LabOracles<'a> {
+    view: &'a View,
+    stack: podnet_proxy::Stack,
+    nodes: &'a [podnet_lab::NodeInfo],
+}
+
+impl Oracles for LabOracles<'_> {
+    fn policy(&self, src: IpAddr, dst: IpAddr, port: u16, proto: Proto) -> Option<PolicyAnswer> {
+        let v = evaluate(
+            &self.view.world,
+            &Flow {
+                src,
+                dst,
+                proto,
+                port,
+            },
+        );
+        Some(PolicyAnswer {
+            egress: v.egress.allows(),
+            ingress: v.ingress.allows(),
+            why: crate::policy::verdict_text(&v),
+        })
+    }
+
+    fn endpoints(
+        &self,
+        node: &str,
+        src: IpAddr,
+        frontend: SocketAddr,
+        proto: Proto,
+    ) -> Option<Vec<SocketAddr>> {
+        let n = self.nodes.iter().find(|n| n.name == node)?;
+        let info = podnet_proxy::NodeInfo {
+            name: node.to_string(),
+            zone: None,
+            ips: vec![IpAddr::V4(n.ip)],
+            nodeport_ips: None,
+        };
+        let t = podnet_proxy::rules::plan(&podnet_proxy::rules::ProxyInput {
+            node: &info,
+            stack: self.stack,
+            services: &self.view.services,
+            slices: &self.view.slices,
+        });
+        let mut pkt = podnet_nft::trace::Packet::new(
+            &src.to_string(),
+            &frontend.ip().to_string(),
+            proto,
+            frontend.port(),
+        );
+        // From a pod over the bridge, or from outside over the underlay.
+        let from_pod = match (self.stack.cluster_cidr, src) {
+            (Some(c), s) => c.contains(&s),
+            _ => false,
+        };
+        pkt.iif = Some(if from_pod { "podnet0" } else { "eth0" }.into());
+        let local = n.ip.to_string();
+        let targets = podnet_nft::trace::Tracer::new(&t)
+            .with_local(&[local.as_str()])
+            .incoming_targets(&pkt, 256);
+        if targets.iter().all(|t| t.is_none()) {
+            return None;
+        }
+        Some(
+            targets
+                .into_iter()
+                .flatten()
+                .map(|(ip, port)| SocketAddr::new(ip, port.unwrap_or(frontend.port())))
+                .collect(),
+        )
+    }
+}
+
+/// `podnet trace`.
+pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<()> {
+    if !["text", "json"].contains(&output) {
+        bail!("-o {output:?}: want text or json");
+    }
+    let exe = std::fs::canonicalize("/proc/self/exe")?;
+    let l = podnet_lab::Lab::new(lab_name, exe)?;
+    let st = l.state()?;
+    let watch = podnet_daemon::Metrics::new().store_watch("trace");
+    let source = if st.kube {
+        podnet_source::Source::kube(
+            podnet_source::kube_client(Some(&l.kubeconfig()?)).await?,
+            watch,
+        )
+    } else {
+        podnet_source::Source::store(
+            podnet_store::open(&st.store)
+                .await
+                .with_context(|| format!("opening store {}", st.store))?,
+            watch,
+        )
+    };
+    let view = load(source).await?;
+    let (host, port, proto) = crate::policy::target(dst)?;
+    let mut names: Names = BTreeMap::new();
+    for (k, v) in &view.world.pods {
+        for ip in &v.ips {
+            names.insert(*ip, k.to_string());
+        }
+    }
+    for n in &st.nodes {
+        names.insert(IpAddr::V4(n.ip), n.name.clone());
+    }
+    let mut services = Vec::new();
+    for s in &view.services {
+        let (ns, name) = (
+            s.metadata.namespace.clone().unwrap_or_default(),
+            s.metadata.name.clone().unwrap_or_default(),
+        );
+        let spec = s.spec.clone().unwrap_or_default();
+        for ip in spec.cluster_ips.clone().unwrap_or_default() {
+            let Ok(ip) = ip.parse::<IpAddr>() else {
+                continue;
+            };
+            names.insert(ip, format!("Service {ns}/{name}"));
+            for sp in spec.ports.clone().unwrap_or_default() {
+                let pname = sp.name.clone().map(|n| format!(":{n}")).unwrap_or_default();
+                let proto = sp
+                    .protocol
+                    .clone()
+                    .unwrap_or("TCP".into())
+                    .to_ascii_lowercase();
+                services.push(ServicePort {
+                    name: format!("{ns}/{name}{pname}"),
+                    ip,
+                    port: sp.port as u16,
+                    proto: proto.clone(),
+                });
+                // Its NodePort, on every node.
+                if let Some(np) = sp.node_port {
+                    for n in &st.nodes {
+                        services.push(ServicePort {
+                            name: format!("{ns}/{name}{pname} (NodePort)"),
+                            ip: IpAddr::V4(n.ip),
+                            port: np as u16,
+                            proto: proto.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    // DST: an address, a node (for a NodePort), a pod, or a Service.
+    let dst_ip: IpAddr = if let Ok(ip) = host.parse() {
+        ip
+    } else if let Some(n) = st.nodes.iter().find(|n| n.name == host) {
+        IpAddr::V4(n.ip)
+    } else {
+        let (ns, name) = host.split_once('/').unwrap_or(("default", host.as_str()));
+        let key = podnet_policy::Key::new(ns, name);
+        if let Some(v) = view.world.pods.get(&key) {
+            *v.ips
+                .first()
+                .ok_or_else(|| anyhow!("pod {ns}/{name} has no address yet"))?
+        } else if let Some(s) = view.services.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+        }) {
+            s.spec
+                .as_ref()
+                .and_then(|sp| sp.cluster_ip.as_deref())
+                .and_then(|ip| ip.parse().ok())
+                .ok_or_else(|| anyhow!("Service {ns}/{name} has no ClusterIP"))?
+        } else {
+            bail!("DST {host:?}: no pod, Service or node of that name, and not an address");
+        }
+    };
+    let net = if st.kube {
+        let spec: serde_json::Value = std::fs::read_to_string(l.net_conf_path())
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_else(|| serde_json::json!({}));
+        let cfg: podnet_api::netconfig::NetworkConfig =
+            serde_json::from_value(serde_json::json!({ "spec": spec }))?;
+        cfg.resolve()
+            .map_err(|(f, m)| anyhow!("the lab's net-conf field {f}: {m}"))?
+    } else {
+        crate::dns::network_config(
+            &podnet_store::open(&st.store)
+                .await
+                .with_context(|| format!("opening store {}", st.store))?,
+        )
+        .await
+    };
+    let stack = podnet_proxy::Stack::v4(net.network).with_service_cidr(Some(net.service_cidr));
+    let oracles = LabOracles {
+        view: &view,
+        stack,
+        nodes: &st.nodes,
+    };
+    // SRC: a pod, or "outside": the lab's gateway, a router on the
+    // underlay outside every node.
+    let src_pod = if src == "outside" {
+        let netns = l.gateway_ns();
+        let ip = podnet_kernel::Netns::named(&netns)?
+            .run(|| {
+                podnet_kernel::Handle::new().and_then(|mut h| h.route_get(dst_ip, None, None))
+            })??
+            .route
+            .prefsrc
+            .ok_or_else(|| anyhow!("the lab's gateway has no address toward {dst_ip}"))?;
+        Pod {
+            name: "outside (the lab's gateway)".into(),
+            ip,
+            netns,
+            node: None,
+        }
+    } else {
+        let (sns, sname) = src.split_once('/').unwrap_or(("default", src));
+        let p = l.pod(sns, sname).with_context(|| {
+            format!("SRC {src:?}: not a pod of lab {lab_name}, nor \"outside\"")
+        })?;
+        Pod {
+            name: format!("{sns}/{sname}"),
+            ip: p
+                .ip
+                .parse()
+                .map_err(|_| anyhow!("pod {src} has no address yet"))?,
+            netns: p.netns.clone(),
+            node: Some(p.node.clone()),
+        }
+    };
+    let req = Request {
+        src: src_pod,
+        dst: SocketAddr::new(dst_ip, port),
+        dst_name: host.clone(),
+        proto,
+        nodes: st
+            .nodes
+            .iter()
+            .map(|n| Node {
+                name: n.name.clone(),
+                netns: n.netns.clone(),
+            })
+            .collect(),
+        names,
+        services,
+        request: Some(podnet_lab::serve::WHOAMI.to_string()),
+        timeout: Duration::from_secs(2),
+        oracles: &oracles,
+    };
+    let trace = tokio::task::block_in_place(|| podnet_trace::collect::run(&req))?;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&trace)?);
+    } else {
+        print!("{}", trace.text());
+    }
+    Ok(())
+}
