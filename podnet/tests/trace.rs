@@ -1,0 +1,406 @@
+//! `podnet trace` in the lab: real probes, and every hop asserted from the
+//! JSON the command prints (the same hops as the text). Pod to pod on the
+//! same node and across nodes per backend, pod to ClusterIP, to a Service
+//! without endpoints, outside to NodePort, and a connection a
+//! NetworkPolicy denies. Each trace must also agree with the pure
+//! evaluators (no hop flagged) and leave no trace table behind.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use podnet_testkit::{eventually, nft_list, require_root};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn podnet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_podnet"))
+        .args(args)
+        .output()
+        .expect("run podnet")
+}
+
+/// A standalone lab, removed when dropped.
+struct Lab {
+    name: String,
+    nodes: usize,
+}
+
+impl Lab {
+    fn up(tag: &str, backend: &str, nodes: usize) -> Lab {
+        require_root();
+        let lab = Lab {
+            name: format!("{tag}{}", std::process::id() % 100_000),
+            nodes,
+        };
+        let n = nodes.to_string();
+        lab.ok(&["up", "--nodes", &n, "--backend", backend, "--resync", "1"]);
+        lab
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let mut a = vec!["lab", "--name", &self.name];
+        a.extend_from_slice(args);
+        let o = podnet(&a);
+        assert!(
+            o.status.success(),
+            "lab {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Runs pod default/NAME on NODE (serving 80/tcp), with labels; its IP.
+    fn pod(&self, name: &str, node: &str, labels: &str) -> String {
+        let pod = format!("default/{name}");
+        let mut args = vec!["run", &pod, "--node", node];
+        if !labels.is_empty() {
+            args.extend(["--labels", labels]);
+        }
+        self.ok(&args);
+        let rec: Value = serde_json::from_slice(
+            &std::fs::read(format!(
+                "/run/podnet-lab/{}/pods/default_{name}.json",
+                self.name
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        rec["ip"].as_str().unwrap().to_string()
+    }
+
+    fn apply(&self, manifest: &str) {
+        let store = format!("sqlite:///run/podnet-lab/{}/state.db", self.name);
+        let path = std::env::temp_dir().join(format!("pn-trace-{}.yaml", self.name));
+        std::fs::write(&path, manifest).unwrap();
+        let o = podnet(&["--store", &store, "apply", "-f", path.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&path);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    fn spec(&self, svc: &str, field: &str) -> Value {
+        let store = format!("sqlite:///run/podnet-lab/{}/state.db", self.name);
+        eventually(&format!("{svc} spec.{field}"), WAIT, || {
+            let o = podnet(&["--store", &store, "get", "svc", svc, "-o", "json"]);
+            let v: Value = serde_json::from_slice(&o.stdout).ok()?;
+            let f = v["spec"][field].clone();
+            (!f.is_null()).then_some(f)
+        })
+    }
+
+    /// `podnet trace SRC DST -o json`, parsed; checks what every trace
+    /// must hold: the kernel and the pure evaluators agree, nothing was
+    /// lost, and no trace table is left on any node.
+    fn trace(&self, src: &str, dst: &str) -> Value {
+        let o = podnet(&["trace", "--lab", &self.name, src, dst, "-o", "json"]);
+        assert!(
+            o.status.success(),
+            "trace {src} {dst}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let t: Value = serde_json::from_slice(&o.stdout).expect("trace JSON");
+        for h in t["hops"].as_array().expect("hops") {
+            assert!(h.get("disagreement").is_none(), "{src} -> {dst}: {h}");
+        }
+        assert_eq!(t["lost_events"], 0, "{t}");
+        for n in 1..=self.nodes {
+            let ns = format!("pn-{}-node{n}", self.name);
+            assert_eq!(
+                nft_list(Some(&ns), "table inet podnet-trace"),
+                None,
+                "the trace table is left on node{n}"
+            );
+        }
+        t
+    }
+
+    /// Traces until the outcome is `want` (the objects reach the agents
+    /// on their own time), then returns that trace.
+    fn trace_until(&self, src: &str, dst: &str, want: &str) -> Value {
+        let mut last = Value::Null;
+        let got = podnet_testkit::try_eventually(WAIT, || {
+            last = self.trace(src, dst);
+            (last["outcome"]["outcome"] == want).then(|| last.clone())
+        });
+        got.unwrap_or_else(|_| panic!("{src} -> {dst} never {want}; last trace: {last:#}"))
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = podnet(&["lab", "--name", &self.name, "down"]);
+    }
+}
+
+/// The hops of `kind`, in order.
+fn hops<'a>(t: &'a Value, kind: &str) -> Vec<&'a Value> {
+    t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["kind"] == kind)
+        .collect()
+}
+
+fn one<'a>(t: &'a Value, kind: &str) -> &'a Value {
+    let h = hops(t, kind);
+    assert_eq!(h.len(), 1, "one {kind} hop in {t:#}");
+    h[0]
+}
+
+fn kinds(t: &Value) -> Vec<String> {
+    let mut k: Vec<String> = t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["kind"].as_str().unwrap().to_string())
+        .collect();
+    k.dedup();
+    k
+}
+
+/// The rule hops at `node` from table `table`.
+fn rules_in<'a>(t: &'a Value, node: &str, table: &str) -> Vec<&'a Value> {
+    hops(t, "rule")
+        .into_iter()
+        .filter(|h| h["at"] == node && h["data"]["table"] == table)
+        .collect()
+}
+
+const SERVICES: &str = "apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: default}
+spec:
+  selector: {app: nothing}
+  ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: webnp, namespace: default}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 80, protocol: TCP}]
+";
+
+const DENY: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-locked, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: locked}}
+  policyTypes: [Ingress]
+";
+
+#[test]
+fn traces_every_path_in_a_vxlan_lab() {
+    let lab = Lab::up("trv", "vxlan", 2);
+    let a = lab.pod("a", "node1", "");
+    let c = lab.pod("c", "node1", "");
+    let b = lab.pod("b", "node2", "");
+    let web = lab.pod("web1", "node2", "app=web");
+    let locked = lab.pod("locked", "node2", "app=locked");
+    lab.apply(SERVICES);
+    lab.apply(DENY);
+
+    // Same node: bridged, both ends judged on node1.
+    let t = lab.trace_until("default/a", "default/c:80", "connected");
+    assert_eq!(
+        kinds(&t),
+        [
+            "pod-route",
+            "veth",
+            "rule",
+            "route",
+            "policy",
+            "masquerade",
+            "deliver"
+        ],
+        "{t:#}"
+    );
+    let r = one(&t, "pod-route");
+    assert_eq!(
+        (r["at"].as_str(), r["data"]["dev"].as_str()),
+        (Some("default/a"), Some("eth0"))
+    );
+    assert_eq!(one(&t, "veth")["data"]["bridge"], "podnet0");
+    let route = one(&t, "route");
+    assert_eq!(route["data"]["backend"], "bridge", "{route}");
+    assert_eq!(route["data"]["dev"], "podnet0");
+    let p = one(&t, "policy");
+    assert_eq!(
+        (p["at"].as_str(), p["data"]["judges"].as_str()),
+        (Some("node1"), Some("egress and ingress"))
+    );
+    assert_eq!(p["data"]["allowed"], "true");
+    assert_eq!(one(&t, "masquerade")["data"]["masquerade"], "false");
+    let d = one(&t, "deliver");
+    assert_eq!(d["data"]["answered_by"], "default/c");
+    assert_eq!(d["at"], "default/c");
+    assert!(!rules_in(&t, "node1", "podnet-policy").is_empty(), "{t:#}");
+    assert!(t["src"].as_str().unwrap().contains(&a));
+    assert!(t["dst"].as_str().unwrap().contains(&c));
+
+    // Across nodes: the VXLAN VTEP and node2 behind it, egress judged on
+    // node1 and ingress on node2, each node's rules in turn.
+    let t = lab.trace_until("default/a", "default/b:80", "connected");
+    let route = one(&t, "route");
+    assert_eq!(route["at"], "node1");
+    assert_eq!(route["data"]["backend"], "vxlan", "{route}");
+    assert_eq!(route["data"]["vtep"], "192.168.200.12");
+    assert_eq!(route["data"]["remote_node"], "node2");
+    assert_eq!(route["data"]["dev"], "podnet.1");
+    let pols = hops(&t, "policy");
+    let judged: Vec<(&str, &str)> = pols
+        .iter()
+        .map(|p| {
+            (
+                p["at"].as_str().unwrap(),
+                p["data"]["judges"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(judged, [("node1", "egress"), ("node2", "ingress")]);
+    assert!(!rules_in(&t, "node2", "podnet").is_empty(), "{t:#}");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/b");
+    assert!(t["dst"].as_str().unwrap().contains(&b));
+
+    // A ClusterIP: the DNAT's Service port and endpoint, from conntrack,
+    // among what the proxy's tracer expects; then on to node2.
+    let cip = lab.spec("web", "clusterIP").as_str().unwrap().to_string();
+    let t = lab.trace_until("default/a", "default/web:80", "connected");
+    let s = one(&t, "service");
+    assert_eq!(s["at"], "node1");
+    assert_eq!(s["data"]["service"], "default/web:http");
+    assert_eq!(s["data"]["frontend"], format!("{cip}:80"));
+    assert_eq!(s["data"]["endpoint"], format!("{web}:80"));
+    assert_eq!(s["data"]["candidates"], format!("{web}:80"));
+    assert_eq!(s["data"]["why"], "the only endpoint");
+    let dnat: Vec<&Value> = rules_in(&t, "node1", "podnet")
+        .into_iter()
+        .filter(|h| h["summary"].as_str().unwrap().contains("dnat"))
+        .collect();
+    assert_eq!(dnat.len(), 1, "the DNAT rule, by its text: {t:#}");
+    assert_eq!(one(&t, "route")["data"]["remote_node"], "node2");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/web1");
+    let order = kinds(&t);
+    let at = |k: &str| order.iter().position(|x| x == k).unwrap();
+    assert!(
+        at("rule") < at("service") && at("service") < at("route") && at("route") < at("deliver")
+    );
+
+    // No endpoints: the proxy's reject, named as such.
+    let t = lab.trace_until("default/a", "default/empty:80", "refused");
+    let drop = one(&t, "drop");
+    assert_eq!(drop["at"], "node1");
+    assert_eq!(
+        drop["data"]["reason"],
+        "rejected: the Service has no endpoints"
+    );
+    let reject: Vec<&Value> = rules_in(&t, "node1", "podnet")
+        .into_iter()
+        .filter(|h| h["data"]["chain"] == "reject-chain")
+        .collect();
+    assert_eq!(reject.len(), 1, "{t:#}");
+    assert_eq!(reject[0]["data"]["verdict"], "drop");
+    assert!(
+        hops(&t, "service").is_empty(),
+        "no DNAT for no endpoints: {t:#}"
+    );
+    assert!(hops(&t, "deliver").is_empty());
+
+    // From outside to a NodePort on node1: DNAT to node2's endpoint,
+    // masqueraded (the Cluster policy), delivered.
+    let np = lab.spec("webnp", "ports")[0]["nodePort"].as_u64().unwrap();
+    let t = lab.trace_until("outside", &format!("node1:{np}"), "connected");
+    assert!(
+        hops(&t, "veth").is_empty(),
+        "an outside host has no veth: {t:#}"
+    );
+    assert_eq!(one(&t, "pod-route")["at"], "outside (the lab's gateway)");
+    let s = one(&t, "service");
+    assert_eq!(s["data"]["service"], "default/webnp:http (NodePort)");
+    assert_eq!(s["data"]["frontend"], format!("192.168.200.11:{np}"));
+    assert_eq!(s["data"]["endpoint"], format!("{web}:80"));
+    let m = one(&t, "masquerade");
+    assert_eq!(m["data"]["masquerade"], "true", "{m}");
+    assert_eq!(one(&t, "route")["data"]["remote_node"], "node2");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/web1");
+
+    // Denied by a NetworkPolicy on node2: egress allowed on node1,
+    // ingress dropped on node2 in the deny chain, and the evaluator says
+    // the same (a disagreement would fail `trace`).
+    let t = lab.trace_until("default/a", "default/locked:80", "timed-out");
+    let pols = hops(&t, "policy");
+    assert_eq!(pols.len(), 2, "{t:#}");
+    assert_eq!(pols[0]["data"]["allowed"], "true");
+    assert_eq!(pols[1]["at"], "node2");
+    assert_eq!(pols[1]["data"]["allowed"], "false");
+    assert_eq!(pols[1]["data"]["denied_in"], "deny-ingress");
+    assert!(pols[1]["data"]["evaluator"]
+        .as_str()
+        .unwrap()
+        .contains("isolated by default/deny-locked"));
+    let drop = one(&t, "drop");
+    assert_eq!(drop["at"], "node2");
+    assert_eq!(
+        drop["data"]["reason"],
+        "denied by NetworkPolicy (table podnet-policy, chain deny-ingress)"
+    );
+    assert!(t["dst"].as_str().unwrap().contains(&locked));
+}
+
+/// Across nodes in the other backends: host-gw routes to the other node's
+/// address; the udp backend hands the packet to its TUN device.
+#[test]
+fn traces_across_nodes_in_host_gw_and_udp_labs() {
+    for (tag, backend) in [("trh", "host-gw"), ("tru", "udp")] {
+        let lab = Lab::up(tag, backend, 2);
+        lab.pod("a", "node1", "");
+        lab.pod("b", "node2", "");
+        let t = lab.trace_until("default/a", "default/b:80", "connected");
+        let route = one(&t, "route");
+        assert_eq!(route["at"], "node1");
+        match backend {
+            "host-gw" => {
+                assert_eq!(route["data"]["backend"], "host-gw", "{route}");
+                assert_eq!(route["data"]["next_hop"], "192.168.200.12");
+                assert_eq!(route["data"]["remote_node"], "node2");
+                // node2's own rules are part of the path.
+                assert!(!rules_in(&t, "node2", "podnet").is_empty(), "{t:#}");
+            }
+            _ => {
+                assert_eq!(route["data"]["backend"], "udp", "{route}");
+            }
+        }
+        assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/b");
+    }
+}
+
+#[test]
+fn a_trace_names_what_is_wrong_with_its_arguments() {
+    let lab = Lab::up("trx", "vxlan", 1);
+    lab.pod("a", "node1", "");
+    for (src, dst, want) in [
+        ("default/nope", "default/a:80", "not a pod of lab"),
+        (
+            "default/a",
+            "default/nope:80",
+            "no pod, Service or node of that name",
+        ),
+        ("default/a", "default/a", "want DST:PORT"),
+        ("default/a", "default/a:80/icmp", "not a port number"),
+    ] {
+        let o = podnet(&["trace", "--lab", &lab.name, src, dst]);
+        assert!(!o.status.success(), "{src} {dst}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{src} {dst}: {err}");
+    }
+}
