@@ -322,9 +322,13 @@ pub async fn agent(
     };
     let metrics = podnet_daemon::Metrics::new();
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
+    let pages: Option<podnet_daemon::Pages> = opts.flows.clone().map(|log| {
+        std::sync::Arc::new(move |p: &str| podnet_agent::flows::page(&log, p))
+            as podnet_daemon::Pages
+    });
     match podnet_daemon::bind(&addr.to_string()).await {
         Ok(l) => {
-            tokio::spawn(podnet_daemon::serve(l, metrics.clone()));
+            tokio::spawn(podnet_daemon::serve_with(l, metrics.clone(), pages));
         }
         Err(e) => tracing::warn!("metrics address {addr}: {e}; serving no metrics"),
     }

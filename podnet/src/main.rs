@@ -130,6 +130,13 @@ enum Cmd {
         /// longer allows (conntrack entries removed in the same sync).
         #[arg(long, env = "PODNET_POLICY_STRICT")]
         policy_strict: bool,
+        /// Keep no flow log (`podnet flows`, `/flows`).
+        #[arg(long)]
+        no_flows: bool,
+        /// Records the flow log holds (the newest; a reader is told how
+        /// many it missed).
+        #[arg(long, default_value_t = 4096)]
+        flow_buffer: usize,
         #[command(flatten)]
         kube: cmd::KubeArgs,
     },
@@ -179,6 +186,29 @@ enum Cmd {
         #[arg(long, default_value = "lab")]
         lab: String,
         /// Output: text or json (the same hops as data).
+        #[arg(short = 'o', long, default_value = "text")]
+        output: String,
+    },
+    /// The flow log, like `hubble observe`: new connections each node
+    /// forwarded and the ones its NetworkPolicy dropped (with the policy),
+    /// every address named. Reads each agent's `/flows`.
+    Flows {
+        /// Read every node of this lab (default: the agent at --agent).
+        #[arg(long)]
+        lab: Option<String>,
+        /// The agent's metrics address, on a real node.
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        agent: String,
+        /// Keep printing new flows.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only flows of this pod (NAMESPACE/POD), either end.
+        #[arg(long)]
+        pod: Option<String>,
+        /// Only this verdict: forwarded or dropped.
+        #[arg(long)]
+        verdict: Option<String>,
+        /// Output: text or json (one record per line).
         #[arg(short = 'o', long, default_value = "text")]
         output: String,
     },
@@ -442,6 +472,8 @@ fn main() {
             nodeport_addresses,
             no_policy,
             policy_strict,
+            no_flows,
+            flow_buffer,
             kube,
         } => {
             let opts = podnet_agent::Options {
@@ -457,6 +489,11 @@ fn main() {
                 nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
                 policy: !no_policy,
                 policy_strict,
+                flows: (!no_flows).then(|| {
+                    std::sync::Arc::new(std::sync::Mutex::new(podnet_trace::flows::FlowLog::new(
+                        flow_buffer,
+                    )))
+                }),
             };
             block_on(cmd::agent(&cli.store, &kube, opts, &metrics_addr, cleanup))
         }
@@ -471,6 +508,21 @@ fn main() {
             lab,
             output,
         } => block_on(trace::run(&lab, &src, &dst, &output)),
+        Cmd::Flows {
+            lab,
+            agent,
+            follow,
+            pod,
+            verdict,
+            output,
+        } => trace::flows(trace::FlowArgs {
+            lab,
+            agent,
+            follow,
+            pod,
+            verdict,
+            output,
+        }),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {

@@ -332,3 +332,138 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
     }
     Ok(())
 }
+
+/// `podnet flows`' arguments.
+pub struct FlowArgs {
+    pub lab: Option<String>,
+    pub agent: String,
+    pub follow: bool,
+    pub pod: Option<String>,
+    pub verdict: Option<String>,
+    pub output: String,
+}
+
+/// One agent's flow log: where to ask, and from which namespace.
+struct FlowSource {
+    label: String,
+    netns: Option<podnet_kernel::Netns>,
+    addr: SocketAddr,
+    after: u64,
+    lost: u64,
+}
+
+/// A GET on plain HTTP/1.1 (the agent closes the connection after its
+/// answer); the status and the body.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, body.to_string()))
+}
+
+/// `podnet flows`.
+pub fn flows(a: FlowArgs) -> Result<()> {
+    if !["text", "json"].contains(&a.output.as_str()) {
+        bail!("-o {:?}: want text or json", a.output);
+    }
+    if let Some(v) = &a.verdict {
+        if !["forwarded", "dropped"].contains(&v.as_str()) {
+            bail!("--verdict {v:?}: want forwarded or dropped");
+        }
+    }
+    let pod = a.pod.as_ref().map(|p| {
+        if p.contains('/') {
+            p.clone()
+        } else {
+            format!("default/{p}")
+        }
+    });
+    let mut sources = Vec::new();
+    match &a.lab {
+        Some(name) => {
+            let exe = std::fs::canonicalize("/proc/self/exe")?;
+            let st = podnet_lab::Lab::new(name, exe)?.state()?;
+            for n in &st.nodes {
+                sources.push(FlowSource {
+                    label: n.name.clone(),
+                    netns: Some(podnet_kernel::Netns::named(&n.netns)?),
+                    addr: ([127, 0, 0, 1], 10249).into(),
+                    after: 0,
+                    lost: 0,
+                });
+            }
+        }
+        None => sources.push(FlowSource {
+            label: a.agent.clone(),
+            netns: None,
+            addr: podnet_daemon::listen_addr(&a.agent).map_err(anyhow::Error::msg)?,
+            after: 0,
+            lost: 0,
+        }),
+    }
+    loop {
+        let mut batch: Vec<podnet_trace::flows::FlowRecord> = Vec::new();
+        for s in &mut sources {
+            let path = format!("/flows?after={}", s.after);
+            let got = match &s.netns {
+                Some(ns) => ns.run(|| http_get(s.addr, &path))?,
+                None => http_get(s.addr, &path),
+            }
+            .with_context(|| format!("{}: reading the agent's flow log at {}", s.label, s.addr))?;
+            if got.0 != 200 {
+                bail!(
+                    "{}: the agent answered {} for /flows: {} (is it running without --no-flows?)",
+                    s.label,
+                    got.0,
+                    got.1.trim()
+                );
+            }
+            let page: podnet_trace::flows::Page = serde_json::from_str(&got.1)
+                .with_context(|| format!("{}: not a flow page", s.label))?;
+            if page.missed > 0 {
+                eprintln!(
+                    "{}: {} flows missed (the log holds the newest only)",
+                    s.label, page.missed
+                );
+            }
+            if page.lost > s.lost {
+                eprintln!(
+                    "{}: the kernel dropped {} batches of connection events",
+                    s.label,
+                    page.lost - s.lost
+                );
+                s.lost = page.lost;
+            }
+            s.after = page.last;
+            batch.extend(page.flows);
+        }
+        batch.sort_by_key(|f| (f.time_ms, f.node.clone(), f.seq));
+        for f in batch.iter().filter(|f| {
+            a.verdict.as_ref().is_none_or(|v| &f.verdict == v)
+                && pod.as_ref().is_none_or(|p| f.involves(p))
+        }) {
+            if a.output == "json" {
+                println!("{}", serde_json::to_string(f)?);
+            } else {
+                println!("{}", f.text());
+            }
+        }
+        if !a.follow {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

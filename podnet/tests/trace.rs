@@ -404,3 +404,78 @@ fn a_trace_names_what_is_wrong_with_its_arguments() {
         assert!(err.contains(want), "{src} {dst}: {err}");
     }
 }
+
+/// `podnet flows --lab`: every node's flow log, each address named. A
+/// denied connection shows on the denying node with its policy; a
+/// Service connection shows its endpoint; the metrics count per verdict.
+#[test]
+fn the_flow_log_shows_a_denied_connection_with_its_policy() {
+    let lab = Lab::up("trf", "vxlan", 2);
+    lab.pod("a", "node1", "");
+    let web = lab.pod("web1", "node2", "app=web");
+    let locked = lab.pod("locked", "node2", "app=locked");
+    lab.apply(SERVICES);
+    lab.apply(DENY);
+    let cip = lab.spec("web", "clusterIP").as_str().unwrap().to_string();
+    let flows = |args: &[&str]| -> Vec<Value> {
+        let mut a = vec!["flows", "--lab", lab.name.as_str(), "-o", "json"];
+        a.extend_from_slice(args);
+        let o = podnet(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON flow per line"))
+            .collect()
+    };
+    // The denial: traced until the policy is in force, then in the log.
+    lab.trace_until("default/a", "default/locked:80", "timed-out");
+    let dropped = eventually("the denial in the flow log", WAIT, || {
+        let d = flows(&["--verdict", "dropped", "--pod", "default/locked"]);
+        (!d.is_empty()).then_some(d)
+    });
+    let d = &dropped[0];
+    assert_eq!(d["node"], "node2", "{d}");
+    assert_eq!(d["src_name"], "default/a");
+    assert_eq!(d["dst_name"], "default/locked");
+    assert_eq!(d["dst"], locked);
+    assert_eq!(d["dport"], 80);
+    assert_eq!(d["policies"], serde_json::json!(["default/deny-locked"]));
+    assert!(
+        d["reason"].as_str().unwrap().starts_with("ingress denied"),
+        "{d}"
+    );
+    assert!(dropped.iter().all(|f| f["verdict"] == "dropped"));
+
+    // A Service connection: forwarded on node1 with the endpoint, and on
+    // node2 to the endpoint itself.
+    lab.trace_until("default/a", "default/web:80", "connected");
+    let fwd = flows(&["--verdict", "forwarded", "--pod", "default/web1"]);
+    let via_svc = fwd
+        .iter()
+        .find(|f| f["node"] == "node1" && f["dst"] == cip.as_str())
+        .unwrap_or_else(|| panic!("no Service flow on node1: {fwd:#?}"));
+    assert_eq!(via_svc["dst_name"], "Service default/web");
+    assert_eq!(via_svc["endpoint"], format!("{web}:80"));
+    assert_eq!(via_svc["endpoint_name"], "default/web1");
+    assert_eq!(via_svc["masqueraded"], false);
+    assert!(fwd
+        .iter()
+        .any(|f| f["node"] == "node2" && f["dst_name"] == "default/web1"));
+
+    // The metrics count what the log holds, per verdict.
+    let ns = podnet_kernel::Netns::named(&format!("pn-{}-node2", lab.name)).unwrap();
+    let (code, m) =
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("podnet_flows_total{verdict=\"dropped\"}")),
+        "{m}"
+    );
+    // A bad query is refused by name.
+    let (code, body) =
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 10249).into(), "/flows?after=x")
+            .unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("after"), "{body}");
+}

@@ -17,6 +17,8 @@
 //! established connections survive a restart; `--cleanup` removes
 //! everything.
 
+pub mod flows;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +71,8 @@ pub struct Options {
     /// `--policy-strict`: also cut established connections a policy change
     /// no longer allows.
     pub policy_strict: bool,
+    /// The node's flow log, fed by this agent (None: `--no-flows`).
+    pub flows: Option<Arc<std::sync::Mutex<podnet_trace::flows::FlowLog>>>,
 }
 
 /// The addresses NodePorts are accepted on, from `--nodeport-addresses`
@@ -139,6 +143,7 @@ pub async fn run(
         .proxy
         .then(|| source.subscribe(&[Kind::Service, Kind::EndpointSlice, Kind::Node]));
     let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
+    let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
     let mut subnets = match &cluster {
         Cluster::Store(store) => Subnets::Leases(Leases::new(
             store.clone(),
@@ -208,6 +213,28 @@ pub async fn run(
         }))
     });
 
+    // The flow log: names from its subscription (read at once, like every
+    // subscription), new connections from conntrack on a thread.
+    let recorder = opts
+        .flows
+        .clone()
+        .map(|log| flows::Recorder::new(&opts.node, log, metrics.clone()));
+    let _flows = match (&recorder, flows_sub) {
+        (Some(r), Some(sub)) => {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (r2, s2) = (r.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("flow-log".into())
+                .spawn(move || r2.conntrack(s2))
+                .map_err(|e| AgentError::Other(format!("starting the flow log: {e}")))?;
+            Some((
+                AbortOnDrop(tokio::spawn(r.clone().names(sub))),
+                StopOnDrop(stop),
+            ))
+        }
+        _ => None,
+    };
+
     // NetworkPolicy, also before the subnet claim (its subscription must
     // be read); it fails closed on the subnet once it is known.
     let policy = match policy_sub {
@@ -219,8 +246,9 @@ pub async fn run(
                 strict: opts.policy_strict,
             };
             let socket = podnet_policy::hint::socket_for(&opts.subnet_file);
+            let sink = recorder.as_ref().map(|r| r.denial_sink());
             let (feed, fut) =
-                podnet_policy::start(sub, popts, socket, opts.resync, metrics.clone())
+                podnet_policy::start_with(sub, popts, socket, opts.resync, metrics.clone(), sink)
                     .map_err(|e| AgentError::Other(e.to_string()))?;
             Some((feed, AbortOnDrop(tokio::spawn(fut))))
         }
@@ -306,6 +334,14 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

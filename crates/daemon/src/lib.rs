@@ -299,13 +299,24 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
     }
 }
 
+/// A daemon's own pages beside the standard ones: given the request's
+/// path (with its query), a status, a content type and a body; None for a
+/// path it does not serve.
+pub type Pages = Arc<dyn Fn(&str) -> Option<(u16, &'static str, String)> + Send + Sync>;
+
 /// Serves /metrics, /healthz and /readyz until the listener is dropped.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_with(listener, metrics, None).await
+}
+
+/// [`serve`], with `pages` for any other path (the agent's `/flows`).
+pub async fn serve_with(listener: TcpListener, metrics: Arc<Metrics>, pages: Option<Pages>) {
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
             continue;
         };
         let m = metrics.clone();
+        let pages = pages.clone();
         tokio::spawn(async move {
             // The request line may arrive in pieces: read up to the end of
             // the headers (or 2 KiB).
@@ -331,10 +342,15 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                     Ok(()) => (200, "text/plain", "ok\n".to_string()),
                     Err(why) => (503, "text/plain", format!("{why}\n")),
                 },
-                _ => (404, "text/plain", "not found\n".to_string()),
+                other => pages.as_ref().and_then(|p| p(other)).unwrap_or((
+                    404,
+                    "text/plain",
+                    "not found\n".to_string(),
+                )),
             };
             let reason = match code {
                 200 => "OK",
+                400 => "Bad Request",
                 503 => "Service Unavailable",
                 _ => "Not Found",
             };

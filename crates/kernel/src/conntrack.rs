@@ -197,6 +197,105 @@ impl Table {
     }
 }
 
+/// What happened to a connection, as the event says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A new connection was confirmed (its first packet left the hooks).
+    New,
+    /// Its state changed (a TCP state, a status bit).
+    Update,
+    /// It ended (closed, timed out, or deleted).
+    Destroy,
+}
+
+/// The connection-tracking events of one namespace (ctnetlink's multicast
+/// groups): a flow log hears of every new connection as the kernel
+/// confirms it, without polling the table. The kernel sends only while
+/// someone listens. Delivery does not wait for a slow reader: a full
+/// receive buffer drops events, which [`Events::lost`] counts.
+pub struct Events {
+    sock: Socket,
+    lost: u64,
+}
+
+impl Events {
+    /// Joins the groups of `kinds` in the calling thread's namespace.
+    pub fn open(kinds: &[EventKind]) -> Result<Events, KernelError> {
+        use std::os::fd::AsRawFd;
+        const NETLINK_ADD_MEMBERSHIP: i32 = 1;
+        let sock = Socket::open(NETLINK_NETFILTER)
+            .map_err(|e| KernelError::io("opening a ctnetlink event socket", e))?;
+        for k in kinds {
+            let group = match k {
+                EventKind::New => 1,
+                EventKind::Update => 2,
+                EventKind::Destroy => 3,
+            };
+            nl::set_int_opt(
+                sock.as_raw_fd(),
+                libc::SOL_NETLINK,
+                NETLINK_ADD_MEMBERSHIP,
+                group,
+            )
+            .map_err(|e| KernelError::io(format!("joining conntrack event group {group}"), e))?;
+        }
+        Ok(Events { sock, lost: 0 })
+    }
+
+    /// Sets the socket's receive buffer (the kernel doubles it).
+    pub fn set_buffer(&mut self, bytes: usize) -> Result<(), KernelError> {
+        let v = i32::try_from(bytes / 2).unwrap_or(i32::MAX / 2);
+        self.sock
+            .set_recv_buffer(v)
+            .map_err(|e| KernelError::io("setting the conntrack event buffer", e))
+    }
+
+    /// Makes [`Events::recv`] return `Ok(vec![])` after `timeout` without
+    /// events; `None` waits forever.
+    pub fn set_timeout(&mut self, timeout: Option<std::time::Duration>) -> Result<(), KernelError> {
+        self.sock
+            .set_recv_timeout(timeout)
+            .map_err(|e| KernelError::io("setting the conntrack event timeout", e))
+    }
+
+    /// The events of the next datagram; empty after a timeout. An overrun
+    /// is counted in [`Events::lost`] and the wait goes on.
+    pub fn recv(&mut self) -> Result<Vec<(EventKind, Entry)>, KernelError> {
+        loop {
+            let msgs = match self.sock.recv_messages() {
+                Ok(m) => m,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    self.lost += 1;
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Vec::new()),
+                Err(e) => return Err(KernelError::io("reading conntrack events", e)),
+            };
+            let new = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
+            let del = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE;
+            return Ok(msgs
+                .filter_map(|m| {
+                    let kind = if m.msg_type == del {
+                        EventKind::Destroy
+                    } else if m.msg_type == new && m.flags & nl::NLM_F_CREATE != 0 {
+                        EventKind::New
+                    } else if m.msg_type == new {
+                        EventKind::Update
+                    } else {
+                        return None;
+                    };
+                    parse_entry(m.body).map(|e| (kind, e))
+                })
+                .collect());
+        }
+    }
+
+    /// Receive-buffer overruns so far (each dropped one or more events).
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+}
+
 /// [`Table::list`] in the calling thread's namespace.
 pub fn list(family: Option<IpFamily>) -> Result<Vec<Entry>, KernelError> {
     Table::new()?.list(family)

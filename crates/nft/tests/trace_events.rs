@@ -174,3 +174,61 @@ fn a_marked_packet_reports_every_rule_it_meets() {
     );
     assert_eq!(drop.comment.as_deref(), Some("no discard service here"));
 }
+
+/// The flow log's source: ctnetlink's multicast events report a new
+/// connection (with its tuples) once the kernel confirms it, in the
+/// namespace it happened in.
+#[test]
+fn conntrack_events_report_new_connections() {
+    use podnet_kernel::conntrack::{EventKind, Events};
+    let g = TestNs::new("ctev");
+    let ns = g.netns();
+    // Connection tracking starts once a rule needs it.
+    let mut t = Table::new(Family::Inet, "pnct");
+    t.chains.insert(
+        "out".into(),
+        base(
+            Hook::Output,
+            0,
+            vec![Rule::new(vec![Expr::CtStateNew, Expr::Counter])],
+        ),
+    );
+    ns.run(|| Conn::open().unwrap().apply(&t, &diff(None, &t)))
+        .unwrap()
+        .unwrap();
+    let mut ev = ns
+        .run(|| Events::open(&[EventKind::New, EventKind::Destroy]))
+        .unwrap()
+        .unwrap();
+    ev.set_timeout(Some(Duration::from_millis(200))).unwrap();
+    let port = ns
+        .run(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let sport = c.local_addr().unwrap().port();
+            drop(l.accept().unwrap());
+            (port, sport)
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new = loop {
+        assert!(Instant::now() < deadline, "no New event");
+        if let Some((_, e)) = ev
+            .recv()
+            .unwrap()
+            .into_iter()
+            .find(|(k, e)| *k == EventKind::New && e.orig.dport == port.0)
+        {
+            break e;
+        }
+    };
+    assert_eq!(new.proto, 6);
+    assert_eq!(new.orig.sport, port.1);
+    assert_eq!(
+        new.orig.src,
+        "127.0.0.1".parse::<std::net::IpAddr>().unwrap()
+    );
+    assert_eq!(new.reply.sport, port.0, "the reply comes from the listener");
+    assert_eq!(ev.lost(), 0);
+}

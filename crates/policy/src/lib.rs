@@ -86,6 +86,19 @@ pub fn start(
     resync: Duration,
     metrics: Arc<Metrics>,
 ) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
+    start_with(sub, opts, socket, resync, metrics, None)
+}
+
+/// [`start`], also handing every explained denial to `sink` (the node's
+/// flow log).
+pub fn start_with(
+    sub: Subscription,
+    opts: Options,
+    socket: PathBuf,
+    resync: Duration,
+    metrics: Arc<Metrics>,
+    sink: Option<log::DenialSink>,
+) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
     let world = Arc::new(RwLock::new(World::new()));
     let plane = PolicyPlane::new(opts, world.clone(), metrics.clone())
         .map_err(|e| PolicyError::Sync(e.to_string()))?;
@@ -116,7 +129,7 @@ pub fn start(
         let (w, lm) = (world.clone(), m.clone());
         std::thread::Builder::new()
             .name("policy-log".into())
-            .spawn(move || log::read(w, lm, stop))
+            .spawn(move || log::read(w, lm, stop, sink))
             .expect("thread");
         let hints = async {
             if let Err(e) = hint::serve(socket.clone(), hint_tx).await {

@@ -123,8 +123,16 @@ fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
     );
 }
 
+/// Who else hears of each denial (the node's flow log).
+pub type DenialSink = Arc<dyn Fn(&Denial) + Send + Sync>;
+
 /// Reads the log group until `stop` is set; runs on its own thread.
-pub fn read(world: Arc<RwLock<World>>, metrics: Arc<Metrics>, stop: Arc<AtomicBool>) {
+pub fn read(
+    world: Arc<RwLock<World>>,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+    sink: Option<DenialSink>,
+) {
     let mut l = match Listener::bind(LOG_GROUP) {
         Ok(l) => l,
         Err(e) => {
@@ -192,6 +200,9 @@ pub fn read(world: Arc<RwLock<World>>, metrics: Arc<Metrics>, stop: Arc<AtomicBo
                 &format!("cause=\"{}\"", d.cause),
                 1.0,
             );
+            if let Some(s) = &sink {
+                s(&d);
+            }
             for pol in &d.policies {
                 metrics.inc(
                     "podnet_policy_denied_by_policy_total",

@@ -11,6 +11,7 @@
 //! where they disagree with the kernel.
 
 pub mod collect;
+pub mod flows;
 pub mod hops;
 pub mod plan;
 pub mod probe;
