@@ -160,6 +160,18 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// A lab that goes down when dropped, on every way out (the library's
+/// teardown: namespaces, links, processes, files).
+pub struct LabGuard(pub podnet_lab::Lab);
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.down() {
+            eprintln!("lab {} down: {e}", self.0.name);
+        }
+    }
+}
+
 /// Sets SO_LINGER 0, so closing the socket resets the connection: a rate
 /// test never runs out of ports or fills TIME_WAIT.
 fn reset_on_close(s: &std::net::TcpStream) {

@@ -320,6 +320,25 @@ impl Lab {
         self.wait_agent_synced(node, &[], STEP_TIMEOUT)
     }
 
+    /// Restarts node `node`'s agent with `extra` arguments after the lab's
+    /// own (`--no-flows`, `--no-proxy`: a benchmark's other contender), and
+    /// waits until it has synced.
+    pub fn restart_agent_args(&self, node: &str, extra: &[&str]) -> Result<(), LabError> {
+        let st = self.state()?;
+        let n = self.node_info(node)?;
+        self.stop_agent(node, false)?;
+        let mut args = self.daemon_args(&st, crate::Daemon::Agent(&n));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.ensure_forwarder(&st, &format!("forward-{node}"), &n.netns)?;
+        self.spawn_daemon(
+            &format!("agent-{node}"),
+            Some(&n.netns),
+            &args,
+            crate::AGENT_CAPS,
+        )?;
+        self.wait_agent_synced(node, &[], STEP_TIMEOUT)
+    }
+
     /// Cluster DNS replica `index` (1-based): its names and node.
     pub fn dns_replica(&self, index: usize) -> Result<DnsReplica, LabError> {
         let st = self.state()?;
