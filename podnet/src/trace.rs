@@ -18,71 +18,146 @@ use podnet_policy::{evaluate, Flow, World};
 use podnet_trace::collect::{Node, Oracles, Pod, PolicyAnswer, Request};
 use podnet_trace::hops::{Names, ServicePort};
 
-/// The cluster's objects the trace needs, from one complete list.
-struct View {
-    world: World,
-    services: Vec<Service>,
-    slices: Vec<EndpointSlice>,
+/// The cluster's objects a trace (and the web view) needs, kept by
+/// applying the object source's deltas.
+#[derive(Default)]
+pub struct View {
+    pub world: World,
+    pub services: BTreeMap<String, Service>,
+    pub slices: BTreeMap<String, EndpointSlice>,
+    pub nodes: BTreeMap<String, podnet_api::k8s_openapi::api::core::v1::Node>,
+    /// The first complete list has been applied.
+    pub ready: bool,
 }
 
-async fn load(source: podnet_source::Source) -> Result<View> {
-    let mut source = source;
-    let kinds = [
-        Kind::Pod,
-        Kind::Namespace,
-        Kind::NetworkPolicy,
-        Kind::Service,
-        Kind::EndpointSlice,
-    ];
-    let mut sub = source.subscribe(&kinds);
-    let _running = source.start();
-    let mut v = View {
-        world: World::new(),
-        services: Vec::new(),
-        slices: Vec::new(),
-    };
-    let mut svcs: BTreeMap<String, Service> = BTreeMap::new();
-    let mut slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
-    loop {
-        let b = tokio::time::timeout(Duration::from_secs(15), sub.next_batch())
-            .await
-            .map_err(|_| anyhow!("the cluster's objects did not arrive within 15s"))?
-            .ok_or_else(|| anyhow!("the object source ended"))?;
-        for d in &b.deltas {
-            v.world.apply(d);
-            let k = d.key();
-            let id = format!("{}/{}", k.namespace.clone().unwrap_or_default(), k.name);
-            match d {
-                podnet_source::Delta::Added(o) | podnet_source::Delta::Updated(o) => {
-                    match o.as_ref() {
-                        Object::Service(s) => {
-                            svcs.insert(id, (**s).clone());
-                        }
-                        Object::EndpointSlice(s) => {
-                            slices.insert(id, (**s).clone());
-                        }
-                        _ => {}
-                    }
+/// What a [`View`] subscribes to.
+const VIEW_KINDS: &[Kind] = &[
+    Kind::Pod,
+    Kind::Namespace,
+    Kind::NetworkPolicy,
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::Node,
+];
+
+impl View {
+    fn apply(&mut self, d: &podnet_source::Delta) {
+        self.world.apply(d);
+        let k = d.key();
+        let id = format!("{}/{}", k.namespace.clone().unwrap_or_default(), k.name);
+        match d {
+            podnet_source::Delta::Added(o) | podnet_source::Delta::Updated(o) => match o.as_ref() {
+                Object::Service(s) => {
+                    self.services.insert(id, (**s).clone());
                 }
-                podnet_source::Delta::Deleted(_) => {
-                    if k.kind == Kind::Service {
-                        svcs.remove(&id);
-                    } else if k.kind == Kind::EndpointSlice {
-                        slices.remove(&id);
-                    }
+                Object::EndpointSlice(s) => {
+                    self.slices.insert(id, (**s).clone());
                 }
-            }
-        }
-        if b.ready {
-            v.services = svcs.into_values().collect();
-            v.slices = slices.into_values().collect();
-            return Ok(v);
+                Object::Node(n) => {
+                    self.nodes.insert(k.name.clone(), (**n).clone());
+                }
+                _ => {}
+            },
+            podnet_source::Delta::Deleted(_) => match k.kind {
+                Kind::Service => {
+                    self.services.remove(&id);
+                }
+                Kind::EndpointSlice => {
+                    self.slices.remove(&id);
+                }
+                Kind::Node => {
+                    self.nodes.remove(&k.name);
+                }
+                _ => {}
+            },
         }
     }
 }
 
+/// A lab and what a trace needs of it.
+pub struct LabContext {
+    pub lab: podnet_lab::Lab,
+    pub st: podnet_lab::LabState,
+    pub net: podnet_api::netconfig::Resolved,
+}
+
+impl LabContext {
+    pub async fn open(name: &str) -> Result<(LabContext, podnet_source::Source)> {
+        let exe = std::fs::canonicalize("/proc/self/exe")?;
+        let lab = podnet_lab::Lab::new(name, exe)?;
+        let st = lab.state()?;
+        let watch = podnet_daemon::Metrics::new().store_watch("trace");
+        let (source, net) = if st.kube {
+            let spec: serde_json::Value = std::fs::read_to_string(lab.net_conf_path())
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_else(|| serde_json::json!({}));
+            let cfg: podnet_api::netconfig::NetworkConfig =
+                serde_json::from_value(serde_json::json!({ "spec": spec }))?;
+            let net = cfg
+                .resolve()
+                .map_err(|(f, m)| anyhow!("the lab's net-conf field {f}: {m}"))?;
+            (
+                podnet_source::Source::kube(
+                    podnet_source::kube_client(Some(&lab.kubeconfig()?)).await?,
+                    watch,
+                ),
+                net,
+            )
+        } else {
+            let store = podnet_store::open(&st.store)
+                .await
+                .with_context(|| format!("opening store {}", st.store))?;
+            let net = crate::dns::network_config(&store).await;
+            (podnet_source::Source::store(store, watch), net)
+        };
+        Ok((LabContext { lab, st, net }, source))
+    }
+}
+
+/// Keeps `view` current from `source` until the source ends; `ready` is
+/// told once the first complete list is in.
+pub async fn keep(
+    mut source: podnet_source::Source,
+    view: std::sync::Arc<std::sync::RwLock<View>>,
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    let mut sub = source.subscribe(VIEW_KINDS);
+    let _running = source.start();
+    let mut ready = ready;
+    while let Some(b) = sub.next_batch().await {
+        let mut v = view.write().expect("view");
+        for d in &b.deltas {
+            v.apply(d);
+        }
+        if b.ready && !v.ready {
+            v.ready = true;
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
+        }
+    }
+}
+
+/// One complete list through the source.
+async fn load(source: podnet_source::Source) -> Result<View> {
+    let view = std::sync::Arc::new(std::sync::RwLock::new(View::default()));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(keep(source, view.clone(), Some(tx)));
+    tokio::time::timeout(Duration::from_secs(15), rx)
+        .await
+        .map_err(|_| anyhow!("the cluster's objects did not arrive within 15s"))?
+        .map_err(|_| anyhow!("the object source ended"))?;
+    task.abort();
+    let _ = task.await;
+    let v = std::mem::take(&mut *view.write().expect("view"));
+    Ok(v)
+}
+
 struct LabOracles<'a> {
     view: &'a View,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
     stack: podnet_proxy::Stack,
     nodes: &'a [podnet_lab::NodeInfo],
 }
@@ -122,8 +197,8 @@ impl Oracles for LabOracles<'_> {
         let t = podnet_proxy::rules::plan(&podnet_proxy::rules::ProxyInput {
             node: &info,
             stack: self.stack,
-            services: &self.view.services,
-            slices: &self.view.slices,
+            services: &self.services,
+            slices: &self.slices,
         });
         let mut pkt = podnet_nft::trace::Packet::new(
             &src.to_string(),
@@ -159,24 +234,27 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
     if !["text", "json"].contains(&output) {
         bail!("-o {output:?}: want text or json");
     }
-    let exe = std::fs::canonicalize("/proc/self/exe")?;
-    let l = podnet_lab::Lab::new(lab_name, exe)?;
-    let st = l.state()?;
-    let watch = podnet_daemon::Metrics::new().store_watch("trace");
-    let source = if st.kube {
-        podnet_source::Source::kube(
-            podnet_source::kube_client(Some(&l.kubeconfig()?)).await?,
-            watch,
-        )
-    } else {
-        podnet_source::Source::store(
-            podnet_store::open(&st.store)
-                .await
-                .with_context(|| format!("opening store {}", st.store))?,
-            watch,
-        )
-    };
+    let (ctx, source) = LabContext::open(lab_name).await?;
     let view = load(source).await?;
+    let trace = tokio::task::block_in_place(|| trace_in(&ctx, &view, src, dst))?;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&trace)?);
+    } else {
+        print!("{}", trace.text());
+    }
+    Ok(())
+}
+
+/// Traces SRC -> DST in the lab of `ctx`, naming things from `view`
+/// (blocking: it sends the probe and reads the kernel).
+pub fn trace_in(
+    ctx: &LabContext,
+    view: &View,
+    src: &str,
+    dst: &str,
+) -> Result<podnet_trace::Trace> {
+    let (l, st, net) = (&ctx.lab, &ctx.st, &ctx.net);
+    let lab_name = l.name.as_str();
     let (host, port, proto) = crate::policy::target(dst)?;
     let mut names: Names = BTreeMap::new();
     for (k, v) in &view.world.pods {
@@ -188,7 +266,7 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
         names.insert(IpAddr::V4(n.ip), n.name.clone());
     }
     let mut services = Vec::new();
-    for s in &view.services {
+    for s in view.services.values() {
         let (ns, name) = (
             s.metadata.namespace.clone().unwrap_or_default(),
             s.metadata.name.clone().unwrap_or_default(),
@@ -238,7 +316,7 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
             *v.ips
                 .first()
                 .ok_or_else(|| anyhow!("pod {ns}/{name} has no address yet"))?
-        } else if let Some(s) = view.services.iter().find(|s| {
+        } else if let Some(s) = view.services.values().find(|s| {
             s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
         }) {
             s.spec
@@ -250,26 +328,11 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
             bail!("DST {host:?}: no pod, Service or node of that name, and not an address");
         }
     };
-    let net = if st.kube {
-        let spec: serde_json::Value = std::fs::read_to_string(l.net_conf_path())
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_else(|| serde_json::json!({}));
-        let cfg: podnet_api::netconfig::NetworkConfig =
-            serde_json::from_value(serde_json::json!({ "spec": spec }))?;
-        cfg.resolve()
-            .map_err(|(f, m)| anyhow!("the lab's net-conf field {f}: {m}"))?
-    } else {
-        crate::dns::network_config(
-            &podnet_store::open(&st.store)
-                .await
-                .with_context(|| format!("opening store {}", st.store))?,
-        )
-        .await
-    };
     let stack = podnet_proxy::Stack::v4(net.network).with_service_cidr(Some(net.service_cidr));
     let oracles = LabOracles {
-        view: &view,
+        view,
+        services: view.services.values().cloned().collect(),
+        slices: view.slices.values().cloned().collect(),
         stack,
         nodes: &st.nodes,
     };
@@ -324,13 +387,7 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
         timeout: Duration::from_secs(2),
         oracles: &oracles,
     };
-    let trace = tokio::task::block_in_place(|| podnet_trace::collect::run(&req))?;
-    if output == "json" {
-        println!("{}", serde_json::to_string_pretty(&trace)?);
-    } else {
-        print!("{}", trace.text());
-    }
-    Ok(())
+    Ok(podnet_trace::collect::run(&req)?)
 }
 
 /// `podnet flows`' arguments.
