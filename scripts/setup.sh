@@ -12,6 +12,7 @@ PKGS=(
   protobuf-compiler libprotobuf-dev etcd-server  # etcd-client build (protoc + well-known protos), etcd tests
   dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
   dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
+  chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
 )
 
 missing=()

@@ -10,6 +10,7 @@ mod kubectl;
 mod plugin_log;
 mod policy;
 mod trace;
+mod ui;
 
 use clap::{Parser, Subcommand};
 
@@ -211,6 +212,16 @@ enum Cmd {
         /// Output: text or json (one record per line).
         #[arg(short = 'o', long, default_value = "text")]
         output: String,
+    },
+    /// A web view of a lab: nodes with their subnets and tunnels, pods,
+    /// Services with their endpoints, live flows, and traces drawn as a
+    /// path (one page, served by podnet itself).
+    Ui {
+        #[arg(long, default_value = "lab")]
+        lab: String,
+        /// Where to serve the page (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:10280")]
+        listen: String,
     },
     /// NetworkPolicy tools.
     Policy {
@@ -523,6 +534,7 @@ fn main() {
             verdict,
             output,
         }),
+        Cmd::Ui { lab, listen } => block_on(ui::run(&lab, &listen)),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {

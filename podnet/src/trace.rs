@@ -411,7 +411,7 @@ struct FlowSource {
 
 /// A GET on plain HTTP/1.1 (the agent closes the connection after its
 /// answer); the status and the body.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
