@@ -14,9 +14,13 @@
 //! from a pod on the endpoint's node and on the other node, from the nodes
 //! themselves, from a client outside the cluster (on the underlay) and
 //! from a backend itself, over TCP or UDP, and records each outcome by
-//! cause: which backends answered (and, where asked, whether the backend
-//! saw the client's own address), refused (a TCP reset or an ICMP error),
-//! or timed out (dropped).
+//! cause ([`verdict`]): which backends answered (`w1+w2`: both; and, where
+//! asked, whether the backend saw the client's own address), `refused`
+//! (ECONNREFUSED: a TCP reset or an ICMP port-unreachable), `timeout`
+//! (dropped), `rejected at send (EPERM)` (a UDP datagram rejected in the
+//! sender's own output path), or the error itself (an ICMP
+//! admin-prohibited shows as "No route to host"). The health-check node
+//! port is asked over HTTP: its status and `localEndpoints`.
 //!
 //! The probes run twice on the same lab: first with podnet's agents
 //! (proxy included), then with the agents run `--no-proxy` and one
@@ -394,7 +398,7 @@ fn verdict(r: &[Reach]) -> String {
             Reach::Other(e) => format!("error: {e}"),
         });
     }
-    set.into_iter().collect::<Vec<_>>().join("|")
+    set.into_iter().collect::<Vec<_>>().join("+")
 }
 
 struct Diff {
@@ -428,14 +432,14 @@ impl Diff {
             let r = Reach::of(self.ask(p.from, p.to, p.udp, serve::WHOAMI), p.udp);
             let failed = !matches!(r, Reach::Connected(_));
             got.push(r);
-            let backends = verdict(&got).matches('|').count() + 1;
+            let backends = verdict(&got).matches('+').count() + 1;
             // A failure ends it (it would repeat), so do two backends.
             if failed || (p.tries == Tries::Spread && backends >= 2) {
                 break;
             }
         }
         let mut v = verdict(&got);
-        if p.tries == Tries::Sticky && got.len() == STICKY_TRIES && !v.contains('|') {
+        if p.tries == Tries::Sticky && got.len() == STICKY_TRIES && !v.contains('+') {
             v = if v.starts_with('w') {
                 "one backend for every try".into()
             } else {
@@ -685,7 +689,7 @@ fn podnet_and_kube_proxy_nftables_give_the_same_packet_flow_verdicts() {
     let basic = probes[0].id();
     for (who, t) in [("podnet", &podnet_table), ("kube-proxy", &kube_table)] {
         assert!(
-            t[&basic].starts_with("w1|w2"),
+            t[&basic].starts_with("w1+w2"),
             "{who} did not serve the basic ClusterIP: {}",
             t[&basic]
         );
