@@ -614,6 +614,21 @@ fn setup() -> Diff {
         ),
     );
     assert!(done, "{out}");
+    // The kernel's ICMP manners, the same under both proxies, must not
+    // thin out the verdicts: a node forwarding a probe back out the
+    // interface it came in on (to the gateway) sends the outside client a
+    // redirect, which restarts that client's ICMP rate-limit bucket on the
+    // node (the two share one inet_peer), so the node's next rejects to it
+    // (ICMP port-unreachable) would be suppressed for a second and read as
+    // drops. No redirects, and no ICMP rate limit, on the nodes.
+    for n in ["node1", "node2"] {
+        let (done, out) = try_sh_in(
+            &lab.node_ns(n),
+            "sysctl -qw net.ipv4.icmp_ratelimit=0 net.ipv4.conf.all.send_redirects=0 \
+             net.ipv4.conf.default.send_redirects=0 net.ipv4.conf.eth0.send_redirects=0",
+        );
+        assert!(done, "{n}: {out}");
+    }
     let mut sources = BTreeMap::new();
     sources.insert("c1", (c1.netns.clone(), c1.ip.clone()));
     sources.insert("c2", (c2.netns.clone(), c2.ip.clone()));
@@ -668,14 +683,28 @@ fn podnet_and_kube_proxy_nftables_give_the_same_packet_flow_verdicts() {
         .build()
         .unwrap();
     let kp = rt
-        .block_on(d.lib.start_kube_proxy(&podnet_lab::kubeproxy::Options {
-            binary: kube_proxy,
-            extra_args: vec![],
-        }))
+        .block_on(
+            d.lib
+                .start_kube_proxy(&podnet_lab::kubeproxy::Options::new(kube_proxy)),
+        )
         .unwrap();
     d.wait_served("kube-proxy");
     let kube_table = d.table(&probes);
     print_table("kube-proxy nftables", &kube_table);
+    // It ran with the rights kubeadm gives it: nothing was refused.
+    for n in nodes {
+        let log = std::fs::read_to_string(d.lib.log_path(&podnet_lab::kubeproxy::role(n)))
+            .unwrap_or_default();
+        assert!(
+            log.contains("nftables"),
+            "kube-proxy on {n} logged nothing useful:\n{log}"
+        );
+        let denied: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+        assert!(
+            denied.is_empty(),
+            "kube-proxy on {n} was refused: {denied:#?}"
+        );
+    }
     kp.stop().unwrap();
     for n in nodes {
         let t = podnet_testkit::nft_list(Some(&d.lab.node_ns(n)), "tables").unwrap_or_default();

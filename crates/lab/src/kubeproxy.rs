@@ -50,7 +50,8 @@ pub const HEALTHZ_ADDR: &str = "127.0.0.1:10356";
 /// kube-proxy's ServiceAccount, in [`kube::RBAC_NAMESPACE`], as kubeadm
 /// names it.
 pub const ACCOUNT: &str = "kube-proxy";
-/// How long starting the proxies may take before it fails.
+/// How long starting the proxies may take before it fails, by default
+/// ([`Options::timeout`]; also the bound on each agent's restart).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// kube-proxy's identity and rights, as kubeadm installs them: a
@@ -103,6 +104,20 @@ pub struct Options {
     pub binary: PathBuf,
     /// More flags, after the lab's (say `--iptables-min-sync-period=0`).
     pub extra_args: Vec<String>,
+    /// How long every node's kube-proxy may take to be synced (a first
+    /// sync of many Services on a loaded machine takes a while).
+    pub timeout: Duration,
+}
+
+impl Options {
+    /// `binary` with no extra flags and [`START_TIMEOUT`].
+    pub fn new(binary: PathBuf) -> Options {
+        Options {
+            binary,
+            extra_args: Vec::new(),
+            timeout: START_TIMEOUT,
+        }
+    }
 }
 
 /// kube-proxy running on every node of a lab. Dropping it stops every one
@@ -212,7 +227,7 @@ impl Lab {
             kp.nodes.push(node.clone());
             spawn_logged(&self.dir, &role(&node.name), &mut cmd, Some(&node.netns))?;
         }
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + o.timeout;
         for node in &st.nodes {
             let r = role(&node.name);
             loop {
@@ -247,9 +262,10 @@ impl Lab {
                         })
                         .unwrap_or_default();
                     return Err(msg(format!(
-                        "kube-proxy on {} not synced after {START_TIMEOUT:?} (/healthz 200: {healthy}, \
+                        "kube-proxy on {} not synced after {:?} (/healthz 200: {healthy}, \
                          sync metrics: {sync_lines:?}, table {TABLE}: {}); {}'s last lines:\n{}",
                         node.name,
+                        o.timeout,
                         has_table(&node.netns, TABLE)?,
                         self.log_path(&r).display(),
                         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
