@@ -615,12 +615,13 @@ fn setup() -> Diff {
     );
     assert!(done, "{out}");
     // The kernel's ICMP manners, the same under both proxies, must not
-    // thin out the verdicts: a node forwarding a probe back out the
-    // interface it came in on (to the gateway) sends the outside client a
-    // redirect, which restarts that client's ICMP rate-limit bucket on the
-    // node (the two share one inet_peer), so the node's next rejects to it
-    // (ICMP port-unreachable) would be suppressed for a second and read as
-    // drops. No redirects, and no ICMP rate limit, on the nodes.
+    // thin out the verdicts: no ICMP rate limit (a suppressed
+    // port-unreachable reads as a drop) and no redirects (a probe the node
+    // forwards back out of eth0 would send the outside client one, and a
+    // redirect restarts that client's ICMP rate-limit bucket on the node:
+    // both use one inet_peer). Once, before this, both `none` probes from
+    // outside timed out in podnet's turn; that this was the cause is a
+    // hypothesis (bench/README.md).
     for n in ["node1", "node2"] {
         let (done, out) = try_sh_in(
             &lab.node_ns(n),
