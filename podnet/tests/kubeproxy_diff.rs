@@ -30,6 +30,10 @@
 //! every entry of [`KNOWN`] must still differ, so the list stays true.
 //! Both proxies must have served (the basic ClusterIP probes connect
 //! under each), so the test cannot pass on two dead data planes.
+//!
+//! On a difference, each node's tables as they were during both turns
+//! (and the gateway's leak count) are printed with the failure;
+//! `PODNET_KPDIFF_SHOW=1` prints them on success too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -505,6 +509,29 @@ impl Diff {
         out
     }
 
+    /// Every node's nftables tables whose name starts with `prefix`, and
+    /// what the gateway saw leave the nodes so far, as text.
+    fn kernel_state(&self, who: &str, prefix: &str) -> String {
+        let mut out = format!(
+            "=== kernel state during {who}'s turn (gateway leaks so far: {:?})\n",
+            self.lib.gateway_leaks().map(|l| l.packets)
+        );
+        for n in ["node1", "node2"] {
+            let ns = self.lab.node_ns(n);
+            let tables = podnet_testkit::nft_list(Some(&ns), "tables").unwrap_or_default();
+            for t in tables.lines().filter_map(|l| l.strip_prefix("table ")) {
+                if t.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|name| name.starts_with(prefix))
+                {
+                    let body = podnet_testkit::nft_list(Some(&ns), &format!("table {t}"));
+                    out += &format!("--- {n}: table {t}\n{}\n", body.unwrap_or_default());
+                }
+            }
+        }
+        out
+    }
+
     /// Waits until the basic ClusterIP answers from both client pods: the
     /// data plane of the proxy now running works at all.
     fn wait_served(&self, who: &str) {
@@ -675,6 +702,9 @@ fn podnet_and_kube_proxy_nftables_give_the_same_packet_flow_verdicts() {
     }
     d.wait_served("podnet");
     let podnet_table = d.table(&probes);
+    // What each proxy had in the kernel while probed, shown on a failure
+    // (the lab, and so the kernel state, is gone by then).
+    let mut evidence = d.kernel_state("podnet", "podnet");
     print_table("podnet", &podnet_table);
 
     // kube-proxy nftables: agents without their proxy (and its tables).
@@ -691,6 +721,7 @@ fn podnet_and_kube_proxy_nftables_give_the_same_packet_flow_verdicts() {
         .unwrap();
     d.wait_served("kube-proxy");
     let kube_table = d.table(&probes);
+    evidence += &d.kernel_state("kube-proxy", "kube-proxy");
     print_table("kube-proxy nftables", &kube_table);
     // It ran with the rights kubeadm gives it: nothing was refused.
     for n in nodes {
@@ -748,9 +779,12 @@ fn podnet_and_kube_proxy_nftables_give_the_same_packet_flow_verdicts() {
     for (id, pn, kp, why) in KNOWN {
         eprintln!("known difference: {id}: podnet {pn}, kube-proxy {kp}: {why}");
     }
+    if !unexplained.is_empty() || std::env::var_os("PODNET_KPDIFF_SHOW").is_some() {
+        eprintln!("{evidence}");
+    }
     assert!(
         unexplained.is_empty(),
-        "{} unexplained differences:\n{}",
+        "{} unexplained differences (each node's tables during both turns printed above):\n{}",
         unexplained.len(),
         unexplained.join("\n")
     );
