@@ -4,7 +4,9 @@
 #
 #   scripts/k8s-peers.sh                 # kube-apiserver kube-controller-manager kubectl
 #   scripts/k8s-peers.sh kubectl etcd    # only these
-#   scripts/k8s-peers.sh kube-proxy      # the peer of kubeproxy-bench (not in the default list)
+#   scripts/k8s-peers.sh kube-proxy      # the peer of kubeproxy-bench and tests/kubeproxy_diff.rs
+#                                        # (not in the default list, which `lab up --kube` needs;
+#                                        # scripts/setup.sh builds it too)
 #   K8S_VERSION=v1.34.4 scripts/k8s-peers.sh
 #
 # Binaries are cached by version under /var/cache/podnet-peers/<component>-<version>/.

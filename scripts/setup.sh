@@ -31,10 +31,12 @@ fi
 command -v cargo >/dev/null || { echo "setup: cargo (Rust toolchain) is required" >&2; exit 1; }
 
 # Real Kubernetes peers for the Kubernetes-mode tests (kube lab, differential
-# tests): kube-apiserver, kube-controller-manager and kubectl, built from Go
-# modules and cached by version under /var/cache/podnet-peers. Cold: about
-# 10 minutes on 2 cores; warm: a fraction of a second. Tests find them through
-# the same script (PODNET_K8S_PEERS=skip leaves them out).
+# tests): kube-apiserver, kube-controller-manager and kubectl, plus kube-proxy
+# (podnet/tests/kubeproxy_diff.rs diffs podnet's proxy against it; the same
+# k8s.io/kubernetes module, so little more to build), built from Go modules
+# and cached by version under /var/cache/podnet-peers. Cold: about 10 minutes
+# on 2 cores; warm: a fraction of a second. Tests find them through the same
+# script (PODNET_K8S_PEERS=skip leaves them out).
 if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
-  bash "$(dirname "$0")/k8s-peers.sh" >/dev/null
+  bash "$(dirname "$0")/k8s-peers.sh" kube-apiserver kube-controller-manager kubectl kube-proxy >/dev/null
 fi

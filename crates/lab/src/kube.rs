@@ -146,7 +146,7 @@ impl Peers {
 }
 
 /// The peers script: `PODNET_K8S_PEERS`, else the one in this source tree.
-fn peers_script() -> PathBuf {
+pub(crate) fn peers_script() -> PathBuf {
     match std::env::var_os("PODNET_K8S_PEERS") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -26,6 +26,7 @@ pub mod forward;
 pub mod gateway;
 pub mod kube;
 pub mod kubelet;
+pub mod kubeproxy;
 pub mod serve;
 pub mod upgrade;
 

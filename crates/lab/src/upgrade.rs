@@ -105,7 +105,7 @@ fn is_daemon_role(role: &str) -> bool {
 
 /// `GET path` over HTTP/1.0 to `addr` from inside `netns`: the status code
 /// and body, or `None` when nothing answers (a daemon starting or gone).
-fn http_get(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     let addr: SocketAddr = addr.parse().ok()?;
     let mut s = Netns::named(netns)
         .ok()?
@@ -244,7 +244,7 @@ impl Lab {
         }
     }
 
-    fn node_info(&self, node: &str) -> Result<crate::NodeInfo, LabError> {
+    pub(crate) fn node_info(&self, node: &str) -> Result<crate::NodeInfo, LabError> {
         self.state()?
             .nodes
             .into_iter()
@@ -262,10 +262,21 @@ impl Lab {
         also: &[&str],
         timeout: Duration,
     ) -> Result<(), LabError> {
+        let want: Vec<&str> = AGENT_SUBSYSTEMS.iter().chain(also).copied().collect();
+        self.wait_agent_subsystems(node, &want, timeout)
+    }
+
+    /// [`Lab::wait_agent_synced`] for exactly the subsystems `want` (an
+    /// agent run with `--no-proxy` has no proxy to wait for).
+    pub(crate) fn wait_agent_subsystems(
+        &self,
+        node: &str,
+        want: &[&str],
+        timeout: Duration,
+    ) -> Result<(), LabError> {
         let n = self.node_info(node)?;
         let role = format!("agent-{node}");
         let deadline = Instant::now() + timeout;
-        let want: Vec<&str> = AGENT_SUBSYSTEMS.iter().chain(also).copied().collect();
         loop {
             let ready = http_get(&n.netns, AGENT_METRICS, "/readyz");
             let synced = match http_get(&n.netns, AGENT_METRICS, "/metrics") {
@@ -279,7 +290,7 @@ impl Lab {
                 .collect();
             // The policy plane's first full sync can come before it knows
             // the node's subnet; it fails closed on it from the sync after.
-            let closed = !also.contains(&"policy") || policy_fails_closed(&n.netns);
+            let closed = !want.contains(&"policy") || policy_fails_closed(&n.netns);
             if matches!(ready, Some((200, _))) && missing.is_empty() && closed {
                 return Ok(());
             }

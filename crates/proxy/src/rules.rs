@@ -611,32 +611,41 @@ pub fn base_table(stack: &Stack, node: &NodeInfo) -> Table {
             rules: vec![Rule::new(vec![Expr::SetMark { bits: MASQ_MARK }])],
         },
     );
-    // Services without endpoints are rejected in the filter hooks.
-    let check = vec![
-        Rule::new(vec![Expr::VMap {
-            keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
-            map: "no-endpoint-services".into(),
-        }]),
-        Rule::new(
-            [Expr::InSet {
-                keys: vec![Field::L4Proto, Field::Dport],
-                set: "no-endpoint-nodeports".into(),
-                neg: false,
-            }]
-            .into_iter()
-            .chain(nodeport_daddr(stack, node))
-            .chain([Expr::VMap {
-                keys: vec![Field::L4Proto, Field::Dport],
-                map: "no-endpoint-nodeports".into(),
-            }])
-            .collect(),
-        ),
-    ];
+    // Services without endpoints are rejected (or, with a Local policy and
+    // none here, dropped) in the filter hooks: ClusterIPs and external
+    // addresses in input, forward and output; NodePorts in input only, as
+    // upstream does. The node's own traffic to one of its NodePorts is
+    // DNATed in nat output (a Local policy short-circuits it to every
+    // endpoint); only what nothing DNATed is delivered locally, where
+    // input judges it.
     t.chains.insert(
-        "endpoints-check".into(),
+        "service-endpoints-check".into(),
         Chain {
             base: None,
-            rules: check,
+            rules: vec![Rule::new(vec![Expr::VMap {
+                keys: vec![stack.daddr(), Field::L4Proto, Field::Dport],
+                map: "no-endpoint-services".into(),
+            }])],
+        },
+    );
+    t.chains.insert(
+        "nodeport-endpoints-check".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(
+                [Expr::InSet {
+                    keys: vec![Field::L4Proto, Field::Dport],
+                    set: "no-endpoint-nodeports".into(),
+                    neg: false,
+                }]
+                .into_iter()
+                .chain(nodeport_daddr(stack, node))
+                .chain([Expr::VMap {
+                    keys: vec![Field::L4Proto, Field::Dport],
+                    map: "no-endpoint-nodeports".into(),
+                }])
+                .collect(),
+            )],
         },
     );
     t.chains.insert(
@@ -681,23 +690,29 @@ pub fn base_table(stack: &Stack, node: &NodeInfo) -> Table {
             Expr::Verdict(Verdict::Jump(c.into())),
         ])
     };
+    // Incoming and forwarded packets were DNATed in prerouting already.
+    // Only a connection's first packet can be for a Service without
+    // endpoints; later packets skip the lookups.
     for (name, hook) in [
         ("filter-input", Hook::Input),
         ("filter-forward", Hook::Forward),
-        ("filter-output", Hook::Output),
     ] {
         let mut c = base(ChainType::Filter, hook, -110);
-        // Only a connection's first packet can be for a Service without
-        // endpoints; later packets skip the lookups.
-        c.rules.push(jump_new("endpoints-check"));
+        if hook == Hook::Input {
+            c.rules.push(jump_new("nodeport-endpoints-check"));
+        }
+        c.rules.push(jump_new("service-endpoints-check"));
         if hook == Hook::Forward {
-            // Forwarded packets were DNATed in prerouting already.
             c.rules.push(jump_new("cluster-ips-check"));
         }
         t.chains.insert(name.into(), c);
     }
-    // Local traffic is DNATed in nat output (-100): check it after that.
+    // The node's own traffic is DNATed in nat output (-100): it is checked
+    // after that, as upstream does, so what nat output short-circuited (an
+    // external address or NodePort of a Local Service with no endpoint
+    // here, reached from the node) is not dropped as "no local endpoints".
     let mut post_dnat = base(ChainType::Filter, Hook::Output, -90);
+    post_dnat.rules.push(jump_new("service-endpoints-check"));
     post_dnat.rules.push(jump_new("cluster-ips-check"));
     t.chains.insert("filter-output-post-dnat".into(), post_dnat);
 
@@ -1844,6 +1859,39 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_own_traffic_is_judged_after_nat_output() {
+        // As upstream: the node's own traffic meets nat output first (a
+        // Local policy short-circuits it to every endpoint), then the
+        // endpoint checks; NodePorts nothing DNATed reach input, where
+        // they are checked.
+        let t = plan_on(&node1(), &[], &[]);
+        let chain = |name: &str| {
+            t.chains[name]
+                .rules
+                .iter()
+                .flat_map(|r| r.exprs.iter())
+                .filter_map(|e| match e {
+                    Expr::Verdict(Verdict::Jump(c)) => Some(c.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            chain("filter-input"),
+            ["nodeport-endpoints-check", "service-endpoints-check"]
+        );
+        assert!(!t.chains.contains_key("filter-output"));
+        assert_eq!(
+            chain("filter-output-post-dnat"),
+            ["service-endpoints-check", "cluster-ips-check"]
+        );
+        assert_eq!(
+            chain("filter-forward"),
+            ["service-endpoints-check", "cluster-ips-check"]
+        );
+    }
+
+    #[test]
     fn external_local_short_circuits_pods_and_the_node_to_every_endpoint() {
         let mut s = web(
             json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
@@ -1887,16 +1935,14 @@ mod tests {
                 let o = Tracer::new(&t)
                     .with_local(&[NODE_IP])
                     .local(&Packet::new(NODE_IP, dst, Proto::Tcp, port), &mut |_| 0);
-                if all == both {
-                    assert!(
-                        o.dnat.is_some() && o.masquerade,
-                        "node to {dst}:{port}: {o:?}"
-                    );
-                } else {
-                    // No local endpoint: upstream's filter check drops the
-                    // node's own traffic before nat output could short-circuit it.
-                    assert_eq!(o.fate, Fate::Drop, "node to {dst}:{port}: {o:?}");
-                }
+                // With or without a local endpoint: upstream checks the
+                // node's own traffic after nat output short-circuited it
+                // (kube-proxy nftables does, podnet/tests/kubeproxy_diff.rs).
+                assert!(
+                    o.dnat.is_some() && o.masquerade,
+                    "node to {dst}:{port}: {o:?}"
+                );
+                assert_eq!(o.fate, Fate::Accept, "node to {dst}:{port}: {o:?}");
             }
             // From outside: local endpoints only, or dropped without one.
             let ext = Packet::new("198.51.100.20", "203.0.113.7", Proto::Tcp, 80);
