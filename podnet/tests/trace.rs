@@ -11,6 +11,9 @@ use std::time::Duration;
 use podnet_testkit::{eventually, nft_list, require_root};
 use serde_json::Value;
 
+#[path = "common/kubelab.rs"]
+mod kubelab;
+
 const WAIT: Duration = Duration::from_secs(30);
 
 fn podnet(args: &[&str]) -> Output {
@@ -23,6 +26,12 @@ fn podnet(args: &[&str]) -> Output {
 /// A standalone lab, removed when dropped.
 struct Lab {
     name: String,
+    nodes: usize,
+}
+
+/// Tracing in a lab someone else owns (by name and node count).
+struct Tracer<'a> {
+    name: &'a str,
     nodes: usize,
 }
 
@@ -89,11 +98,24 @@ impl Lab {
         })
     }
 
+    fn tracer(&self) -> Tracer<'_> {
+        Tracer {
+            name: &self.name,
+            nodes: self.nodes,
+        }
+    }
+
+    fn trace_until(&self, src: &str, dst: &str, want: &str) -> Value {
+        self.tracer().trace_until(src, dst, want)
+    }
+}
+
+impl Tracer<'_> {
     /// `podnet trace SRC DST -o json`, parsed; checks what every trace
     /// must hold: the kernel and the pure evaluators agree, nothing was
     /// lost, and no trace table is left on any node.
     fn trace(&self, src: &str, dst: &str) -> Value {
-        let o = podnet(&["trace", "--lab", &self.name, src, dst, "-o", "json"]);
+        let o = podnet(&["trace", "--lab", self.name, src, dst, "-o", "json"]);
         assert!(
             o.status.success(),
             "trace {src} {dst}: {}",
@@ -478,4 +500,42 @@ fn the_flow_log_shows_a_denied_connection_with_its_policy() {
             .unwrap();
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("after"), "{body}");
+}
+
+/// Kubernetes mode: the names and Services come from the real apiserver;
+/// the same hops, from a pod to a ClusterIP across nodes.
+#[test]
+fn traces_a_cluster_ip_in_a_kube_lab() {
+    let lab = kubelab::KubeLab::up(2);
+    let run = |pod: &str, node: &str, labels: &str| {
+        let mut a = vec![
+            "lab",
+            "--name",
+            lab.name.as_str(),
+            "run",
+            pod,
+            "--node",
+            node,
+        ];
+        if !labels.is_empty() {
+            a.extend(["--labels", labels]);
+        }
+        let o = podnet(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("default/a", "node1", "");
+    run("default/web1", "node2", "app=web");
+    lab.ok(&["apply", "-f", "-"], Some(SERVICES));
+    let t = Tracer {
+        name: &lab.name,
+        nodes: 2,
+    }
+    .trace_until("default/a", "default/web:80", "connected");
+    let s = one(&t, "service");
+    assert_eq!(s["data"]["service"], "default/web:http");
+    assert_eq!(s["data"]["why"], "the only endpoint");
+    let route = one(&t, "route");
+    assert_eq!(route["data"]["backend"], "vxlan");
+    assert_eq!(route["data"]["remote_node"], "node2");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/web1");
 }
