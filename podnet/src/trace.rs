@@ -115,6 +115,23 @@ impl LabContext {
     }
 }
 
+/// Node `node`'s pod subnet: its Node's podCIDR (Kubernetes mode), or what
+/// its agent wrote to subnet.env (standalone).
+pub fn node_subnet(ctx: &LabContext, view: &View, node: &str) -> Option<ipnet::IpNet> {
+    if let Some(c) = view
+        .nodes
+        .get(node)
+        .and_then(|n| n.spec.as_ref()?.pod_cidr.clone())
+    {
+        return c.parse().ok();
+    }
+    let p = ctx.lab.dir.join("nodes").join(node).join("subnet.env");
+    let t = std::fs::read_to_string(&p).ok()?;
+    podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string())
+        .ok()
+        .map(|e| e.subnet.trunc())
+}
+
 /// Keeps `view` current from `source` until the source ends; `ready` is
 /// told once the first complete list is in.
 pub async fn keep(
@@ -379,6 +396,7 @@ pub fn trace_in(
             .map(|n| Node {
                 name: n.name.clone(),
                 netns: n.netns.clone(),
+                subnets: node_subnet(ctx, view, &n.name).into_iter().collect(),
             })
             .collect(),
         names,

@@ -62,21 +62,6 @@ struct Topology {
 }
 
 fn topology(ctx: &LabContext, v: &View) -> Topology {
-    let subnet = |node: &str| -> Option<String> {
-        // The node's subnet: its Node's podCIDR, or the agent's subnet.env.
-        if let Some(c) = v
-            .nodes
-            .get(node)
-            .and_then(|n| n.spec.as_ref()?.pod_cidr.clone())
-        {
-            return Some(c);
-        }
-        let p = ctx.lab.dir.join("nodes").join(node).join("subnet.env");
-        let t = std::fs::read_to_string(&p).ok()?;
-        podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string())
-            .ok()
-            .map(|e| e.subnet.trunc().to_string())
-    };
     let nodes = ctx
         .st
         .nodes
@@ -84,7 +69,7 @@ fn topology(ctx: &LabContext, v: &View) -> Topology {
         .map(|n| NodeView {
             name: n.name.clone(),
             ip: IpAddr::V4(n.ip),
-            subnet: subnet(&n.name),
+            subnet: crate::trace::node_subnet(ctx, v, &n.name).map(|s| s.to_string()),
         })
         .collect();
     let pods = v

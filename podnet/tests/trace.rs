@@ -400,6 +400,9 @@ fn traces_across_nodes_in_host_gw_and_udp_labs() {
             }
             _ => {
                 assert_eq!(route["data"]["backend"], "udp", "{route}");
+                // The node the agent encapsulates to, from its subnet.
+                assert_eq!(route["data"]["remote_node"], "node2");
+                assert!(!rules_in(&t, "node2", "podnet").is_empty(), "{t:#}");
             }
         }
         assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/b");

@@ -24,11 +24,13 @@ use crate::hops::{self, named, Hop, HopKind, Names, ServicePort};
 use crate::probe;
 use crate::{Trace, TraceError};
 
-/// A node: its name and network namespace.
+/// A node: its name, network namespace and pod subnets (which name the
+/// node a tunnel carries a packet to when the route does not).
 #[derive(Debug, Clone)]
 pub struct Node {
     pub name: String,
     pub netns: String,
+    pub subnets: Vec<ipnet::IpNet>,
 }
 
 /// The probe's source: a pod, or a host outside the cluster.
@@ -308,6 +310,7 @@ fn route_hop(
     dst: IpAddr,
     iif: Option<u32>,
     names: &Names,
+    nodes: &[Node],
 ) -> Result<Hop, (String, String)> {
     let r = ns
         .run(|| -> Result<Hop, TraceError> {
@@ -368,7 +371,18 @@ fn route_hop(
                 }
                 Some(LinkKind::Tun) => {
                     hop = hop.with("backend", "udp");
-                    format!("udp tunnel: {devname} (the agent encapsulates)")
+                    // The agent encapsulates to the node whose subnet holds
+                    // the destination.
+                    let to = nodes
+                        .iter()
+                        .find(|n| n.name != node.name && n.subnets.iter().any(|s| s.contains(&dst)));
+                    match to {
+                        Some(n) => {
+                            hop = hop.with("remote_node", &n.name);
+                            format!("udp tunnel: {devname}, the agent encapsulates to {} (its subnet holds {dst})", n.name)
+                        }
+                        None => format!("udp tunnel: {devname} (the agent encapsulates)"),
+                    }
                 }
                 Some(LinkKind::Bridge) => {
                     hop = hop.with("backend", "bridge");
@@ -538,6 +552,7 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
         real_dst.ip(),
         bridge,
         &req.names,
+        &req.nodes,
     ) {
         Ok(h) => {
             let remote = h.data.get("remote_node").cloned();
