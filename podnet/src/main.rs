@@ -193,26 +193,7 @@ enum Cmd {
     /// The flow log, like `hubble observe`: new connections each node
     /// forwarded and the ones its NetworkPolicy dropped (with the policy),
     /// every address named. Reads each agent's `/flows`.
-    Flows {
-        /// Read every node of this lab (default: the agent at --agent).
-        #[arg(long)]
-        lab: Option<String>,
-        /// The agent's metrics address, on a real node.
-        #[arg(long, default_value = "127.0.0.1:10249")]
-        agent: String,
-        /// Keep printing new flows.
-        #[arg(short = 'f', long)]
-        follow: bool,
-        /// Only flows of this pod (NAMESPACE/POD), either end.
-        #[arg(long)]
-        pod: Option<String>,
-        /// Only this verdict: forwarded or dropped.
-        #[arg(long)]
-        verdict: Option<String>,
-        /// Output: text or json (one record per line).
-        #[arg(short = 'o', long, default_value = "text")]
-        output: String,
-    },
+    Flows(trace::FlowArgs),
     /// A web view of a lab: nodes with their subnets and tunnels, pods,
     /// Services with their endpoints, live flows, and traces drawn as a
     /// path (one page, served by podnet itself).
@@ -519,21 +500,7 @@ fn main() {
             lab,
             output,
         } => block_on(trace::run(&lab, &src, &dst, &output)),
-        Cmd::Flows {
-            lab,
-            agent,
-            follow,
-            pod,
-            verdict,
-            output,
-        } => trace::flows(trace::FlowArgs {
-            lab,
-            agent,
-            follow,
-            pod,
-            verdict,
-            output,
-        }),
+        Cmd::Flows(a) => trace::flows(a),
         Cmd::Ui { lab, listen } => block_on(ui::run(&lab, &listen)),
         Cmd::Policy {
             command:

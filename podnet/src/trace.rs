@@ -409,12 +409,25 @@ pub fn trace_in(
 }
 
 /// `podnet flows`' arguments.
+#[derive(clap::Args)]
 pub struct FlowArgs {
+    /// Read every node of this lab (default: the agent at --agent).
+    #[arg(long)]
     pub lab: Option<String>,
+    /// The agent's metrics address, on a real node.
+    #[arg(long, default_value = "127.0.0.1:10249")]
     pub agent: String,
+    /// Keep printing new flows.
+    #[arg(short = 'f', long)]
     pub follow: bool,
+    /// Only flows of this pod (NAMESPACE/POD), either end.
+    #[arg(long)]
     pub pod: Option<String>,
+    /// Only this verdict: forwarded or dropped.
+    #[arg(long)]
     pub verdict: Option<String>,
+    /// Output: text or json (one record per line).
+    #[arg(short = 'o', long, default_value = "text")]
     pub output: String,
 }
 

@@ -5,7 +5,6 @@
 //! NetworkPolicy denies. Each trace must also agree with the pure
 //! evaluators (no hop flagged) and leave no trace table behind.
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use podnet_testkit::{eventually, nft_list, require_root};
@@ -13,15 +12,9 @@ use serde_json::Value;
 
 #[path = "common/kubelab.rs"]
 mod kubelab;
+use kubelab::podnet;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn podnet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_podnet"))
-        .args(args)
-        .output()
-        .expect("run podnet")
-}
 
 /// A standalone lab, removed when dropped.
 struct Lab {

@@ -9,7 +9,7 @@
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use podnet_testkit::{eventually, free_port, http_get, require_root};
@@ -18,12 +18,9 @@ use tungstenite::{stream::MaybeTlsStream, Message, WebSocket};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn podnet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_podnet"))
-        .args(args)
-        .output()
-        .expect("run podnet")
-}
+#[path = "common/kubelab.rs"]
+mod kubelab;
+use kubelab::podnet;
 
 /// A child whose whole process group is killed when dropped (Chromium
 /// starts helpers of its own).

@@ -261,33 +261,28 @@ impl Events {
     /// The events of the next datagram; empty after a timeout. An overrun
     /// is counted in [`Events::lost`] and the wait goes on.
     pub fn recv(&mut self) -> Result<Vec<(EventKind, Entry)>, KernelError> {
-        loop {
-            let msgs = match self.sock.recv_messages() {
-                Ok(m) => m,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    self.lost += 1;
-                    continue;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Vec::new()),
-                Err(e) => return Err(KernelError::io("reading conntrack events", e)),
-            };
-            let new = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
-            let del = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE;
-            return Ok(msgs
-                .filter_map(|m| {
-                    let kind = if m.msg_type == del {
-                        EventKind::Destroy
-                    } else if m.msg_type == new && m.flags & nl::NLM_F_CREATE != 0 {
-                        EventKind::New
-                    } else if m.msg_type == new {
-                        EventKind::Update
-                    } else {
-                        return None;
-                    };
-                    parse_entry(m.body).map(|e| (kind, e))
-                })
-                .collect());
-        }
+        let Some(msgs) = self
+            .sock
+            .recv_counting(&mut self.lost, &|| "conntrack events".into())?
+        else {
+            return Ok(Vec::new());
+        };
+        let new = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
+        let del = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE;
+        Ok(msgs
+            .filter_map(|m| {
+                let kind = if m.msg_type == del {
+                    EventKind::Destroy
+                } else if m.msg_type == new && m.flags & nl::NLM_F_CREATE != 0 {
+                    EventKind::New
+                } else if m.msg_type == new {
+                    EventKind::Update
+                } else {
+                    return None;
+                };
+                parse_entry(m.body).map(|e| (kind, e))
+            })
+            .collect())
     }
 
     /// Receive-buffer overruns so far (each dropped one or more events).

@@ -153,31 +153,22 @@ impl Listener {
     /// kernel batches several into one); empty after a timeout. An overrun
     /// (`ENOBUFS`) is counted in [`Listener::lost`] and the wait goes on.
     pub fn recv(&mut self) -> Result<Vec<LogPacket>, KernelError> {
-        loop {
-            let msgs = match self.sock.recv_messages() {
-                Ok(msgs) => msgs,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    self.lost += 1;
-                    continue;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Vec::new()),
-                Err(e) => {
-                    return Err(KernelError::io(
-                        format!("reading nflog group {}", self.group),
-                        e,
-                    ))
-                }
-            };
-            let packet_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET;
-            let packets: Vec<LogPacket> = msgs
-                .filter(|m| m.msg_type == packet_type)
-                .filter_map(|m| parse_packet(m.body))
-                .collect();
-            for seq in packets.iter().filter_map(|p| p.seq) {
-                self.lost += gap(&mut self.next_seq, seq);
-            }
-            return Ok(packets);
+        let group = self.group;
+        let Some(msgs) = self
+            .sock
+            .recv_counting(&mut self.lost, &|| format!("nflog group {group}"))?
+        else {
+            return Ok(Vec::new());
+        };
+        let packet_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET;
+        let packets: Vec<LogPacket> = msgs
+            .filter(|m| m.msg_type == packet_type)
+            .filter_map(|m| parse_packet(m.body))
+            .collect();
+        for seq in packets.iter().filter_map(|p| p.seq) {
+            self.lost += gap(&mut self.next_seq, seq);
         }
+        Ok(packets)
     }
 
     /// Losses so far: receive-buffer overruns (each may have dropped a

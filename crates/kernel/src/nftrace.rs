@@ -290,22 +290,17 @@ impl TraceListener {
     /// The events of the next datagram; empty after a timeout. An overrun
     /// is counted in [`TraceListener::lost`] and the wait goes on.
     pub fn recv(&mut self) -> Result<Vec<TraceEvent>, KernelError> {
-        loop {
-            let msgs = match self.sock.recv_messages() {
-                Ok(m) => m,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    self.lost += 1;
-                    continue;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Vec::new()),
-                Err(e) => return Err(KernelError::io("reading trace events", e)),
-            };
-            let want = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_TRACE;
-            return Ok(msgs
-                .filter(|m| m.msg_type == want)
-                .filter_map(|m| decode(m.body))
-                .collect());
-        }
+        let Some(msgs) = self
+            .sock
+            .recv_counting(&mut self.lost, &|| "trace events".into())?
+        else {
+            return Ok(Vec::new());
+        };
+        let want = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_TRACE;
+        Ok(msgs
+            .filter(|m| m.msg_type == want)
+            .filter_map(|m| decode(m.body))
+            .collect())
     }
 
     /// Receive-buffer overruns so far (each may have dropped events).

@@ -371,6 +371,26 @@ impl Socket {
         Ok(Messages::new(&self.buf[..n]))
     }
 
+    /// [`Socket::recv_messages`] for a listener the kernel writes to
+    /// without waiting (a multicast group, a log group): an overrun
+    /// (`ENOBUFS`: messages dropped on a full buffer) is added to `lost`
+    /// and the wait goes on; a timeout gives `None`. `what` names the
+    /// socket in an error.
+    pub fn recv_counting(
+        &mut self,
+        lost: &mut u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<Option<Messages<'_>>, crate::KernelError> {
+        loop {
+            match self.recv() {
+                Ok(n) => return Ok(Some(Messages::new(&self.buf[..n]))),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => *lost += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(crate::KernelError::io(format!("reading {}", what()), e)),
+            }
+        }
+    }
+
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         // SAFETY: bytes is a valid buffer of the given length.
         let rc = unsafe {

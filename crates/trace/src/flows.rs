@@ -275,11 +275,7 @@ impl FlowLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podnet_kernel::conntrack::Tuple;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
+    use crate::testdata::{entry, ip};
 
     fn names() -> Names {
         [
@@ -288,32 +284,6 @@ mod tests {
             (ip("10.244.2.7"), "default/web-1".to_string()),
         ]
         .into()
-    }
-
-    fn entry(status: u32) -> Entry {
-        Entry {
-            proto: 6,
-            orig: Tuple {
-                src: ip("10.244.1.2"),
-                dst: ip("10.96.0.20"),
-                sport: 40000,
-                dport: 80,
-                icmp: None,
-            },
-            reply: Tuple {
-                src: ip("10.244.2.7"),
-                dst: ip("10.244.1.2"),
-                sport: 8080,
-                dport: 40000,
-                icmp: None,
-            },
-            status,
-            zone: 0,
-            mark: 0,
-            timeout: 120,
-            id: None,
-            tcp_state: None,
-        }
     }
 
     #[test]

@@ -377,7 +377,7 @@ pub fn end_hop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podnet_kernel::conntrack::Tuple;
+    use crate::testdata::{entry, ip};
 
     fn ev(
         id: u32,
@@ -401,36 +401,6 @@ mod tests {
             mark: 0,
             nfproto: 2,
             packet: None,
-        }
-    }
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn entry(status: u32) -> Entry {
-        Entry {
-            proto: 6,
-            orig: Tuple {
-                src: ip("10.244.1.2"),
-                dst: ip("10.96.0.20"),
-                sport: 23456,
-                dport: 80,
-                icmp: None,
-            },
-            reply: Tuple {
-                src: ip("10.244.2.7"),
-                dst: ip("10.244.1.2"),
-                sport: 8080,
-                dport: 23456,
-                icmp: None,
-            },
-            status,
-            zone: 0,
-            mark: 0,
-            timeout: 100,
-            id: None,
-            tcp_state: None,
         }
     }
 

@@ -15,6 +15,8 @@ pub mod flows;
 pub mod hops;
 pub mod plan;
 pub mod probe;
+#[cfg(test)]
+mod testdata;
 
 use serde::Serialize;
 
