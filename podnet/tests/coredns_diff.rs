@@ -290,6 +290,11 @@ fn questions(web_ip: &str) -> Vec<Q> {
         ),
         q(p("x"), A, "pod name that is not an IP"),
         q(format!("{NS}.pod.{ZONE}"), A, "a namespace under pod."),
+        q(
+            format!("nope-ns.pod.{ZONE}"),
+            A,
+            "no such namespace under pod.",
+        ),
         // Wildcards: neither server expands them.
         q(format!("*.{NS}.svc.{ZONE}"), A, "wildcard Service"),
         q(format!("*.{}", d("headless")), A, "wildcard endpoint"),
@@ -309,7 +314,7 @@ fn questions(web_ip: &str) -> Vec<Q> {
         ),
         q(format!("web.{NS}.svc"), A, "short name: forwarded"),
         // Case: matched case-insensitively, echoed as asked.
-        q(format!("WEB.Diff.SVC.Cluster.Local"), A, "mixed case"),
+        q("WEB.Diff.SVC.Cluster.Local".into(), A, "mixed case"),
         q(
             format!("_HTTP._Tcp.Web.{NS}.svc.{ZONE}"),
             SRV,

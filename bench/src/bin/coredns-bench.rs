@@ -671,16 +671,14 @@ fn main() -> Result<()> {
     let kubeconfig = plane.0.admin_kubeconfig();
     let client = rt.block_on(plane.0.client())?;
     let nss: Api<Namespace> = Api::all(client.clone());
-    for ns in [NS] {
-        let o = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.into()),
-                ..Default::default()
-            },
+    let o = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NS.into()),
             ..Default::default()
-        };
-        rt.block_on(nss.create(&PostParams::default(), &o))?;
-    }
+        },
+        ..Default::default()
+    };
+    rt.block_on(nss.create(&PostParams::default(), &o))?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
     let t0 = Instant::now();
     rt.block_on(async {

@@ -408,9 +408,15 @@ impl Snapshot {
     fn pod<'a>(&self, q: &Query, pod_label: usize, apex: usize, out: &mut Vec<u8>) -> Outcome<'a> {
         let n = &q.qname;
         match pod_label {
-            // pod.<zone> and <ns>.pod.<zone> exist, without records.
-            0 | 1 => {
+            // pod.<zone> exists, without records; <ns>.pod.<zone> too, for
+            // a namespace that exists.
+            0 => {
                 self.negative(q, false, apex, out);
+                Outcome::Answered
+            }
+            1 => {
+                let exists = self.namespace_exists(n.label(0));
+                self.negative(q, !exists, apex, out);
                 Outcome::Answered
             }
             2 => {
@@ -1709,6 +1715,8 @@ mod tests {
         // Only in namespaces that exist (as CoreDNS's `pods insecure`).
         let m = ask(&s, "10-244-1-5.nope.pod.cluster.local", TYPE_A);
         assert_eq!((m.rcode(), m.answers.len()), (NXDOMAIN, 0));
+        let m = ask(&s, "nope.pod.cluster.local", TYPE_A);
+        assert_eq!(m.rcode(), NXDOMAIN);
         assert_eq!(name_to_string(&m.authority[0].name), "cluster.local.");
         let m = ask(&s, "10-244-1-5.default.pod.cluster.local", TYPE_AAAA);
         assert_eq!((m.rcode(), m.answers.len()), (NOERROR, 0));
