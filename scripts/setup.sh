@@ -40,3 +40,11 @@ command -v cargo >/dev/null || { echo "setup: cargo (Rust toolchain) is required
 if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
   bash "$(dirname "$0")/k8s-peers.sh" kube-apiserver kube-controller-manager kubectl kube-proxy >/dev/null
 fi
+
+# The real CoreDNS, the peer of the cluster-DNS differential test
+# (podnet/tests/coredns_diff.rs) and of coredns-bench: built from Go modules
+# and cached by version under /var/cache/podnet-peers (cold: about 8 minutes
+# on 2 cores; warm: a fraction of a second). PODNET_COREDNS=skip leaves it out.
+if [ "${PODNET_COREDNS:-}" != skip ]; then
+  bash "$(dirname "$0")/coredns.sh" >/dev/null
+fi

@@ -5,12 +5,9 @@
 //! lab's (`podnet_lab::kube::ControlPlane`: etcd, kube-apiserver and
 //! kube-controller-manager on loopback), CoreDNS is what
 //! `scripts/coredns.sh` builds from Go modules, and it runs with the default
-//! kubeadm Corefile (errors, health with lameduck, ready, kubernetes with
-//! `pods insecure`, `fallthrough` and `ttl 30`, prometheus, forward with
-//! `max_concurrent 1000`, cache 30, loop, reload, loadbalance), only its
-//! ports moved to free loopback ones and `forward` pointed at a stub
-//! upstream in this process, which both servers share, so no query leaves
-//! the machine. podnet runs with the same settings where it has them
+//! kubeadm Corefile ([`podnet_lab::coredns::Corefile`]), only its ports
+//! moved to free loopback ones and `forward` pointed at a stub upstream in
+//! this process, which both servers share, so no query leaves the machine. podnet runs with the same settings where it has them
 //! (`--ttl 30 --pods-insecure --upstream <stub>`).
 //!
 //! It creates `--services` ClusterIP Services through the API, then, per
@@ -24,10 +21,11 @@
 //! Once, in the one-CPU configuration, it also measures the time from a
 //! Service's create until each server knows the name (polled with a fresh
 //! query type each time, which no cache can answer), and until an A query
-//! gets its ClusterIP (a client's view, CoreDNS's cache included), and asks
-//! both a list of names (A, AAAA, SRV, PTR, headless, ExternalName, pods,
-//! NXDOMAIN versus NODATA, forwarding) and prints every difference, TTLs
-//! apart. Everything it starts is stopped at the end, also on error.
+//! gets its ClusterIP (a client's view, CoreDNS's cache included).
+//! Everything it starts is stopped at the end, also on error. The answers
+//! themselves are compared by the differential test
+//! `podnet/tests/coredns_diff.rs`, which runs CoreDNS the same way
+//! ([`podnet_lab::coredns`]).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -40,13 +38,10 @@ use clap::Parser;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use kube::api::{Api, PostParams};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
-use podnet_api::k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointPort, EndpointSlice,
-};
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use podnet_bench::objects::cluster_ip;
 use podnet_dns::client::Client as DnsClient;
-use podnet_dns::wire::{self, Message, RData};
+use podnet_dns::wire::{self, RData};
 
 #[derive(Parser)]
 #[command(about = "podnet dns against the real CoreDNS on a real kube-apiserver")]
@@ -88,7 +83,6 @@ struct Args {
 }
 
 const NS: &str = "bench";
-const DIFF_NS: &str = "diff";
 const ZONE: &str = "cluster.local";
 
 // ---------------------------------------------------------------- objects
@@ -121,117 +115,8 @@ fn cluster_ip_service(name: &str, ns: &str, ports: Vec<ServicePort>) -> Service 
     }
 }
 
-fn headless_service(name: &str, ports: Vec<ServicePort>) -> Service {
-    Service {
-        metadata: meta(name, DIFF_NS),
-        spec: Some(ServiceSpec {
-            cluster_ip: Some("None".into()),
-            ports: Some(ports),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn external_name(name: &str, target: &str) -> Service {
-    Service {
-        metadata: meta(name, DIFF_NS),
-        spec: Some(ServiceSpec {
-            type_: Some("ExternalName".into()),
-            external_name: Some(target.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// An EndpointSlice of `service` with (address, hostname, ready) endpoints.
-fn slice(service: &str, family: &str, eps: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
-    let mut m = meta(&format!("{service}-1"), DIFF_NS);
-    m.labels = Some(
-        [(
-            "kubernetes.io/service-name".to_string(),
-            service.to_string(),
-        )]
-        .into(),
-    );
-    EndpointSlice {
-        metadata: m,
-        address_type: family.into(),
-        endpoints: Some(
-            eps.iter()
-                .map(|(a, h, ready)| Endpoint {
-                    addresses: vec![a.to_string()],
-                    hostname: h.map(str::to_string),
-                    conditions: Some(EndpointConditions {
-                        ready: Some(*ready),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
-        ports: Some(vec![EndpointPort {
-            name: Some("http".into()),
-            port: Some(8080),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-    }
-}
-
 fn svc_fqdn(name: &str, ns: &str) -> String {
     format!("{name}.{ns}.svc.{ZONE}")
-}
-
-/// The answer-diff namespace: one object of each kind a cluster DNS must
-/// answer for. Returns web's ClusterIP.
-async fn create_diff_objects(c: &kube::Client) -> Result<IpAddr> {
-    let svcs: Api<Service> = Api::namespaced(c.clone(), DIFF_NS);
-    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), DIFF_NS);
-    let pp = PostParams::default();
-    let web = svcs
-        .create(
-            &pp,
-            &cluster_ip_service(
-                "web",
-                DIFF_NS,
-                vec![port("http", 80, "TCP"), port("dns", 53, "UDP")],
-            ),
-        )
-        .await
-        .context("creating diff/web")?;
-    let http = || vec![port("http", 80, "TCP")];
-    for s in [
-        headless_service("headless", http()),
-        headless_service("headless6", http()),
-        headless_service("empty", http()),
-        external_name("ext", "example.com"),
-        external_name("ext-in", &svc_fqdn("web", DIFF_NS)),
-    ] {
-        svcs.create(&pp, &s)
-            .await
-            .context("creating diff objects")?;
-    }
-    for sl in [
-        slice(
-            "headless",
-            "IPv4",
-            &[
-                ("10.244.1.5", Some("web-0"), true),
-                ("10.244.1.6", None, true),
-                ("10.244.1.7", Some("web-2"), false),
-            ],
-        ),
-        slice(
-            "headless6",
-            "IPv6",
-            &[("fd00:10:244::5", Some("v6-0"), true)],
-        ),
-    ] {
-        slices.create(&pp, &sl).await.context("creating slices")?;
-    }
-    cluster_ip(&web)
 }
 
 // ---------------------------------------------------------------- processes
@@ -372,44 +257,21 @@ struct Setup<'a> {
     dir: &'a Path,
 }
 
-/// The default kubeadm Corefile, ports moved to loopback ones, `bind`
-/// added so it listens on loopback only, `forward` to the shared stub.
-fn corefile(port: u16, health: u16, ready: u16, prom: u16, kc: &Path, up: SocketAddr) -> String {
-    format!(
-        ".:{port} {{
-    bind 127.0.0.1
-    errors
-    health 127.0.0.1:{health} {{
-       lameduck 5s
-    }}
-    ready 127.0.0.1:{ready}
-    kubernetes {ZONE} in-addr.arpa ip6.arpa {{
-       kubeconfig {kc} podnet-lab
-       pods insecure
-       fallthrough in-addr.arpa ip6.arpa
-       ttl 30
-    }}
-    prometheus 127.0.0.1:{prom}
-    forward . {up} {{
-       max_concurrent 1000
-    }}
-    cache 30
-    loop
-    reload
-    loadbalance
-}}
-",
-        kc = kc.display()
-    )
-}
-
 fn start_coredns(s: &Setup, cpus: Option<&str>, tag: &str) -> Result<Server> {
     let (port, health, ready, prom) = (free_port()?, free_port()?, free_port()?, free_port()?);
     let conf = s.dir.join(format!("Corefile-{tag}"));
-    std::fs::write(
-        &conf,
-        corefile(port, health, ready, prom, s.kubeconfig, s.upstream),
-    )?;
+    let text = podnet_lab::coredns::Corefile {
+        port,
+        health,
+        ready,
+        prometheus: prom,
+        zone: ZONE,
+        kubeconfig: s.kubeconfig,
+        context: "podnet-lab",
+        upstream: s.upstream,
+    }
+    .text();
+    std::fs::write(&conf, text)?;
     let log = s.dir.join(format!("coredns-{tag}.log"));
     let out = std::fs::File::create(&log)?;
     let child = pinned(s.coredns, cpus)
@@ -759,350 +621,12 @@ fn name_latency(
     ))
 }
 
-// ---------------------------------------------------------------- answer diff
-
-fn type_name(t: u16) -> String {
-    match t {
-        wire::TYPE_A => "A".into(),
-        wire::TYPE_NS => "NS".into(),
-        wire::TYPE_CNAME => "CNAME".into(),
-        wire::TYPE_SOA => "SOA".into(),
-        wire::TYPE_PTR => "PTR".into(),
-        wire::TYPE_TXT => "TXT".into(),
-        wire::TYPE_AAAA => "AAAA".into(),
-        wire::TYPE_SRV => "SRV".into(),
-        t => format!("TYPE{t}"),
-    }
-}
-
-fn rcode_name(r: u8) -> String {
-    match r {
-        wire::NOERROR => "NOERROR".into(),
-        wire::SERVFAIL => "SERVFAIL".into(),
-        wire::NXDOMAIN => "NXDOMAIN".into(),
-        wire::REFUSED => "REFUSED".into(),
-        wire::NOTIMP => "NOTIMP".into(),
-        r => format!("RCODE{r}"),
-    }
-}
-
-fn n(w: &[u8]) -> String {
-    wire::name_to_string(w).to_ascii_lowercase()
-}
-
-fn rdata(r: &RData) -> String {
-    match r {
-        RData::A(a) => a.to_string(),
-        RData::Aaaa(a) => a.to_string(),
-        RData::Name(x) => n(x),
-        RData::Srv {
-            priority,
-            weight,
-            port,
-            target,
-        } => format!("{priority} {weight} {port} {}", n(target)),
-        RData::Mx {
-            preference,
-            exchange,
-        } => format!("{preference} {}", n(exchange)),
-        RData::Txt(t) => t
-            .iter()
-            .map(|s| format!("{:?}", String::from_utf8_lossy(s)))
-            .collect::<Vec<_>>()
-            .join(" "),
-        // The serial differs by design; the rest is the zone's identity.
-        RData::Soa {
-            mname,
-            rname,
-            refresh,
-            retry,
-            expire,
-            minimum,
-            ..
-        } => format!(
-            "{} {} (serial) {refresh} {retry} {expire} {minimum}",
-            n(mname),
-            n(rname)
-        ),
-        RData::Raw(b) => format!("\\# {}", b.len()),
-    }
-}
-
-/// A response with TTLs taken out: what must be equal.
-#[derive(PartialEq)]
-struct Shape {
-    rcode: String,
-    aa: bool,
-    answer: Vec<String>,
-    authority: Vec<String>,
-}
-
-fn shape(m: &Message) -> (Shape, Vec<String>) {
-    let mut ttls = Vec::new();
-    let mut sect = |rs: &[wire::Record], sec: &str| {
-        let mut v: Vec<String> = rs
-            .iter()
-            .filter(|r| r.rtype != wire::TYPE_OPT)
-            .map(|r| {
-                ttls.push(format!("{sec} {} {}", type_name(r.rtype), r.ttl));
-                format!("{} {} {}", n(&r.name), type_name(r.rtype), rdata(&r.rdata))
-            })
-            .collect();
-        v.sort();
-        v
-    };
-    let answer = sect(&m.answers, "answer");
-    let authority = sect(&m.authority, "authority");
-    ttls.sort();
-    ttls.dedup();
-    (
-        Shape {
-            rcode: rcode_name(m.rcode()),
-            aa: m.header.flags & wire::AA != 0,
-            answer,
-            authority,
-        },
-        ttls,
-    )
-}
-
-fn show(s: &Shape) -> String {
-    let mut out = format!("{}{}", s.rcode, if s.aa { " aa" } else { "" });
-    if !s.answer.is_empty() {
-        out += &format!(" answer[{}]", s.answer.join("; "));
-    }
-    if !s.authority.is_empty() {
-        out += &format!(" authority[{}]", s.authority.join("; "));
-    }
-    out
-}
-
-fn diff_queries(web_ip: IpAddr) -> Vec<(String, u16, &'static str)> {
-    let d = |s: &str| svc_fqdn(s, DIFF_NS);
-    let rev = |ip: &str| wire::name_to_string(&wire::reverse_name(ip.parse().expect("ip")));
-    vec![
-        (d("web"), wire::TYPE_A, "ClusterIP Service"),
-        (d("web"), wire::TYPE_AAAA, "IPv4-only Service: NODATA"),
-        (d("web"), wire::TYPE_SRV, "SRV of the Service name itself"),
-        (
-            d("web"),
-            wire::TYPE_TXT,
-            "a type the spec has no record for",
-        ),
-        (d("web"), 65280, "a private type"),
-        (
-            format!("_http._tcp.{}", d("web")),
-            wire::TYPE_SRV,
-            "named port",
-        ),
-        (
-            format!("_dns._udp.{}", d("web")),
-            wire::TYPE_SRV,
-            "named UDP port",
-        ),
-        (
-            format!("_http._udp.{}", d("web")),
-            wire::TYPE_SRV,
-            "port name, wrong protocol",
-        ),
-        (
-            format!("_http._tcp.{}", d("nope")),
-            wire::TYPE_SRV,
-            "SRV, no such Service",
-        ),
-        (
-            format!("a.b.{}", d("web")),
-            wire::TYPE_A,
-            "below a Service name",
-        ),
-        (d("headless"), wire::TYPE_A, "headless: ready endpoints"),
-        (
-            d("headless"),
-            wire::TYPE_AAAA,
-            "headless, IPv4 endpoints: NODATA",
-        ),
-        (
-            format!("_http._tcp.{}", d("headless")),
-            wire::TYPE_SRV,
-            "headless SRV",
-        ),
-        (
-            format!("web-0.{}", d("headless")),
-            wire::TYPE_A,
-            "endpoint hostname",
-        ),
-        (
-            format!("10-244-1-6.{}", d("headless")),
-            wire::TYPE_A,
-            "endpoint without hostname",
-        ),
-        (
-            format!("web-2.{}", d("headless")),
-            wire::TYPE_A,
-            "not-ready endpoint",
-        ),
-        (d("headless6"), wire::TYPE_AAAA, "headless, IPv6 endpoints"),
-        (d("headless6"), wire::TYPE_A, "headless, IPv6 only: NODATA"),
-        (
-            format!("v6-0.{}", d("headless6")),
-            wire::TYPE_AAAA,
-            "IPv6 endpoint hostname",
-        ),
-        (d("empty"), wire::TYPE_A, "headless without endpoints"),
-        (d("ext"), wire::TYPE_A, "ExternalName out of the zone (A)"),
-        (d("ext"), wire::TYPE_CNAME, "ExternalName (CNAME)"),
-        (d("ext-in"), wire::TYPE_A, "ExternalName inside the zone"),
-        (d("nope"), wire::TYPE_A, "no such Service: NXDOMAIN"),
-        (d("nope"), wire::TYPE_AAAA, "no such Service, AAAA"),
-        (format!("{DIFF_NS}.svc.{ZONE}"), wire::TYPE_A, "a namespace"),
-        (
-            format!("nope-ns.svc.{ZONE}"),
-            wire::TYPE_A,
-            "no such namespace",
-        ),
-        (format!("svc.{ZONE}"), wire::TYPE_A, "svc."),
-        (format!("pod.{ZONE}"), wire::TYPE_A, "pod."),
-        (ZONE.into(), wire::TYPE_SOA, "apex SOA"),
-        (ZONE.into(), wire::TYPE_NS, "apex NS"),
-        (ZONE.into(), wire::TYPE_A, "apex A"),
-        (
-            format!("dns-version.{ZONE}"),
-            wire::TYPE_TXT,
-            "schema version",
-        ),
-        (
-            format!("kubernetes.default.svc.{ZONE}"),
-            wire::TYPE_A,
-            "the API Service",
-        ),
-        (svc_fqdn("svc-42", NS), wire::TYPE_A, "one of the 10k"),
-        (
-            format!("10-244-1-5.{DIFF_NS}.pod.{ZONE}"),
-            wire::TYPE_A,
-            "pods insecure",
-        ),
-        (
-            format!("10-244-1-5.{DIFF_NS}.pod.{ZONE}"),
-            wire::TYPE_AAAA,
-            "pods insecure, AAAA",
-        ),
-        (
-            format!("10-244-1-5.nope-ns.pod.{ZONE}"),
-            wire::TYPE_A,
-            "pods insecure, no such namespace",
-        ),
-        (
-            format!("x.{DIFF_NS}.pod.{ZONE}"),
-            wire::TYPE_A,
-            "pod name that is not an IP",
-        ),
-        (
-            rev(&web_ip.to_string()),
-            wire::TYPE_PTR,
-            "PTR of a ClusterIP",
-        ),
-        (
-            rev("10.244.1.5"),
-            wire::TYPE_PTR,
-            "PTR of a headless endpoint (hostname)",
-        ),
-        (
-            rev("10.244.1.6"),
-            wire::TYPE_PTR,
-            "PTR of a headless endpoint (no hostname)",
-        ),
-        (
-            rev("fd00:10:244::5"),
-            wire::TYPE_PTR,
-            "PTR of an IPv6 endpoint",
-        ),
-        (
-            rev("10.111.222.111"),
-            wire::TYPE_PTR,
-            "PTR, unused service IP",
-        ),
-        (
-            rev("192.0.2.9"),
-            wire::TYPE_PTR,
-            "PTR outside the cluster (forwarded)",
-        ),
-        ("example.com".into(), wire::TYPE_A, "forwarded"),
-        (
-            "nope.example".into(),
-            wire::TYPE_A,
-            "forwarded, NXDOMAIN upstream",
-        ),
-    ]
-}
-
-/// Asks both servers every name of the list; prints each answer pair,
-/// marked same or DIFF, and TTL differences apart. Returns (same, differ).
-fn answer_diff(podnet: &Server, coredns: &Server, web_ip: IpAddr) -> (usize, usize) {
-    let (p, c) = (
-        DnsClient::new(podnet.addr()),
-        DnsClient::new(coredns.addr()),
-    );
-    let (mut same, mut differ) = (0, 0);
-    println!(
-        "\nanswer diff (TTLs apart; answer and authority records sorted, SOA serial ignored):"
-    );
-    for (name, qtype, what) in diff_queries(web_ip) {
-        let ask = |cl: &DnsClient| match cl.query(&name, qtype) {
-            Ok(m) => Ok(shape(&m)),
-            Err(e) => Err(e.to_string()),
-        };
-        let (a, b) = (ask(&p), ask(&c));
-        let head = format!("{name} {} ({what})", type_name(qtype));
-        match (&a, &b) {
-            (Ok((sa, ta)), Ok((sb, tb))) if sa == sb => {
-                same += 1;
-                println!("  same  {head}: {}", show(sa));
-                if ta != tb {
-                    println!("        TTLs: podnet {ta:?}, coredns {tb:?}");
-                }
-            }
-            _ => {
-                differ += 1;
-                let f = |r: &Result<(Shape, Vec<String>), String>| match r {
-                    Ok((s, t)) => format!("{} ttl {t:?}", show(s)),
-                    Err(e) => format!("error: {e}"),
-                };
-                println!(
-                    "  DIFF  {head}\n        podnet:  {}\n        coredns: {}",
-                    f(&a),
-                    f(&b)
-                );
-            }
-        }
-    }
-    (same, differ)
-}
-
 // ---------------------------------------------------------------- main
 
 fn find_coredns(a: &Args) -> Result<PathBuf> {
-    if let Some(p) = a
-        .coredns
-        .clone()
-        .or_else(|| std::env::var_os("COREDNS").map(PathBuf::from))
-    {
-        return Ok(p);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/coredns.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .env("GOPROXY", "off")
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    match text.lines().find_map(|l| l.strip_prefix("COREDNS=")) {
-        Some(p) if out.status.success() => Ok(PathBuf::from(p)),
-        _ => bail!(
-            "CoreDNS is not built; run `bash {}` (it builds and caches it): {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
+    match a.coredns.clone() {
+        Some(p) => Ok(p),
+        None => Ok(podnet_lab::coredns::find()?),
     }
 }
 
@@ -1147,17 +671,14 @@ fn main() -> Result<()> {
     let kubeconfig = plane.0.admin_kubeconfig();
     let client = rt.block_on(plane.0.client())?;
     let nss: Api<Namespace> = Api::all(client.clone());
-    for ns in [NS, DIFF_NS] {
-        let o = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.into()),
-                ..Default::default()
-            },
+    let o = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NS.into()),
             ..Default::default()
-        };
-        rt.block_on(nss.create(&PostParams::default(), &o))?;
-    }
-    let web_ip = rt.block_on(create_diff_objects(&client))?;
+        },
+        ..Default::default()
+    };
+    rt.block_on(nss.create(&PostParams::default(), &o))?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
     let t0 = Instant::now();
     rt.block_on(async {
@@ -1247,7 +768,7 @@ fn main() -> Result<()> {
         fp.mem_after = pn.memory();
         fc.mem_after = cd.memory();
         if ci == 0 {
-            // Name latency and the answer diff, once, on the pinned pair.
+            // Name latency, once, on the pinned pair.
             let mut qtype = 1_000u16;
             let (mut known, mut client) = (Vec::new(), Vec::new());
             for k in 0..a.creates + a.client_creates {
@@ -1263,8 +784,7 @@ fn main() -> Result<()> {
                     client.push(r);
                 }
             }
-            let diff = answer_diff(&pn, &cd, web_ip);
-            extra = Some((known, client, diff));
+            extra = Some((known, client));
         }
         results.push((ci, fp, fc));
         drop(pn);
@@ -1347,7 +867,7 @@ fn main() -> Result<()> {
             fp.mem_after.0 / fc.mem_after.0
         );
     }
-    if let Some((known, client, (same, differ))) = extra {
+    if let Some((known, client)) = extra {
         let col = |v: &[(f64, Vec<f64>)], j: usize| v.iter().map(|r| r.1[j]).collect::<Vec<_>>();
         let api: Vec<f64> = known.iter().chain(&client).map(|r| r.0).collect();
         println!(
@@ -1378,7 +898,6 @@ fn main() -> Result<()> {
                 println!("  {who:<8} A answered after: {} ms", v.join(", "));
             }
         }
-        println!("\nanswer diff: {same} same, {differ} different (listed above)");
     }
     let r1 = &results[0];
     println!(

@@ -340,8 +340,10 @@ impl Snapshot {
                 }
             }
         }
+        // ANY: one RRset, the lowest type (A before AAAA before SRV), as
+        // RFC 8482 allows; CoreDNS answers NODATA.
         let rr = match e.rrsets().find(|r| r.qtype == q.qtype) {
-            None if q.qtype == wire::TYPE_ANY && e.rrsets().count() == 1 => e.rrsets().next(),
+            None if q.qtype == wire::TYPE_ANY => e.rrsets().next(),
             r => r,
         };
         match rr {
@@ -386,16 +388,45 @@ impl Snapshot {
         end(out, q);
     }
 
+    /// Whether `<ns>.svc.<zone>` exists; `ns` is a lowercased label.
+    /// Built on the stack: this runs per pod query.
+    fn namespace_exists(&self, ns: &[u8]) -> bool {
+        let mut key = [0u8; wire::MAX_NAME];
+        let len = 1 + ns.len() + 4 + self.zone.len();
+        if ns.is_empty() || len > key.len() {
+            return false;
+        }
+        key[0] = ns.len() as u8;
+        key[1..1 + ns.len()].copy_from_slice(ns);
+        let at = 1 + ns.len();
+        key[at..at + 4].copy_from_slice(b"\x03svc");
+        key[at + 4..len].copy_from_slice(&self.zone);
+        self.get(&key[..len]).is_some()
+    }
+
     /// `a-b-c-d.<ns>.pod.<zone>`: synthesized from the name itself.
     fn pod<'a>(&self, q: &Query, pod_label: usize, apex: usize, out: &mut Vec<u8>) -> Outcome<'a> {
         let n = &q.qname;
         match pod_label {
-            // pod.<zone> and <ns>.pod.<zone> exist, without records.
-            0 | 1 => {
+            // pod.<zone> exists, without records; <ns>.pod.<zone> too, for
+            // a namespace that exists.
+            0 => {
                 self.negative(q, false, apex, out);
                 Outcome::Answered
             }
+            1 => {
+                let exists = self.namespace_exists(n.label(0));
+                self.negative(q, !exists, apex, out);
+                Outcome::Answered
+            }
             2 => {
+                // Like CoreDNS's `pods insecure`: only in a namespace that
+                // exists (`<ns>.svc.<zone>` does exactly then: a Namespace,
+                // or a Service inside one, holds it).
+                if !self.namespace_exists(n.label(1)) {
+                    self.negative(q, true, apex, out);
+                    return Outcome::Answered;
+                }
                 let text = String::from_utf8_lossy(n.label(0));
                 let ip: Option<IpAddr> = if text.matches('-').count() == 3 {
                     text.replace('-', ".").parse().ok()
@@ -502,7 +533,8 @@ struct SliceInfo {
 
 type SvcKey = (String, String);
 
-/// A named port: (name, lowercase protocol, port), for SRV records.
+/// A port: (name, empty when unnamed; lowercase protocol; port), for SRV
+/// records.
 type NamedPort = (Box<str>, Box<str>, u16);
 
 struct Owned {
@@ -936,7 +968,12 @@ impl Builder {
         let Some(base) = self.ns_name(ns).and_then(|n| prepend(name, &n)) else {
             return out;
         };
+        // An unnamed port has no `_<port>._<proto>` name (spec 2.3.2), only
+        // its SRV record at the Service name.
         let srv_name = |port: &str, proto: &str| -> Option<Vec<u8>> {
+            if port.is_empty() {
+                return None;
+            }
             prepend(&format!("_{port}"), &prepend(&format!("_{proto}"), &base)?)
         };
         match &svc.kind {
@@ -960,20 +997,19 @@ impl Builder {
                     ));
                 }
                 for (pname, proto, port) in &svc.ports {
+                    let srv = Rec {
+                        rtype: wire::TYPE_SRV,
+                        rdata: RData::Srv {
+                            priority: 0,
+                            weight: 100,
+                            port: *port,
+                            target: base.clone(),
+                        },
+                    };
                     if let Some(n) = srv_name(pname, proto) {
-                        out.push((
-                            n,
-                            Rec {
-                                rtype: wire::TYPE_SRV,
-                                rdata: RData::Srv {
-                                    priority: 0,
-                                    weight: 100,
-                                    port: *port,
-                                    target: base.clone(),
-                                },
-                            },
-                        ));
+                        out.push((n, srv.clone()));
                     }
+                    out.push((base.clone(), srv));
                 }
             }
             SvcKind::Headless => {
@@ -1012,20 +1048,19 @@ impl Builder {
                                 },
                             ));
                             for (pname, proto, port) in slice.ports.iter() {
+                                let srv = Rec {
+                                    rtype: wire::TYPE_SRV,
+                                    rdata: RData::Srv {
+                                        priority: 0,
+                                        weight: 100,
+                                        port: *port,
+                                        target: hname.clone(),
+                                    },
+                                };
                                 if let Some(n) = srv_name(pname, proto) {
-                                    out.push((
-                                        n,
-                                        Rec {
-                                            rtype: wire::TYPE_SRV,
-                                            rdata: RData::Srv {
-                                                priority: 0,
-                                                weight: 100,
-                                                port: *port,
-                                                target: hname.clone(),
-                                            },
-                                        },
-                                    ));
+                                    out.push((n, srv.clone()));
                                 }
+                                out.push((base.clone(), srv));
                             }
                         }
                     }
@@ -1088,15 +1123,10 @@ impl Builder {
             ttl,
             rdata: r.rdata.clone(),
         };
-        // ANY gets its own body only when the name has several types; with
-        // one type the lookup falls back to that type's body (saves memory).
-        let any = (types.len() > 1).then_some(wire::TYPE_ANY);
-        for &t in types.iter().chain(any.iter()) {
-            let of_type: Vec<&Rec> = recs
-                .iter()
-                .copied()
-                .filter(|r| t == wire::TYPE_ANY || r.rtype == t)
-                .collect();
+        // ANY has no body of its own: the lookup answers it with the name's
+        // first RRset (RFC 8482's minimal ANY answer; saves memory).
+        for &t in types.iter() {
+            let of_type: Vec<&Rec> = recs.iter().copied().filter(|r| r.rtype == t).collect();
             if of_type.is_empty() {
                 continue;
             }
@@ -1269,14 +1299,17 @@ impl Builder {
     }
 }
 
-/// A named port as SRV records use it: (name, protocol, port), both
-/// lowercased; unnamed or out-of-range ports have no SRV record.
+/// A port as SRV records use it: (name, protocol, port), both lowercased.
+/// An unnamed port has an empty name: it has no `_<port>._<proto>` record
+/// (spec 2.3.2), but the SRV records on the Service name itself (an
+/// extension CoreDNS has, and clients use) list every port, as CoreDNS's
+/// do. Out-of-range ports have none.
 fn named_port(
     name: Option<&str>,
     protocol: Option<&str>,
     port: Option<i32>,
 ) -> Option<(Box<str>, Box<str>, u16)> {
-    let n = name.filter(|n| !n.is_empty())?;
+    let n = name.unwrap_or_default();
     let port = u16::try_from(port?).ok()?;
     Some((
         n.to_ascii_lowercase().into_boxed_str(),
@@ -1481,6 +1514,36 @@ mod tests {
         );
         let m = ask(&s, "_dns._udp.web.shop.svc.cluster.local", TYPE_SRV);
         assert_eq!(m.answers.len(), 1);
+        // SRV on the Service name itself: every port, named or not (an
+        // extension of the spec, as CoreDNS answers it), the A in
+        // additional. The unnamed port has no `_<port>._<proto>` name.
+        let m = ask(&s, "web.shop.svc.cluster.local", TYPE_SRV);
+        assert_eq!(m.rcode(), NOERROR);
+        let mut ports: Vec<u16> = m
+            .answers
+            .iter()
+            .map(|r| match &r.rdata {
+                RData::Srv {
+                    port,
+                    weight,
+                    target,
+                    ..
+                } => {
+                    assert_eq!(*weight, 33);
+                    assert_eq!(name_to_string(target), "web.shop.svc.cluster.local.");
+                    *port
+                }
+                r => panic!("{r:?}"),
+            })
+            .collect();
+        ports.sort();
+        assert_eq!(ports, vec![53, 80, 81]);
+        assert_eq!(
+            m.additional[0].rdata,
+            RData::A("10.96.5.5".parse().unwrap())
+        );
+        let m = ask(&s, "_._tcp.web.shop.svc.cluster.local", TYPE_SRV);
+        assert_eq!(m.rcode(), NXDOMAIN);
         // Wrong protocol: NXDOMAIN; the protocol label alone: NODATA.
         let m = ask(&s, "_dns._tcp.web.shop.svc.cluster.local", TYPE_SRV);
         assert_eq!(m.rcode(), NXDOMAIN);
@@ -1545,6 +1608,10 @@ mod tests {
             };
             assert_eq!((port, weight), (5432, 50));
         }
+        // SRV on the headless Service name: one per ready endpoint and port.
+        let m = ask(&s, "db.shop.svc.cluster.local", TYPE_SRV);
+        assert_eq!(m.answers.len(), 2);
+        assert_eq!(m.additional.len(), 2);
         let m = ask(&s, "5.1.244.10.in-addr.arpa", TYPE_PTR);
         assert_eq!(
             m.answers[0].rdata,
@@ -1638,9 +1705,19 @@ mod tests {
             pods: true,
             ..Default::default()
         });
+        b.upsert_namespace("default");
         let s = b.publish(true);
         let m = ask(&s, "10-244-1-5.default.pod.cluster.local", TYPE_A);
         assert_eq!(m.answers[0].rdata, RData::A("10.244.1.5".parse().unwrap()));
+        // Case-insensitive in the namespace too.
+        let m = ask(&s, "10-244-1-5.DeFault.pod.cluster.local", TYPE_A);
+        assert_eq!(m.answers.len(), 1);
+        // Only in namespaces that exist (as CoreDNS's `pods insecure`).
+        let m = ask(&s, "10-244-1-5.nope.pod.cluster.local", TYPE_A);
+        assert_eq!((m.rcode(), m.answers.len()), (NXDOMAIN, 0));
+        let m = ask(&s, "nope.pod.cluster.local", TYPE_A);
+        assert_eq!(m.rcode(), NXDOMAIN);
+        assert_eq!(name_to_string(&m.authority[0].name), "cluster.local.");
         let m = ask(&s, "10-244-1-5.default.pod.cluster.local", TYPE_AAAA);
         assert_eq!((m.rcode(), m.answers.len()), (NOERROR, 0));
         let m = ask(&s, "fd00--1.default.pod.cluster.local", TYPE_AAAA);
@@ -1651,6 +1728,16 @@ mod tests {
         assert_eq!(m.rcode(), NOERROR);
         let m = ask(&s, "pod.cluster.local", TYPE_A);
         assert_eq!(m.rcode(), NOERROR);
+        // A namespace created later makes its pod names answer; deleted,
+        // they are gone again.
+        b.upsert_namespace("late");
+        let s = b.publish(true);
+        let m = ask(&s, "10-244-1-5.late.pod.cluster.local", TYPE_A);
+        assert_eq!(m.answers.len(), 1);
+        b.delete_namespace("late");
+        let s = b.publish(true);
+        let m = ask(&s, "10-244-1-5.late.pod.cluster.local", TYPE_A);
+        assert_eq!(m.rcode(), NXDOMAIN);
     }
 
     #[test]
@@ -1792,8 +1879,10 @@ mod tests {
     #[test]
     fn any_and_class() {
         let s = fixture().publish(true);
+        // ANY: one RRset (RFC 8482), the lowest type: the A, not the SRVs.
         let m = ask(&s, "web.shop.svc.cluster.local", TYPE_ANY);
         assert_eq!(m.answers.len(), 1);
+        assert_eq!(m.answers[0].rtype, TYPE_A);
         let qn = name_from_str("web.shop.svc.cluster.local").unwrap();
         let mut q = build_query(1, &qn, TYPE_A, None);
         let n = q.len();

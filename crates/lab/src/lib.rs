@@ -22,6 +22,7 @@
 //! Rolling replacements of the daemons' binaries (an upgrade or a
 //! downgrade, one agent or DNS replica at a time) are [`upgrade`]'s.
 
+pub mod coredns;
 pub mod forward;
 pub mod gateway;
 pub mod kube;
