@@ -192,6 +192,22 @@ fn reset_on_close(s: &std::net::TcpStream) {
     }
 }
 
+/// A TCP server for [`conn_rate`]: a listener on `port` in namespace
+/// `netns` whose thread accepts and drops connections as fast as they come
+/// (a server that answers each one fills its accept queue, and every SYN it
+/// then drops costs the client a 1 s retransmit: the rate would measure the
+/// server). It runs until the process ends.
+pub fn accept_loop(netns: &str, port: u16) -> Result<()> {
+    let listener =
+        Netns::named(netns)?.run(|| std::net::TcpListener::bind(("0.0.0.0", port)))??;
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            drop(c);
+        }
+    });
+    Ok(())
+}
+
 /// New TCP connections per second from namespace `client` to `addr` for
 /// `secs`, two client threads; each connection completes the handshake and
 /// is reset at once. A lost SYN costs its retransmission time, as it would

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use podnet_bench::{
-    catch_interrupts, check_interrupted, conn_rate, locate_podnet, require_root, LabGuard,
+    accept_loop, catch_interrupts, check_interrupted, conn_rate, locate_podnet, require_root,
+    LabGuard,
 };
 use podnet_kernel::Netns;
 use podnet_lab::{serve::PortSpec, UpOptions};
@@ -189,16 +190,9 @@ fn main() -> Result<()> {
         &ports,
     ))?;
     let srv_ip: IpAddr = srv.ip.parse()?;
-    // The connections' server: a tight accept loop of the bench's own in
-    // the server pod's namespace (the lab's `podnet serve` answers each
-    // connection, and a full accept queue would drop SYNs and measure it).
-    let listener =
-        Netns::named(&srv.netns)?.run(|| std::net::TcpListener::bind(("0.0.0.0", 9090)))??;
-    std::thread::spawn(move || {
-        for c in listener.incoming() {
-            drop(c);
-        }
-    });
+    // The connections' server: an accept loop of the bench's own in the
+    // server pod (the lab's `podnet serve` answers each connection).
+    accept_loop(&srv.netns, 9090)?;
     let target = SocketAddr::new(srv_ip, 9090);
     let nodes: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
     let set_flows = |on: bool| -> Result<()> {

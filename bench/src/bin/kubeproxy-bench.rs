@@ -134,6 +134,8 @@ const KP_METRICS: &str = "127.0.0.1:10349";
 const KP_HEALTHZ: &str = "127.0.0.1:10356";
 /// The connection-rate Service and its pods.
 const ECHO: &str = "echo";
+/// The echo pod's accept loop, behind the Service's port 81.
+const FAST_PORT: u16 = 9090;
 const CLIENT: &str = "client";
 const ECHO_PORT: u16 = 8080;
 
@@ -680,21 +682,24 @@ fn kube_proxy_path(a: &Args) -> Result<PathBuf> {
         .context("scripts/k8s-peers.sh printed no KUBE_PROXY=")
 }
 
-/// The connection-rate setup: a pod serving TCP `ECHO_PORT` on the second
-/// node behind Service `echo` (port 80), and a client pod on the first
-/// node. Returns the client's namespace and the Service's address.
+/// The connection-rate setup: a pod on the second node serving TCP
+/// `ECHO_PORT` (the lab's server, which says who it is) and
+/// `FAST_PORT` (an accept loop of the bench's own, for the rate), behind
+/// Service `echo` (ports 80 and 81), and a client pod on the first node.
+/// Returns the client's namespace and the Service's address (port 80).
 fn echo_setup(b: &Bench) -> Result<(String, SocketAddr)> {
     let st = b.lab.0.state()?;
     let first = st.nodes[0].name.clone();
     let second = st.nodes[1 % st.nodes.len()].name.clone();
     let labels: BTreeMap<String, String> = [("app".to_string(), ECHO.to_string())].into();
-    b.rt.block_on(b.lab.0.run_pod(
+    let echo = b.rt.block_on(b.lab.0.run_pod(
         NS,
         ECHO,
         Some(&second),
         labels.clone(),
         &[PortSpec::tcp(ECHO_PORT)],
     ))?;
+    podnet_bench::accept_loop(&echo.netns, FAST_PORT)?;
     let client = b.rt.block_on(
         b.lab
             .0
@@ -703,20 +708,30 @@ fn echo_setup(b: &Bench) -> Result<(String, SocketAddr)> {
     let mut svc = http_service(NS, ECHO);
     if let Some(spec) = svc.spec.as_mut() {
         spec.selector = Some(labels);
-        spec.ports = Some(vec![ServicePort {
-            name: Some("http".into()),
-            port: 80,
-            target_port: Some(IntOrString::Int(ECHO_PORT.into())),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]);
+        spec.ports = Some(vec![
+            ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                target_port: Some(IntOrString::Int(ECHO_PORT.into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ServicePort {
+                name: Some("fast".into()),
+                port: 81,
+                target_port: Some(IntOrString::Int(FAST_PORT.into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]);
     }
     let s = b.rt.block_on(b.svcs.create(&PostParams::default(), &svc))?;
     Ok((client.netns, SocketAddr::new(cluster_ip(&s)?, 80)))
 }
 
-/// New connections per second from `client` to `addr` for `secs`, once a
-/// first connection gets an answer (the Service is routed).
+/// New connections per second from `client` to the Service at `addr`'s
+/// second port (the accept loop) for `secs`, once a first connection to
+/// `addr` gets an answer (the Service is routed).
 fn conn_rate(client: &str, addr: SocketAddr, secs: f64) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -729,7 +744,7 @@ fn conn_rate(client: &str, addr: SocketAddr, secs: f64) -> Result<f64> {
             bail!("{addr} from pod {CLIENT}: {r:?} for 60 s");
         }
     }
-    podnet_bench::conn_rate(client, addr, secs)
+    podnet_bench::conn_rate(client, SocketAddr::new(addr.ip(), 81), secs)
 }
 
 fn main() -> Result<()> {
