@@ -8,7 +8,9 @@
 //!   routes, masquerade and the CNI files;
 //! - the service proxy (`podnet_proxy`): Services on nftables;
 //! - NetworkPolicy (`podnet_policy`): the node's pods' ingress and egress
-//!   on nftables, the CNI plugin's wait for a new pod, the verdict log.
+//!   on nftables, the CNI plugin's wait for a new pod, the verdict log;
+//! - the flow log ([`flows`]): new connections from conntrack's events and
+//!   the verdict log's denials, served at `/flows` (`podnet flows`).
 //!
 //! The object source's and the lease watch's health are
 //! `podnet_daemon::StoreWatch` components `agent` and `overlay`: a lost
