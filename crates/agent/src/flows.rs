@@ -60,8 +60,8 @@ impl Recorder {
     pub fn denial_sink(&self) -> podnet_policy::log::DenialSink {
         let me = self.clone();
         Arc::new(move |d: &podnet_policy::log::Denial| {
-            let names = me.names.read().expect("names").clone();
-            me.push(flows::dropped(
+            // Named under the read lock (no copy of the names per flow).
+            let r = flows::dropped(
                 &me.node,
                 d.flow.src,
                 d.flow.dst,
@@ -69,8 +69,9 @@ impl Recorder {
                 d.flow.port,
                 d.policies.clone(),
                 format!("{} denied: {}", d.cause, d.reason),
-                &names,
-            ));
+                &me.names.read().expect("names"),
+            );
+            me.push(r);
         })
     }
 
@@ -181,12 +182,17 @@ impl Recorder {
             if got.is_empty() {
                 continue;
             }
-            let names = self.names.read().expect("names").clone();
-            for (_, e) in got {
-                if e.orig.src.is_loopback() && e.orig.dst.is_loopback() {
-                    continue;
-                }
-                self.push(flows::forwarded(&self.node, &e, &names));
+            // Named under the read lock (no copy of the names per batch),
+            // logged after it.
+            let records: Vec<FlowRecord> = {
+                let names = self.names.read().expect("names");
+                got.iter()
+                    .filter(|(_, e)| !(e.orig.src.is_loopback() && e.orig.dst.is_loopback()))
+                    .map(|(_, e)| flows::forwarded(&self.node, e, &names))
+                    .collect()
+            };
+            for r in records {
+                self.push(r);
             }
         }
     }
