@@ -52,9 +52,36 @@ fn connect(path: &str) -> Result<Connection> {
     }
     let c =
         Connection::open(path).map_err(|e| StoreError::Backend(format!("opening {path}: {e}")))?;
-    c.busy_timeout(Duration::from_secs(30)).map_err(be)?;
-    c.pragma_update(None, "journal_mode", "WAL").map_err(be)?;
-    c.pragma_update(None, "synchronous", "NORMAL").map_err(be)?;
+    c.busy_timeout(OPEN_PATIENCE).map_err(be)?;
+    // SQLite answers "locked" at once, without waiting on the busy handler,
+    // when two processes open a fresh file together: one is switching it to
+    // WAL or creating the schema while the other reads the header. Those
+    // steps are idempotent, so they are retried until the patience runs out.
+    let deadline = Instant::now() + OPEN_PATIENCE;
+    loop {
+        match prepare(&c) {
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            r => return r.map(|()| c).map_err(be),
+        }
+    }
+}
+
+/// How long opening waits for other processes that hold the file.
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// WAL mode and the schema: safe to run again after a busy failure.
+fn prepare(c: &Connection) -> rusqlite::Result<()> {
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
     c.execute_batch(
         "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), rev INTEGER NOT NULL, compact INTEGER NOT NULL);
          INSERT OR IGNORE INTO meta VALUES (0, 1, 0);
@@ -67,8 +94,6 @@ fn connect(path: &str) -> Result<Connection> {
          CREATE TABLE IF NOT EXISTS leases (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL, expires REAL NOT NULL);
          CREATE INDEX IF NOT EXISTS leases_expires ON leases(expires);",
     )
-    .map_err(be)?;
-    Ok(c)
 }
 
 fn current_rev(c: &Connection) -> Result<Rev> {

@@ -284,6 +284,49 @@ async fn helper_process_writer() {
     }
 }
 
+/// Processes that start together (a controller and the first `podnet
+/// apply`) open a fresh file at once: every one gets the store, whichever
+/// of them creates the schema and turns WAL on.
+#[test]
+fn sqlite_processes_opening_a_fresh_file_together_all_succeed() {
+    for round in 0..100 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "helper_process_opener", "--ignored"])
+                    .args(["--nocapture", "--test-threads", "1"])
+                    .env("PODNET_STORE_HELPER_DB", &db)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}: an opener failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+        }
+    }
+}
+
+/// Not a test on its own: one of the openers of the test above.
+#[tokio::test]
+#[ignore = "a child of the concurrent-open test, which runs it"]
+async fn helper_process_opener() {
+    let db = std::env::var("PODNET_STORE_HELPER_DB")
+        .expect("run only by the concurrent-open test, which sets PODNET_STORE_HELPER_DB");
+    let s = podnet_store::open(&format!("sqlite://{db}")).await.unwrap();
+    s.revision().await.unwrap();
+}
+
 /// etcd dies and comes back in the middle of a watch: no event is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_restart_mid_watch_loses_nothing() {
