@@ -14,6 +14,41 @@ mod ui;
 
 use clap::{Parser, Subcommand};
 
+/// Where `podnet trace` and `podnet ui` look: a lab on this machine, or
+/// (without --lab) the node they run on, whose cluster state comes from
+/// the store or, with --kubeconfig or in a pod, the Kubernetes API.
+#[derive(clap::Args)]
+struct TraceAt {
+    /// A lab on this machine.
+    #[arg(long)]
+    lab: Option<String>,
+    /// Without --lab: this node's name (default: the host name, as the
+    /// kubelet's).
+    #[arg(long, conflicts_with = "lab")]
+    node: Option<String>,
+    #[command(flatten)]
+    kube: cmd::KubeArgs,
+    /// Without --lab: the agent's metrics address (its flow log).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    agent: String,
+    /// Without --lab: the agent's subnet.env.
+    #[arg(long, default_value = "/run/podnet/subnet.env")]
+    subnet_file: std::path::PathBuf,
+}
+
+impl TraceAt {
+    fn target(self, store: &str) -> trace::Target {
+        trace::Target {
+            lab: self.lab,
+            node: self.node,
+            store: store.to_string(),
+            kube: self.kube,
+            agent: self.agent,
+            subnet_file: self.subnet_file,
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "podnet",
@@ -178,14 +213,14 @@ enum Cmd {
     /// lookups and conntrack; the pure evaluators' answers are shown beside
     /// them and a disagreement is flagged.
     Trace {
-        /// The source pod, NAMESPACE/POD.
+        /// The source pod, NAMESPACE/POD (on a real node: a pod of that
+        /// node), or `outside` in a lab.
         src: String,
         /// DST:PORT[/tcp|/udp]: DST a pod (NS/POD), a Service (NS/NAME), a
         /// node name (for a NodePort) or an address.
         dst: String,
-        /// The lab to trace in.
-        #[arg(long, default_value = "lab")]
-        lab: String,
+        #[command(flatten)]
+        at: TraceAt,
         /// Output: text or json (the same hops as data).
         #[arg(short = 'o', long, default_value = "text")]
         output: String,
@@ -194,12 +229,13 @@ enum Cmd {
     /// forwarded and the ones its NetworkPolicy dropped (with the policy),
     /// every address named. Reads each agent's `/flows`.
     Flows(trace::FlowArgs),
-    /// A web view of a lab: nodes with their subnets and tunnels, pods,
-    /// Services with their endpoints, live flows, and traces drawn as a
-    /// path (one page, served by podnet itself).
+    /// A web view of a lab or of this node's cluster: nodes with their
+    /// subnets and tunnels, pods, Services with their endpoints, live
+    /// flows, and traces drawn as a path (one page, served by podnet
+    /// itself).
     Ui {
-        #[arg(long, default_value = "lab")]
-        lab: String,
+        #[command(flatten)]
+        at: TraceAt,
         /// Where to serve the page (loopback by default).
         #[arg(long, default_value = "127.0.0.1:10280")]
         listen: String,
@@ -497,11 +533,11 @@ fn main() {
         Cmd::Trace {
             src,
             dst,
-            lab,
+            at,
             output,
-        } => block_on(trace::run(&lab, &src, &dst, &output)),
+        } => block_on(trace::run(&at.target(&cli.store), &src, &dst, &output)),
         Cmd::Flows(a) => trace::flows(a),
-        Cmd::Ui { lab, listen } => block_on(ui::run(&lab, &listen)),
+        Cmd::Ui { at, listen } => block_on(ui::run(&at.target(&cli.store), &listen)),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {

@@ -74,19 +74,111 @@ impl View {
     }
 }
 
-/// A lab and what a trace needs of it.
-pub struct LabContext {
-    pub lab: podnet_lab::Lab,
-    pub st: podnet_lab::LabState,
+/// Where a trace (and the web view) runs.
+pub enum Scope {
+    /// A lab on this machine: every node's namespace is here to observe.
+    Lab {
+        lab: podnet_lab::Lab,
+        st: podnet_lab::LabState,
+    },
+    /// One node of a real cluster, the machine this runs on: its own
+    /// kernel is observed; other nodes are named, not observed.
+    Node {
+        name: String,
+        /// The agent's metrics address (its `/flows`).
+        agent: SocketAddr,
+        /// The agent's subnet.env, for this node's subnet in standalone mode.
+        subnet_file: std::path::PathBuf,
+        /// Standalone mode: the store, whose subnet leases list the nodes.
+        store: Option<podnet_store::AnyStore>,
+        /// The nodes last read from the leases (standalone mode).
+        leases: std::sync::RwLock<Vec<ClusterNode>>,
+    },
+}
+
+/// A node as a trace and the web view need it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterNode {
+    pub name: String,
+    pub ip: IpAddr,
+    pub subnet: Option<ipnet::IpNet>,
+    /// Its namespace when this machine can observe it (see
+    /// [`podnet_trace::collect::Node::netns`]), else empty.
+    pub netns: String,
+}
+
+/// A trace's surroundings: where it runs and the cluster's network config.
+pub struct TraceContext {
+    pub scope: Scope,
     pub net: podnet_api::netconfig::Resolved,
 }
 
-impl LabContext {
-    pub async fn open(name: &str) -> Result<(LabContext, podnet_source::Source)> {
+/// What `podnet trace` and `podnet ui` are pointed at.
+pub struct Target {
+    /// A lab on this machine.
+    pub lab: Option<String>,
+    /// Otherwise this node of a real cluster, read from the store or the
+    /// Kubernetes API.
+    pub node: Option<String>,
+    pub store: String,
+    pub kube: crate::cmd::KubeArgs,
+    pub agent: String,
+    pub subnet_file: std::path::PathBuf,
+}
+
+/// This machine's host name, the kubelet's default node name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+impl TraceContext {
+    pub async fn open(t: &Target) -> Result<(TraceContext, podnet_source::Source)> {
+        let watch = podnet_daemon::Metrics::new().store_watch("trace");
+        if let Some(name) = &t.lab {
+            return Self::open_lab(name, watch).await;
+        }
+        let name = t.node.clone().unwrap_or_else(hostname);
+        if name.is_empty() {
+            bail!("no --node given and no host name to default to");
+        }
+        let agent = podnet_daemon::listen_addr(&t.agent).map_err(anyhow::Error::msg)?;
+        let (source, net, store) = if t.kube.enabled() {
+            let source = podnet_source::Source::kube(t.kube.client().await?, watch);
+            (source, t.kube.network_config()?, None)
+        } else {
+            let store = podnet_store::open(&t.store)
+                .await
+                .with_context(|| format!("opening store {}", t.store))?;
+            let net = crate::dns::network_config(&store).await;
+            (
+                podnet_source::Source::store(store.clone(), watch),
+                net,
+                Some(store),
+            )
+        };
+        let ctx = TraceContext {
+            scope: Scope::Node {
+                name,
+                agent,
+                subnet_file: t.subnet_file.clone(),
+                store,
+                leases: Default::default(),
+            },
+            net,
+        };
+        ctx.refresh().await?;
+        Ok((ctx, source))
+    }
+
+    async fn open_lab(
+        name: &str,
+        watch: podnet_daemon::StoreWatch,
+    ) -> Result<(TraceContext, podnet_source::Source)> {
         let exe = std::fs::canonicalize("/proc/self/exe")?;
         let lab = podnet_lab::Lab::new(name, exe)?;
         let st = lab.state()?;
-        let watch = podnet_daemon::Metrics::new().store_watch("trace");
         let (source, net) = if st.kube {
             let spec: serde_json::Value = std::fs::read_to_string(lab.net_conf_path())
                 .ok()
@@ -111,13 +203,274 @@ impl LabContext {
             let net = crate::dns::network_config(&store).await;
             (podnet_source::Source::store(store, watch), net)
         };
-        Ok((LabContext { lab, st, net }, source))
+        Ok((
+            TraceContext {
+                scope: Scope::Lab { lab, st },
+                net,
+            },
+            source,
+        ))
+    }
+
+    /// Rereads what the object source does not carry: the subnet leases
+    /// that list a standalone cluster's nodes.
+    pub async fn refresh(&self) -> Result<()> {
+        let Scope::Node {
+            store: Some(store),
+            leases,
+            ..
+        } = &self.scope
+        else {
+            return Ok(());
+        };
+        use podnet_store::Store;
+        let (kvs, _) = store
+            .list(podnet_source::subnets::leases::PREFIX)
+            .await
+            .context("reading the subnet leases")?;
+        let got = kvs
+            .iter()
+            .filter_map(podnet_source::subnets::leases::decode)
+            .map(|l| ClusterNode {
+                name: l.attrs.node.clone(),
+                ip: IpAddr::V4(l.attrs.public_ip),
+                subnet: Some(ipnet::IpNet::V4(l.subnet)),
+                netns: String::new(),
+            })
+            .collect();
+        *leases.write().expect("leases") = got;
+        Ok(())
+    }
+
+    /// What the page and the text call this cluster.
+    pub fn label(&self) -> String {
+        match &self.scope {
+            Scope::Lab { lab, .. } => lab.name.clone(),
+            Scope::Node { name, .. } => format!("node {name}"),
+        }
+    }
+
+    pub fn backend(&self) -> String {
+        match &self.scope {
+            Scope::Lab { st, .. } => st.backend.clone(),
+            Scope::Node { .. } => match self.net.backend {
+                podnet_api::netconfig::BackendType::Vxlan => "vxlan",
+                podnet_api::netconfig::BackendType::HostGw => "host-gw",
+                podnet_api::netconfig::BackendType::Udp => "udp",
+            }
+            .into(),
+        }
+    }
+
+    /// The cluster's nodes, the ones this machine observes with their
+    /// namespace.
+    pub fn nodes(&self, view: &View) -> Vec<ClusterNode> {
+        match &self.scope {
+            Scope::Lab { lab, st } => st
+                .nodes
+                .iter()
+                .map(|n| ClusterNode {
+                    name: n.name.clone(),
+                    ip: IpAddr::V4(n.ip),
+                    subnet: lab_node_subnet(lab, view, &n.name),
+                    netns: n.netns.clone(),
+                })
+                .collect(),
+            Scope::Node {
+                name,
+                subnet_file,
+                leases,
+                ..
+            } => {
+                let mut out: Vec<ClusterNode> = if view.nodes.is_empty() {
+                    leases.read().expect("leases").clone()
+                } else {
+                    view.nodes
+                        .iter()
+                        .filter_map(|(n, o)| {
+                            let addrs = o.status.as_ref()?.addresses.clone().unwrap_or_default();
+                            let ip = addrs
+                                .iter()
+                                .find(|a| a.type_ == "InternalIP")
+                                .or(addrs.first())?
+                                .address
+                                .parse()
+                                .ok()?;
+                            Some(ClusterNode {
+                                name: n.clone(),
+                                ip,
+                                subnet: o.spec.as_ref()?.pod_cidr.as_ref()?.parse().ok(),
+                                netns: String::new(),
+                            })
+                        })
+                        .collect()
+                };
+                if !out.iter().any(|n| &n.name == name) {
+                    // Not listed (yet): this node still is one, at the
+                    // address its default route leaves from.
+                    let ip = podnet_kernel::Handle::new()
+                        .and_then(|mut h| h.route_get(IpAddr::from([192, 0, 2, 1]), None, None))
+                        .ok()
+                        .and_then(|r| r.route.prefsrc);
+                    if let Some(ip) = ip {
+                        out.push(ClusterNode {
+                            name: name.clone(),
+                            ip,
+                            subnet: None,
+                            netns: String::new(),
+                        });
+                    }
+                }
+                for n in out.iter_mut().filter(|n| &n.name == name) {
+                    n.netns = "/proc/self/ns/net".into();
+                    if n.subnet.is_none() {
+                        n.subnet = subnet_env(subnet_file);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Where each observed node's agent serves `/flows`: a label, the
+    /// namespace to ask from (None: this one) and the address.
+    pub fn flow_sources(&self) -> Result<Vec<(String, Option<podnet_kernel::Netns>, SocketAddr)>> {
+        Ok(match &self.scope {
+            Scope::Lab { st, .. } => st
+                .nodes
+                .iter()
+                .map(|n| {
+                    Ok((
+                        n.name.clone(),
+                        Some(podnet_kernel::Netns::named(&n.netns)?),
+                        SocketAddr::from(([127, 0, 0, 1], 10249)),
+                    ))
+                })
+                .collect::<Result<_>>()?,
+            Scope::Node { name, agent, .. } => vec![(name.clone(), None, *agent)],
+        })
+    }
+
+    /// SRC as the trace's source: a pod (on this machine), or `outside`
+    /// (in a lab: its gateway, a router outside every node).
+    fn source(&self, view: &View, src: &str, dst_ip: IpAddr) -> Result<Pod> {
+        let (sns, sname) = src.split_once('/').unwrap_or(("default", src));
+        match &self.scope {
+            Scope::Lab { lab, .. } if src == "outside" => {
+                let netns = lab.gateway_ns();
+                let ip = podnet_kernel::Netns::named(&netns)?
+                    .run(|| {
+                        podnet_kernel::Handle::new()
+                            .and_then(|mut h| h.route_get(dst_ip, None, None))
+                    })??
+                    .route
+                    .prefsrc
+                    .ok_or_else(|| anyhow!("the lab's gateway has no address toward {dst_ip}"))?;
+                Ok(Pod {
+                    name: "outside (the lab's gateway)".into(),
+                    ip,
+                    netns,
+                    node: None,
+                })
+            }
+            Scope::Lab { lab, .. } => {
+                let p = lab.pod(sns, sname).with_context(|| {
+                    format!(
+                        "SRC {src:?}: not a pod of lab {}, nor \"outside\"",
+                        lab.name
+                    )
+                })?;
+                Ok(Pod {
+                    name: format!("{sns}/{sname}"),
+                    ip: p
+                        .ip
+                        .parse()
+                        .map_err(|_| anyhow!("pod {src} has no address yet"))?,
+                    netns: p.netns.clone(),
+                    node: Some(p.node.clone()),
+                })
+            }
+            Scope::Node { name, .. } => {
+                if src == "outside" {
+                    bail!("SRC \"outside\" is a lab's gateway; on a real node SRC is a pod of this node");
+                }
+                let p = view
+                    .world
+                    .pods
+                    .get(&podnet_policy::Key::new(sns, sname))
+                    .ok_or_else(|| anyhow!("SRC {src:?}: no pod {sns}/{sname} in the cluster"))?;
+                if p.node.as_deref() != Some(name.as_str()) {
+                    bail!(
+                        "SRC {sns}/{sname} runs on node {}, not on this node ({name}): run podnet trace there",
+                        p.node.as_deref().unwrap_or("(none yet)")
+                    );
+                }
+                let ip = *p
+                    .ips
+                    .first()
+                    .ok_or_else(|| anyhow!("pod {sns}/{sname} has no address yet"))?;
+                Ok(Pod {
+                    name: format!("{sns}/{sname}"),
+                    ip,
+                    netns: pod_netns(ip)
+                        .with_context(|| format!("finding pod {sns}/{sname}'s namespace"))?,
+                    node: Some(name.clone()),
+                })
+            }
+        }
     }
 }
 
-/// Node `node`'s pod subnet: its Node's podCIDR (Kubernetes mode), or what
+/// The namespace of this node's pod with address `ip`: a namespace under
+/// /run/netns (where containerd, CRI-O and podman keep their sandboxes')
+/// that holds the address and is the far end of one of this node's veths.
+/// The veth check matters: addresses repeat across clusters and labs on
+/// one machine, namespace ids do not.
+fn pod_netns(ip: IpAddr) -> Result<String> {
+    let mut h = podnet_kernel::Handle::new()?;
+    let peers: std::collections::BTreeSet<i32> = h
+        .links()?
+        .into_iter()
+        .filter(|l| l.kind == podnet_kernel::LinkKind::Veth)
+        .filter_map(|l| l.link_netnsid)
+        .collect();
+    let dir = std::path::Path::new("/run/netns");
+    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
+    for e in entries.flatten() {
+        let Ok(ns) = podnet_kernel::Netns::open(e.path()) else {
+            continue;
+        };
+        let holds = ns
+            .run(|| -> Result<bool, podnet_kernel::KernelError> {
+                let mut h = podnet_kernel::Handle::new()?;
+                Ok(h.addrs(0)?.iter().any(|a| a.net.addr() == ip))
+            })
+            .ok()
+            .and_then(|r| r.ok())
+            .unwrap_or(false);
+        if !holds {
+            continue;
+        }
+        if let Some(id) = h.nsid_of(&ns)? {
+            if peers.contains(&id) {
+                return Ok(e.path().display().to_string());
+            }
+        }
+    }
+    bail!("no namespace under /run/netns holds {ip} behind a veth of this node")
+}
+
+/// The subnet a subnet.env names.
+fn subnet_env(p: &std::path::Path) -> Option<ipnet::IpNet> {
+    let t = std::fs::read_to_string(p).ok()?;
+    podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string())
+        .ok()
+        .map(|e| e.subnet.trunc())
+}
+
+/// A lab node's pod subnet: its Node's podCIDR (Kubernetes mode), or what
 /// its agent wrote to subnet.env (standalone).
-pub fn node_subnet(ctx: &LabContext, view: &View, node: &str) -> Option<ipnet::IpNet> {
+fn lab_node_subnet(lab: &podnet_lab::Lab, view: &View, node: &str) -> Option<ipnet::IpNet> {
     if let Some(c) = view
         .nodes
         .get(node)
@@ -125,11 +478,7 @@ pub fn node_subnet(ctx: &LabContext, view: &View, node: &str) -> Option<ipnet::I
     {
         return c.parse().ok();
     }
-    let p = ctx.lab.dir.join("nodes").join(node).join("subnet.env");
-    let t = std::fs::read_to_string(&p).ok()?;
-    podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string())
-        .ok()
-        .map(|e| e.subnet.trunc())
+    subnet_env(&lab.dir.join("nodes").join(node).join("subnet.env"))
 }
 
 /// Keeps `view` current from `source` until the source ends; `ready` is
@@ -171,15 +520,15 @@ async fn load(source: podnet_source::Source) -> Result<View> {
     Ok(v)
 }
 
-struct LabOracles<'a> {
+struct ClusterOracles<'a> {
     view: &'a View,
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
     stack: podnet_proxy::Stack,
-    nodes: &'a [podnet_lab::NodeInfo],
+    nodes: &'a [ClusterNode],
 }
 
-impl Oracles for LabOracles<'_> {
+impl Oracles for ClusterOracles<'_> {
     fn policy(&self, src: IpAddr, dst: IpAddr, port: u16, proto: Proto) -> Option<PolicyAnswer> {
         let v = evaluate(
             &self.view.world,
@@ -208,7 +557,7 @@ impl Oracles for LabOracles<'_> {
         let info = podnet_proxy::NodeInfo {
             name: node.to_string(),
             zone: None,
-            ips: vec![IpAddr::V4(n.ip)],
+            ips: vec![n.ip],
             nodeport_ips: None,
         };
         let t = podnet_proxy::rules::plan(&podnet_proxy::rules::ProxyInput {
@@ -247,11 +596,11 @@ impl Oracles for LabOracles<'_> {
 }
 
 /// `podnet trace`.
-pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<()> {
+pub async fn run(target: &Target, src: &str, dst: &str, output: &str) -> Result<()> {
     if !["text", "json"].contains(&output) {
         bail!("-o {output:?}: want text or json");
     }
-    let (ctx, source) = LabContext::open(lab_name).await?;
+    let (ctx, source) = TraceContext::open(target).await?;
     let view = load(source).await?;
     let trace = tokio::task::block_in_place(|| trace_in(&ctx, &view, src, dst))?;
     if output == "json" {
@@ -262,16 +611,11 @@ pub async fn run(lab_name: &str, src: &str, dst: &str, output: &str) -> Result<(
     Ok(())
 }
 
-/// Traces SRC -> DST in the lab of `ctx`, naming things from `view`
-/// (blocking: it sends the probe and reads the kernel).
-pub fn trace_in(
-    ctx: &LabContext,
-    view: &View,
-    src: &str,
-    dst: &str,
-) -> Result<podnet_trace::Trace> {
-    let (l, st, net) = (&ctx.lab, &ctx.st, &ctx.net);
-    let lab_name = l.name.as_str();
+/// Traces SRC -> DST from `ctx`, naming things from `view` (blocking: it
+/// sends the probe and reads the kernel).
+pub fn trace_in(ctx: &TraceContext, view: &View, src: &str, dst: &str) -> Result<podnet_trace::Trace> {
+    let net = &ctx.net;
+    let nodes = ctx.nodes(view);
     let (host, port, proto) = crate::policy::target(dst)?;
     let mut names: Names = BTreeMap::new();
     for (k, v) in &view.world.pods {
@@ -279,8 +623,8 @@ pub fn trace_in(
             names.insert(*ip, k.to_string());
         }
     }
-    for n in &st.nodes {
-        names.insert(IpAddr::V4(n.ip), n.name.clone());
+    for n in &nodes {
+        names.insert(n.ip, n.name.clone());
     }
     let mut services = Vec::new();
     for s in view.services.values() {
@@ -309,10 +653,10 @@ pub fn trace_in(
                 });
                 // Its NodePort, on every node.
                 if let Some(np) = sp.node_port {
-                    for n in &st.nodes {
+                    for n in &nodes {
                         services.push(ServicePort {
                             name: format!("{ns}/{name}{pname} (NodePort)"),
-                            ip: IpAddr::V4(n.ip),
+                            ip: n.ip,
                             port: np as u16,
                             proto: proto.clone(),
                         });
@@ -324,8 +668,8 @@ pub fn trace_in(
     // DST: an address, a node (for a NodePort), a pod, or a Service.
     let dst_ip: IpAddr = if let Ok(ip) = host.parse() {
         ip
-    } else if let Some(n) = st.nodes.iter().find(|n| n.name == host) {
-        IpAddr::V4(n.ip)
+    } else if let Some(n) = nodes.iter().find(|n| n.name == host) {
+        n.ip
     } else {
         let (ns, name) = host.split_once('/').unwrap_or(("default", host.as_str()));
         let key = podnet_policy::Key::new(ns, name);
@@ -346,57 +690,25 @@ pub fn trace_in(
         }
     };
     let stack = podnet_proxy::Stack::v4(net.network).with_service_cidr(Some(net.service_cidr));
-    let oracles = LabOracles {
+    let oracles = ClusterOracles {
         view,
         services: view.services.values().cloned().collect(),
         slices: view.slices.values().cloned().collect(),
         stack,
-        nodes: &st.nodes,
+        nodes: &nodes,
     };
-    // SRC: a pod, or "outside": the lab's gateway, a router on the
-    // underlay outside every node.
-    let src_pod = if src == "outside" {
-        let netns = l.gateway_ns();
-        let ip = podnet_kernel::Netns::named(&netns)?
-            .run(|| {
-                podnet_kernel::Handle::new().and_then(|mut h| h.route_get(dst_ip, None, None))
-            })??
-            .route
-            .prefsrc
-            .ok_or_else(|| anyhow!("the lab's gateway has no address toward {dst_ip}"))?;
-        Pod {
-            name: "outside (the lab's gateway)".into(),
-            ip,
-            netns,
-            node: None,
-        }
-    } else {
-        let (sns, sname) = src.split_once('/').unwrap_or(("default", src));
-        let p = l.pod(sns, sname).with_context(|| {
-            format!("SRC {src:?}: not a pod of lab {lab_name}, nor \"outside\"")
-        })?;
-        Pod {
-            name: format!("{sns}/{sname}"),
-            ip: p
-                .ip
-                .parse()
-                .map_err(|_| anyhow!("pod {src} has no address yet"))?,
-            netns: p.netns.clone(),
-            node: Some(p.node.clone()),
-        }
-    };
+    let src_pod = ctx.source(view, src, dst_ip)?;
     let req = Request {
         src: src_pod,
         dst: SocketAddr::new(dst_ip, port),
         dst_name: host.clone(),
         proto,
-        nodes: st
-            .nodes
+        nodes: nodes
             .iter()
             .map(|n| Node {
                 name: n.name.clone(),
                 netns: n.netns.clone(),
-                subnets: node_subnet(ctx, view, &n.name).into_iter().collect(),
+                subnets: n.subnet.into_iter().collect(),
             })
             .collect(),
         names,

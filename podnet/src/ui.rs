@@ -25,7 +25,7 @@ use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::trace::{LabContext, View};
+use crate::trace::{Target, TraceContext, View};
 
 const PAGE: &str = include_str!("ui/index.html");
 
@@ -61,15 +61,14 @@ struct Topology {
     services: Vec<ServiceView>,
 }
 
-fn topology(ctx: &LabContext, v: &View) -> Topology {
+fn topology(ctx: &TraceContext, v: &View) -> Topology {
     let nodes = ctx
-        .st
-        .nodes
-        .iter()
+        .nodes(v)
+        .into_iter()
         .map(|n| NodeView {
-            name: n.name.clone(),
-            ip: IpAddr::V4(n.ip),
-            subnet: crate::trace::node_subnet(ctx, v, &n.name).map(|s| s.to_string()),
+            name: n.name,
+            ip: n.ip,
+            subnet: n.subnet.map(|s| s.to_string()),
         })
         .collect();
     let pods = v
@@ -140,8 +139,8 @@ fn topology(ctx: &LabContext, v: &View) -> Topology {
         });
     }
     Topology {
-        lab: ctx.lab.name.clone(),
-        backend: ctx.st.backend.clone(),
+        lab: ctx.label(),
+        backend: ctx.backend(),
         nodes,
         pods,
         services,
@@ -186,7 +185,7 @@ fn query(q: &str) -> BTreeMap<String, String> {
 }
 
 struct Ui {
-    ctx: LabContext,
+    ctx: TraceContext,
     view: Arc<RwLock<View>>,
 }
 
@@ -222,25 +221,20 @@ async fn events(ui: Arc<Ui>, mut s: tokio::net::TcpStream) {
             last_topology = t;
         }
         // Each node's new flows (its agent's /flows, inside its namespace).
-        let nodes = ui.ctx.st.nodes.clone();
+        let sources = ui.ctx.flow_sources().unwrap_or_default();
         let cursors = after.clone();
         let got = tokio::task::spawn_blocking(move || {
             let mut res = Vec::new();
-            for n in &nodes {
-                let from = cursors.get(&n.name).copied().unwrap_or(0);
-                let r = podnet_kernel::Netns::named(&n.netns).ok().and_then(|ns| {
-                    ns.run(|| {
-                        crate::trace::http_get(
-                            ([127, 0, 0, 1], 10249).into(),
-                            &format!("/flows?after={from}"),
-                        )
-                    })
-                    .ok()?
-                    .ok()
-                });
-                if let Some((200, body)) = r {
+            for (name, ns, addr) in &sources {
+                let from = cursors.get(name).copied().unwrap_or(0);
+                let path = format!("/flows?after={from}");
+                let r = match ns {
+                    Some(ns) => ns.run(|| crate::trace::http_get(*addr, &path)).ok(),
+                    None => Some(crate::trace::http_get(*addr, &path)),
+                };
+                if let Some(Ok((200, body))) = r {
                     if let Ok(p) = serde_json::from_str::<podnet_trace::flows::Page>(&body) {
-                        res.push((n.name.clone(), p));
+                        res.push((name.clone(), p));
                     }
                 }
             }
@@ -321,21 +315,35 @@ async fn handle(ui: Arc<Ui>, mut s: tokio::net::TcpStream) {
 }
 
 /// `podnet ui`: serves until interrupted.
-pub async fn run(lab: &str, listen: &str) -> Result<()> {
+pub async fn run(target: &Target, listen: &str) -> Result<()> {
     let addr: SocketAddr = podnet_daemon::listen_addr(listen).map_err(anyhow::Error::msg)?;
-    let (ctx, source) = LabContext::open(lab).await?;
+    let (ctx, source) = TraceContext::open(target).await?;
     let view = Arc::new(RwLock::new(View::default()));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let _keep = tokio::spawn(crate::trace::keep(source, view.clone(), Some(tx)));
     tokio::time::timeout(Duration::from_secs(15), rx)
         .await
-        .map_err(|_| anyhow!("the lab's objects did not arrive within 15s"))?
+        .map_err(|_| anyhow!("the cluster's objects did not arrive within 15s"))?
         .map_err(|_| anyhow!("the object source ended"))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr}"))?;
-    eprintln!("podnet ui: lab {lab} on http://{}/", listener.local_addr()?);
+    eprintln!(
+        "podnet ui: {} on http://{}/",
+        ctx.label(),
+        listener.local_addr()?
+    );
     let ui = Arc::new(Ui { ctx, view });
+    // The standalone nodes' subnet leases are not objects: reread them.
+    let refresher = ui.clone();
+    let _leases = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if let Err(e) = refresher.ctx.refresh().await {
+                tracing::warn!("{e:#}");
+            }
+        }
+    });
     loop {
         tokio::select! {
             _ = podnet_daemon::shutdown_signal() => return Ok(()),

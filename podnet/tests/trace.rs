@@ -142,6 +142,48 @@ impl Tracer<'_> {
     }
 }
 
+/// `podnet trace SRC DST -o json` as on a real node: inside the node's
+/// namespace, with no --lab, the cluster read as `cluster` says (the store
+/// or a kubeconfig); `Err` carries stderr. Checks what every trace must
+/// hold, and that no trace table is left on the node.
+fn on_node(lab: &str, node: &str, cluster: &[&str], src: &str, dst: &str) -> Result<Value, String> {
+    let ns = format!("pn-{lab}-{node}");
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_podnet")])
+        .args(["trace", src, dst, "--node", node, "-o", "json"])
+        .args(cluster)
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    let t: Value = serde_json::from_slice(&o.stdout).expect("trace JSON");
+    for h in t["hops"].as_array().expect("hops") {
+        assert!(h.get("disagreement").is_none(), "{src} -> {dst}: {h}");
+    }
+    assert_eq!(t["lost_events"], 0, "{t}");
+    assert_eq!(
+        nft_list(Some(&ns), "table inet podnet-trace"),
+        None,
+        "the trace table is left on {node}"
+    );
+    Ok(t)
+}
+
+/// What a trace from node1 to a pod on node2 shows on a real node: node1's
+/// hops, the tunnel to node2, delivery, and node2 named as not observed.
+fn check_seen_from_node1(t: &Value, backend: &str, answered_by: &str) {
+    assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
+    assert_eq!(one(t, "veth")["at"], "node1");
+    assert!(!rules_in(t, "node1", "podnet").is_empty(), "{t:#}");
+    assert!(rules_in(t, "node2", "podnet").is_empty(), "{t:#}");
+    let route = one(t, "route");
+    assert_eq!(route["data"]["backend"], backend, "{route}");
+    assert_eq!(route["data"]["remote_node"], "node2", "{route}");
+    assert_eq!(t["unobserved"], serde_json::json!(["node2"]));
+    assert_eq!(one(t, "deliver")["data"]["answered_by"], answered_by);
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = podnet(&["lab", "--name", &self.name, "down"]);
@@ -370,6 +412,24 @@ fn traces_every_path_in_a_vxlan_lab() {
         "denied by NetworkPolicy (table podnet-policy, chain deny-ingress)"
     );
     assert!(t["dst"].as_str().unwrap().contains(&locked));
+
+    // On a real node: the same command inside node1, no --lab, the
+    // cluster read from the store and node1's subnet.env.
+    let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+    let subnet = format!("/run/podnet-lab/{}/nodes/node1/subnet.env", lab.name);
+    let cluster = ["--store", &store, "--subnet-file", &subnet];
+    let cluster = &cluster[..];
+    let t = on_node(&lab.name, "node1", cluster, "default/a", "default/b:80").unwrap();
+    check_seen_from_node1(&t, "vxlan", "default/b");
+    assert!(t["src"].as_str().unwrap().contains(&a));
+    // A pod of another node is traced there.
+    let err = on_node(&lab.name, "node1", cluster, "default/b", "default/a:80").unwrap_err();
+    assert!(
+        err.contains("SRC default/b runs on node node2, not on this node (node1)"),
+        "{err}"
+    );
+    let err = on_node(&lab.name, "node1", cluster, "outside", "default/a:80").unwrap_err();
+    assert!(err.contains("on a real node SRC is a pod of this node"), "{err}");
 }
 
 /// Across nodes in the other backends: host-gw routes to the other node's
@@ -534,4 +594,14 @@ fn traces_a_cluster_ip_in_a_kube_lab() {
     assert_eq!(route["data"]["backend"], "vxlan");
     assert_eq!(route["data"]["remote_node"], "node2");
     assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/web1");
+
+    // On a real node of the cluster: inside node1, no --lab, reading the
+    // Kubernetes API with the node agent's own kubeconfig (its RBAC).
+    let dir = format!("/run/podnet-lab/{}", lab.name);
+    let kubeconfig = format!("{dir}/nodes/node1/kubeconfig");
+    let net_conf = format!("{dir}/net-conf.json");
+    let cluster = ["--kubeconfig", &kubeconfig, "--net-conf", &net_conf];
+    let t = on_node(&lab.name, "node1", &cluster, "default/a", "default/web:80").unwrap();
+    check_seen_from_node1(&t, "vxlan", "default/web1");
+    assert_eq!(one(&t, "service")["data"]["service"], "default/web:http");
 }

@@ -383,4 +383,88 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     });
     b.screenshot(&out.join("flows.png"));
     eprintln!("screenshots in {}", out.display());
+    drop(b);
+
+    // On a real node: `podnet ui` inside node1 with no --lab, the cluster
+    // read from the store, served on its default address in node1's
+    // namespace. The same API, as this node sees the cluster.
+    let ns_name = format!("pn-{}-node1", lab.0);
+    let ns = podnet_kernel::Netns::named(&ns_name).unwrap();
+    let subnet = format!("/run/podnet-lab/{}/nodes/node1/subnet.env", lab.0);
+    let mut node_ui = Command::new("ip");
+    node_ui.args(["netns", "exec", &ns_name, env!("CARGO_BIN_EXE_podnet")]);
+    node_ui.args(["ui", "--node", "node1", "--store", &store, "--subnet-file", &subnet]);
+    let _node_ui = spawn_group(node_ui, &out.join("podnet-ui-node.log"));
+    let at: std::net::SocketAddr = ([127, 0, 0, 1], 10280).into();
+    let topo: Value = eventually("the node's web view", WAIT, || {
+        let (code, body) = http_get(Some(&ns), at, "/api/topology")?;
+        let t: Value = serde_json::from_str(&body).ok()?;
+        (code == 200 && t["pods"].as_array()?.len() >= 3).then_some(t)
+    });
+    assert_eq!(topo["lab"], "node node1", "{topo:#}");
+    let nodes: Vec<(&str, bool)> = topo["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["subnet"].is_string()))
+        .collect();
+    assert!(nodes.contains(&("node1", true)) && nodes.contains(&("node2", true)), "{topo:#}");
+    let (code, page) = http_get(Some(&ns), at, "/").unwrap();
+    assert_eq!(code, 200);
+    assert!(page.contains("/api/events"), "the page is served");
+    let (code, body) = http_get(
+        Some(&ns),
+        at,
+        "/api/trace?src=default%2Fa&dst=default%2Fweb%3A80",
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let t: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
+    assert_eq!(t["unobserved"], json!(["node2"]), "{t:#}");
+    // A pod of node2 is traced on node2.
+    let (code, body) = http_get(
+        Some(&ns),
+        at,
+        "/api/trace?src=default%2Fweb1&dst=default%2Fa%3A80",
+    )
+    .unwrap();
+    assert_eq!(code, 400);
+    assert!(body.contains("runs on node node2"), "{body}");
+    // The live stream carries this node's flows.
+    let stream = read_events(&ns, at, "default/a", WAIT);
+    assert!(stream.contains("event: topology"), "{stream}");
+}
+
+/// Reads `/api/events` from inside `ns` until a flow event mentions
+/// `needle` (bounded by `wait`); what was read.
+fn read_events(
+    ns: &podnet_kernel::Netns,
+    at: std::net::SocketAddr,
+    needle: &str,
+    wait: Duration,
+) -> String {
+    use std::io::{Read, Write};
+    let mut s = ns.run(|| TcpStream::connect(at)).unwrap().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    write!(s, "GET /api/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let deadline = std::time::Instant::now() + wait;
+    let mut got = String::new();
+    let mut buf = [0u8; 8192];
+    while std::time::Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("reading the event stream: {e}"),
+        }
+        if got
+            .split("\n\n")
+            .any(|ev| ev.starts_with("event: flow") && ev.contains(needle))
+        {
+            return got;
+        }
+    }
+    panic!("no flow event of {needle} in {wait:?}:\n{got}");
 }

@@ -31,6 +31,7 @@ const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_EXT_MASK: u16 = 29;
+const IFLA_LINK_NETNSID: u16 = 37;
 /// Asks the kernel to leave the per-device counters out of link replies:
 /// nothing here reads them, and gathering them is most of a GETLINK's cost.
 const RTEXT_FILTER_SKIP_STATS: u32 = 1 << 3;
@@ -121,6 +122,10 @@ pub struct Link {
     pub hairpin: Option<bool>,
     /// IFLA_LINK: a veth's peer index (in the peer's namespace).
     pub peer: Option<u32>,
+    /// IFLA_LINK_NETNSID: the namespace the peer is in, as this
+    /// namespace numbers it (see [`Handle::nsid_of`]); None when the peer
+    /// is in this namespace.
+    pub link_netnsid: Option<i32>,
 }
 
 impl Link {
@@ -287,6 +292,29 @@ impl Handle {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The number this handle's namespace gives namespace `ns`
+    /// (RTM_GETNSID), as a veth's [`Link::link_netnsid`] names its peer's
+    /// namespace; None if it has given it none. It tells which namespace
+    /// is a veth's other end, where interface indexes and addresses are
+    /// only unique per namespace.
+    pub fn nsid_of(&mut self, ns: &Netns) -> Result<Option<i32>, KernelError> {
+        const RTM_NEWNSID: u16 = 88;
+        const RTM_GETNSID: u16 = 90;
+        const NETNSA_NSID: u16 = 1;
+        const NETNSA_FD: u16 = 3;
+        let mut m = Msg::new(RTM_GETNSID, 0);
+        m.raw(&[0u8; 4]);
+        m.u32(NETNSA_FD, ns.fd().as_raw_fd() as u32);
+        let replies = self.req(m, &|| format!("asking the id of netns {}", ns.path().display()))?;
+        Ok(replies
+            .iter()
+            .filter(|r| r.msg_type == RTM_NEWNSID && r.body.len() >= 4)
+            .flat_map(|r| Attrs::new(&r.body[4..]).collect::<Vec<_>>())
+            .find(|(t, v)| *t == NETNSA_NSID && v.len() >= 4)
+            .map(|(_, v)| nl::get_u32(v) as i32)
+            .filter(|id| *id >= 0))
     }
 
     pub fn link_by_index(&mut self, index: u32) -> Result<Option<Link>, KernelError> {
@@ -793,6 +821,7 @@ fn parse_link(body: &[u8]) -> Option<Link> {
         flags,
         hairpin: None,
         peer: None,
+        link_netnsid: None,
     };
     for (ty, v) in Attrs::new(&body[16..]) {
         match ty {
@@ -801,6 +830,9 @@ fn parse_link(body: &[u8]) -> Option<Link> {
             IFLA_ADDRESS if v.len() == 6 => link.mac = Some(v.try_into().ok()?),
             IFLA_MASTER => link.master = Some(nl::get_u32(v)),
             IFLA_LINK => link.peer = Some(nl::get_u32(v)),
+            IFLA_LINK_NETNSID if v.len() >= 4 => {
+                link.link_netnsid = Some(nl::get_u32(v) as i32)
+            }
             IFLA_LINKINFO => {
                 for (t, iv) in Attrs::new(v) {
                     match t {

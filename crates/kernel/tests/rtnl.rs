@@ -26,3 +26,30 @@ fn address_dump_for_one_link_is_filtered_and_links_skip_stats() {
     assert_eq!(h.link_by_index(b.index).unwrap().unwrap().name, "pnb0");
     assert!(h.link("pnz9").unwrap().is_none());
 }
+
+/// A veth's far end is told apart by namespace id, not by index or
+/// address (both repeat across namespaces): the host end's
+/// `link_netnsid` is the id the host gives the pod's namespace, and a
+/// namespace with no link to the host has no id there.
+#[test]
+fn a_veth_names_its_peer_namespace_by_id() {
+    let host = TestNs::new("nsidh");
+    let pod = TestNs::new("nsidp");
+    let other = TestNs::new("nsido");
+    let mut h = Handle::in_netns(host.netns()).unwrap();
+    h.create_veth("pnh0", "eth0", Some(pod.netns().fd()), None, None)
+        .unwrap();
+    let end = h.require_link("pnh0").unwrap();
+    let id = h.nsid_of(pod.netns()).unwrap();
+    assert!(id.is_some(), "the pod's namespace got no id in the host's");
+    assert_eq!(end.link_netnsid, id);
+    assert_eq!(h.nsid_of(other.netns()).unwrap(), None);
+    // Within one namespace a veth's peer has no namespace id.
+    let mut p = Handle::in_netns(pod.netns()).unwrap();
+    p.create_veth("pnx0", "pnx1", None, None, None).unwrap();
+    assert_eq!(p.require_link("pnx0").unwrap().link_netnsid, None);
+    // The pod's end names the host's namespace likewise.
+    let eth0 = p.require_link("eth0").unwrap();
+    assert_eq!(eth0.peer, Some(end.index));
+    assert_eq!(eth0.link_netnsid, p.nsid_of(host.netns()).unwrap());
+}

@@ -29,8 +29,30 @@ use crate::{Trace, TraceError};
 #[derive(Debug, Clone)]
 pub struct Node {
     pub name: String,
+    /// Its namespace: a name under /run/netns (a lab node), a path (a real
+    /// node: `/proc/self/ns/net`), or empty for a node this trace cannot
+    /// observe (another machine); see [`open_netns`].
     pub netns: String,
     pub subnets: Vec<ipnet::IpNet>,
+}
+
+impl Node {
+    /// Whether this trace sees the node's kernel.
+    pub fn observed(&self) -> bool {
+        !self.netns.is_empty()
+    }
+}
+
+/// A namespace by name under /run/netns, or by path when it has a `/`.
+pub fn open_netns(name_or_path: &str) -> Result<Netns, TraceError> {
+    if name_or_path.is_empty() {
+        return Err(TraceError::Msg("no namespace given".into()));
+    }
+    Ok(if name_or_path.contains('/') {
+        Netns::open(name_or_path)?
+    } else {
+        Netns::named(name_or_path)?
+    })
 }
 
 /// The probe's source: a pod, or a host outside the cluster.
@@ -103,8 +125,8 @@ impl Session {
     pub fn start(nodes: &[Node], proto: Proto, sport: u16) -> Result<Session, TraceError> {
         let table = crate::plan::marker(proto, sport);
         let mut s = Session { parts: Vec::new() };
-        for n in nodes {
-            let ns = Netns::named(&n.netns)?;
+        for n in nodes.iter().filter(|n| n.observed()) {
+            let ns = open_netns(&n.netns)?;
             ns.run(|| -> Result<(), TraceError> {
                 Conn::open()?.apply(&table, &diff(None, &table))?;
                 Ok(())
@@ -169,6 +191,9 @@ pub fn pick_sport() -> u16 {
 /// `nft -a` lists them (when the tool is there; the hop says "rule" if not).
 fn rule_texts(netns: &str, walk: &[TraceEvent]) -> BTreeMap<(String, String, u64), String> {
     let mut out = BTreeMap::new();
+    let Ok(ns) = open_netns(netns) else {
+        return out;
+    };
     let mut seen = std::collections::BTreeSet::new();
     for e in walk.iter().filter(|e| e.rule.is_some()) {
         let key = (e.family, e.table.clone(), e.chain.clone());
@@ -176,12 +201,12 @@ fn rule_texts(netns: &str, walk: &[TraceEvent]) -> BTreeMap<(String, String, u64
             continue;
         }
         let fam = hops::family_name(e.family);
-        let Ok(o) = Command::new("ip")
-            .args([
-                "netns", "exec", netns, "nft", "-a", "list", "chain", fam, &e.table, &e.chain,
-            ])
-            .output()
-        else {
+        // A child started from inside the namespace stays in it.
+        let Ok(Ok(o)) = ns.run(|| {
+            Command::new("nft")
+                .args(["-a", "list", "chain", fam, &e.table, &e.chain])
+                .output()
+        }) else {
             continue;
         };
         for line in String::from_utf8_lossy(&o.stdout).lines() {
@@ -215,7 +240,7 @@ fn conntrack_entry(ns: &Netns, src: IpAddr, sport: u16, proto: Proto) -> Option<
 
 /// The source pod's own routing decision.
 fn pod_route_hop(pod: &Pod, dst: IpAddr, names: &Names) -> Result<Hop, TraceError> {
-    let ns = Netns::named(&pod.netns)?;
+    let ns = open_netns(&pod.netns)?;
     let (r, dev) = ns.run(|| -> Result<_, TraceError> {
         let mut h = Handle::new()?;
         let r = h.route_get(dst, None, None)?;
@@ -255,7 +280,7 @@ fn pod_route_hop(pod: &Pod, dst: IpAddr, names: &Names) -> Result<Hop, TraceErro
 /// The pod's veth on the node and its bridge: the pod's interface names
 /// its peer's index (IFLA_LINK), which the node resolves.
 fn veth_hop(pod: &Pod, node_ns: &Netns) -> Result<(Hop, Option<u32>), TraceError> {
-    let pns = Netns::named(&pod.netns)?;
+    let pns = open_netns(&pod.netns)?;
     let (ifname, peer) = pns.run(|| -> Result<_, TraceError> {
         let mut h = Handle::new()?;
         let l = h
@@ -446,7 +471,13 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
                 req.src.name, req.dst
             ))
         })?;
-    let src_ns = Netns::named(&src_node.netns)?;
+    if !src_node.observed() {
+        return Err(TraceError::Msg(format!(
+            "{} enters the cluster at node {}, which is not this machine: run the trace there",
+            req.src.name, src_node.name
+        )));
+    }
+    let src_ns = open_netns(&src_node.netns)?;
     let mut hops = vec![first];
     let bridge = if req.src.node.is_some() {
         let (veth, bridge) = veth_hop(&req.src, &src_ns)?;
@@ -461,7 +492,7 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
     };
 
     let mut session = Session::start(&req.nodes, req.proto, sport)?;
-    let pod_ns = Netns::named(&req.src.netns)?;
+    let pod_ns = open_netns(&req.src.netns)?;
     let outcome =
         pod_ns.run(|| probe::probe(req.dst, udp, sport, req.request.as_deref(), req.timeout))?;
     let events = session.drain()?;
@@ -545,6 +576,7 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
         }
     };
     let mut no_route = None;
+    let mut unobserved = Vec::new();
     match route_hop(
         &src_node,
         &src_ns,
@@ -560,7 +592,9 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
             policy_and_masquerade(&mut hops, remote.is_none());
             // The destination node, when the packet went to another one.
             if let Some(remote) = remote {
-                if let Some(n) = req.nodes.iter().find(|n| n.name == remote) {
+                if let Some(n) = req.nodes.iter().find(|n| n.name == remote && !n.observed()) {
+                    unobserved.push(n.name.clone());
+                } else if let Some(n) = req.nodes.iter().find(|n| n.name == remote) {
                     let walk = add_node_rules(n, &mut hops, &mut drops);
                     let ev = expect(false, true);
                     if let Some(h) =
@@ -590,6 +624,7 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
         outcome,
         hops,
         lost_events: lost,
+        unobserved,
     })
 }
 

@@ -43,6 +43,10 @@ pub struct Trace {
     pub hops: Vec<Hop>,
     /// Trace events the kernel could not queue; the hops may miss some.
     pub lost_events: u64,
+    /// Nodes the packet went through that this trace could not see (on a
+    /// real node, every other machine): their rules and policy are not in
+    /// the hops, though delivery or its failure is.
+    pub unobserved: Vec<String>,
 }
 
 impl Trace {
@@ -61,6 +65,11 @@ impl Trace {
             if let Some(d) = &h.disagreement {
                 s.push_str(&format!("     !! DISAGREES: {d}\n"));
             }
+        }
+        for n in &self.unobserved {
+            s.push_str(&format!(
+                "note: node {n} is another machine; its rules are not traced from here\n"
+            ));
         }
         if self.lost_events > 0 {
             s.push_str(&format!(
