@@ -613,7 +613,12 @@ pub async fn run(target: &Target, src: &str, dst: &str, output: &str) -> Result<
 
 /// Traces SRC -> DST from `ctx`, naming things from `view` (blocking: it
 /// sends the probe and reads the kernel).
-pub fn trace_in(ctx: &TraceContext, view: &View, src: &str, dst: &str) -> Result<podnet_trace::Trace> {
+pub fn trace_in(
+    ctx: &TraceContext,
+    view: &View,
+    src: &str,
+    dst: &str,
+) -> Result<podnet_trace::Trace> {
     let net = &ctx.net;
     let nodes = ctx.nodes(view);
     let (host, port, proto) = crate::policy::target(dst)?;

@@ -947,9 +947,13 @@ fn service_types_in(mode: Mode, tag: &str) {
         tables_before.contains("table ip podnet-policy"),
         "{tables_before}"
     );
+    // A trace table a killed `podnet trace` left goes too.
+    let ns2 = lab.node_ns("node2");
+    nft(Some(&ns2), "add table inet podnet-trace").unwrap();
     let removed = lab.ok(&["stop-agent", "node2", "--cleanup"]);
     assert!(removed.contains("ip podnet"), "{removed}");
     assert!(removed.contains("ip podnet-policy"), "{removed}");
+    assert!(removed.contains("inet podnet-trace"), "{removed}");
     let tables = lab.nft_list("node2", "tables").unwrap();
     assert!(!tables.contains("podnet"), "{tables}");
 }

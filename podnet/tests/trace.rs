@@ -429,7 +429,10 @@ fn traces_every_path_in_a_vxlan_lab() {
         "{err}"
     );
     let err = on_node(&lab.name, "node1", cluster, "outside", "default/a:80").unwrap_err();
-    assert!(err.contains("on a real node SRC is a pod of this node"), "{err}");
+    assert!(
+        err.contains("on a real node SRC is a pod of this node"),
+        "{err}"
+    );
 }
 
 /// Across nodes in the other backends: host-gw routes to the other node's
@@ -481,6 +484,53 @@ fn a_trace_names_what_is_wrong_with_its_arguments() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{src} {dst}: {err}");
     }
+}
+
+/// A killed trace's table does not stop the next trace, and traces run at
+/// once on one node take turns: each gets its own probe's hops.
+#[test]
+fn traces_take_turns_and_recover_a_killed_ones_table() {
+    let lab = Lab::up("trk", "vxlan", 1);
+    lab.pod("a", "node1", "");
+    lab.pod("c", "node1", "");
+    let ns = format!("pn-{}-node1", lab.name);
+    // What `kill -9` of a trace mid-probe leaves: its table, marking
+    // another source port.
+    podnet_testkit::nft(
+        Some(&ns),
+        "'add table inet podnet-trace; add chain inet podnet-trace pre { type filter hook prerouting priority -350; }; add rule inet podnet-trace pre tcp sport 20001 meta nftrace set 1'",
+    )
+    .unwrap();
+    let t = lab.trace_until("default/a", "default/c:80", "connected");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/c");
+    let traces: Vec<Value> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| lab.tracer().trace("default/a", "default/c:80")))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let mut ports = Vec::new();
+    for t in &traces {
+        assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
+        assert_eq!(
+            kinds(t),
+            [
+                "pod-route",
+                "veth",
+                "rule",
+                "route",
+                "policy",
+                "masquerade",
+                "deliver"
+            ],
+            "{t:#}"
+        );
+        assert_eq!(one(t, "deliver")["data"]["answered_by"], "default/c");
+        ports.push(t["sport"].as_u64().unwrap());
+    }
+    ports.sort();
+    ports.dedup();
+    assert_eq!(ports.len(), 3, "each trace probes from its own port");
 }
 
 /// `podnet flows --lab`: every node's flow log, each address named. A

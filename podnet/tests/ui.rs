@@ -393,7 +393,15 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let subnet = format!("/run/podnet-lab/{}/nodes/node1/subnet.env", lab.0);
     let mut node_ui = Command::new("ip");
     node_ui.args(["netns", "exec", &ns_name, env!("CARGO_BIN_EXE_podnet")]);
-    node_ui.args(["ui", "--node", "node1", "--store", &store, "--subnet-file", &subnet]);
+    node_ui.args([
+        "ui",
+        "--node",
+        "node1",
+        "--store",
+        &store,
+        "--subnet-file",
+        &subnet,
+    ]);
     let _node_ui = spawn_group(node_ui, &out.join("podnet-ui-node.log"));
     let at: std::net::SocketAddr = ([127, 0, 0, 1], 10280).into();
     let topo: Value = eventually("the node's web view", WAIT, || {
@@ -408,7 +416,10 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
         .iter()
         .map(|n| (n["name"].as_str().unwrap(), n["subnet"].is_string()))
         .collect();
-    assert!(nodes.contains(&("node1", true)) && nodes.contains(&("node2", true)), "{topo:#}");
+    assert!(
+        nodes.contains(&("node1", true)) && nodes.contains(&("node2", true)),
+        "{topo:#}"
+    );
     let (code, page) = http_get(Some(&ns), at, "/").unwrap();
     assert_eq!(code, 200);
     assert!(page.contains("/api/events"), "the page is served");

@@ -375,6 +375,12 @@ pub async fn cleanup(
     for t in podnet_policy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
         done.push(format!("removed nft table {t}"));
     }
+    if podnet_trace::collect::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
+        done.push(format!(
+            "removed nft table inet {}",
+            podnet_trace::plan::TABLE
+        ));
+    }
     let _ = std::fs::remove_file(podnet_policy::hint::socket_for(&opts.subnet_file));
     if let Some(client) = kube {
         podnet_source::subnets::podcidr::release(&client, &opts.node).await?;

@@ -307,7 +307,9 @@ impl Handle {
         let mut m = Msg::new(RTM_GETNSID, 0);
         m.raw(&[0u8; 4]);
         m.u32(NETNSA_FD, ns.fd().as_raw_fd() as u32);
-        let replies = self.req(m, &|| format!("asking the id of netns {}", ns.path().display()))?;
+        let replies = self.req(m, &|| {
+            format!("asking the id of netns {}", ns.path().display())
+        })?;
         Ok(replies
             .iter()
             .filter(|r| r.msg_type == RTM_NEWNSID && r.body.len() >= 4)
@@ -830,9 +832,7 @@ fn parse_link(body: &[u8]) -> Option<Link> {
             IFLA_ADDRESS if v.len() == 6 => link.mac = Some(v.try_into().ok()?),
             IFLA_MASTER => link.master = Some(nl::get_u32(v)),
             IFLA_LINK => link.peer = Some(nl::get_u32(v)),
-            IFLA_LINK_NETNSID if v.len() >= 4 => {
-                link.link_netnsid = Some(nl::get_u32(v) as i32)
-            }
+            IFLA_LINK_NETNSID if v.len() >= 4 => link.link_netnsid = Some(nl::get_u32(v) as i32),
             IFLA_LINKINFO => {
                 for (t, iv) in Attrs::new(v) {
                     match t {

@@ -115,20 +115,95 @@ struct Part {
     listener: TraceListener,
 }
 
+/// One trace at a time per node: an exclusive `flock` on a file named by
+/// the node's namespace (its nsfs inode), held for the whole session. The
+/// kernel releases it when the holder dies, so a killed trace blocks no
+/// one; the next holder removes the table it left.
+struct NodeLock {
+    _file: std::fs::File,
+}
+
+/// Where the per-node lock files live.
+const LOCK_DIR: &str = "/run/podnet/trace";
+/// How long a trace waits for another one on the same node.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+impl NodeLock {
+    fn acquire(ns: &Netns, node: &str) -> Result<NodeLock, TraceError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(ns.path())
+            .map_err(|e| TraceError::Msg(format!("node {node}: {}: {e}", ns.path().display())))?
+            .ino();
+        std::fs::create_dir_all(LOCK_DIR)
+            .map_err(|e| TraceError::Msg(format!("creating {LOCK_DIR}: {e}")))?;
+        let path = format!("{LOCK_DIR}/netns-{ino}.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| TraceError::Msg(format!("opening {path}: {e}")))?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock(2) on a descriptor this function owns.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(NodeLock { _file: f });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(TraceError::Msg(format!("locking {path}: {e}")));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(TraceError::Msg(format!(
+                    "node {node}: another trace has held it for {}s ({path})",
+                    LOCK_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The trace tables and listeners of one probe; dropping it removes the
-/// tables.
+/// tables, then releases the nodes.
 pub struct Session {
     parts: Vec<Part>,
+    // Declared after `parts`: released only once the tables are gone.
+    _locks: Vec<NodeLock>,
 }
 
 impl Session {
     pub fn start(nodes: &[Node], proto: Proto, sport: u16) -> Result<Session, TraceError> {
         let table = crate::plan::marker(proto, sport);
-        let mut s = Session { parts: Vec::new() };
+        // Locks in one global order (the namespaces' inodes), so two
+        // traces over the same nodes cannot wait on each other.
+        let mut observed: Vec<(u64, &Node, Netns)> = Vec::new();
         for n in nodes.iter().filter(|n| n.observed()) {
             let ns = open_netns(&n.netns)?;
+            let ino = std::os::unix::fs::MetadataExt::ino(
+                &std::fs::metadata(ns.path())
+                    .map_err(|e| TraceError::Msg(format!("node {}: {e}", n.name)))?,
+            );
+            observed.push((ino, n, ns));
+        }
+        observed.sort_by_key(|(ino, ..)| *ino);
+        observed.dedup_by_key(|(ino, ..)| *ino);
+        let mut locks = Vec::new();
+        for (_, n, ns) in &observed {
+            locks.push(NodeLock::acquire(ns, &n.name)?);
+        }
+        let mut s = Session {
+            parts: Vec::new(),
+            _locks: locks,
+        };
+        for (_, n, ns) in observed {
             ns.run(|| -> Result<(), TraceError> {
-                Conn::open()?.apply(&table, &diff(None, &table))?;
+                let mut c = Conn::open()?;
+                // A table left by a trace that was killed: nobody else
+                // holds this node.
+                c.delete_table(Family::Inet, crate::plan::TABLE)?;
+                c.apply(&table, &diff(None, &table))?;
                 Ok(())
             })??;
             let listener = TraceListener::in_netns(&ns)?;
@@ -176,6 +251,15 @@ impl Drop for Session {
             }
         }
     }
+}
+
+/// Removes a trace table left in this namespace by a trace that was
+/// killed (for the agent's `--cleanup`); whether there was one. A trace
+/// running now is not disturbed: the node's lock is taken first.
+pub fn cleanup() -> Result<bool, TraceError> {
+    let ns = Netns::current()?;
+    let _lock = NodeLock::acquire(&ns, "this node")?;
+    Ok(Conn::open()?.delete_table(Family::Inet, crate::plan::TABLE)?)
 }
 
 /// A source port for the probe: from a range Linux does not hand out as
