@@ -9,6 +9,8 @@
 //! - [`nflog`]: reading the packets of an nftables `log group`, and the
 //!   flow (addresses, protocol, ports) they carry;
 //! - [`netns`]: entering, creating and removing network namespaces;
+//! - [`dropwatch`]: the kernel's drop reasons (`skb:kfree_skb`) of the
+//!   packets one thread sends, through a private tracefs instance;
 //! - [`detach`]: link deletion that leaves the kernel's reclamation wait
 //!   (an RCU barrier, 10-30 ms) to a helper process.
 //!
@@ -18,6 +20,7 @@
 
 pub mod conntrack;
 pub mod detach;
+pub mod dropwatch;
 pub mod neigh;
 pub mod netns;
 pub mod nflog;

@@ -577,8 +577,26 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
 
     let mut session = Session::start(&req.nodes, req.proto, sport)?;
     let pod_ns = open_netns(&req.src.netns)?;
+    // The kernel's drop reasons for what this thread sends; a trace
+    // without them is still a trace.
+    let watch = match podnet_kernel::dropwatch::DropWatch::start(podnet_kernel::dropwatch::gettid())
+    {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::info!("no kernel drop reasons: {e}");
+            None
+        }
+    };
     let outcome =
         pod_ns.run(|| probe::probe(req.dst, udp, sport, req.request.as_deref(), req.timeout))?;
+    let kernel_drops = watch
+        .map(|w| w.stop())
+        .transpose()
+        .unwrap_or_else(|e| {
+            tracing::info!("no kernel drop reasons: {e}");
+            None
+        })
+        .unwrap_or_default();
     let events = session.drain()?;
     for (n, evs) in &events {
         for e in evs {
@@ -699,7 +717,13 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
         .get(&real_dst.ip())
         .cloned()
         .unwrap_or_else(|| real_dst.ip().to_string());
-    hops.push(hops::end_hop(&outcome, &dst_label, &drops, no_route));
+    hops.push(hops::end_hop(
+        &outcome,
+        &dst_label,
+        &drops,
+        no_route,
+        &kernel_drops,
+    ));
     Ok(Trace {
         src: format!("{} ({})", req.src.name, req.src.ip),
         dst: format!("{} ({})", req.dst_name, req.dst),

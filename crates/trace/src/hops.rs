@@ -333,6 +333,7 @@ pub fn end_hop(
     dst: &str,
     drops: &[(String, Hop)],
     no_route: Option<(String, String)>,
+    kernel: &[podnet_kernel::dropwatch::Drop],
 ) -> Hop {
     if let Outcome::Connected { answer } = outcome {
         let mut h = Hop::new(
@@ -360,6 +361,30 @@ pub fn end_hop(
         (node.clone(), why)
     } else if let Some((node, err)) = no_route {
         (node, format!("no route: {err}"))
+    } else if let Some(k) = kernel
+        .iter()
+        .find(|k| k.reason != "NOT_SPECIFIED")
+        .or(kernel.first())
+        .filter(|_| !matches!(outcome, Outcome::Refused))
+    {
+        let h = Hop::new(
+            dst,
+            HopKind::Drop,
+            format!(
+                "{}: dropped by the kernel: {} in {}",
+                outcome.text(),
+                k.reason,
+                k.location
+            ),
+        );
+        return h
+            .with("outcome", outcome.text())
+            .with(
+                "reason",
+                format!("dropped by the kernel: {} in {}", k.reason, k.location),
+            )
+            .with("kernel_reason", &k.reason)
+            .with("kernel_location", &k.location);
     } else {
         (
             dst.to_string(),
@@ -602,7 +627,13 @@ mod tests {
             .filter(|h| h.data["verdict"] == "drop")
             .map(|h| ("node2".to_string(), h))
             .collect();
-        let end = end_hop(&Outcome::TimedOut, "default/b", &drops, None);
+        let kernel = [podnet_kernel::dropwatch::Drop {
+            reason: "NO_SOCKET".into(),
+            location: "__udp4_lib_rcv".into(),
+            protocol: 0x0800,
+        }];
+        // A rule's drop outranks the kernel's word.
+        let end = end_hop(&Outcome::TimedOut, "default/b", &drops, None, &kernel);
         assert_eq!(end.at, "node2");
         assert_eq!(
             end.data["reason"],
@@ -615,6 +646,7 @@ mod tests {
             "default/b",
             &[],
             None,
+            &[],
         );
         assert_eq!(
             (end.kind, end.data["answered_by"].as_str()),
@@ -625,7 +657,30 @@ mod tests {
             "10.9.9.9",
             &[],
             Some(("node1".into(), "Network is unreachable".into())),
+            &[],
         );
         assert_eq!(end.data["reason"], "no route: Network is unreachable");
+        // No rule dropped it: the kernel's reason, the specific one first.
+        let noise = podnet_kernel::dropwatch::Drop {
+            reason: "NOT_SPECIFIED".into(),
+            location: "ip6_mc_input".into(),
+            protocol: 0x86dd,
+        };
+        let end = end_hop(
+            &Outcome::TimedOut,
+            "default/b",
+            &[],
+            None,
+            &[noise.clone(), kernel[0].clone()],
+        );
+        assert_eq!(end.kind, HopKind::Drop);
+        assert_eq!(end.data["kernel_reason"], "NO_SOCKET");
+        assert_eq!(
+            end.data["reason"],
+            "dropped by the kernel: NO_SOCKET in __udp4_lib_rcv"
+        );
+        // A refusal is the destination's answer, not a drop.
+        let end = end_hop(&Outcome::Refused, "default/b", &[], None, &kernel);
+        assert!(!end.data.contains_key("kernel_reason"));
     }
 }
