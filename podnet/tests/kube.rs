@@ -154,4 +154,67 @@ fn agents_and_dns_follow_the_real_apiserver_and_controller_manager() {
         nft_list(Some(&lab.node_ns("node1")), "table ip podnet").is_some_and(|t| !t.contains(&cip))
             && lab.rcode("web.default.svc.cluster.local") == "NXDOMAIN"
     });
+
+    in_cluster_dns(&lab);
+}
+
+/// `podnet dns` with the in-cluster configuration, as the manifests in
+/// `deploy/` run it: no kubeconfig, only the ServiceAccount's token, CA
+/// and namespace under /var/run/secrets/kubernetes.io/serviceaccount and
+/// `KUBERNETES_SERVICE_HOST`/`_PORT`. A private mount namespace gives it
+/// those files (the DNS ServiceAccount's token, which its RBAC from
+/// `deploy/` limits); the lab's apiserver is on this machine's loopback,
+/// which its certificate names.
+fn in_cluster_dns(lab: &KubeLab) {
+    let kc = std::fs::read_to_string(format!("/run/podnet-lab/{}/dns-kubeconfig", lab.name))
+        .expect("the lab's DNS kubeconfig");
+    let field = |k: &str| {
+        kc.lines()
+            .find_map(|l| l.trim().strip_prefix(k))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {k} in the DNS kubeconfig"))
+    };
+    let server = field("server:");
+    let (host, port) = server
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .expect("host:port");
+    let files = tempfile::tempdir().unwrap();
+    std::fs::write(files.path().join("token"), field("token:")).unwrap();
+    std::fs::copy(field("certificate-authority:"), files.path().join("ca.crt")).unwrap();
+    std::fs::write(files.path().join("namespace"), "kube-system").unwrap();
+    let dns_port = podnet_testkit::free_port(None);
+    let metrics_port = podnet_testkit::free_port(None);
+    let sa = "/run/secrets/kubernetes.io/serviceaccount";
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs podnet-test /run && mkdir -p {sa} && cp {}/* {sa}/ && \
+             exec {} dns --listen 127.0.0.1:{dns_port} --metrics-addr 127.0.0.1:{metrics_port}",
+            files.path().display(),
+            env!("CARGO_BIN_EXE_podnet")
+        ))
+        .env("KUBERNETES_SERVICE_HOST", host)
+        .env("KUBERNETES_SERVICE_PORT", port)
+        .env("HOME", files.path())
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBECONFIG_PODNET");
+    let dns = podnet_testkit::Proc::spawn("in-cluster-dns", cmd, files.path());
+    eventually("in-cluster podnet dns ready", WAIT, || {
+        dns.check();
+        podnet_testkit::http_get(None, ([127, 0, 0, 1], metrics_port).into(), "/readyz")
+            .is_some_and(|(code, _)| code == 200)
+    });
+    let p = dns_port.to_string();
+    let o = std::process::Command::new("dig")
+        .args(["+short", "+time=2", "+tries=1", "@127.0.0.1", "-p", &p])
+        .args(["kubernetes.default.svc.cluster.local", "A"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "10.96.0.1",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
