@@ -352,7 +352,8 @@ pub enum LabCmd {
     Kubeconfig,
     /// Remove every namespace, link, file and process the lab made.
     Down,
-    /// (internal) Forward ADDR connections from inside NETNS to this namespace.
+    /// (internal) Forward ADDR (or LISTEN=TARGET) connections from inside
+    /// NETNS to this namespace.
     #[command(hide = true)]
     Forward { netns: String, addrs: Vec<String> },
 }

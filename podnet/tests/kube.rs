@@ -159,13 +159,43 @@ fn agents_and_dns_follow_the_real_apiserver_and_controller_manager() {
 }
 
 /// `podnet dns` with the in-cluster configuration, as the manifests in
-/// `deploy/` run it: no kubeconfig, only the ServiceAccount's token, CA
-/// and namespace under /var/run/secrets/kubernetes.io/serviceaccount and
-/// `KUBERNETES_SERVICE_HOST`/`_PORT`. A private mount namespace gives it
-/// those files (the DNS ServiceAccount's token, which its RBAC from
-/// `deploy/` limits); the lab's apiserver is on this machine's loopback,
-/// which its certificate names.
+/// `deploy/` run it, in a pod: no kubeconfig, only the ServiceAccount's
+/// token, CA and namespace under /var/run/secrets/kubernetes.io/serviceaccount
+/// and `KUBERNETES_SERVICE_HOST=10.96.0.1`. It reaches the API through the
+/// `kubernetes` Service, which the real apiserver publishes (its lease
+/// reconciler) and podnet's proxy DNATs to the apiserver's endpoint. A
+/// private mount namespace gives the pod those files (the DNS
+/// ServiceAccount's token, which its RBAC from `deploy/` limits).
 fn in_cluster_dns(lab: &KubeLab) {
+    let o = podnet(&[
+        "lab",
+        "--name",
+        &lab.name,
+        "run",
+        "kube-system/incluster",
+        "--node",
+        "node2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(format!(
+            "/run/podnet-lab/{}/pods/kube-system_incluster.json",
+            lab.name
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let pod_ns = rec["netns"].as_str().unwrap().to_string();
+    let slices = lab.json(&["get", "endpointslices", "-n", "default"]);
+    assert!(
+        slices["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["metadata"]["name"] == "kubernetes"
+                && s["endpoints"][0]["addresses"][0] == "192.168.200.1"),
+        "the apiserver publishes the kubernetes Service's endpoint: {slices:#}"
+    );
     let kc = std::fs::read_to_string(format!("/run/podnet-lab/{}/dns-kubeconfig", lab.name))
         .expect("the lab's DNS kubeconfig");
     let field = |k: &str| {
@@ -174,47 +204,36 @@ fn in_cluster_dns(lab: &KubeLab) {
             .map(|v| v.trim().to_string())
             .unwrap_or_else(|| panic!("no {k} in the DNS kubeconfig"))
     };
-    let server = field("server:");
-    let (host, port) = server
-        .trim_start_matches("https://")
-        .rsplit_once(':')
-        .expect("host:port");
     let files = tempfile::tempdir().unwrap();
     std::fs::write(files.path().join("token"), field("token:")).unwrap();
     std::fs::copy(field("certificate-authority:"), files.path().join("ca.crt")).unwrap();
     std::fs::write(files.path().join("namespace"), "kube-system").unwrap();
-    let dns_port = podnet_testkit::free_port(None);
-    let metrics_port = podnet_testkit::free_port(None);
     let sa = "/run/secrets/kubernetes.io/serviceaccount";
-    let mut cmd = std::process::Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", &pod_ns])
+        .args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
             "mount -t tmpfs podnet-test /run && mkdir -p {sa} && cp {}/* {sa}/ && \
-             exec {} dns --listen 127.0.0.1:{dns_port} --metrics-addr 127.0.0.1:{metrics_port}",
+             exec {} dns --listen 127.0.0.1:5353 --metrics-addr 127.0.0.1:9153",
             files.path().display(),
             env!("CARGO_BIN_EXE_podnet")
         ))
-        .env("KUBERNETES_SERVICE_HOST", host)
-        .env("KUBERNETES_SERVICE_PORT", port)
+        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+        .env("KUBERNETES_SERVICE_PORT", "443")
         .env("HOME", files.path())
         .env_remove("KUBECONFIG")
         .env_remove("KUBECONFIG_PODNET");
     let dns = podnet_testkit::Proc::spawn("in-cluster-dns", cmd, files.path());
+    let ns = podnet_kernel::Netns::named(&pod_ns).unwrap();
     eventually("in-cluster podnet dns ready", WAIT, || {
         dns.check();
-        podnet_testkit::http_get(None, ([127, 0, 0, 1], metrics_port).into(), "/readyz")
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], 9153).into(), "/readyz")
             .is_some_and(|(code, _)| code == 200)
     });
-    let p = dns_port.to_string();
-    let o = std::process::Command::new("dig")
-        .args(["+short", "+time=2", "+tries=1", "@127.0.0.1", "-p", &p])
-        .args(["kubernetes.default.svc.cluster.local", "A"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        "10.96.0.1",
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    let (ok, out) = try_sh_in(
+        &pod_ns,
+        "dig +short +time=2 +tries=1 @127.0.0.1 -p 5353 kubernetes.default.svc.cluster.local A",
     );
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "10.96.0.1");
 }

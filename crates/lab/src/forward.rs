@@ -27,15 +27,17 @@ fn pipe(mut from: TcpStream, mut to: TcpStream) {
 }
 
 /// Listens on `addr` inside namespace `ns` and forwards every connection
-/// to `addr` as seen from here. Runs until killed.
+/// to `addr` as seen from here; `LISTEN=TARGET` listens on one address
+/// and dials another. Runs until killed.
 pub fn forward(ns: &str, addrs: &[String]) -> std::io::Result<()> {
     let netns = Netns::named(ns).map_err(std::io::Error::other)?;
     let mut threads = Vec::new();
     for addr in addrs {
+        let (listen, target) = addr.split_once('=').unwrap_or((addr, addr));
         let l = netns
-            .run(|| TcpListener::bind(addr.as_str()))
+            .run(|| TcpListener::bind(listen))
             .map_err(std::io::Error::other)??;
-        let target = addr.clone();
+        let target = target.to_string();
         threads.push(std::thread::spawn(move || {
             for c in l.incoming().flatten() {
                 let target = target.clone();

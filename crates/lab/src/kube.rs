@@ -225,6 +225,7 @@ impl Pki {
         };
         let sans = [
             "127.0.0.1",
+            &crate::gateway::gateway().to_string(),
             &KUBERNETES_SERVICE_IP.to_string(),
             "localhost",
             "kubernetes",
@@ -485,7 +486,10 @@ impl ControlPlane {
             &[
                 format!("--etcd-servers={client_url}"),
                 "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
+                // What the `kubernetes` Service's endpoint says: the
+                // gateway, where the lab forwards to this loopback port,
+                // so pods reach the API through 10.96.0.1 as in a cluster.
+                format!("--advertise-address={}", crate::gateway::gateway()),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", p(&kube_dir.join("apiserver"))),
                 format!("--tls-cert-file={}", p(&pki.join("apiserver.crt"))),
@@ -503,10 +507,9 @@ impl ControlPlane {
                 // As kubeadm clusters: network add-ons need privileged
                 // (init) containers.
                 "--allow-privileged=true".into(),
-                // The lease reconciler would publish 127.0.0.1 as the
-                // kubernetes Service's endpoint, which validation rejects
-                // (loopback); nothing in the lab needs that endpoint.
-                "--endpoint-reconciler-type=none".into(),
+                // The lease reconciler (the default) publishes the
+                // advertised address as the kubernetes Service's endpoint.
+                "--endpoint-reconciler-type=lease".into(),
                 "--profiling=false".into(),
                 // Every request of podnet's ServiceAccounts, with its
                 // answer's code: the oracle for "the RBAC is enough".
@@ -598,6 +601,12 @@ impl ControlPlane {
     /// namespace, so a kubeconfig works the same in both places.
     pub fn apiserver_addr(&self) -> String {
         format!("127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// The address the `kubernetes` Service's endpoint names: the lab's
+    /// gateway at the apiserver's port, forwarded to [`Self::apiserver_addr`].
+    pub fn advertised_addr(&self) -> String {
+        format!("{}:{}", crate::gateway::gateway(), self.apiserver_port)
     }
 
     /// The API server's audit log: one JSON line per request that a

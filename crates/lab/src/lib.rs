@@ -666,6 +666,31 @@ impl Lab {
             .await?;
             self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
         }
+        // The `kubernetes` Service's endpoint: the gateway, forwarding to
+        // the apiserver here.
+        let api = cp.advertised_addr();
+        let args = [
+            "lab".to_string(),
+            "--name".into(),
+            self.name.clone(),
+            "forward".into(),
+            self.gateway_ns(),
+            format!("{api}={}", cp.apiserver_addr()),
+        ];
+        self.spawn("forward-gw", None, &args, &[])?;
+        let gw = Netns::named(&self.gateway_ns())?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while gw
+            .run(|| std::net::TcpStream::connect(api.as_str()))?
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                return Err(msg(
+                    "the apiserver's forwarder in the gateway did not start",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
         let cidrs =
             kubelet::wait_pod_cidrs(&c, &names, Instant::now() + Duration::from_secs(60)).await?;
