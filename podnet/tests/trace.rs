@@ -16,6 +16,17 @@ use kubelab::podnet;
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// A trace between two pods of one node: bridged, both ends judged there.
+const SAME_NODE_HOPS: [&str; 7] = [
+    "pod-route",
+    "veth",
+    "rule",
+    "route",
+    "policy",
+    "masquerade",
+    "deliver",
+];
+
 /// A standalone lab, removed when dropped.
 struct Lab {
     name: String,
@@ -281,19 +292,7 @@ fn traces_every_path_in_a_vxlan_lab() {
 
     // Same node: bridged, both ends judged on node1.
     let t = lab.trace_until("default/a", "default/c:80", "connected");
-    assert_eq!(
-        kinds(&t),
-        [
-            "pod-route",
-            "veth",
-            "rule",
-            "route",
-            "policy",
-            "masquerade",
-            "deliver"
-        ],
-        "{t:#}"
-    );
+    assert_eq!(kinds(&t), SAME_NODE_HOPS, "{t:#}");
     let r = one(&t, "pod-route");
     assert_eq!(
         (r["at"].as_str(), r["data"]["dev"].as_str()),
@@ -553,19 +552,7 @@ fn traces_take_turns_and_recover_a_killed_ones_table() {
     let mut ports = Vec::new();
     for t in &traces {
         assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
-        assert_eq!(
-            kinds(t),
-            [
-                "pod-route",
-                "veth",
-                "rule",
-                "route",
-                "policy",
-                "masquerade",
-                "deliver"
-            ],
-            "{t:#}"
-        );
+        assert_eq!(kinds(t), SAME_NODE_HOPS, "{t:#}");
         assert_eq!(one(t, "deliver")["data"]["answered_by"], "default/c");
         ports.push(t["sport"].as_u64().unwrap());
     }
@@ -576,19 +563,7 @@ fn traces_take_turns_and_recover_a_killed_ones_table() {
     // UDP: the datagram's path and the server's answer.
     let t = lab.trace_until("default/a", "default/c:5353/udp", "connected");
     assert_eq!(t["proto"], "udp");
-    assert_eq!(
-        kinds(&t),
-        [
-            "pod-route",
-            "veth",
-            "rule",
-            "route",
-            "policy",
-            "masquerade",
-            "deliver"
-        ],
-        "{t:#}"
-    );
+    assert_eq!(kinds(&t), SAME_NODE_HOPS, "{t:#}");
     assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/c");
     assert_eq!(one(&t, "policy")["data"]["allowed"], "true");
     // A UDP port nothing listens on: the pod's kernel answers port
