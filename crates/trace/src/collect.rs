@@ -118,9 +118,12 @@ struct Part {
 /// One trace at a time per node: an exclusive `flock` on a file named by
 /// the node's namespace (its nsfs inode), held for the whole session. The
 /// kernel releases it when the holder dies, so a killed trace blocks no
-/// one; the next holder removes the table it left.
+/// one; the next holder removes the table it left. The holder removes the
+/// file when done, so none pile up; a waiter that locked a file already
+/// removed (its inode no longer at the path) opens the path again.
 struct NodeLock {
     _file: std::fs::File,
+    path: String,
 }
 
 /// Where the per-node lock files live.
@@ -138,17 +141,24 @@ impl NodeLock {
         std::fs::create_dir_all(LOCK_DIR)
             .map_err(|e| TraceError::Msg(format!("creating {LOCK_DIR}: {e}")))?;
         let path = format!("{LOCK_DIR}/netns-{ino}.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| TraceError::Msg(format!("opening {path}: {e}")))?;
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| TraceError::Msg(format!("opening {path}: {e}")))?;
             // SAFETY: flock(2) on a descriptor this function owns.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(NodeLock { _file: f });
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                let same = match (file.metadata(), std::fs::metadata(&path)) {
+                    (Ok(a), Ok(b)) => a.ino() == b.ino(),
+                    _ => false,
+                };
+                if same {
+                    return Ok(NodeLock { _file: file, path });
+                }
+                continue;
             }
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
@@ -162,6 +172,13 @@ impl NodeLock {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl Drop for NodeLock {
+    fn drop(&mut self) {
+        // Removed while still locked; the file, closed after this, unlocks.
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
