@@ -424,6 +424,27 @@ fn traces_every_path_in_a_vxlan_lab() {
     );
     assert!(t["dst"].as_str().unwrap().contains(&locked));
 
+    // To an address outside the cluster (the lab's gateway, which
+    // answers a closed port with a reset): out of node1's underlay,
+    // masqueraded to node1's address, refused by the destination itself.
+    let t = lab.tracer().trace("default/a", "192.168.200.1:80");
+    assert_eq!(t["outcome"]["outcome"], "refused", "{t:#}");
+    let route = one(&t, "route");
+    assert_eq!(route["data"]["dev"], "eth0", "{route}");
+    assert!(route["data"].get("remote_node").is_none(), "{route}");
+    // No ingress in the cluster to judge: only the pod's egress.
+    assert_eq!(one(&t, "policy")["data"]["judges"], "egress");
+    let m = one(&t, "masquerade");
+    assert_eq!(
+        (m["data"]["masquerade"].as_str(), m["data"]["to"].as_str()),
+        (Some("true"), Some("192.168.200.11")),
+        "{m}"
+    );
+    assert_eq!(
+        one(&t, "drop")["data"]["reason"],
+        "refused by the destination (no server on the port)"
+    );
+
     // On a real node: the same command inside node1, no --lab, the
     // cluster read from the store and node1's subnet.env.
     let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);

@@ -339,6 +339,28 @@ fn conntrack_entry(ns: &Netns, src: IpAddr, sport: u16, proto: Proto) -> Option<
         .find(|e| e.proto == proto.number() && e.orig.src == src && e.orig.sport == sport)
 }
 
+/// The probe's connection among the confirmations `events` queued.
+fn confirmed_entry(
+    events: &mut conntrack::Events,
+    src: IpAddr,
+    sport: u16,
+    proto: Proto,
+) -> Option<Entry> {
+    events.set_timeout(Some(Duration::from_millis(1))).ok()?;
+    loop {
+        let got = events.recv().ok()?;
+        if got.is_empty() {
+            return None;
+        }
+        if let Some((_, e)) = got
+            .into_iter()
+            .find(|(_, e)| e.proto == proto.number() && e.orig.src == src && e.orig.sport == sport)
+        {
+            return Some(e);
+        }
+    }
+}
+
 /// The source pod's own routing decision.
 fn pod_route_hop(pod: &Pod, dst: IpAddr, names: &Names) -> Result<Hop, TraceError> {
     let ns = open_netns(&pod.netns)?;
@@ -593,6 +615,11 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
     };
 
     let mut session = Session::start(&req.nodes, req.proto, sport)?;
+    // The source node's new connections as the kernel confirms them: the
+    // probe's entry with its NAT, even when the kernel deletes it at once
+    // (a reset kills an unassured TCP entry, so a refused probe leaves none
+    // in the table to read afterwards).
+    let mut ct_events = src_ns.run(|| conntrack::Events::open(&[conntrack::EventKind::New]))??;
     let pod_ns = open_netns(&req.src.netns)?;
     // The kernel's drop reasons for what this thread sends; a trace
     // without them is still a trace.
@@ -624,7 +651,8 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
     drop(session);
 
     // The source node: rules, Service, policy, masquerade, route.
-    let ct = conntrack_entry(&src_ns, req.src.ip, sport, req.proto);
+    let ct = conntrack_entry(&src_ns, req.src.ip, sport, req.proto)
+        .or_else(|| confirmed_entry(&mut ct_events, req.src.ip, sport, req.proto));
     let mut real_dst = req.dst;
     let mut drops: Vec<(String, Hop)> = Vec::new();
     let add_node_rules =
@@ -707,8 +735,12 @@ pub fn run(req: &Request<'_>) -> Result<Trace, TraceError> {
     ) {
         Ok(h) => {
             let remote = h.data.get("remote_node").cloned();
+            // The destination is this node's when its bridge or the node
+            // itself takes the packet; then both ends are judged here.
+            let dst_local = h.data.get("backend").map(String::as_str) == Some("bridge")
+                || h.data.get("type").map(String::as_str) == Some("local");
             hops.push(h);
-            policy_and_masquerade(&mut hops, remote.is_none());
+            policy_and_masquerade(&mut hops, dst_local);
             // The destination node, when the packet went to another one.
             if let Some(remote) = remote {
                 if let Some(n) = req.nodes.iter().find(|n| n.name == remote && !n.observed()) {
