@@ -20,6 +20,7 @@
 //! resident memory (VmRSS now, VmHWM peak) with all the Services present.
 //! The lab is removed at the end, also on error.
 
+use podnet_bench::LabGuard;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -64,17 +65,6 @@ struct Args {
 }
 
 const NS: &str = "bench";
-
-/// Removes the lab on every way out.
-struct LabGuard(podnet_lab::Lab);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.down() {
-            eprintln!("kube-bench: lab down: {e}");
-        }
-    }
-}
 
 /// One netlink connection per node, opened inside its namespace.
 struct Nodes(Vec<(String, Conn)>);

@@ -59,6 +59,7 @@
 //! kube-proxy. The lab (and every process it or the bench started) is
 //! removed at the end, also on error.
 
+use podnet_bench::LabGuard;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -179,18 +180,6 @@ impl Proxy {
         match self {
             Proxy::Podnet => format!("agent-{node}"),
             _ => format!("kube-proxy-{node}"),
-        }
-    }
-}
-
-/// Removes the lab, and so every process recorded in its `pids/` (the
-/// bench records its own there too), on every way out.
-struct LabGuard(podnet_lab::Lab);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.down() {
-            eprintln!("kubeproxy-bench: lab down: {e}");
         }
     }
 }
