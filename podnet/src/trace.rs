@@ -280,9 +280,11 @@ impl TraceContext {
                 name,
                 subnet_file,
                 leases,
+                store,
                 ..
             } => {
-                let mut out: Vec<ClusterNode> = if view.nodes.is_empty() {
+                // Standalone: the subnet leases; Kubernetes: the Nodes.
+                let mut out: Vec<ClusterNode> = if store.is_some() {
                     leases.read().expect("leases").clone()
                 } else {
                     view.nodes
@@ -299,7 +301,11 @@ impl TraceContext {
                             Some(ClusterNode {
                                 name: n.clone(),
                                 ip,
-                                subnet: o.spec.as_ref()?.pod_cidr.as_ref()?.parse().ok(),
+                                subnet: o
+                                    .spec
+                                    .as_ref()
+                                    .and_then(|s| s.pod_cidr.as_ref())
+                                    .and_then(|c| c.parse().ok()),
                                 netns: String::new(),
                             })
                         })
