@@ -245,7 +245,7 @@ impl TraceContext {
     /// What the page and the text call this cluster.
     pub fn label(&self) -> String {
         match &self.scope {
-            Scope::Lab { lab, .. } => lab.name.clone(),
+            Scope::Lab { lab, .. } => format!("lab {}", lab.name),
             Scope::Node { name, .. } => format!("node {name}"),
         }
     }

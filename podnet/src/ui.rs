@@ -54,6 +54,7 @@ struct ServiceView {
 
 #[derive(Serialize, PartialEq)]
 struct Topology {
+    /// What is shown: `lab NAME` or `node NAME`.
     lab: String,
     backend: String,
     nodes: Vec<NodeView>,

@@ -3,8 +3,11 @@
 //! In a running lab the page must show the nodes and their pods, the
 //! Services with their endpoints and the live flows; a trace started from
 //! the page must come back and be drawn as a path from the source pod
-//! through both nodes to the endpoint. Screenshots are kept as artifacts
-//! in `$CARGO_TARGET_TMPDIR/ui-artifacts/`.
+//! through both nodes to the endpoint. Then the same page as a real node
+//! serves it (`podnet ui` inside node1 with no `--lab`): its API over
+//! HTTP, and in the browser the nodes, pods and a trace whose path shows
+//! node2 as not observed. Screenshots are kept as artifacts in
+//! `$CARGO_TARGET_TMPDIR/ui-artifacts/`.
 
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
@@ -286,6 +289,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
         let t: Value = serde_json::from_str(&body).ok()?;
         (code == 200 && t["pods"].as_array()?.len() >= 3).then_some(t)
     });
+    assert_eq!(topo["lab"], format!("lab {}", lab.0));
     let web_ip = topo["pods"]
         .as_array()
         .unwrap()
@@ -382,8 +386,6 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
             == json!(true)
     });
     b.screenshot(&out.join("flows.png"));
-    eprintln!("screenshots in {}", out.display());
-    drop(b);
 
     // On a real node: `podnet ui` inside node1 with no --lab, the cluster
     // read from the store, served on its default address in node1's
@@ -445,6 +447,76 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     // The live stream carries this node's flows.
     let stream = read_events(&ns, at, "default/a", WAIT);
     assert!(stream.contains("event: topology"), "{stream}");
+
+    // The node's page in the browser (which runs here, so a forwarder
+    // carries its connections into node1): both nodes and their pods, and
+    // a trace from the page drawn from pod a through node1 towards node2.
+    let fwd = forward_into(&ns_name, at);
+    b.call("Page.navigate", json!({"url": format!("http://{fwd}/")}));
+    eventually("the node's page", WAIT, || {
+        b.eval(
+            r#"(() => {
+                const n1 = document.querySelector('[data-node="node1"]');
+                const n2 = document.querySelector('[data-node="node2"]');
+                return !!(n1 && n2
+                    && n1.querySelector('[data-pod="default/a"]')
+                    && n2.querySelector('[data-pod="default/web1"]')
+                    && document.getElementById('status').textContent === 'live');
+            })()"#,
+        ) == json!(true)
+    });
+    b.eval(
+        r#"(() => {
+            document.getElementById('trace-src').value = 'default/a';
+            document.getElementById('trace-dst').value = 'default/web:80';
+            document.getElementById('trace-go').click();
+            return true;
+        })()"#,
+    );
+    eventually("the node's trace on the page", WAIT, || {
+        b.eval("document.querySelectorAll('#hops li[data-kind=deliver]').length") == json!(1)
+    });
+    let segs = b.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)");
+    assert_eq!(
+        segs,
+        json!(["default/a>node1", "node1>node2", "node2>default/web1"]),
+        "the drawn path"
+    );
+    // node2 is on the path, drawn as not observed from node1.
+    let unobserved =
+        b.eval("[...document.querySelectorAll('.unobserved')].map(e => e.dataset.node)");
+    assert_eq!(unobserved, json!(["node2"]));
+    b.screenshot(&out.join("node-trace.png"));
+    eprintln!("screenshots in {}", out.display());
+}
+
+/// Carries connections from this namespace's loopback to `to` inside
+/// namespace `ns` (the browser runs here; a node's web view listens in
+/// the node); the local address. The forwarder lives as long as the test
+/// process.
+fn forward_into(ns: &str, to: std::net::SocketAddr) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    let ns = podnet_kernel::Netns::named(ns).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let Ok(Ok(out)) = ns.run(|| TcpStream::connect(to)) else {
+                continue;
+            };
+            let (Ok(c2), Ok(o2)) = (c.try_clone(), out.try_clone()) else {
+                continue;
+            };
+            let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                }
+            };
+            std::thread::spawn(pipe(c, out));
+            std::thread::spawn(pipe(o2, c2));
+        }
+    });
+    at
 }
 
 /// Reads `/api/events` from inside `ns` until a flow event mentions
