@@ -546,6 +546,7 @@ impl Diff {
             // table read afterwards held both (cause not found; see
             // bench/README.md). The verdicts compare settled proxies.
             let mut seen = BTreeSet::new();
+            let mut tries = 0;
             eventually(
                 &format!("{who}: {} gets both of plain's UDP endpoints", f.name()),
                 WAIT,
@@ -554,6 +555,18 @@ impl Diff {
                         self.ask(f, "10.96.0.91:53".parse().unwrap(), true, serve::WHOAMI)
                     {
                         seen.insert(w);
+                    }
+                    tries += 1;
+                    if tries == SPREAD_TRIES && seen.len() < 2 {
+                        // The transient again: keep the kernel's state
+                        // at this moment for whoever looks into it.
+                        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                            .join(format!("kubeproxy-diff-udp-transient-{who}.txt"));
+                        let _ = std::fs::write(&p, self.kernel_state(who, ""));
+                        eprintln!(
+                            "{who}: one UDP endpoint after {tries} tries; see {}",
+                            p.display()
+                        );
                     }
                     (seen.len() >= 2).then_some(())
                 },
