@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use podnet_testkit::{eventually, free_port, http_get, Proc};
+
+#[path = "common/kubectl.rs"]
+mod common_kubectl;
 
 const ZONE: &str = "cluster.local";
 const NS: &str = "diff";
@@ -695,23 +698,11 @@ impl Drop for Plane {
     }
 }
 
+/// `kubectl ARGS` as the control plane's admin; its stdout, which must
+/// be a success.
 fn kubectl(kubectl: &Path, kubeconfig: &Path, args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let dir = kubeconfig.parent().expect("the kubeconfig's directory");
+    let o = common_kubectl::run_as(kubectl, kubeconfig, dir, args, Some(stdin));
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),

@@ -177,6 +177,44 @@ impl Browser {
         r["result"]["value"].clone()
     }
 
+    /// Whether the page shows node1 with pod default/a, node2 with
+    /// default/web1, the live event stream, and `more` (a JavaScript
+    /// condition).
+    fn shows_both_nodes(&mut self, more: &str) -> bool {
+        self.eval(&format!(
+            r#"(() => {{
+                const n1 = document.querySelector('[data-node="node1"]');
+                const n2 = document.querySelector('[data-node="node2"]');
+                return !!(n1 && n2
+                    && n1.querySelector('[data-pod="default/a"]')
+                    && n2.querySelector('[data-pod="default/web1"]')
+                    && document.getElementById('status').textContent === 'live'
+                    && ({more}));
+            }})()"#
+        )) == json!(true)
+    }
+
+    /// Fills the trace form with `src` and `dst`, clicks, and waits until
+    /// the hops end in a delivery.
+    fn trace_from_form(&mut self, src: &str, dst: &str) {
+        self.eval(&format!(
+            r#"(() => {{
+                document.getElementById('trace-src').value = '{src}';
+                document.getElementById('trace-dst').value = '{dst}';
+                document.getElementById('trace-go').click();
+                return true;
+            }})()"#
+        ));
+        eventually(&format!("{src} -> {dst}'s hops on the page"), WAIT, || {
+            self.eval("document.querySelectorAll('#hops li[data-kind=deliver]').length") == json!(1)
+        });
+    }
+
+    /// The trace's path as drawn: `from>to` per segment.
+    fn drawn_path(&mut self) -> Value {
+        self.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)")
+    }
+
     fn screenshot(&mut self, path: &Path) {
         use base64_png::decode;
         let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
@@ -305,17 +343,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     // The picture: both nodes, each pod on its node, the Service with its
     // endpoint, and the live event stream connected.
     eventually("the page shows the lab", WAIT, || {
-        b.eval(
-            r#"(() => {
-                const n1 = document.querySelector('[data-node="node1"]');
-                const n2 = document.querySelector('[data-node="node2"]');
-                return !!(n1 && n2
-                    && n1.querySelector('[data-pod="default/a"]')
-                    && n2.querySelector('[data-pod="default/web1"]')
-                    && document.querySelector('[data-service="default/web"]')
-                    && document.getElementById('status').textContent === 'live');
-            })()"#,
-        ) == json!(true)
+        b.shows_both_nodes(r#"document.querySelector('[data-service="default/web"]')"#)
     });
     let svc_row = b.eval(r#"document.querySelector('[data-service="default/web"]').textContent"#);
     assert!(
@@ -332,17 +360,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     b.screenshot(&out.join("topology.png"));
 
     // A trace started from the page: the form, the button, the hops.
-    b.eval(
-        r#"(() => {
-            document.getElementById('trace-src').value = 'default/a';
-            document.getElementById('trace-dst').value = 'default/web:80';
-            document.getElementById('trace-go').click();
-            return true;
-        })()"#,
-    );
-    eventually("the trace's hops on the page", WAIT, || {
-        b.eval("document.querySelectorAll('#hops li[data-kind=deliver]').length") == json!(1)
-    });
+    b.trace_from_form("default/a", "default/web:80");
     let kinds = b.eval("[...document.querySelectorAll('#hops li')].map(l => l.dataset.kind)");
     let kinds: Vec<&str> = kinds
         .as_array()
@@ -368,9 +386,8 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
         .unwrap()
         .ends_with("connected"));
     // The path across the picture: pod a, node1, node2, then web1.
-    let segs = b.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)");
     assert_eq!(
-        segs,
+        b.drawn_path(),
         json!(["default/a>node1", "node1>node2", "node2>default/web1"]),
         "the drawn path"
     );
@@ -453,32 +470,10 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     // a trace from the page drawn from pod a through node1 towards node2.
     let fwd = forward_into(&ns_name, at);
     b.call("Page.navigate", json!({"url": format!("http://{fwd}/")}));
-    eventually("the node's page", WAIT, || {
-        b.eval(
-            r#"(() => {
-                const n1 = document.querySelector('[data-node="node1"]');
-                const n2 = document.querySelector('[data-node="node2"]');
-                return !!(n1 && n2
-                    && n1.querySelector('[data-pod="default/a"]')
-                    && n2.querySelector('[data-pod="default/web1"]')
-                    && document.getElementById('status').textContent === 'live');
-            })()"#,
-        ) == json!(true)
-    });
-    b.eval(
-        r#"(() => {
-            document.getElementById('trace-src').value = 'default/a';
-            document.getElementById('trace-dst').value = 'default/web:80';
-            document.getElementById('trace-go').click();
-            return true;
-        })()"#,
-    );
-    eventually("the node's trace on the page", WAIT, || {
-        b.eval("document.querySelectorAll('#hops li[data-kind=deliver]').length") == json!(1)
-    });
-    let segs = b.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)");
+    eventually("the node's page", WAIT, || b.shows_both_nodes("true"));
+    b.trace_from_form("default/a", "default/web:80");
     assert_eq!(
-        segs,
+        b.drawn_path(),
         json!(["default/a>node1", "node1>node2", "node2>default/web1"]),
         "the drawn path"
     );

@@ -976,6 +976,21 @@ impl Builder {
             }
             prepend(&format!("_{port}"), &prepend(&format!("_{proto}"), &base)?)
         };
+        // A port's SRV record pointing at `target`: at `_<port>._<proto>`
+        // when the port is named, and at the Service name in any case.
+        let srvs = |(pname, proto, port): &NamedPort, target: &Vec<u8>| {
+            let srv = Rec {
+                rtype: wire::TYPE_SRV,
+                rdata: RData::Srv {
+                    priority: 0,
+                    weight: 100,
+                    port: *port,
+                    target: target.clone(),
+                },
+            };
+            let named = srv_name(pname, proto).map(|n| (n, srv.clone()));
+            named.into_iter().chain([(base.clone(), srv)])
+        };
         match &svc.kind {
             SvcKind::Pending => {}
             SvcKind::ExternalName(target) => out.push((
@@ -996,20 +1011,8 @@ impl Builder {
                         },
                     ));
                 }
-                for (pname, proto, port) in &svc.ports {
-                    let srv = Rec {
-                        rtype: wire::TYPE_SRV,
-                        rdata: RData::Srv {
-                            priority: 0,
-                            weight: 100,
-                            port: *port,
-                            target: base.clone(),
-                        },
-                    };
-                    if let Some(n) = srv_name(pname, proto) {
-                        out.push((n, srv.clone()));
-                    }
-                    out.push((base.clone(), srv));
+                for p in &svc.ports {
+                    out.extend(srvs(p, &base));
                 }
             }
             SvcKind::Headless => {
@@ -1047,20 +1050,8 @@ impl Builder {
                                     rdata: RData::Name(hname.clone()),
                                 },
                             ));
-                            for (pname, proto, port) in slice.ports.iter() {
-                                let srv = Rec {
-                                    rtype: wire::TYPE_SRV,
-                                    rdata: RData::Srv {
-                                        priority: 0,
-                                        weight: 100,
-                                        port: *port,
-                                        target: hname.clone(),
-                                    },
-                                };
-                                if let Some(n) = srv_name(pname, proto) {
-                                    out.push((n, srv.clone()));
-                                }
-                                out.push((base.clone(), srv));
+                            for p in slice.ports.iter() {
+                                out.extend(srvs(p, &hname));
                             }
                         }
                     }

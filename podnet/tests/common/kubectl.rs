@@ -19,9 +19,25 @@ pub fn path() -> PathBuf {
 /// `kubectl ARGS` against lab `lab` as its admin, with `stdin` on its
 /// standard input.
 pub fn run(kubectl: &std::path::Path, lab: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let dir = PathBuf::from(format!("/run/podnet-lab/{lab}"));
+    run_as(kubectl, &dir.join("kubeconfig"), &dir, args, stdin)
+}
+
+/// `kubectl ARGS` with `kubeconfig`, its cache under `dir`, and `stdin` on
+/// its standard input (for a control plane without a lab around it).
+pub fn run_as(
+    kubectl: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    dir: &std::path::Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Output {
     let mut p = Command::new(kubectl)
-        .arg(format!("--kubeconfig=/run/podnet-lab/{lab}/kubeconfig"))
-        .arg(format!("--cache-dir=/run/podnet-lab/{lab}/kubectl-cache"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--cache-dir={}",
+            dir.join("kubectl-cache").display()
+        ))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
