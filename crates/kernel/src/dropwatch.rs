@@ -26,7 +26,7 @@ const PREFIX: &str = "podnet-drops-";
 
 /// One `kfree_skb` event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Drop {
+pub struct Dropped {
     /// The `skb_drop_reason` name, e.g. `NO_SOCKET`.
     pub reason: String,
     /// The function that freed the packet, e.g. `__udp4_lib_rcv`.
@@ -124,7 +124,7 @@ impl DropWatch {
     }
 
     /// Stops and returns what was recorded, in order.
-    pub fn stop(self) -> Result<Vec<Drop>, KernelError> {
+    pub fn stop(self) -> Result<Vec<Dropped>, KernelError> {
         write(&self.dir.join("events/skb/kfree_skb/enable"), "0")?;
         let p = self.dir.join("trace");
         let text = std::fs::read_to_string(&p)
@@ -142,7 +142,7 @@ impl std::ops::Drop for DropWatch {
 
 /// One line of an instance's `trace` file; None for comments and other
 /// events.
-pub fn parse(line: &str) -> Option<Drop> {
+pub fn parse(line: &str) -> Option<Dropped> {
     let rest = line.split_once("kfree_skb: ")?.1;
     let field = |k: &str| {
         rest.split_whitespace()
@@ -153,7 +153,7 @@ pub fn parse(line: &str) -> Option<Drop> {
     let location = field("location=")?;
     let location = location.split('+').next().unwrap_or(&location).to_string();
     let reason = rest.split_once("reason: ")?.1.trim().to_string();
-    Some(Drop {
+    Some(Dropped {
         reason,
         location,
         protocol,
@@ -169,7 +169,7 @@ mod tests {
         let l = "          podnet-1628    [001] ..s1. 40827.840017: kfree_skb: skbaddr=0000000012609cc2 rx_sk=0000000000000000 protocol=2048 location=__udp4_lib_rcv+0x4bc/0xd00 reason: NO_SOCKET";
         assert_eq!(
             parse(l),
-            Some(Drop {
+            Some(Dropped {
                 reason: "NO_SOCKET".into(),
                 location: "__udp4_lib_rcv".into(),
                 protocol: 2048

@@ -132,12 +132,18 @@ const LOCK_DIR: &str = "/run/podnet/trace";
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 impl NodeLock {
-    fn acquire(ns: &Netns, node: &str) -> Result<NodeLock, TraceError> {
+    /// The namespace's identity: its nsfs inode.
+    fn ino(ns: &Netns, node: &str) -> Result<u64, TraceError> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(std::fs::metadata(ns.path())
+            .map_err(|e| TraceError::Msg(format!("node {node}: {}: {e}", ns.path().display())))?
+            .ino())
+    }
+
+    /// Locks the node whose namespace has inode `ino`.
+    fn acquire(ino: u64, node: &str) -> Result<NodeLock, TraceError> {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::MetadataExt;
-        let ino = std::fs::metadata(ns.path())
-            .map_err(|e| TraceError::Msg(format!("node {node}: {}: {e}", ns.path().display())))?
-            .ino();
         std::fs::create_dir_all(LOCK_DIR)
             .map_err(|e| TraceError::Msg(format!("creating {LOCK_DIR}: {e}")))?;
         let path = format!("{LOCK_DIR}/netns-{ino}.lock");
@@ -198,17 +204,13 @@ impl Session {
         let mut observed: Vec<(u64, &Node, Netns)> = Vec::new();
         for n in nodes.iter().filter(|n| n.observed()) {
             let ns = open_netns(&n.netns)?;
-            let ino = std::os::unix::fs::MetadataExt::ino(
-                &std::fs::metadata(ns.path())
-                    .map_err(|e| TraceError::Msg(format!("node {}: {e}", n.name)))?,
-            );
-            observed.push((ino, n, ns));
+            observed.push((NodeLock::ino(&ns, &n.name)?, n, ns));
         }
         observed.sort_by_key(|(ino, ..)| *ino);
         observed.dedup_by_key(|(ino, ..)| *ino);
         let mut locks = Vec::new();
-        for (_, n, ns) in &observed {
-            locks.push(NodeLock::acquire(ns, &n.name)?);
+        for (ino, n, _) in &observed {
+            locks.push(NodeLock::acquire(*ino, &n.name)?);
         }
         let mut s = Session {
             parts: Vec::new(),
@@ -275,7 +277,7 @@ impl Drop for Session {
 /// running now is not disturbed: the node's lock is taken first.
 pub fn cleanup() -> Result<bool, TraceError> {
     let ns = Netns::current()?;
-    let _lock = NodeLock::acquire(&ns, "this node")?;
+    let _lock = NodeLock::acquire(NodeLock::ino(&ns, "this node")?, "this node")?;
     Ok(Conn::open()?.delete_table(Family::Inet, crate::plan::TABLE)?)
 }
 

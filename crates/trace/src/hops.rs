@@ -333,7 +333,7 @@ pub fn end_hop(
     dst: &str,
     drops: &[(String, Hop)],
     no_route: Option<(String, String)>,
-    kernel: &[podnet_kernel::dropwatch::Drop],
+    kernel: &[podnet_kernel::dropwatch::Dropped],
 ) -> Hop {
     if let Outcome::Connected { answer } = outcome {
         let mut h = Hop::new(
@@ -627,7 +627,7 @@ mod tests {
             .filter(|h| h.data["verdict"] == "drop")
             .map(|h| ("node2".to_string(), h))
             .collect();
-        let kernel = [podnet_kernel::dropwatch::Drop {
+        let kernel = [podnet_kernel::dropwatch::Dropped {
             reason: "NO_SOCKET".into(),
             location: "__udp4_lib_rcv".into(),
             protocol: 0x0800,
@@ -661,7 +661,7 @@ mod tests {
         );
         assert_eq!(end.data["reason"], "no route: Network is unreachable");
         // No rule dropped it: the kernel's reason, the specific one first.
-        let noise = podnet_kernel::dropwatch::Drop {
+        let noise = podnet_kernel::dropwatch::Dropped {
             reason: "NOT_SPECIFIED".into(),
             location: "ip6_mc_input".into(),
             protocol: 0x86dd,
