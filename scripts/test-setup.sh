@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything the tests, the differential tests and the benchmarks
+# need, on top of what the main job needs (scripts/setup.sh). .ci/run calls
+# it. Idempotent; run as root.
+set -euo pipefail
+here=$(dirname "$0")
+bash "$here/setup.sh"
+. "$here/lib/apt.sh"
+
+PKGS=(
+  iptables                                   # tests inspect the host's legacy tables
+  containernetworking-plugins                # reference CNI plugins (differential tests, bench)
+  podman runc busybox-static                 # a real CNI runtime, and a rootfs for its containers
+  containerd                                 # a real CRI runtime (podnet/tests/cri.rs; pause image: scripts/pause-image.sh)
+  etcd-server                                # the etcd store's tests
+  dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
+  dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
+  chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
+)
+apt_install "${PKGS[@]}"
+
+# Real Kubernetes peers for the Kubernetes-mode tests (kube lab, differential
+# tests): kube-apiserver, kube-controller-manager and kubectl, plus kube-proxy
+# (podnet/tests/kubeproxy_diff.rs diffs podnet's proxy against it; the same
+# k8s.io/kubernetes module, so little more to build), built from Go modules
+# and cached by version under /var/cache/podnet-peers. Cold: about 10 minutes
+# on 2 cores; warm: a fraction of a second. Tests find them through the same
+# script (PODNET_K8S_PEERS=skip leaves them out).
+if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
+  bash "$here/k8s-peers.sh" kube-apiserver kube-controller-manager kubectl kube-proxy >/dev/null
+fi
+
+# The real CoreDNS, the peer of the cluster-DNS differential test
+# (podnet/tests/coredns_diff.rs) and of coredns-bench: built from Go modules
+# and cached by version under /var/cache/podnet-peers (cold: about 8 minutes
+# on 2 cores; warm: a fraction of a second). PODNET_COREDNS=skip leaves it out.
+if [ "${PODNET_COREDNS:-}" != skip ]; then
+  bash "$here/coredns.sh" >/dev/null
+fi
