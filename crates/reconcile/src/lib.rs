@@ -20,7 +20,10 @@
 //! a full one, retried with a delay; and health: `/healthz` fails with the
 //! subsystem's name once syncs have failed for longer than the stall limit,
 //! and the `podnet_reconcile_*` metrics count syncs, operations and
-//! failures per subsystem.
+//! failures per subsystem. A sync is blocking kernel work, so it runs on a
+//! thread of its own (the runtime's blocking pool): one loop's long sync,
+//! such as a resync reading a whole table back, never holds another loop's
+//! change or the object source behind it.
 //!
 //! Felix's split, in our words: the object source is the syncer, `plan` is
 //! the calculation layer, `observe`/`diff`/`apply` the dataplane manager.
@@ -189,15 +192,44 @@ pub fn from_subscription(mut sub: Subscription) -> mpsc::Receiver<Input<Vec<Delt
     rx
 }
 
+/// One sync and its [`Subsystem::synced`], on a thread of the runtime's
+/// blocking pool: a sync is blocking kernel work (netlink round trips, a
+/// whole table read back on a resync) that can take a while, and on a
+/// runtime worker it would hold every task queued behind it, such as
+/// another subsystem's loop with a change to apply or the object source
+/// decoding the next event. Each loop waits for its own sync only.
+async fn sync_on_own_thread<S>(
+    mut s: S,
+    scope: Scope<S::Key>,
+) -> (S, Scope<S::Key>, Result<usize, SyncError>)
+where
+    S: Subsystem + Send + 'static,
+    S::Key: Send + 'static,
+{
+    let done = tokio::task::spawn_blocking(move || {
+        let res = sync(&mut s, &scope);
+        s.synced(&scope, res.is_ok());
+        (s, scope, res)
+    })
+    .await;
+    match done {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 /// Drives `s` until `shutdown` resolves or the input ends; see the crate
 /// docs.
-pub async fn run<S: Subsystem>(
+pub async fn run<S>(
     mut s: S,
     mut input: mpsc::Receiver<Input<S::Input>>,
     opts: Options,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
-) {
+) where
+    S: Subsystem + Send + 'static,
+    S::Key: Send + 'static,
+{
     tokio::pin!(shutdown);
     let name = s.name();
     let labels = format!("subsystem=\"{name}\"");
@@ -253,9 +285,8 @@ pub async fn run<S: Subsystem>(
             scope
         };
         let t0 = Instant::now();
-        let res = sync(&mut s, &scope);
-        let ok = res.is_ok();
-        s.synced(&scope, ok);
+        let (back, scope, res) = sync_on_own_thread(s, scope).await;
+        s = back;
         match res {
             Ok(n) => {
                 if failing_since.take().is_some() {
@@ -321,6 +352,24 @@ mod tests {
         kernel: Arc<Mutex<BTreeMap<u32, u32>>>,
         fail: Arc<Mutex<u32>>,
         log: Arc<Mutex<Vec<String>>>,
+        /// When set, `apply` says so on the first sender and then blocks
+        /// until the second one is dropped (a long sync).
+        hold: Option<(
+            std::sync::mpsc::Sender<()>,
+            Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+        )>,
+    }
+
+    impl Fake {
+        fn new(kernel: Arc<Mutex<BTreeMap<u32, u32>>>, log: Arc<Mutex<Vec<String>>>) -> Fake {
+            Fake {
+                want: BTreeMap::new(),
+                kernel,
+                fail: Arc::new(Mutex::new(0)),
+                log,
+                hold: None,
+            }
+        }
     }
 
     impl Subsystem for Fake {
@@ -367,6 +416,10 @@ mod tests {
             out
         }
         fn apply(&mut self, changes: Self::Changes) -> Result<usize, SyncError> {
+            if let Some((entered, release)) = &self.hold {
+                let _ = entered.send(());
+                let _ = release.lock().unwrap().recv();
+            }
             let mut f = self.fail.lock().unwrap();
             if *f > 0 {
                 *f -= 1;
@@ -404,10 +457,8 @@ mod tests {
         let fail = Arc::new(Mutex::new(0));
         let log = Arc::new(Mutex::new(Vec::new()));
         let s = Fake {
-            want: BTreeMap::new(),
-            kernel: kernel.clone(),
             fail: fail.clone(),
-            log: log.clone(),
+            ..Fake::new(kernel.clone(), log.clone())
         };
         let (tx, rx) = channel();
         let metrics = Metrics::new();
@@ -449,5 +500,67 @@ mod tests {
             .contains("podnet_reconcile_failures_total{subsystem=\"fake\"} 1"));
         stop_tx.send(()).unwrap();
         h.await.unwrap();
+    }
+
+    /// One loop's long sync (a resync reading a whole table back) must not
+    /// hold another loop's change: on a runtime with a single worker, the
+    /// second loop still applies while the first one's sync is blocked.
+    #[test]
+    fn a_long_sync_in_one_loop_holds_no_other_loop() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let metrics = Metrics::new();
+        let opts = Options {
+            resync: Duration::from_secs(3600),
+            retry: Duration::from_secs(3600),
+            stall: Duration::from_secs(3600),
+        };
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let slow = Fake {
+            hold: Some((entered_tx, Arc::new(Mutex::new(release_rx)))),
+            ..Fake::new(Default::default(), Default::default())
+        };
+        let fast_kernel: Arc<Mutex<BTreeMap<u32, u32>>> = Default::default();
+        let fast_log: Arc<Mutex<Vec<String>>> = Default::default();
+        let fast = Fake::new(fast_kernel.clone(), fast_log.clone());
+        let (slow_tx, slow_rx) = channel();
+        let (fast_tx, fast_rx) = channel();
+        let _g = rt.enter();
+        rt.spawn(run(
+            slow,
+            slow_rx,
+            opts,
+            metrics.clone(),
+            std::future::pending(),
+        ));
+        rt.spawn(run(
+            fast,
+            fast_rx,
+            opts,
+            metrics.clone(),
+            std::future::pending(),
+        ));
+        slow_tx.blocking_send(Input::Ready).unwrap();
+        entered
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the slow loop's first sync started");
+        // The slow loop is inside its sync now; the fast loop gets a change.
+        fast_tx.blocking_send(Input::Ready).unwrap();
+        fast_tx.blocking_send(Input::Changes(vec![(7, 7)])).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while fast_kernel.lock().unwrap().get(&7).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fast loop's change waited behind the slow loop's sync (log: {:?})",
+                fast_log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(release);
+        rt.shutdown_timeout(Duration::from_secs(5));
     }
 }
