@@ -13,8 +13,10 @@
 //!   through the policy table, and enforcement latency in a lab.
 //!
 //! [`conn_rate`] is the new-connection rate both `proxy-bench` and
-//! `policy-bench` measure with.
+//! `policy-bench` measure with; [`connrate`] the pinned, paired one
+//! `kubeproxy-bench` compares proxies by.
 
+pub mod connrate;
 pub mod objects;
 
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@
 //! calls host-local itself) to its exit.
 //!
 //! ```text
-//! cargo build --release && cargo run --release -p podnet-bench --bin cni-bench -- --cycles 100
+//! cargo build --release -p podnet -p podnet-bench && ./target/release/cni-bench --cycles 100
 //! ```
 
 use std::io::Write;

@@ -46,7 +46,11 @@
 //!   timed until no node does (both directions are samples);
 //! - **new connections per second** through a ClusterIP: a client pod on
 //!   node 1 opens short TCP connections (handshake, then reset) to a
-//!   Service whose one endpoint is a pod on node 2, for `--conn-secs`;
+//!   Service whose one endpoint is a pod on node 2, in `--conn-pairs` pairs
+//!   of `--conn-secs` slices alternating with the same straight to the
+//!   pod's IP, the client and server threads alone on one pinned CPU
+//!   (`podnet_bench::connrate`); per round it prints podnet's rate over
+//!   kube-proxy's, raw and as shares of the direct path, with the spread;
 //! - **restart**: every node's proxy process (podnet: the agent, whose
 //!   proxy it is; kube-proxy) stopped with SIGTERM, its rules deleted (as
 //!   after a reboot), started again with the same command line; from the
@@ -59,6 +63,7 @@
 //! kube-proxy. The lab (and every process it or the bench started) is
 //! removed at the end, also on error.
 
+use podnet_bench::connrate::{self, median, spread_pct, Paired};
 use podnet_bench::LabGuard;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -97,9 +102,14 @@ struct Args {
     /// then ready again; two samples).
     #[arg(long, default_value_t = 20)]
     endpoint_changes: usize,
-    /// Seconds of new connections through a ClusterIP per turn (0: skip).
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds of each slice of new connections (0: skip the connection
+    /// rate). A turn has `--conn-pairs` pairs of slices, one through the
+    /// ClusterIP and one straight to the endpoint pod, alternating.
+    #[arg(long, default_value_t = 2.0)]
     conn_secs: f64,
+    /// Pairs of connection-rate slices per turn.
+    #[arg(long, default_value_t = 5)]
+    conn_pairs: usize,
     /// The contenders: podnet, nft (kube-proxy nftables), ipt (kube-proxy
     /// iptables), and nft-min (kube-proxy nftables with
     /// `--kp-min-sync-period`, added by default when that is given).
@@ -632,11 +642,50 @@ struct Figures {
     epc: Vec<f64>,
     cold: Vec<f64>,
     restart: Vec<f64>,
-    /// New connections per second through a ClusterIP, per turn.
+    /// New connections per second through a ClusterIP, per turn (the
+    /// median of its slices).
     conn: Vec<f64>,
+    /// Per turn: the same straight to the endpoint pod.
+    direct: Vec<f64>,
+    /// Per turn: ClusterIP / direct (the median over its pairs).
+    conn_share: Vec<f64>,
     /// Per turn: CPU seconds summed over nodes, the largest peak RSS.
     cpu: Vec<f64>,
     rss: Vec<f64>,
+}
+
+/// The connection rate per round, podnet over `kp` (both turns of a round
+/// ran back to back), raw and as each turn's ClusterIP/direct share, with
+/// the median and the spread across rounds.
+fn conn_ratios(size: usize, kp: Proxy, pn: &Figures, k: &Figures) {
+    if pn.conn.is_empty() || k.conn.is_empty() {
+        return;
+    }
+    let raw: Vec<f64> = pn.conn.iter().zip(&k.conn).map(|(a, b)| a / b).collect();
+    let share: Vec<f64> = pn
+        .conn_share
+        .iter()
+        .zip(&k.conn_share)
+        .map(|(a, b)| a / b)
+        .collect();
+    let r3 = |v: &[f64]| {
+        v.iter()
+            .map(|x| (x * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    };
+    println!(
+        "{size:>6} Services  podnet / {}: conn/s per round {:?}, median {:.3}x ±{:.1}%; as shares of the direct path per round {:?}, median {:.3}x ±{:.1}% (podnet keeps {:.3} of direct, {} {:.3})",
+        kp.name(),
+        r3(&raw),
+        median(&raw),
+        spread_pct(&raw),
+        r3(&share),
+        median(&share),
+        spread_pct(&share),
+        median(&pn.conn_share),
+        kp.name(),
+        median(&k.conn_share),
+    );
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -675,8 +724,9 @@ fn kube_proxy_path(a: &Args) -> Result<PathBuf> {
 /// `ECHO_PORT` (the lab's server, which says who it is) and
 /// `FAST_PORT` (an accept loop of the bench's own, for the rate), behind
 /// Service `echo` (ports 80 and 81), and a client pod on the first node.
-/// Returns the client's namespace and the Service's address (port 80).
-fn echo_setup(b: &Bench) -> Result<(String, SocketAddr)> {
+/// Returns the client's namespace, the Service's address (port 80), the
+/// endpoint's direct address (`FAST_PORT`) and the accept thread's id.
+fn echo_setup(b: &Bench) -> Result<Echo> {
     let st = b.lab.0.state()?;
     let first = st.nodes[0].name.clone();
     let second = st.nodes[1 % st.nodes.len()].name.clone();
@@ -688,7 +738,8 @@ fn echo_setup(b: &Bench) -> Result<(String, SocketAddr)> {
         labels.clone(),
         &[PortSpec::tcp(ECHO_PORT)],
     ))?;
-    podnet_bench::accept_loop(&echo.netns, FAST_PORT)?;
+    let server_tid = podnet_bench::connrate::accept_thread(&echo.netns, FAST_PORT)?;
+    let direct = SocketAddr::new(echo.ip.parse()?, FAST_PORT);
     let client = b.rt.block_on(
         b.lab
             .0
@@ -715,25 +766,40 @@ fn echo_setup(b: &Bench) -> Result<(String, SocketAddr)> {
         ]);
     }
     let s = b.rt.block_on(b.svcs.create(&PostParams::default(), &svc))?;
-    Ok((client.netns, SocketAddr::new(cluster_ip(&s)?, 80)))
+    Ok(Echo {
+        client: client.netns,
+        service: SocketAddr::new(cluster_ip(&s)?, 80),
+        direct,
+        server_tid,
+    })
 }
 
-/// New connections per second from `client` to the Service at `addr`'s
-/// second port (the accept loop) for `secs`, once a first connection to
-/// `addr` gets an answer (the Service is routed).
-fn conn_rate(client: &str, addr: SocketAddr, secs: f64) -> Result<f64> {
+/// What the connection-rate turns use (see [`echo_setup`]).
+struct Echo {
+    client: String,
+    service: SocketAddr,
+    direct: SocketAddr,
+    server_tid: i32,
+}
+
+/// New connections per second from the client to the Service's second
+/// port (the accept loop) and straight to the endpoint, in alternating
+/// slices on a pinned CPU (see `podnet_bench::connrate`), once a first
+/// connection to the Service gets an answer (it is routed).
+fn conn_rate(e: &Echo, pairs: usize, secs: f64) -> Result<Paired> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let r = Netns::named(client)?
-            .run(|| podnet_lab::serve::reach(addr, false, Duration::from_secs(1)))?;
+        let r = Netns::named(&e.client)?
+            .run(|| podnet_lab::serve::reach(e.service, false, Duration::from_secs(1)))?;
         if matches!(r, podnet_lab::Reach::Connected(_)) {
             break;
         }
         if Instant::now() > deadline {
-            bail!("{addr} from pod {CLIENT}: {r:?} for 60 s");
+            bail!("{} from pod {CLIENT}: {r:?} for 60 s", e.service);
         }
     }
-    podnet_bench::conn_rate(client, SocketAddr::new(addr.ip(), 81), secs)
+    let fast = SocketAddr::new(e.service.ip(), 81);
+    connrate::paired(&e.client, fast, e.direct, &[e.server_tid], pairs, secs)
 }
 
 fn main() -> Result<()> {
@@ -913,7 +979,7 @@ fn main() -> Result<()> {
                     }
                 }
                 let conn = match &echo {
-                    Some((client, addr)) => Some(conn_rate(client, *addr, a.conn_secs)?),
+                    Some(e) => Some(conn_rate(e, a.conn_pairs, a.conn_secs)?),
                     None => None,
                 };
                 let use_ = b.usage(p);
@@ -954,8 +1020,18 @@ fn main() -> Result<()> {
                     pct(&lat, 1.0),
                     pct(&epc, 0.5),
                     pct(&epc, 0.99),
-                    conn.unwrap_or(f64::NAN),
+                    conn.as_ref().map_or(f64::NAN, Paired::service_rate),
                 );
+                if let Some(c) = &conn {
+                    eprintln!(
+                        "kubeproxy-bench: {size} Services, round {}, {}: conn/s per slice through the ClusterIP {:?}, direct {:?}; ClusterIP/direct {:.3}",
+                        round + 1,
+                        p.name(),
+                        c.service.iter().map(|x| x.round()).collect::<Vec<_>>(),
+                        c.direct.iter().map(|x| x.round()).collect::<Vec<_>>(),
+                        c.ratio(),
+                    );
+                }
                 f.after
                     .extend(lat.iter().zip(&post).map(|(l, p)| (l - p).max(0.0)));
                 f.turn_p50.push(pct(&lat, 0.5));
@@ -963,7 +1039,11 @@ fn main() -> Result<()> {
                 f.epc.extend(epc);
                 f.cold.push(cold);
                 f.restart.push(restart);
-                f.conn.extend(conn);
+                if let Some(c) = conn {
+                    f.conn.push(c.service_rate());
+                    f.direct.push(c.direct_rate());
+                    f.conn_share.push(c.ratio());
+                }
                 f.cpu.push(cpu);
                 f.rss.push(rss);
             }
@@ -1029,6 +1109,7 @@ fn main() -> Result<()> {
                 med(&pn.cpu) / med(&k.cpu),
                 med(&pn.rss) / med(&k.rss),
             );
+            conn_ratios(size, kp, pn, k);
         }
     }
     if let Some(&big) = sizes.last() {
