@@ -354,11 +354,14 @@ mod tests {
         log: Arc<Mutex<Vec<String>>>,
         /// When set, `apply` says so on the first sender and then blocks
         /// until the second one is dropped (a long sync).
-        hold: Option<(
-            std::sync::mpsc::Sender<()>,
-            Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
-        )>,
+        hold: Option<Hold>,
     }
+
+    /// A long sync's gate: "entered", then wait for "release".
+    type Hold = (
+        std::sync::mpsc::Sender<()>,
+        Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+    );
 
     impl Fake {
         fn new(kernel: Arc<Mutex<BTreeMap<u32, u32>>>, log: Arc<Mutex<Vec<String>>>) -> Fake {
