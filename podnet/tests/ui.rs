@@ -237,6 +237,19 @@ impl Browser {
         self.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)")
     }
 
+    /// Checks the flow table as it was when the page first went live
+    /// (recorded by [`LIVE_FLOWS`]): the trace's flow from before the page
+    /// opened is already there.
+    fn check_flows_at_live(&mut self) {
+        let at_live = self.eval("window.liveFlows");
+        assert!(
+            at_live.as_array().is_some_and(|rows| rows.iter().any(|r| r
+                .as_str()
+                .is_some_and(|r| r.contains("default/a") && r.contains("Service default/web")))),
+            "when the page went live its flow table held {at_live}"
+        );
+    }
+
     fn screenshot(&mut self, path: &Path) {
         use base64_png::decode;
         let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
@@ -323,19 +336,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let o = podnet(&["--store", &store, "apply", "-f", manifest.to_str().unwrap()]);
     let _ = std::fs::remove_file(&manifest);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // History for the flow log: more flows than one page of an agent's
-    // log (1,000) from pod a to web1 (one UDP datagram from each of 1,200
-    // sockets); the traces below come after them, so they are the newest.
-    let web1: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("/run/podnet-lab/{}/pods/default_web1.json", lab.0))
-            .unwrap(),
-    )
-    .unwrap();
-    let burst = format!(
-        "import socket\nfor _ in range(1200):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'x', ('{}', 9))\n    s.close()\n",
-        web1["ip"].as_str().unwrap()
-    );
-    lab.ok(&["exec", "default/a", "--", "python3", "-c", &burst]);
+    flow_history(&lab);
     // The Service works before the page is asked to trace it.
     eventually("default/a reaches the Service", WAIT, || {
         let o = podnet(&[
@@ -362,20 +363,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let topo = view.topology();
     assert_eq!(topo["lab"], format!("lab {}", lab.0));
     check_refusals(&view);
-    // The flows that happened before the web view started: the newest
-    // ones (the traces', after the burst), on its first answer.
-    let (code, body) = view.get("/api/flows").unwrap();
-    assert_eq!(code, 200, "{body}");
-    let recent: Value = serde_json::from_str(&body).unwrap();
-    let flows = recent["flows"].as_array().unwrap();
-    assert!(flows.len() <= 200, "{} flows", flows.len());
-    assert!(flows.iter().any(is_trace_flow), "{recent:#}");
-    // node1 logged more than one page (a reused source port is one flow).
-    assert!(
-        recent["after"]["node1"].as_u64().unwrap() > 1000,
-        "{}",
-        recent["after"]
-    );
+    check_recent_flows(&view);
     let web_ip = topo["pods"]
         .as_array()
         .unwrap()
@@ -413,13 +401,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let tunnels = b.eval("document.querySelectorAll('#overlay .tunnel').length");
     assert_eq!(tunnels, json!(1), "one tunnel between two nodes");
     b.screenshot(&out.join("topology.png"));
-    let at_live = b.eval("window.liveFlows");
-    assert!(
-        at_live.as_array().is_some_and(|rows| rows.iter().any(|r| r
-            .as_str()
-            .is_some_and(|r| r.contains("default/a") && r.contains("Service default/web")))),
-        "when the page went live its flow table held {at_live}"
-    );
+    b.check_flows_at_live();
     // The token left the address bar (and so any Referer and history).
     assert_eq!(b.eval("location.href"), json!(format!("http://{listen}/")));
 
@@ -468,43 +450,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     });
     b.screenshot(&out.join("flows.png"));
 
-    // A page of another origin. evil.example resolves to this machine (as
-    // DNS rebinding makes it), so that page's own origin is this port: it
-    // is refused, and reading the cluster from it is refused even with
-    // the token.
-    b.call(
-        "Page.navigate",
-        json!({"url": format!("http://evil.example:{port}/")}),
-    );
-    eventually("the refusal as the foreign page", WAIT, || {
-        b.eval("document.body ? document.body.innerText : ''")
-            .as_str()
-            .is_some_and(|t| t.contains("is not this server"))
-    });
-    let read = b.eval(&format!(
-        "fetch('/api/topology', {{headers: {{Authorization: 'Bearer {}'}}}}).then(async r => r.status + ' ' + await r.text())",
-        view.token
-    ));
-    let read = read.as_str().unwrap();
-    assert!(
-        read.starts_with("421 ") && !read.contains("default/a"),
-        "{read}"
-    );
-    // From there, a trace on the web view's real name: sent (no-cors, as
-    // a form would be) and refused by its Origin; nothing is run.
-    let sent = b.eval(&format!(
-        "fetch('http://{listen}/api/trace', {{method: 'POST', mode: 'no-cors', credentials: 'include', body: new URLSearchParams({{src: 'default/a', dst: 'default/web:80'}})}}).then(() => 'sent', e => String(e))"
-    ));
-    assert_eq!(sent, json!("sent"));
-    let refusal = format!(
-        "refused POST /api/trace: podnet ui: Origin \"http://evil.example:{port}\" is not this server"
-    );
-    eventually("the foreign page's trace refused", WAIT, || {
-        std::fs::read_to_string(&ui_log)
-            .ok()?
-            .contains(&refusal)
-            .then_some(())
-    });
+    check_foreign_page(&mut b, &view, &ui_log);
 
     // On a real node: `podnet ui` inside node1 with no --lab, the cluster
     // read from the store, served in node1's namespace. The same API, as
@@ -531,6 +477,35 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let node_log = out.join("podnet-ui-node.log");
     let _node_ui = spawn_group(node_ui, &node_log);
     let node_view = View::started(Some(ns), at, &node_log);
+    check_node_api(&node_view);
+    // The live stream carries this node's flows.
+    let stream = read_events(&node_view, "default/a", WAIT);
+    assert!(stream.contains("event: topology"), "{stream}");
+
+    // The node's page in the browser (which runs here, so a forwarder
+    // carries its connections into node1): both nodes and their pods, and
+    // a trace from the page drawn from pod a through node1 towards node2.
+    forward_into(&ns_name, at);
+    b.call("Page.navigate", json!({"url": node_view.url}));
+    eventually("the node's page", WAIT, || b.shows_both_nodes("true"));
+    b.trace_from_form("default/a", "default/web:80");
+    assert_eq!(
+        b.drawn_path(),
+        json!(["default/a>node1", "node1>node2", "node2>default/web1"]),
+        "the drawn path"
+    );
+    // node2 is on the path, drawn as not observed from node1.
+    let unobserved =
+        b.eval("[...document.querySelectorAll('.unobserved')].map(e => e.dataset.node)");
+    assert_eq!(unobserved, json!(["node2"]));
+    b.screenshot(&out.join("node-trace.png"));
+    eprintln!("screenshots in {}", out.display());
+}
+
+/// A node's web view over HTTP: the cluster as node1 sees it, the page,
+/// a trace from node1's pod (node2 not observed), and a refusal to trace
+/// from a pod of node2.
+fn check_node_api(node_view: &View) {
     let topo = node_view.topology();
     assert_eq!(topo["lab"], "node node1", "{topo:#}");
     let nodes: Vec<(&str, bool)> = topo["nodes"]
@@ -567,28 +542,82 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
         .unwrap();
     assert_eq!(code, 400);
     assert!(body.contains("runs on node node2"), "{body}");
-    // The live stream carries this node's flows.
-    let stream = read_events(&node_view, "default/a", WAIT);
-    assert!(stream.contains("event: topology"), "{stream}");
+}
 
-    // The node's page in the browser (which runs here, so a forwarder
-    // carries its connections into node1): both nodes and their pods, and
-    // a trace from the page drawn from pod a through node1 towards node2.
-    forward_into(&ns_name, at);
-    b.call("Page.navigate", json!({"url": node_view.url}));
-    eventually("the node's page", WAIT, || b.shows_both_nodes("true"));
-    b.trace_from_form("default/a", "default/web:80");
-    assert_eq!(
-        b.drawn_path(),
-        json!(["default/a>node1", "node1>node2", "node2>default/web1"]),
-        "the drawn path"
+/// History for the flow log: more flows than one page of an agent's log
+/// (1,000) from pod a to web1 (one UDP datagram from each of 1,200
+/// sockets); traces after it are the newest flows.
+fn flow_history(lab: &Lab) {
+    let web1: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("/run/podnet-lab/{}/pods/default_web1.json", lab.0))
+            .unwrap(),
+    )
+    .unwrap();
+    let burst = format!(
+        "import socket\nfor _ in range(1200):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'x', ('{}', 9))\n    s.close()\n",
+        web1["ip"].as_str().unwrap()
     );
-    // node2 is on the path, drawn as not observed from node1.
-    let unobserved =
-        b.eval("[...document.querySelectorAll('.unobserved')].map(e => e.dataset.node)");
-    assert_eq!(unobserved, json!(["node2"]));
-    b.screenshot(&out.join("node-trace.png"));
-    eprintln!("screenshots in {}", out.display());
+    lab.ok(&["exec", "default/a", "--", "python3", "-c", &burst]);
+}
+
+/// The flows that happened before the web view started: the newest ones
+/// (the traces', after the burst), on its first answer.
+fn check_recent_flows(view: &View) {
+    let (code, body) = view.get("/api/flows").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let recent: Value = serde_json::from_str(&body).unwrap();
+    let flows = recent["flows"].as_array().unwrap();
+    assert!(flows.len() <= 200, "{} flows", flows.len());
+    assert!(flows.iter().any(is_trace_flow), "{recent:#}");
+    // node1 logged more than one page (a reused source port is one flow).
+    assert!(
+        recent["after"]["node1"].as_u64().unwrap() > 1000,
+        "{}",
+        recent["after"]
+    );
+}
+
+/// A page of another origin. evil.example resolves to this machine (as
+/// DNS rebinding makes it), so that page's own origin is the web view's
+/// port: it is refused, reading the cluster from it is refused even with
+/// the token, and a trace it sends to the real name is refused by its
+/// Origin (nothing is run).
+fn check_foreign_page(b: &mut Browser, view: &View, ui_log: &Path) {
+    let port = view.at.port();
+    let listen = view.at;
+    b.call(
+        "Page.navigate",
+        json!({"url": format!("http://evil.example:{port}/")}),
+    );
+    eventually("the refusal as the foreign page", WAIT, || {
+        b.eval("document.body ? document.body.innerText : ''")
+            .as_str()
+            .is_some_and(|t| t.contains("is not this server"))
+    });
+    let read = b.eval(&format!(
+        "fetch('/api/topology', {{headers: {{Authorization: 'Bearer {}'}}}}).then(async r => r.status + ' ' + await r.text())",
+        view.token
+    ));
+    let read = read.as_str().unwrap();
+    assert!(
+        read.starts_with("421 ") && !read.contains("default/a"),
+        "{read}"
+    );
+    // From there, a trace on the web view's real name: sent (no-cors, as
+    // a form would be) and refused by its Origin; nothing is run.
+    let sent = b.eval(&format!(
+        "fetch('http://{listen}/api/trace', {{method: 'POST', mode: 'no-cors', credentials: 'include', body: new URLSearchParams({{src: 'default/a', dst: 'default/web:80'}})}}).then(() => 'sent', e => String(e))"
+    ));
+    assert_eq!(sent, json!("sent"));
+    let refusal = format!(
+        "refused POST /api/trace: podnet ui: Origin \"http://evil.example:{port}\" is not this server"
+    );
+    eventually("the foreign page's trace refused", WAIT, || {
+        std::fs::read_to_string(ui_log)
+            .ok()?
+            .contains(&refusal)
+            .then_some(())
+    });
 }
 
 /// One request to a web view at `at` (from inside `ns` when given), with
