@@ -209,6 +209,12 @@ const COMMON: &str = "Cache-Control: no-store\r\nX-Frame-Options: DENY\r\n\
     Content-Security-Policy: frame-ancestors 'none'\r\nReferrer-Policy: no-referrer\r\n\
     X-Content-Type-Options: nosniff\r\n";
 
+/// The page talks to this server only: were something injected into it,
+/// it could not send the token or the cluster's picture elsewhere.
+const PAGE_POLICY: &str = "Content-Security-Policy: default-src 'none'; \
+    script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; \
+    base-uri 'none'; form-action 'none'\r\n";
+
 async fn respond_with(
     s: &mut tokio::net::TcpStream,
     code: u16,
@@ -469,7 +475,7 @@ async fn handle(ui: Arc<Ui>, mut s: tokio::net::TcpStream) {
             events(ui, s, after).await
         }
         "/api/trace" => trace(ui, s, &req).await,
-        _ => respond(&mut s, 200, "text/html; charset=utf-8", PAGE).await,
+        _ => respond_with(&mut s, 200, "text/html; charset=utf-8", PAGE_POLICY, PAGE).await,
     }
 }
 
