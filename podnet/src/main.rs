@@ -236,7 +236,8 @@ enum Cmd {
     Ui {
         #[command(flatten)]
         at: TraceAt,
-        /// Where to serve the page (loopback by default).
+        /// Where to serve the page (loopback by default). It prints the URL
+        /// to open, with the token every API request needs.
         #[arg(long, default_value = "127.0.0.1:10280")]
         listen: String,
     },

@@ -601,11 +601,48 @@ impl Oracles for ClusterOracles<'_> {
     }
 }
 
+/// The labs up on this machine: those whose state is under
+/// `/run/podnet-lab/<name>/`.
+fn labs_up() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(podnet_lab::RUN_DIR) else {
+        return Vec::new();
+    };
+    let mut up: Vec<String> = dir
+        .flatten()
+        .filter(|e| e.path().join("lab.json").is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    up.sort();
+    up
+}
+
+/// `err` of a command run without `--lab`, with a hint when labs are up:
+/// right after `lab up` that is the likelier meaning.
+fn hint_lab(err: anyhow::Error, labs: &[String]) -> anyhow::Error {
+    match labs {
+        [] => err,
+        [one] => anyhow!("{err:#}\nlab {one} is up on this machine: did you mean --lab {one}?"),
+        many => anyhow!(
+            "{err:#}\nlabs {} are up on this machine: did you mean --lab {}?",
+            many.join(", "),
+            many.join(" or --lab ")
+        ),
+    }
+}
+
 /// `podnet trace`.
 pub async fn run(target: &Target, src: &str, dst: &str, output: &str) -> Result<()> {
     if !["text", "json"].contains(&output) {
         bail!("-o {output:?}: want text or json");
     }
+    let r = trace_and_print(target, src, dst, output).await;
+    match &target.lab {
+        None => r.map_err(|e| hint_lab(e, &labs_up())),
+        Some(_) => r,
+    }
+}
+
+async fn trace_and_print(target: &Target, src: &str, dst: &str, output: &str) -> Result<()> {
     let (ctx, source) = TraceContext::open(target).await?;
     let view = load(source).await?;
     let trace = tokio::task::block_in_place(|| trace_in(&ctx, &view, src, dst))?;
@@ -876,5 +913,22 @@ pub fn flows(a: FlowArgs) -> Result<()> {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_without_lab_names_the_labs_that_are_up() {
+        let e = || anyhow!("SRC default/pod1 runs on node node1, not on this node (vm)");
+        assert_eq!(hint_lab(e(), &[]).to_string(), e().to_string());
+        assert!(hint_lab(e(), &["lab".into()])
+            .to_string()
+            .ends_with("(vm)\nlab lab is up on this machine: did you mean --lab lab?"));
+        assert!(hint_lab(e(), &["a".into(), "b".into()])
+            .to_string()
+            .ends_with("labs a, b are up on this machine: did you mean --lab a or --lab b?"));
     }
 }

@@ -537,6 +537,22 @@ fn a_trace_names_what_is_wrong_with_its_arguments() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{src} {dst}: {err}");
     }
+    // Without --lab, as a newcomer types it right after `lab up`: the
+    // trace looks at this machine as a node, the pod is not on it, and the
+    // answer names the lab that is up.
+    let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+    let o = podnet(&["trace", "default/a", "default/a:80", "--store", &store]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("runs on node node1, not on this node"),
+        "{err}"
+    );
+    assert!(
+        err.contains("up on this machine: did you mean --lab"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("--lab {}", lab.name)), "{err}");
 }
 
 /// A killed trace's table does not stop the next trace, and traces run at

@@ -15,11 +15,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use podnet_testkit::{eventually, free_port, http_get, require_root};
+use podnet_testkit::{eventually, free_port, require_root};
 use serde_json::{json, Value};
 use tungstenite::{stream::MaybeTlsStream, Message, WebSocket};
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// Run in the page before its own script: records the flow table's rows
+/// at the moment the status first reads `live` (`window.liveFlows`).
+const LIVE_FLOWS: &str = r##"
+document.addEventListener("DOMContentLoaded", () => {
+  const st = document.getElementById("status");
+  if (!st) return;
+  new MutationObserver(() => {
+    if (window.liveFlows === undefined && st.textContent === "live")
+      window.liveFlows = [...document.querySelectorAll("#flows tbody tr")].map((r) => r.textContent);
+  }).observe(st, {childList: true, characterData: true, subtree: true});
+});
+"##;
+
+/// Whether a flow record is a trace's connection from pod a to the
+/// Service web.
+fn is_trace_flow(f: &Value) -> bool {
+    f["src_name"] == "default/a" && f["dst_name"] == "Service default/web"
+}
 
 #[path = "common/kubelab.rs"]
 mod kubelab;
@@ -80,6 +99,9 @@ impl Browser {
             "--remote-debugging-address=127.0.0.1",
             "--remote-debugging-port=0",
             "--window-size=1400,1000",
+            // A name an attacker owns, resolving to this machine: what
+            // DNS rebinding makes of a foreign page.
+            "--host-resolver-rules=MAP evil.example 127.0.0.1",
         ])
         .arg(format!("--user-data-dir={}", dir.path().display()))
         .arg("about:blank");
@@ -215,6 +237,19 @@ impl Browser {
         self.eval("[...document.querySelectorAll('#overlay .trace-seg')].map(s => s.dataset.from + '>' + s.dataset.to)")
     }
 
+    /// Checks the flow table as it was when the page first went live
+    /// (recorded by [`LIVE_FLOWS`]): the trace's flow from before the page
+    /// opened is already there.
+    fn check_flows_at_live(&mut self) {
+        let at_live = self.eval("window.liveFlows");
+        assert!(
+            at_live.as_array().is_some_and(|rows| rows.iter().any(|r| r
+                .as_str()
+                .is_some_and(|r| r.contains("default/a") && r.contains("Service default/web")))),
+            "when the page went live its flow table held {at_live}"
+        );
+    }
+
     fn screenshot(&mut self, path: &Path) {
         use base64_png::decode;
         let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
@@ -301,6 +336,7 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let o = podnet(&["--store", &store, "apply", "-f", manifest.to_str().unwrap()]);
     let _ = std::fs::remove_file(&manifest);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    flow_history(&lab);
     // The Service works before the page is asked to trace it.
     eventually("default/a reaches the Service", WAIT, || {
         let o = podnet(&[
@@ -321,13 +357,13 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let listen = format!("127.0.0.1:{port}");
     let mut ui_cmd = Command::new(env!("CARGO_BIN_EXE_podnet"));
     ui_cmd.args(["ui", "--lab", &lab.0, "--listen", &listen]);
-    let _ui = spawn_group(ui_cmd, &out.join("podnet-ui.log"));
-    let topo: Value = eventually("the web view's topology", WAIT, || {
-        let (code, body) = http_get(None, ([127, 0, 0, 1], port).into(), "/api/topology")?;
-        let t: Value = serde_json::from_str(&body).ok()?;
-        (code == 200 && t["pods"].as_array()?.len() >= 3).then_some(t)
-    });
+    let ui_log = out.join("podnet-ui.log");
+    let _ui = spawn_group(ui_cmd, &ui_log);
+    let view = View::started(None, ([127, 0, 0, 1], port).into(), &ui_log);
+    let topo = view.topology();
     assert_eq!(topo["lab"], format!("lab {}", lab.0));
+    check_refusals(&view);
+    check_recent_flows(&view);
     let web_ip = topo["pods"]
         .as_array()
         .unwrap()
@@ -339,7 +375,14 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
 
     let mut b = Browser::start(&out);
     b.call("Page.enable", json!({}));
-    b.call("Page.navigate", json!({"url": format!("http://{listen}/")}));
+    // What the flow table holds at the moment the page goes live: what
+    // happened before it opened must already be there.
+    b.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({"source": LIVE_FLOWS}),
+    );
+    // The page, opened with the URL the web view printed.
+    b.call("Page.navigate", json!({"url": view.url}));
     // The picture: both nodes, each pod on its node, the Service with its
     // endpoint, and the live event stream connected.
     eventually("the page shows the lab", WAIT, || {
@@ -358,6 +401,9 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     let tunnels = b.eval("document.querySelectorAll('#overlay .tunnel').length");
     assert_eq!(tunnels, json!(1), "one tunnel between two nodes");
     b.screenshot(&out.join("topology.png"));
+    b.check_flows_at_live();
+    // The token left the address bar (and so any Referer and history).
+    assert_eq!(b.eval("location.href"), json!(format!("http://{listen}/")));
 
     // A trace started from the page: the form, the button, the hops.
     b.trace_from_form("default/a", "default/web:80");
@@ -404,11 +450,16 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     });
     b.screenshot(&out.join("flows.png"));
 
+    check_foreign_page(&mut b, &view, &ui_log);
+
     // On a real node: `podnet ui` inside node1 with no --lab, the cluster
-    // read from the store, served on its default address in node1's
-    // namespace. The same API, as this node sees the cluster.
+    // read from the store, served in node1's namespace. The same API, as
+    // this node sees the cluster.
     let ns_name = format!("pn-{}-node1", lab.0);
     let ns = podnet_kernel::Netns::named(&ns_name).unwrap();
+    // The browser reaches it through a forwarder on the same port here
+    // (its Host must name the web view's own address).
+    let at: std::net::SocketAddr = ([127, 0, 0, 1], free_port(None)).into();
     let subnet = format!("/run/podnet-lab/{}/nodes/node1/subnet.env", lab.0);
     let mut node_ui = Command::new("ip");
     node_ui.args(["netns", "exec", &ns_name, env!("CARGO_BIN_EXE_podnet")]);
@@ -420,56 +471,22 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
         &store,
         "--subnet-file",
         &subnet,
+        "--listen",
+        &at.to_string(),
     ]);
-    let _node_ui = spawn_group(node_ui, &out.join("podnet-ui-node.log"));
-    let at: std::net::SocketAddr = ([127, 0, 0, 1], 10280).into();
-    let topo: Value = eventually("the node's web view", WAIT, || {
-        let (code, body) = http_get(Some(&ns), at, "/api/topology")?;
-        let t: Value = serde_json::from_str(&body).ok()?;
-        (code == 200 && t["pods"].as_array()?.len() >= 3).then_some(t)
-    });
-    assert_eq!(topo["lab"], "node node1", "{topo:#}");
-    let nodes: Vec<(&str, bool)> = topo["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| (n["name"].as_str().unwrap(), n["subnet"].is_string()))
-        .collect();
-    assert!(
-        nodes.contains(&("node1", true)) && nodes.contains(&("node2", true)),
-        "{topo:#}"
-    );
-    let (code, page) = http_get(Some(&ns), at, "/").unwrap();
-    assert_eq!(code, 200);
-    assert!(page.contains("/api/events"), "the page is served");
-    let (code, body) = http_get(
-        Some(&ns),
-        at,
-        "/api/trace?src=default%2Fa&dst=default%2Fweb%3A80",
-    )
-    .unwrap();
-    assert_eq!(code, 200, "{body}");
-    let t: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
-    assert_eq!(t["unobserved"], json!(["node2"]), "{t:#}");
-    // A pod of node2 is traced on node2.
-    let (code, body) = http_get(
-        Some(&ns),
-        at,
-        "/api/trace?src=default%2Fweb1&dst=default%2Fa%3A80",
-    )
-    .unwrap();
-    assert_eq!(code, 400);
-    assert!(body.contains("runs on node node2"), "{body}");
+    let node_log = out.join("podnet-ui-node.log");
+    let _node_ui = spawn_group(node_ui, &node_log);
+    let node_view = View::started(Some(ns), at, &node_log);
+    check_node_api(&node_view);
     // The live stream carries this node's flows.
-    let stream = read_events(&ns, at, "default/a", WAIT);
+    let stream = read_events(&node_view, "default/a", WAIT);
     assert!(stream.contains("event: topology"), "{stream}");
 
     // The node's page in the browser (which runs here, so a forwarder
     // carries its connections into node1): both nodes and their pods, and
     // a trace from the page drawn from pod a through node1 towards node2.
-    let fwd = forward_into(&ns_name, at);
-    b.call("Page.navigate", json!({"url": format!("http://{fwd}/")}));
+    forward_into(&ns_name, at);
+    b.call("Page.navigate", json!({"url": node_view.url}));
     eventually("the node's page", WAIT, || b.shows_both_nodes("true"));
     b.trace_from_form("default/a", "default/web:80");
     assert_eq!(
@@ -485,13 +502,281 @@ fn the_web_view_shows_the_lab_and_draws_a_trace_in_a_real_browser() {
     eprintln!("screenshots in {}", out.display());
 }
 
-/// Carries connections from this namespace's loopback to `to` inside
-/// namespace `ns` (the browser runs here; a node's web view listens in
-/// the node); the local address. The forwarder lives as long as the test
-/// process.
-fn forward_into(ns: &str, to: std::net::SocketAddr) -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let at = l.local_addr().unwrap();
+/// A node's web view over HTTP: the cluster as node1 sees it, the page,
+/// a trace from node1's pod (node2 not observed), and a refusal to trace
+/// from a pod of node2.
+fn check_node_api(node_view: &View) {
+    let topo = node_view.topology();
+    assert_eq!(topo["lab"], "node node1", "{topo:#}");
+    let nodes: Vec<(&str, bool)> = topo["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["subnet"].is_string()))
+        .collect();
+    assert!(
+        nodes.contains(&("node1", true)) && nodes.contains(&("node2", true)),
+        "{topo:#}"
+    );
+    let (code, page) = node_view.get("/").unwrap();
+    assert_eq!(code, 200);
+    assert!(page.contains("/api/events"), "the page is served");
+    let (code, body) = node_view
+        .call(
+            "POST",
+            "/api/trace",
+            "src=default%2Fa&dst=default%2Fweb%3A80",
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let t: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(t["outcome"]["outcome"], "connected", "{t:#}");
+    assert_eq!(t["unobserved"], json!(["node2"]), "{t:#}");
+    // A pod of node2 is traced on node2.
+    let (code, body) = node_view
+        .call(
+            "POST",
+            "/api/trace",
+            "src=default%2Fweb1&dst=default%2Fa%3A80",
+        )
+        .unwrap();
+    assert_eq!(code, 400);
+    assert!(body.contains("runs on node node2"), "{body}");
+}
+
+/// History for the flow log: more flows than one page of an agent's log
+/// (1,000) from pod a to web1 (one UDP datagram from each of 1,200
+/// sockets); traces after it are the newest flows.
+fn flow_history(lab: &Lab) {
+    let web1: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("/run/podnet-lab/{}/pods/default_web1.json", lab.0))
+            .unwrap(),
+    )
+    .unwrap();
+    let burst = format!(
+        "import socket\nfor _ in range(1200):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'x', ('{}', 9))\n    s.close()\n",
+        web1["ip"].as_str().unwrap()
+    );
+    lab.ok(&["exec", "default/a", "--", "python3", "-c", &burst]);
+}
+
+/// The flows that happened before the web view started: the newest ones
+/// (the traces', after the burst), on its first answer.
+fn check_recent_flows(view: &View) {
+    let (code, body) = view.get("/api/flows").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let recent: Value = serde_json::from_str(&body).unwrap();
+    let flows = recent["flows"].as_array().unwrap();
+    assert!(flows.len() <= 200, "{} flows", flows.len());
+    assert!(flows.iter().any(is_trace_flow), "{recent:#}");
+    // node1 logged more than one page (a reused source port is one flow).
+    assert!(
+        recent["after"]["node1"].as_u64().unwrap() > 1000,
+        "{}",
+        recent["after"]
+    );
+}
+
+/// A page of another origin. evil.example resolves to this machine (as
+/// DNS rebinding makes it), so that page's own origin is the web view's
+/// port: it is refused, reading the cluster from it is refused even with
+/// the token, and a trace it sends to the real name is refused by its
+/// Origin (nothing is run).
+fn check_foreign_page(b: &mut Browser, view: &View, ui_log: &Path) {
+    let port = view.at.port();
+    let listen = view.at;
+    b.call(
+        "Page.navigate",
+        json!({"url": format!("http://evil.example:{port}/")}),
+    );
+    eventually("the refusal as the foreign page", WAIT, || {
+        b.eval("document.body ? document.body.innerText : ''")
+            .as_str()
+            .is_some_and(|t| t.contains("is not this server"))
+    });
+    let read = b.eval(&format!(
+        "fetch('/api/topology', {{headers: {{Authorization: 'Bearer {}'}}}}).then(async r => r.status + ' ' + await r.text())",
+        view.token
+    ));
+    let read = read.as_str().unwrap();
+    assert!(
+        read.starts_with("421 ") && !read.contains("default/a"),
+        "{read}"
+    );
+    // From there, a trace on the web view's real name: sent (no-cors, as
+    // a form would be) and refused by its Origin; nothing is run.
+    let sent = b.eval(&format!(
+        "fetch('http://{listen}/api/trace', {{method: 'POST', mode: 'no-cors', credentials: 'include', body: new URLSearchParams({{src: 'default/a', dst: 'default/web:80'}})}}).then(() => 'sent', e => String(e))"
+    ));
+    assert_eq!(sent, json!("sent"));
+    let refusal = format!(
+        "refused POST /api/trace: podnet ui: Origin \"http://evil.example:{port}\" is not this server"
+    );
+    eventually("the foreign page's trace refused", WAIT, || {
+        std::fs::read_to_string(ui_log)
+            .ok()?
+            .contains(&refusal)
+            .then_some(())
+    });
+}
+
+/// One request to a web view at `at` (from inside `ns` when given), with
+/// the given extra header lines: the status, the headers and the body.
+fn ui_http(
+    ns: Option<&podnet_kernel::Netns>,
+    at: std::net::SocketAddr,
+    head: &str,
+    body: &str,
+) -> Option<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let connect = || TcpStream::connect_timeout(&at, Duration::from_secs(5));
+    let mut s = match ns {
+        Some(ns) => ns.run(connect).unwrap(),
+        None => connect(),
+    }
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let req = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (h, b) = out.split_once("\r\n\r\n")?;
+    Some((
+        h.split_whitespace().nth(1)?.parse().ok()?,
+        h.into(),
+        b.into(),
+    ))
+}
+
+/// A web view as its user reaches it: its address and the token from the
+/// URL it printed at start (`http://127.0.0.1:PORT/?token=…` in its log).
+struct View {
+    ns: Option<podnet_kernel::Netns>,
+    at: std::net::SocketAddr,
+    url: String,
+    token: String,
+}
+
+impl View {
+    fn started(ns: Option<podnet_kernel::Netns>, at: std::net::SocketAddr, log: &Path) -> View {
+        let url = eventually("the web view's URL with its token", WAIT, || {
+            let text = std::fs::read_to_string(log).ok()?;
+            let url = text
+                .lines()
+                .filter(|l| l.starts_with("podnet ui: ") && l.contains("?token="))
+                .find_map(|l| l.rsplit_once(" on "))?
+                .1;
+            Some(url.trim().to_string())
+        });
+        assert!(url.starts_with(&format!("http://{at}/?token=")), "{url}");
+        let token = url.rsplit_once("?token=").unwrap().1.to_string();
+        assert_eq!(token.len(), 64, "{url}");
+        View { ns, at, url, token }
+    }
+
+    /// `METHOD PATH` named as its user names it, with the token.
+    fn call(&self, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/x-www-form-urlencoded",
+            self.at, self.token
+        );
+        ui_http(self.ns.as_ref(), self.at, &head, body).map(|(c, _, b)| (c, b))
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.call("GET", path, "")
+    }
+
+    /// A request line and headers as given, no token unless they carry it.
+    fn raw(&self, head: &str) -> (u16, String, String) {
+        ui_http(self.ns.as_ref(), self.at, head, "").expect("an answer")
+    }
+
+    /// The picture, once it holds at least 3 pods.
+    fn topology(&self) -> Value {
+        eventually("the web view's topology", WAIT, || {
+            let (code, body) = self.get("/api/topology")?;
+            let t: Value = serde_json::from_str(&body).ok()?;
+            (code == 200 && t["pods"].as_array()?.len() >= 3).then_some(t)
+        })
+    }
+}
+
+/// Every way in that is not the operator's own page is refused, over
+/// plain HTTP, each for its own reason, and nothing of the cluster is
+/// told: a rebound name (even with the token), a foreign Origin, a GET
+/// that would act, a request without the token or with a wrong one.
+fn check_refusals(v: &View) {
+    let at = v.at;
+    let tok = &v.token;
+    let trace = "src=default%2Fa&dst=default%2Fweb%3A80";
+    // DNS rebinding: the attacker's name, the attacker's Origin.
+    for head in [
+        format!("GET /api/topology HTTP/1.1\r\nHost: evil.example:{}\r\nOrigin: http://evil.example:{}\r\nAuthorization: Bearer {tok}", at.port(), at.port()),
+        format!("GET / HTTP/1.1\r\nHost: evil.example:{}", at.port()),
+        format!("GET /api/events HTTP/1.1\r\nHost: evil.example:{}\r\nAuthorization: Bearer {tok}", at.port()),
+        "GET /api/topology HTTP/1.0".to_string(),
+    ] {
+        let (code, _, body) = v.raw(&head);
+        assert_eq!(code, 421, "{head}: {body}");
+        assert!(body.contains("is not this server") && !body.contains("node1"), "{body}");
+    }
+    // A page of another origin, a foreign site or another port of
+    // 127.0.0.1, even one that holds the token.
+    for origin in ["http://evil.example", "http://127.0.0.1:1", "null"] {
+        let (code, _, body) = v.raw(&format!(
+            "POST /api/trace?{trace} HTTP/1.1\r\nHost: {at}\r\nOrigin: {origin}\r\nAuthorization: Bearer {tok}"
+        ));
+        assert_eq!(code, 403, "{origin}: {body}");
+        assert!(
+            body.contains(&format!("Origin \"{origin}\" is not this server")),
+            "{body}"
+        );
+    }
+    // A GET never acts.
+    let (code, head, body) = v.raw(&format!(
+        "GET /api/trace?{trace} HTTP/1.1\r\nHost: {at}\r\nAuthorization: Bearer {tok}"
+    ));
+    assert_eq!(code, 405, "{body}");
+    assert!(
+        head.contains("Allow: POST") && body.contains("takes POST only"),
+        "{head}\n{body}"
+    );
+    // No token, or a wrong one: nothing read, nothing run.
+    let wrong = format!("{}0", &tok[..63]);
+    for (method, path) in [
+        ("GET", "/api/topology"),
+        ("GET", "/api/events"),
+        ("POST", "/api/trace"),
+    ] {
+        for auth in ["".to_string(), format!("\r\nAuthorization: Bearer {wrong}")] {
+            let (code, _, body) = v.raw(&format!("{method} {path} HTTP/1.1\r\nHost: {at}{auth}"));
+            assert_eq!(code, 403, "{method} {path} {auth}: {body}");
+            assert!(body.contains("needs the token podnet ui printed"), "{body}");
+        }
+    }
+    // The operator's own requests still work, by every name of loopback.
+    for host in [
+        format!("127.0.0.1:{}", at.port()),
+        format!("localhost:{}", at.port()),
+    ] {
+        let (code, _, body) = v.raw(&format!(
+            "GET /api/topology HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nAuthorization: Bearer {tok}"
+        ));
+        assert_eq!(code, 200, "{host}: {body}");
+    }
+}
+
+/// Carries connections to `to` on this namespace's loopback to `to`
+/// inside namespace `ns` (the browser runs here; a node's web view listens
+/// in the node, and answers only to its own address). The forwarder
+/// lives as long as the test process.
+fn forward_into(ns: &str, to: std::net::SocketAddr) {
+    let l = std::net::TcpListener::bind(to).unwrap();
     let ns = podnet_kernel::Netns::named(ns).unwrap();
     std::thread::spawn(move || {
         for c in l.incoming().flatten() {
@@ -511,21 +796,21 @@ fn forward_into(ns: &str, to: std::net::SocketAddr) -> std::net::SocketAddr {
             std::thread::spawn(pipe(o2, c2));
         }
     });
-    at
 }
 
 /// Reads `/api/events` from inside `ns` until a flow event mentions
 /// `needle` (bounded by `wait`); what was read.
-fn read_events(
-    ns: &podnet_kernel::Netns,
-    at: std::net::SocketAddr,
-    needle: &str,
-    wait: Duration,
-) -> String {
+fn read_events(v: &View, needle: &str, wait: Duration) -> String {
     use std::io::{Read, Write};
-    let mut s = ns.run(|| TcpStream::connect(at)).unwrap().unwrap();
+    let ns = v.ns.as_ref().expect("a node's web view");
+    let mut s = ns.run(|| TcpStream::connect(v.at)).unwrap().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-    write!(s, "GET /api/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /api/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+        v.at, v.token
+    )
+    .unwrap();
     let deadline = std::time::Instant::now() + wait;
     let mut got = String::new();
     let mut buf = [0u8; 8192];
