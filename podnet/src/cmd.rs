@@ -466,6 +466,10 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             lab.restart_agent(&node)?;
             println!("agent on {node} restarted");
         }
+        LabCmd::RestartApiserver => {
+            lab.restart_apiserver().await?;
+            println!("kube-apiserver restarted and ready");
+        }
         LabCmd::Forward { netns, addrs } => {
             podnet_lab::forward::forward(&netns, &addrs)?;
         }

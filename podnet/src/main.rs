@@ -342,6 +342,9 @@ pub enum LabCmd {
     RemoveNode { node: String },
     /// Kill a node's agent (SIGKILL) and start it again.
     RestartAgent { node: String },
+    /// Kill the API server of a --kube lab (SIGKILL) and start it again;
+    /// returns once it is ready.
+    RestartApiserver,
     /// Stop a node's agent (its data plane stays); `--cleanup` then removes
     /// everything it installed. `restart-agent` starts it again.
     StopAgent {

@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use podnet_api::k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use podnet_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use podnet_api::k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use podnet_api::k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -129,12 +132,15 @@ fn the_manifests_are_what_an_operator_expects() {
             ("Deployment", 1),
             ("Service", 1),
             ("ServiceAccount", 2),
+            ("ValidatingAdmissionPolicy", 1),
+            ("ValidatingAdmissionPolicyBinding", 1),
         ])
     );
     // Every namespaced object lives in kube-system.
     for docs in b.by_kind.values() {
         for d in docs {
-            if !d["kind"].as_str().unwrap().starts_with("Cluster") {
+            let kind = d["kind"].as_str().unwrap();
+            if !kind.starts_with("Cluster") && !kind.starts_with("ValidatingAdmission") {
                 assert_eq!(d["metadata"]["namespace"], "kube-system", "{d}");
             }
         }
@@ -142,6 +148,28 @@ fn the_manifests_are_what_an_operator_expects() {
     for a in ["podnet-agent", "podnet-dns"] {
         let _: ServiceAccount = b.one("ServiceAccount", a);
     }
+    // The agent writes only its own Node: a policy for its ServiceAccount,
+    // on Nodes and their status, denying, and bound.
+    let vap: ValidatingAdmissionPolicy =
+        b.one("ValidatingAdmissionPolicy", "podnet-agent-own-node");
+    let vspec = vap.spec.unwrap();
+    assert_eq!(vspec.failure_policy.as_deref(), Some("Fail"));
+    let rules = vspec.match_constraints.unwrap().resource_rules.unwrap();
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["nodes".to_string(), "nodes/status".to_string()][..])
+    );
+    assert!(vspec.match_conditions.unwrap()[0]
+        .expression
+        .contains("'system:serviceaccount:kube-system:podnet-agent'"));
+    assert!(vspec.validations.unwrap()[0]
+        .expression
+        .contains("authentication.kubernetes.io/node-name"));
+    let vb: ValidatingAdmissionPolicyBinding =
+        b.one("ValidatingAdmissionPolicyBinding", "podnet-agent-own-node");
+    let vbs = vb.spec;
+    assert_eq!(vbs.policy_name, "podnet-agent-own-node");
+    assert_eq!(vbs.validation_actions, ["Deny"]);
     for (role, account) in [
         ("podnet:agent", "podnet-agent"),
         ("podnet:dns", "podnet-dns"),
@@ -390,6 +418,8 @@ fn the_real_apiserver_accepts_the_bundle() {
             "service/kube-dns",
             "serviceaccount/podnet-agent",
             "serviceaccount/podnet-dns",
+            "validatingadmissionpolicy.admissionregistration.k8s.io/podnet-agent-own-node",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io/podnet-agent-own-node",
         ],
         "{out}"
     );

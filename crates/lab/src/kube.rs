@@ -324,16 +324,22 @@ rules:
 pub const RBAC_NAMESPACE: &str = "kube-system";
 /// The agent's ServiceAccount, ClusterRole and binding, as shipped.
 pub const AGENT_RBAC: &str = include_str!("../../../deploy/parts/10-agent-rbac.yaml");
+/// The policy that the agent writes only its own Node, and its binding.
+pub const AGENT_ADMISSION: &str = include_str!("../../../deploy/parts/12-agent-admission.yaml");
 /// Cluster DNS's ServiceAccount, ClusterRole and binding, as shipped.
 pub const DNS_RBAC: &str = include_str!("../../../deploy/parts/11-dns-rbac.yaml");
 /// The ServiceAccounts those files make.
 pub const AGENT_ACCOUNT: &str = "podnet-agent";
 pub const DNS_ACCOUNT: &str = "podnet-dns";
 
-/// Creates or updates the ServiceAccounts, ClusterRoles and
-/// ClusterRoleBindings of a multi-document YAML text (server-side apply,
-/// so a rerun converges). Any other kind is refused by name.
+/// Creates or updates the ServiceAccounts, ClusterRoles,
+/// ClusterRoleBindings, ValidatingAdmissionPolicies and their bindings of
+/// a multi-document YAML text (server-side apply, so a rerun converges).
+/// Any other kind is refused by name.
 pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use serde::Deserialize;
@@ -369,9 +375,20 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
                 .patch(&name, &pp, &patch)
                 .await
                 .map(drop),
+            "ValidatingAdmissionPolicy" => kube::Api::<ValidatingAdmissionPolicy>::all(c.clone())
+                .patch(&name, &pp, &patch)
+                .await
+                .map(drop),
+            "ValidatingAdmissionPolicyBinding" => {
+                kube::Api::<ValidatingAdmissionPolicyBinding>::all(c.clone())
+                    .patch(&name, &pp, &patch)
+                    .await
+                    .map(drop)
+            }
             other => {
                 return Err(KubeError::Manifest(format!(
-                "{name}: kind {other:?} is not a ServiceAccount, ClusterRole or ClusterRoleBinding"
+                "{name}: kind {other:?} is not a ServiceAccount, ClusterRole, ClusterRoleBinding \
+                 or ValidatingAdmissionPolicy(Binding)"
             )))
             }
         };
@@ -628,20 +645,42 @@ impl ControlPlane {
     /// forwarder to the apiserver (same address), acting as ServiceAccount
     /// `kube-system/<account>` with a token the API server issued (a
     /// TokenRequest, as a kubelet gets for a pod): the daemons run with
-    /// exactly the rights `deploy/` grants them.
+    /// exactly the rights `deploy/` grants them. With `node`, the token is
+    /// bound to that Node (which must exist), so it carries the node's name
+    /// (`authentication.kubernetes.io/node-name`) as a DaemonSet pod's
+    /// token does, which the agent's admission policy checks.
     pub async fn write_service_account_kubeconfig(
         &self,
         c: &kube::Client,
         account: &str,
+        node: Option<&str>,
         path: &Path,
     ) -> Result<(), KubeError> {
-        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-        use k8s_openapi::api::core::v1::ServiceAccount;
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::{Node, ServiceAccount};
         let api: kube::Api<ServiceAccount> = kube::Api::namespaced(c.clone(), RBAC_NAMESPACE);
+        let bound = match node {
+            Some(name) => {
+                let n = kube::Api::<Node>::all(c.clone())
+                    .get(name)
+                    .await
+                    .map_err(|e| KubeError::Api(format!("reading Node {name}"), e))?;
+                Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(name.into()),
+                    uid: n.metadata.uid,
+                })
+            }
+            None => None,
+        };
         let req = TokenRequest {
             spec: Some(TokenRequestSpec {
                 // A lab may stay up for long; it is torn down, not renewed.
                 expiration_seconds: Some(365 * 24 * 3600),
+                bound_object_ref: bound,
                 ..Default::default()
             }),
             ..Default::default()
@@ -706,6 +745,48 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Kills the API server (SIGKILL, as a crash or an OOM kill would),
+    /// starts it again with the same command line and returns once its
+    /// `/readyz` says ok: etcd, the controller manager and the data stay,
+    /// and so do the clients, which must find it again by themselves.
+    pub async fn restart_apiserver(&self) -> Result<(), KubeError> {
+        let pid_file = self.dir.join("pids").join("kube-apiserver");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| KubeError::Start(format!("no pid in {}", pid_file.display())))?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|e| {
+            io(
+                format!("reading the command line of kube-apiserver (pid {pid})"),
+                e,
+            )
+        })?;
+        let mut argv = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned());
+        let program = PathBuf::from(argv.next().unwrap_or_default());
+        let args: Vec<String> = argv.collect();
+        // SAFETY: plain kill(2) of the pid our pid file names.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while crate::alive(pid) || std::net::TcpStream::connect(self.apiserver_addr()).is_ok() {
+            if Instant::now() > deadline {
+                return Err(KubeError::Start(format!(
+                    "kube-apiserver (pid {pid}) did not go away"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pid = spawn(&self.dir, "kube-apiserver", &program, &args)?;
+        self.wait_ready(pid, Instant::now() + Duration::from_secs(120))
+            .await
+            .map_err(|a| match a {
+                Attempt::Failed(e) => e,
+                Attempt::PortTaken(why) => KubeError::Start(why),
+            })
     }
 
     fn kill(dir: &Path) {

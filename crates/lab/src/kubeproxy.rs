@@ -199,7 +199,7 @@ impl Lab {
         let c = cp.client().await?;
         kube::apply_rbac(&c, RBAC).await?;
         let kubeconfig = self.dir.join("kube-proxy-kubeconfig");
-        cp.write_service_account_kubeconfig(&c, ACCOUNT, &kubeconfig)
+        cp.write_service_account_kubeconfig(&c, ACCOUNT, None, &kubeconfig)
             .await?;
         // From here on, dropping stops whatever started.
         let mut kp = KubeProxies {

@@ -643,8 +643,9 @@ impl Lab {
         let c = cp.client().await?;
         // The daemons' identities and rights, exactly as deploy/ ships them.
         kube::apply_rbac(&c, kube::AGENT_RBAC).await?;
+        kube::apply_rbac(&c, kube::AGENT_ADMISSION).await?;
         kube::apply_rbac(&c, kube::DNS_RBAC).await?;
-        cp.write_service_account_kubeconfig(&c, kube::DNS_ACCOUNT, &self.dns_kubeconfig())
+        cp.write_service_account_kubeconfig(&c, kube::DNS_ACCOUNT, None, &self.dns_kubeconfig())
             .await?;
         // kube-dns first, so no other Service can take its address.
         kubelet::ensure_namespace(&c, DNS_NAMESPACE).await?;
@@ -661,6 +662,7 @@ impl Lab {
             cp.write_service_account_kubeconfig(
                 &c,
                 kube::AGENT_ACCOUNT,
+                Some(&n.name),
                 &self.node_kubeconfig(&n.name),
             )
             .await?;
@@ -919,6 +921,7 @@ impl Lab {
         cp.write_service_account_kubeconfig(
             &c,
             kube::AGENT_ACCOUNT,
+            Some(&n.name),
             &self.node_kubeconfig(&n.name),
         )
         .await?;
@@ -989,6 +992,19 @@ impl Lab {
             .lines()
             .map(str::to_string)
             .collect())
+    }
+
+    /// Kubernetes mode: kills the API server (SIGKILL) and starts it again,
+    /// returning once it is ready (`/readyz`); the daemons must find it
+    /// again by themselves.
+    pub async fn restart_apiserver(&self) -> Result<(), LabError> {
+        if !self.state()?.kube {
+            return Err(msg("restart-apiserver: a --kube lab only"));
+        }
+        kube::ControlPlane::open(&self.dir)?
+            .restart_apiserver()
+            .await?;
+        Ok(())
     }
 
     /// Kills a node's agent hard (SIGKILL) and starts it again.

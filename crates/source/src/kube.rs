@@ -5,16 +5,18 @@
 //! itself, bracketed by `Init` … `InitDone`). Each relist is turned into
 //! the difference against what consumers already have ([`crate::cache`]),
 //! exactly as the store source does after a gap, so consumers cannot tell
-//! the two apart. Errors back off and retry; while they last, the health
+//! the two apart. After an error a kind waits as [`crate::retry`] says (a
+//! second at most while the apiserver is down or starting) and relists;
+//! while errors last, the health
 //! (a `podnet_daemon::StoreWatch`, probed with `GET /version`) fails
 //! `/readyz`, and consumers keep what they have.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event as WEvent};
-use kube::runtime::WatchStreamExt;
 use kube::Client;
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -23,6 +25,7 @@ use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
 
 use crate::cache::Cache;
+use crate::retry::{Failure, Retry};
 use crate::{Hub, ObjectKey, CHUNK};
 
 pub struct KubeSource {
@@ -52,8 +55,8 @@ where
         + 'static,
 {
     let api: Api<K> = Api::all(client.clone());
-    watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
+    let fresh = move || watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+    retrying(fresh)
         .map(move |r| {
             let m = r.map(|e| match e {
                 WEvent::Init => Msg::Init,
@@ -65,6 +68,53 @@ where
             (kind, m)
         })
         .boxed()
+}
+
+type Watch<K> = BoxStream<'static, Result<WEvent<K>, watcher::Error>>;
+
+/// A watcher that, after an error, waits as [`Retry`] says and starts
+/// over with a fresh list. Starting over (rather than resuming the watch
+/// from its resourceVersion, which a watcher does silently) makes every
+/// recovery end in `InitDone`, the proof that the kind is followed again,
+/// and a restarted apiserver's watch cache would answer an old
+/// resourceVersion with 410 Gone anyway. `Init` alone proves nothing (it
+/// precedes the list), so only later events reset the delay.
+fn retrying<K: Send + 'static>(
+    fresh: impl Fn() -> Watch<K> + Send + 'static,
+) -> impl futures::Stream<Item = Result<WEvent<K>, watcher::Error>> + Send {
+    let first = fresh();
+    stream::unfold(
+        (first, fresh, Retry::default(), None),
+        |(mut inner, fresh, mut retry, pause)| async move {
+            if let Some(d) = pause {
+                tokio::time::sleep(d).await;
+                inner = fresh();
+            }
+            let item = inner.next().await?;
+            let pause = match &item {
+                // 410 Gone: the list is merely too old; relist at once.
+                Err(e) if failure(e) == Failure::Answered(410) => Some(Duration::ZERO),
+                Err(e) => Some(retry.delay(failure(e), std::time::Instant::now())),
+                Ok(WEvent::Init) => None,
+                Ok(_) => {
+                    retry.reset();
+                    None
+                }
+            };
+            Some((item, (inner, fresh, retry, pause)))
+        },
+    )
+}
+
+/// What a watcher error got from the server.
+fn failure(e: &watcher::Error) -> Failure {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => Failure::of(e),
+        watcher::Error::WatchError(s) => Failure::Answered(s.code),
+        _ => Failure::Unanswered,
+    }
 }
 
 /// The HTTP code of a watcher error the API server gave for lack of
@@ -196,7 +246,8 @@ impl KubeSource {
             let mut out = Vec::new();
             let was_failing = !failing.is_empty();
             for (kind, m) in chunk {
-                if m.is_ok() {
+                // `Init` comes before the list: it proves nothing yet.
+                if m.is_ok() && !matches!(m, Ok(Msg::Init)) {
                     failing.remove(&kind);
                 }
                 match m {
@@ -222,7 +273,9 @@ impl KubeSource {
                                 kind = %kind,
                                 code,
                                 "the API server denies list/watch of {kind}: {e} \
-                                 (the ClusterRole of this ServiceAccount needs it; see deploy/parts)"
+                                 (retrying; a starting API server does this for a few seconds, \
+                                 but if it lasts, the ClusterRole of this ServiceAccount needs it; \
+                                 see deploy/parts)"
                             ),
                             _ => tracing::debug!(kind = %kind, "watch: {e}"),
                         }

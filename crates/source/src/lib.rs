@@ -24,6 +24,7 @@
 
 pub mod cache;
 pub mod kube;
+pub mod retry;
 pub mod store;
 pub mod subnets;
 

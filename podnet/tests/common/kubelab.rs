@@ -32,7 +32,11 @@ pub fn podnet(args: &[&str]) -> Output {
 impl KubeLab {
     pub fn up(nodes: usize) -> KubeLab {
         require_root();
-        let name = format!("ku{}", std::process::id() % 100_000);
+        // Unique per lab of this process too: the tests of one file run
+        // in parallel (8 characters at most).
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let name = format!("ku{}{n}", std::process::id() % 100_000);
         let n = nodes.to_string();
         let o = podnet(&["lab", "--name", &name, "up", "--kube", "--nodes", &n]);
         // Down on drop from here on, whatever happened.
@@ -55,6 +59,16 @@ impl KubeLab {
 
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
         let o = kubectl::run(self.kubectl.as_ref(), &self.name, args, stdin);
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+        )
+    }
+
+    /// `kubectl ARGS` with another identity's `kubeconfig` (a node's).
+    pub fn kubectl_as(&self, kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+        let dir = std::path::PathBuf::from(format!("/run/podnet-lab/{}", self.name));
+        let o = kubectl::run_as(self.kubectl.as_ref(), kubeconfig, &dir, args, None);
         (
             o.status.success(),
             String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),

@@ -9,7 +9,12 @@
 //! - a node is part of the mesh once it has both a podCIDR and those
 //!   annotations (a node whose agent has not started yet is skipped);
 //! - once the node's network is up the agent sets the `NetworkUnavailable`
-//!   condition to False (reason `PodnetIsUp`).
+//!   condition to False (reason `PodnetIsUp`);
+//! - the agent keeps its own Node's annotations as it keeps any state: a
+//!   Node whose `podnet.io/` annotations differ from what this agent
+//!   publishes (another writer changed them, which would send the other
+//!   nodes' traffic for this node elsewhere) gets them put back, retried
+//!   as [`crate::retry`] says while the API fails.
 //!
 //! Nodes come from the object source (one subscription to Nodes); writes
 //! go to the API with the same client.
@@ -24,6 +29,7 @@ use podnet_api::netconfig::Resolved;
 use podnet_api::Object;
 
 use super::{Attrs, Change, SubnetLease, SubnetMap};
+use crate::retry::{Failure, Retry};
 use crate::{Delta, SourceError, Subscription};
 
 pub const PREFIX: &str = "podnet.io/";
@@ -113,6 +119,12 @@ pub struct PodCidr {
     /// first call gives it at once: a restarted agent whose annotations
     /// are already right makes no Node change to wait for.
     told: bool,
+    /// The annotations this agent publishes on its Node (from the last
+    /// acquire until a release), kept there.
+    published: Option<BTreeMap<String, String>>,
+    /// A failed repair's retry state, and when to try again.
+    repair: Retry,
+    repair_at: Option<tokio::time::Instant>,
 }
 
 impl PodCidr {
@@ -127,6 +139,9 @@ impl PodCidr {
             all: BTreeMap::new(),
             told: false,
             mine: None,
+            published: None,
+            repair: Retry::default(),
+            repair_at: None,
         }
     }
 
@@ -182,10 +197,9 @@ impl PodCidr {
                 self.node, self.cfg.network
             )));
         }
-        let api: Api<Node> = Api::all(self.client.clone());
-        let patch = serde_json::json!({"metadata": {"annotations": annotations(attrs)}});
-        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        let want = annotations(attrs);
+        self.publish(&want).await?;
+        self.published = Some(want);
         self.mine = Some(subnet);
         self.told = false;
         Ok(SubnetLease {
@@ -209,9 +223,25 @@ impl PodCidr {
             self.told = true;
             return Ok(Change::Nodes(self.map()));
         }
-        if !self.take().await {
-            return Err(Self::stopped());
+        loop {
+            let due = self.repair_at;
+            let sleep = async move {
+                match due {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                more = self.take() => {
+                    if !more {
+                        return Err(Self::stopped());
+                    }
+                    break;
+                }
+                _ = sleep => self.keep_published().await,
+            }
         }
+        self.keep_published().await;
         let now = self.all.get(&self.node).and_then(node_subnet);
         if now != self.mine {
             tracing::warn!(node = %self.node, was = ?self.mine, now = ?now, "this node's podCIDR changed");
@@ -219,6 +249,52 @@ impl PodCidr {
             return Ok(Change::LostMine);
         }
         Ok(Change::Nodes(self.map()))
+    }
+
+    /// Merges `want` into this node's annotations.
+    async fn publish(&self, want: &BTreeMap<String, String>) -> Result<(), kube::Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({"metadata": {"annotations": want}});
+        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+
+    /// Puts this node's published annotations back if the Node, as last
+    /// seen, has others; a failure is retried at [`PodCidr::repair_at`].
+    async fn keep_published(&mut self) {
+        let Some(want) = &self.published else {
+            return;
+        };
+        let Some(node) = self.all.get(&self.node) else {
+            return;
+        };
+        let have = node.metadata.annotations.clone().unwrap_or_default();
+        let drift = drift(want, &have);
+        if drift.is_empty() {
+            self.repair.reset();
+            self.repair_at = None;
+            return;
+        }
+        tracing::warn!(
+            node = %self.node,
+            changed = ?drift,
+            "this node's podnet.io/ annotations were changed by another writer; putting them back"
+        );
+        let want = want.clone();
+        match self.publish(&want).await {
+            Ok(()) => {
+                self.repair.reset();
+                self.repair_at = None;
+            }
+            Err(e) => {
+                let d = self
+                    .repair
+                    .delay(Failure::of(&e), std::time::Instant::now());
+                tracing::warn!(node = %self.node, "putting this node's annotations back: {e}; again in {d:?}");
+                self.repair_at = Some(tokio::time::Instant::now() + d);
+            }
+        }
     }
 
     pub(crate) async fn network_up(&self) -> Result<(), SourceError> {
@@ -252,8 +328,19 @@ impl PodCidr {
         api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         self.mine = None;
+        self.published = None;
+        self.repair_at = None;
         Ok(())
     }
+}
+
+/// The keys of `want` whose value in `have` differs (or is missing): what
+/// another writer changed of what this agent publishes.
+pub fn drift(want: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> Vec<String> {
+    want.iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -300,5 +387,25 @@ mod tests {
             "no podCIDR yet"
         );
         assert!(annotations(&a).keys().all(|k| k.starts_with(PREFIX)));
+    }
+
+    #[test]
+    fn drift_names_what_another_writer_changed_and_ignores_the_rest() {
+        let a = Attrs {
+            public_ip: "192.168.200.12".parse().unwrap(),
+            backend_type: "vxlan".into(),
+            backend_data: serde_json::json!({"VNI": 1}),
+            node: "n2".into(),
+        };
+        let want = annotations(&a);
+        let mut have = want.clone();
+        have.insert("kubernetes.io/other".into(), "x".into());
+        assert!(
+            drift(&want, &have).is_empty(),
+            "others' annotations are theirs"
+        );
+        have.insert(PUBLIC_IP.into(), "192.168.200.99".into());
+        have.remove(BACKEND_TYPE);
+        assert_eq!(drift(&want, &have), [BACKEND_TYPE, PUBLIC_IP]);
     }
 }
