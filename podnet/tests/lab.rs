@@ -1564,7 +1564,7 @@ impl ProbeLoop {
 /// 3), from its first ADD to after its last DEL.
 #[test]
 fn pod_churn_keeps_the_bridge_mac_and_traffic_off_the_node() {
-    let lab = Lab::up("mac", "vxlan", 2);
+    let lab = Lab::up("mc", "vxlan", 2);
     // node1 runs the DNS pod; node2's bridge is made by its first pod.
     let mut macs = Vec::new();
     for i in 0..4 {
@@ -1653,7 +1653,7 @@ fn pod_namespaces(lab: &Lab) -> Vec<String> {
 /// the agent is down and sees it come back within the wait succeeds.
 #[test]
 fn cni_add_fails_while_the_agent_is_down_and_waits_for_its_return() {
-    let lab = Lab::up("down", "vxlan", 1);
+    let lab = Lab::up("dn", "vxlan", 1);
     lab.pod("first", "node1");
     let n1 = lab.node_ns("node1");
     let veths = || lab.sh(&n1, "ip -o link show type veth").1;
