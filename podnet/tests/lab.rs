@@ -1653,7 +1653,7 @@ fn pod_namespaces(lab: &Lab) -> Vec<String> {
 /// the agent is down and sees it come back within the wait succeeds.
 #[test]
 fn cni_add_fails_while_the_agent_is_down_and_waits_for_its_return() {
-    let lab = Lab::up("dn", "vxlan", 1);
+    let lab = Lab::up("ad", "vxlan", 1);
     lab.pod("first", "node1");
     let n1 = lab.node_ns("node1");
     let veths = || lab.sh(&n1, "ip -o link show type veth").1;
