@@ -1101,7 +1101,8 @@ fn podnet_meta_plugin_waits_for_the_agent() {
         let e = cni.add_list(&list, &at).unwrap_err();
         assert_eq!(e.code, 11, "{e}");
         assert!(
-            e.msg.starts_with("podnet: the podnet agent is not running on this node: ")
+            e.msg
+                .starts_with("podnet: the podnet agent is not running on this node: ")
                 && e.msg.contains(why)
                 && e.msg.contains(&socket.display().to_string())
                 && e.msg.contains("(waited 0.2s)"),
@@ -1148,7 +1149,9 @@ fn bridge_mac_is_pinned_from_creation_across_adds_and_dels() {
     let mut seen = Vec::new();
     let mut results = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
-        let r = rt.add_list(&list, &attach(&format!("mac-{i}"), pod)).unwrap();
+        let r = rt
+            .add_list(&list, &attach(&format!("mac-{i}"), pod))
+            .unwrap();
         seen.push((format!("after ADD {i}"), bridge_mac(&host, "pnbr20")));
         results.push(r);
     }
@@ -1158,7 +1161,10 @@ fn bridge_mac_is_pinned_from_creation_across_adds_and_dels() {
         seen.push((format!("after DEL {i}"), bridge_mac(&host, "pnbr20")));
     }
     let first = seen[0].1.clone();
-    assert!(first.ends_with(" 3"), "created with a MAC of our own: {seen:?}");
+    assert!(
+        first.ends_with(" 3"),
+        "created with a MAC of our own: {seen:?}"
+    );
     assert!(
         seen.iter().all(|(_, m)| *m == first),
         "the bridge's MAC changed: {seen:?}"

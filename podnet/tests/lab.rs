@@ -1620,7 +1620,10 @@ fn pod_churn_keeps_the_bridge_mac_and_traffic_off_the_node() {
 
 /// The IPAM allocations host-local holds for a lab node's pods.
 fn node_ipam(lab: &Lab, node: &str) -> Vec<String> {
-    let dir = format!("/run/podnet-lab/{}/nodes/{node}/cni/networks/podnet", lab.name);
+    let dir = format!(
+        "/run/podnet-lab/{}/nodes/{node}/cni/networks/podnet",
+        lab.name
+    );
     let mut v: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{dir}: {e}"))
         .flatten()
@@ -1681,16 +1684,26 @@ fn cni_add_fails_while_the_agent_is_down_and_waits_for_its_return() {
         other => panic!("ADD with the agent down: {other:?}"),
     }
     assert_eq!(veths(), veths_before, "a veth left behind");
-    assert_eq!(node_ipam(&lab, "node1"), ipam_before, "an address left allocated");
+    assert_eq!(
+        node_ipam(&lab, "node1"),
+        ipam_before,
+        "an address left allocated"
+    );
     assert_eq!(pod_namespaces(&lab), ns_before, "the sandbox left behind");
     let o = podnet(&["--store", &lab.store(), "get", "pod", "late", "-o", "json"]);
-    assert!(!o.status.success(), "the Pod object left behind: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        !o.status.success(),
+        "the Pod object left behind: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 
     // An ADD that starts while the agent is down: once its sandbox exists
     // (the ADD runs right after), the agent comes back.
     let late = std::thread::scope(|s| {
         let add = s.spawn(|| run("late"));
-        lab.eventually("late's sandbox", || pod_namespaces(&lab).len() > ns_before.len());
+        lab.eventually("late's sandbox", || {
+            pod_namespaces(&lab).len() > ns_before.len()
+        });
         lab.ok(&["restart-agent", "node1"]);
         add.join().unwrap()
     })

@@ -175,9 +175,8 @@ pub fn read_sysctl(key: &str) -> Result<String, KernelError> {
 /// does), which goes away with the thread.
 pub fn addr_assign_type(link: &crate::Link) -> Result<u8, KernelError> {
     let dir = format!("/sys/class/net/{}", link.name);
-    let read = |attr: &str| {
-        std::fs::read_to_string(format!("{dir}/{attr}")).map(|s| s.trim().to_string())
-    };
+    let read =
+        |attr: &str| std::fs::read_to_string(format!("{dir}/{attr}")).map(|s| s.trim().to_string());
     let same = read("ifindex").ok() == Some(link.index.to_string())
         && read("address").ok() == Some(link.mac_string());
     let path = format!("{dir}/addr_assign_type");

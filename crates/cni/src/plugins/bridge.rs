@@ -217,7 +217,7 @@ fn pin_bridge_mac(h: &mut Handle, br: &Link) -> Result<Option<[u8; 6]>, CniError
     if how == podnet_kernel::rtnl::NET_ADDR_SET {
         return Ok(None);
     }
-    let mac = br.mac.filter(|m| is_unicast_mac(m)).unwrap_or_else(random_mac);
+    let mac = br.mac.filter(is_unicast_mac).unwrap_or_else(random_mac);
     h.set_mac(br.index, mac)?;
     tracing::info!(
         bridge = %br.name,

@@ -574,8 +574,10 @@ mod tests {
         let e = connect_agent(&path, wait).unwrap_err();
         assert_eq!(e.code, 11);
         assert!(
-            e.msg.starts_with("podnet: the podnet agent is not running on this node: ")
-                && e.msg.contains(&format!("its socket {} does not exist", path.display())),
+            e.msg
+                .starts_with("podnet: the podnet agent is not running on this node: ")
+                && e.msg
+                    .contains(&format!("its socket {} does not exist", path.display())),
             "{e}"
         );
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
@@ -583,7 +585,8 @@ mod tests {
         let e = connect_agent(&path, wait).unwrap_err();
         assert_eq!(e.code, 11);
         assert!(
-            e.msg.contains(&format!("nothing listens on its socket {}", path.display())),
+            e.msg
+                .contains(&format!("nothing listens on its socket {}", path.display())),
             "{e}"
         );
         let _l = std::os::unix::net::UnixListener::bind(dir.0.join("b.sock")).unwrap();
@@ -605,11 +608,13 @@ mod tests {
         let c = conf(json!({"agentWaitSeconds": 0.5, "requireAgent": false}));
         assert_eq!(c.agent_wait().unwrap(), Duration::from_millis(500));
         assert_eq!(c.require_agent, Some(false));
-        let e = parse_config(br#"{"name":"p","type":"podnet","agentWaitSeconds":-1}"#)
-            .unwrap_err();
+        let e = parse_config(br#"{"name":"p","type":"podnet","agentWaitSeconds":-1}"#).unwrap_err();
         assert_eq!(
             (e.code, e.msg.as_str()),
-            (7, "podnet: agentWaitSeconds must be a number of seconds, not -1")
+            (
+                7,
+                "podnet: agentWaitSeconds must be a number of seconds, not -1"
+            )
         );
     }
 
