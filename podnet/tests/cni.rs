@@ -528,7 +528,7 @@ fn podnet_meta_plugin_reads_subnet_env() {
     .unwrap();
     let list = json!({"cniVersion": "1.0.0", "name": "podnet", "plugins": [{
         "type": "podnet", "subnetFile": env, "dataDir": state.path().join("meta"),
-        "delegate": {"bridge": "pnbr11"}
+        "delegate": {"bridge": "pnbr11"}, "requireAgent": false
     }]});
     // host-local state goes to the default dataDir; keep it private with a
     // unique network name instead.
@@ -1077,12 +1077,132 @@ fn podnet_meta_plugin_waits_for_the_agent() {
         !pod.try_sh("ip link show eth0").0,
         "the attachment was undone"
     );
-    // No agent on the socket: nothing to wait for (its table fails closed).
+    // No agent (issue 23): ADD waits `agentWaitSeconds` for one, then
+    // fails, retryable, naming the socket, and has made nothing: no
+    // interface, no IPAM allocation, no saved delegate config. A stopped
+    // agent leaves its socket file with nobody listening; no agent ever
+    // leaves none: both fail.
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
     drop(rt);
-    let _ = std::fs::remove_file(&socket);
+    assert!(socket.exists(), "a stopped agent leaves its socket file");
+    list["plugins"][0]["agentWaitSeconds"] = json!(0.2);
+    let net_dir = Path::new("/var/lib/cni/networks").join(list["name"].as_str().unwrap());
+    let allocated = || -> Vec<String> {
+        std::fs::read_dir(&net_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("10."))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for why in ["nothing listens on its socket", "does not exist"] {
+        let e = cni.add_list(&list, &at).unwrap_err();
+        assert_eq!(e.code, 11, "{e}");
+        assert!(
+            e.msg
+                .starts_with("podnet: the podnet agent is not running on this node: ")
+                && e.msg.contains(why)
+                && e.msg.contains(&socket.display().to_string())
+                && e.msg.contains("(waited 0.2s)"),
+            "{e}"
+        );
+        assert!(!pod.try_sh("ip link show eth0").0, "an interface was made");
+        assert!(allocated().is_empty(), "{:?}", allocated());
+        assert!(dir_files(&state.path().join("meta")).is_empty());
+        let _ = std::fs::remove_file(&socket);
+    }
+    // With `requireAgent: false` (a node without an agent by design) ADD
+    // does not wait.
+    list["plugins"][0]["requireAgent"] = json!(false);
     let r = cni.add_list(&list, &at).unwrap();
     cni.del_list(&list, &at, Some(&r)).unwrap();
-    let _ = std::fs::remove_dir_all(
-        Path::new("/var/lib/cni/networks").join(list["name"].as_str().unwrap()),
+    let _ = std::fs::remove_dir_all(net_dir);
+}
+
+/// The bridge's MAC and how it was assigned (`addr_assign_type`; 3 is set
+/// by userspace, which a bridge keeps), read through `ip netns exec`,
+/// which mounts a sysfs of the namespace.
+fn bridge_mac(host: &TestNs, bridge: &str) -> String {
+    host.sh(&format!(
+        "echo $(cat /sys/class/net/{bridge}/address /sys/class/net/{bridge}/addr_assign_type)"
+    ))
+    .trim()
+    .to_string()
+}
+
+/// The bridge keeps one MAC (issue 23): a Linux bridge whose MAC the kernel
+/// chose takes the lowest MAC among its ports, so it changed with every
+/// pod that came or went (all zeros after the last DEL) and pods sent to a
+/// gateway MAC that was no longer the bridge's. ADD creates the bridge with
+/// a MAC of its own; each ADD and DEL, the last one included, leaves it as
+/// it was.
+#[test]
+fn bridge_mac_is_pinned_from_creation_across_adds_and_dels() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let pods: Vec<TestNs> = (0..4).map(|i| TestNs::new(&format!("m{i}"))).collect();
+    let state = tempfile::tempdir().unwrap();
+    let list = conflist("mac1", "pnbr20", "10.220.0.0/24", state.path(), vec![]);
+    let rt = runtime(&p.bin(), &host);
+    let mut seen = Vec::new();
+    let mut results = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let r = rt
+            .add_list(&list, &attach(&format!("mac-{i}"), pod))
+            .unwrap();
+        seen.push((format!("after ADD {i}"), bridge_mac(&host, "pnbr20")));
+        results.push(r);
+    }
+    for (i, pod) in pods.iter().enumerate() {
+        rt.del_list(&list, &attach(&format!("mac-{i}"), pod), Some(&results[i]))
+            .unwrap();
+        seen.push((format!("after DEL {i}"), bridge_mac(&host, "pnbr20")));
+    }
+    let first = seen[0].1.clone();
+    assert!(
+        first.ends_with(" 3"),
+        "created with a MAC of our own: {seen:?}"
     );
+    assert!(
+        seen.iter().all(|(_, m)| *m == first),
+        "the bridge's MAC changed: {seen:?}"
+    );
+    assert_eq!(
+        results[0]["interfaces"][0]["mac"].as_str().unwrap(),
+        first.split(' ').next().unwrap(),
+        "the result names the bridge's MAC"
+    );
+}
+
+/// A bridge without a pinned MAC that already carries pods (made by an
+/// older podnet, or by someone else) is repaired by the next ADD: it keeps
+/// the MAC it has now, the one its pods know, from then on.
+#[test]
+fn an_unpinned_bridge_with_pods_gets_its_current_mac_pinned() {
+    let p = Plugins::install();
+    let host = TestNs::new("h");
+    let (old, a) = (TestNs::new("o"), TestNs::new("a"));
+    // An "older" pod: a bridge the kernel gives its port's MAC.
+    host.sh("ip link add pnbr21 type bridge && ip link set pnbr21 up");
+    host.sh(&format!(
+        "ip link add vetho type veth peer name eth0 netns {} && ip link set vetho master pnbr21 up",
+        old.path().display()
+    ));
+    let before = bridge_mac(&host, "pnbr21");
+    assert!(!before.ends_with(" 3"), "not pinned yet: {before}");
+    let port = host.sh("cat /sys/class/net/vetho/address");
+    assert_eq!(before.split(' ').next(), Some(port.trim()), "{before}");
+    let state = tempfile::tempdir().unwrap();
+    let list = conflist("mac2", "pnbr21", "10.221.0.0/24", state.path(), vec![]);
+    let rt = runtime(&p.bin(), &host);
+    let r = rt.add_list(&list, &attach("mac-a", &a)).unwrap();
+    let (mac, _) = before.split_once(' ').unwrap();
+    assert_eq!(bridge_mac(&host, "pnbr21"), format!("{mac} 3"));
+    // The older pod leaves: its port's MAC stays the bridge's.
+    host.sh("ip link del vetho");
+    assert_eq!(bridge_mac(&host, "pnbr21"), format!("{mac} 3"));
+    rt.del_list(&list, &attach("mac-a", &a), Some(&r)).unwrap();
+    assert_eq!(bridge_mac(&host, "pnbr21"), format!("{mac} 3"));
 }

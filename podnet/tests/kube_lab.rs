@@ -190,6 +190,40 @@ fn kube_lab_nodes_pods_and_endpoint_slices_through_the_real_control_plane() {
     // agent's ServiceAccount: it may list nodes, and not get one (the agent
     // never does).
     let node_kc = lab.dir().join("nodes/node2/kubeconfig");
+
+    // Every file holding a bearer token or a private key is readable by
+    // root only (issue 23: the token kubeconfigs were 0644); certificates
+    // and the admin kubeconfig (which names the key's file) need not be.
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    let pki = lab.dir().join("kube/pki");
+    let mut secrets = vec![
+        lab.dir().join("nodes/node1/kubeconfig"),
+        node_kc.clone(),
+        lab.dir().join("dns-kubeconfig"),
+    ];
+    for e in std::fs::read_dir(&pki).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "key") {
+            secrets.push(e.path());
+        }
+    }
+    assert!(secrets.len() >= 3 + 4, "{secrets:?}");
+    for p in &secrets {
+        let text = std::fs::read_to_string(p).unwrap();
+        assert!(
+            text.contains("token: ") || text.contains("PRIVATE KEY"),
+            "{} holds no secret",
+            p.display()
+        );
+        assert_eq!(mode(p), 0o600, "{} is mode {:o}", p.display(), mode(p));
+    }
+    assert_eq!(mode(&pki.join("ca.crt")), 0o644);
     let node_kubectl = |args: &[&str]| {
         Command::new("ip")
             .args(["netns", "exec", &format!("pn-{}-node2", lab.name)])

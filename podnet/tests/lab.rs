@@ -1497,3 +1497,219 @@ fn proxy_semantics_with_real_traffic() {
     );
     assert_eq!(leaks(), before, "Service-range traffic left the node");
 }
+
+// ---- The pod bridge's MAC under pod churn, and CNI ADD while the agent is down.
+
+/// Node `node`'s pod bridge: its MAC and how it was assigned
+/// (`addr_assign_type`; 3 is set by userspace, which a bridge keeps).
+fn bridge_mac(lab: &Lab, node: &str) -> String {
+    let (ok, out) = lab.sh(
+        &lab.node_ns(node),
+        "echo $(cat /sys/class/net/podnet0/address /sys/class/net/podnet0/addr_assign_type)",
+    );
+    assert!(ok, "{out}");
+    out.trim().to_string()
+}
+
+/// Probes from one pod to an address, one fresh TCP connection after
+/// another (paced), until stopped; every outcome kept with its cause.
+struct ProbeLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<podnet_lab::Reach>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ProbeLoop {
+    fn start(lab: &Lab, pod: &str, target: std::net::SocketAddr) -> ProbeLoop {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (lib, pod) = (lab_lib(lab), pod.to_string());
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+                let r = lib.reach("default", &pod, target, false, Duration::from_secs(1));
+                seen2.lock().unwrap().push(r);
+                // Pacing, so the loop does not load the shared machine.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        ProbeLoop { stop, seen, thread }
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Waits until `n` more probes have finished.
+    fn advance(&self, n: usize) {
+        let want = self.count() + n;
+        eventually(&format!("{n} more probes"), WAIT, || self.count() >= want);
+    }
+
+    fn stop(self) -> Vec<podnet_lab::Reach> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().unwrap();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+/// Pods start and stop on a node while a pod there keeps opening
+/// connections to a pod on another node, through its gateway, the pod
+/// bridge: none may fail (issue 23). The bridge used to take the lowest MAC
+/// among its ports, so its MAC changed as pods came and went (all zeros
+/// after the last DEL), while pods kept sending to the gateway MAC they had
+/// cached, which was no longer the bridge's once the pod whose MAC it was
+/// had gone: traffic off the node failed until the pod's neighbour entry
+/// was renewed. Now the bridge keeps one MAC, set by us (`addr_assign_type`
+/// 3), from its first ADD to after its last DEL.
+#[test]
+fn pod_churn_keeps_the_bridge_mac_and_traffic_off_the_node() {
+    let lab = Lab::up("mc", "vxlan", 2);
+    // node1 runs the DNS pod; node2's bridge is made by its first pod.
+    let mut macs = Vec::new();
+    for i in 0..4 {
+        lab.pod(&format!("c{i}"), "node2");
+        macs.push((format!("ADD c{i}"), bridge_mac(&lab, "node2")));
+    }
+    lab.pod("client", "node2");
+    let server = lab.pod("server", "node1");
+    let target = std::net::SocketAddr::new(server.parse().unwrap(), 8080);
+    let probes = ProbeLoop::start(&lab, "client", target);
+    probes.advance(5);
+    // Churn: the pods that were there before the client leave, new ones
+    // come and go; the probes go on through each step.
+    let mut step = |what: String, args: &[&str]| {
+        lab.ok(args);
+        macs.push((what, bridge_mac(&lab, "node2")));
+        probes.advance(5);
+    };
+    for i in 0..4 {
+        step(format!("DEL c{i}"), &["rm", &format!("default/c{i}")]);
+    }
+    for i in 4..8 {
+        let pod = format!("default/c{i}");
+        step(
+            format!("ADD c{i}"),
+            &["run", &pod, "--node", "node2", "--ports", "8080/tcp"],
+        );
+        step(format!("DEL c{i}"), &["rm", &pod]);
+    }
+    probes.advance(10);
+    let seen = probes.stop();
+    let failed: Vec<String> = seen
+        .iter()
+        .filter(|r| !matches!(r, podnet_lab::Reach::Connected(who) if who == "default/server"))
+        .map(|r| format!("{r:?}"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} probes from client to server failed across pod churn: {failed:?}; the bridge's MAC: {macs:?}",
+        failed.len(),
+        seen.len()
+    );
+    // The client is the last pod on node2: after its DEL the bridge is empty.
+    lab.ok(&["rm", "default/client"]);
+    macs.push(("DEL client (the last)".into(), bridge_mac(&lab, "node2")));
+    let first = macs[0].1.clone();
+    assert!(first.ends_with(" 3"), "pinned from the first ADD: {macs:?}");
+    assert!(
+        macs.iter().all(|(_, m)| *m == first),
+        "the bridge's MAC changed: {macs:?}"
+    );
+}
+
+/// The IPAM allocations host-local holds for a lab node's pods.
+fn node_ipam(lab: &Lab, node: &str) -> Vec<String> {
+    let dir = format!(
+        "/run/podnet-lab/{}/nodes/{node}/cni/networks/podnet",
+        lab.name
+    );
+    let mut v: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The lab's pod namespaces (`pn-<lab>-p<hash>`).
+fn pod_namespaces(lab: &Lab) -> Vec<String> {
+    let prefix = format!("pn-{}-p", lab.name);
+    let mut v: Vec<String> = std::fs::read_dir("/run/netns")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    v.sort();
+    v
+}
+
+/// CNI ADD while the node's agent is down (issue 23). It used to succeed:
+/// the pod reported Ready while the agent's table, failing closed, dropped
+/// its traffic. Now ADD waits a bounded time for the agent and then fails
+/// with a retryable CNI error that names the agent's socket, leaving no
+/// veth and no IPAM allocation; `lab run` then removes the sandbox and the
+/// Pod object again, as a kubelet would retry. An ADD that starts while
+/// the agent is down and sees it come back within the wait succeeds.
+#[test]
+fn cni_add_fails_while_the_agent_is_down_and_waits_for_its_return() {
+    let lab = Lab::up("ad", "vxlan", 1);
+    lab.pod("first", "node1");
+    let n1 = lab.node_ns("node1");
+    let veths = || lab.sh(&n1, "ip -o link show type veth").1;
+    let (veths_before, ipam_before) = (veths(), node_ipam(&lab, "node1"));
+    let ns_before = pod_namespaces(&lab);
+    let socket = format!("/run/podnet-lab/{}/nodes/node1/agent.sock", lab.name);
+
+    lab.ok(&["stop-agent", "node1"]);
+    let lib = lab_lib(&lab);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ports = podnet_lab::serve::parse_ports("8080/tcp").unwrap();
+    let run = |name: &str| {
+        rt.block_on(lib.run_pod("default", name, Some("node1"), Default::default(), &ports))
+    };
+    match run("late") {
+        Err(podnet_lab::LabError::Cni(e)) => {
+            assert_eq!(e.code, 11, "try again later: {e}");
+            assert!(
+                e.msg.starts_with(&format!(
+                    "podnet: the podnet agent is not running on this node: nothing listens on its socket {socket} (waited 5.0s)"
+                )),
+                "{e}"
+            );
+        }
+        other => panic!("ADD with the agent down: {other:?}"),
+    }
+    assert_eq!(veths(), veths_before, "a veth left behind");
+    assert_eq!(
+        node_ipam(&lab, "node1"),
+        ipam_before,
+        "an address left allocated"
+    );
+    assert_eq!(pod_namespaces(&lab), ns_before, "the sandbox left behind");
+    let o = podnet(&["--store", &lab.store(), "get", "pod", "late", "-o", "json"]);
+    assert!(
+        !o.status.success(),
+        "the Pod object left behind: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    // An ADD that starts while the agent is down: once its sandbox exists
+    // (the ADD runs right after), the agent comes back.
+    let late = std::thread::scope(|s| {
+        let add = s.spawn(|| run("late"));
+        lab.eventually("late's sandbox", || {
+            pod_namespaces(&lab).len() > ns_before.len()
+        });
+        lab.ok(&["restart-agent", "node1"]);
+        add.join().unwrap()
+    })
+    .expect("ADD that saw the agent return within the wait");
+    assert_eq!(
+        lab.ok(&["probe", "default/first", &format!("{}:8080", late.ip)]),
+        "late"
+    );
+}

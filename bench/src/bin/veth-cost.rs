@@ -436,7 +436,7 @@ fn run() -> Result<()> {
     let host = TestNs::create(ns_name("xhost"))?;
     {
         let mut h = Handle::in_netns(host.netns())?;
-        h.create_bridge(BRIDGE, None)?;
+        h.create_bridge(BRIDGE, None, None)?;
         h.set_up_by_name(BRIDGE)?;
     }
     println!(

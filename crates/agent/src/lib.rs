@@ -274,6 +274,18 @@ pub async fn run(
             None
         }
     };
+    // Without policy the CNI plugin's ADD still waits for an agent on the
+    // socket (see podnet_cni's meta plugin): answer it.
+    let _cni_socket = policy.is_none().then(|| {
+        let socket = podnet_policy::hint::socket_for(&opts.subnet_file);
+        let m = metrics.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            if let Err(e) = podnet_policy::hint::serve_without_policy(socket.clone()).await {
+                tracing::error!("CNI socket {}: {e}", socket.display());
+                m.set_unhealthy_for("policy", Some(format!("CNI socket: {e}")));
+            }
+        }))
+    });
 
     let attrs = overlay.attrs();
     let previous = podnet_overlay::files::previous_subnet(&opts.subnet_file);

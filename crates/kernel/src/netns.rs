@@ -162,3 +162,77 @@ pub fn read_sysctl(key: &str) -> Result<String, KernelError> {
         .map(|s| s.trim().to_string())
         .map_err(|e| KernelError::io(format!("reading sysctl {key}"), e))
 }
+
+/// How `link`, a link of the calling thread's network namespace, got its
+/// MAC address: its `addr_assign_type` ([`crate::rtnl::NET_ADDR_PERM`],
+/// `NET_ADDR_RANDOM` = 1, `NET_ADDR_STOLEN` = 2 or
+/// [`crate::rtnl::NET_ADDR_SET`]). rtnetlink does not carry it; sysfs does,
+/// but a sysfs mount shows the devices of the namespace that mounted it.
+/// So this reads the process's `/sys` when the device there is this one
+/// (same index and MAC: a plugin run in the node's own namespace), and
+/// otherwise a sysfs of the calling thread's namespace, mounted in a
+/// private mount namespace of a short-lived thread (as `ip netns exec`
+/// does), which goes away with the thread.
+pub fn addr_assign_type(link: &crate::Link) -> Result<u8, KernelError> {
+    let dir = format!("/sys/class/net/{}", link.name);
+    let read =
+        |attr: &str| std::fs::read_to_string(format!("{dir}/{attr}")).map(|s| s.trim().to_string());
+    let same = read("ifindex").ok() == Some(link.index.to_string())
+        && read("address").ok() == Some(link.mac_string());
+    let path = format!("{dir}/addr_assign_type");
+    let text = if same {
+        read("addr_assign_type")
+    } else {
+        read_own_sysfs(&Netns::current()?, &path)
+    }
+    .map_err(|e| KernelError::io(format!("reading {path}"), e))?;
+    text.parse()
+        .map_err(|_| KernelError::Other(format!("{path}: {text:?} is not a number")))
+}
+
+/// Reads `path` (under `/sys`) from a sysfs mounted fresh inside `ns`, on a
+/// thread with its own mount namespace, so nothing is mounted anywhere
+/// else and nothing outlives the thread.
+fn read_own_sysfs(ns: &Netns, path: &str) -> io::Result<String> {
+    let fd = ns.file.try_clone()?;
+    let path = path.to_string();
+    std::thread::spawn(move || -> io::Result<String> {
+        setns(fd.as_fd())?;
+        // SAFETY: unshare affects only this thread (a new mount namespace,
+        // which implies its own fs_struct).
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let root = cstr(Path::new("/"));
+        let sys = cstr(Path::new("/sys"));
+        let kind = std::ffi::CString::new("sysfs").expect("static");
+        // SAFETY: valid C strings; the first call only changes propagation
+        // (so the mount below stays in this namespace), the second mounts
+        // a sysfs, which shows the calling thread's network namespace.
+        unsafe {
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mount(
+                kind.as_ptr(),
+                sys.as_ptr(),
+                kind.as_ptr(),
+                0,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        std::fs::read_to_string(&path).map(|s| s.trim().to_string())
+    })
+    .join()
+    .unwrap_or_else(|_| Err(io::Error::other("sysfs thread panicked")))
+}

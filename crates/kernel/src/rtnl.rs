@@ -67,6 +67,11 @@ pub const RT_SCOPE_HOST: u8 = 254;
 const RTN_UNICAST: u8 = 1;
 pub const RTNH_F_ONLINK: u32 = 4;
 
+/// `addr_assign_type`: the device's permanent address.
+pub const NET_ADDR_PERM: u8 = 0;
+/// `addr_assign_type`: set by userspace; a bridge keeps such an address.
+pub const NET_ADDR_SET: u8 = 3;
+
 const IFF_UP: u32 = 0x1;
 const IFF_PROMISC: u32 = 0x100;
 
@@ -336,7 +341,16 @@ impl Handle {
             .ok_or_else(|| KernelError::Other(format!("link {name} not found")))
     }
 
-    pub fn create_bridge(&mut self, name: &str, mtu: Option<u32>) -> Result<(), KernelError> {
+    /// Creates a bridge. With `mac`, the bridge is born with that address
+    /// set by us (`addr_assign_type` [`NET_ADDR_SET`]), which it then
+    /// keeps; without, the kernel gives it a random one and replaces it
+    /// with the lowest MAC among its ports whenever a port comes or goes.
+    pub fn create_bridge(
+        &mut self,
+        name: &str,
+        mtu: Option<u32>,
+        mac: Option<[u8; 6]>,
+    ) -> Result<(), KernelError> {
         let mut m = Msg::new(
             RTM_NEWLINK,
             nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
@@ -345,6 +359,9 @@ impl Handle {
         m.str(IFLA_IFNAME, name);
         if let Some(mtu) = mtu {
             m.u32(IFLA_MTU, mtu);
+        }
+        if let Some(mac) = mac {
+            m.attr(IFLA_ADDRESS, &mac);
         }
         m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, "bridge").end();
         self.req(m, &|| format!("creating bridge {name}"))?;
@@ -545,6 +562,19 @@ impl Handle {
         m.u32(IFLA_MASTER, master);
         self.req(m, &|| {
             format!("attaching link #{index} to master #{master}")
+        })?;
+        Ok(())
+    }
+
+    /// Sets a link's MAC address. The kernel records it as set by the
+    /// user (`addr_assign_type` [`NET_ADDR_SET`]) even when it is the
+    /// address the link has already, so a bridge keeps it from then on.
+    pub fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<(), KernelError> {
+        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
+        m.raw(&ifinfomsg(0, index, 0, 0));
+        m.attr(IFLA_ADDRESS, &mac);
+        self.req(m, &|| {
+            format!("setting MAC {} on link #{index}", format_mac(&mac))
         })?;
         Ok(())
     }

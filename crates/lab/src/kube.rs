@@ -265,19 +265,13 @@ impl Pki {
         Ok(p)
     }
 
+    /// Private keys are secrets ([`write_secret`]); certificates are not.
     fn write(&self, name: &str, text: &str) -> Result<(), KubeError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path(name);
-        let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-        std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&path)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(|e| io(format!("writing {}", path.display()), e))
+        if name.ends_with(".key") {
+            return write_secret(&path, text);
+        }
+        std::fs::write(&path, text).map_err(|e| io(format!("writing {}", path.display()), e))
     }
 }
 
@@ -696,7 +690,7 @@ impl ControlPlane {
             .ok_or_else(|| {
                 KubeError::Kubeconfig(account.into(), "the TokenRequest gave no token".into())
             })?;
-        write_file(
+        write_secret(
             path,
             &token_kubeconfig_text(
                 &self.server(),
@@ -831,6 +825,33 @@ impl ControlPlane {
         let _ = std::fs::remove_file(self.admin_kubeconfig());
         done
     }
+}
+
+/// Writes a file that holds a secret (a bearer token, a private key):
+/// readable by root only from its first byte. The file is created 0600
+/// under a temporary name and renamed over `path`, so an older file's
+/// looser mode never carries over and no reader sees it half written.
+pub(crate) fn write_secret(path: &Path, text: &str) -> Result<(), KubeError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| io(format!("creating {}", d.display()), e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".podnet-tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(format!("writing {}", path.display()), e)
+        })
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), KubeError> {

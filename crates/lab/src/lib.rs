@@ -548,7 +548,7 @@ impl Lab {
         // gateway on it (no uplink: nothing leaves the machine).
         let under = Netns::create_named(&st.underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
-        uh.create_bridge(gateway::BRIDGE, None)?;
+        uh.create_bridge(gateway::BRIDGE, None, None)?;
         uh.set_up_by_name(gateway::BRIDGE)?;
         let gw = Netns::create_named(&self.gateway_ns())?;
         gateway::install(&under, &gw)?;
@@ -728,7 +728,10 @@ impl Lab {
             &files::subnet_env(network, subnet, 1450, true),
         )
         .map_err(|e| io(format!("writing {}", subnet_file.display()), e))?;
-        let list = files::conflist(&subnet_file, Some(&d.join("cni")));
+        let mut list = files::conflist(&subnet_file, Some(&d.join("cni")));
+        // No agent runs here (yet): ADD must not wait for one. The agent,
+        // once started, writes its own conflist, which requires it.
+        list["plugins"][0]["requireAgent"] = serde_json::json!(false);
         let p = d.join("net.d").join(files::CONFLIST_NAME);
         files::write_if_changed(&p, &serde_json::to_string_pretty(&list).expect("json"))
             .map_err(|e| io(format!("writing {}", p.display()), e))?;

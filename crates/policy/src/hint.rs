@@ -140,3 +140,20 @@ pub async fn serve(path: PathBuf, tx: mpsc::Sender<Input<PolicyInput>>) -> std::
         });
     }
 }
+
+/// Serves the socket at `path` for an agent that runs without
+/// NetworkPolicy (`--no-policy`): there is nothing to program, so every
+/// ADD is answered at once. The socket is still served because the CNI
+/// plugin's ADD fails while no agent answers on it: it is how a pod's
+/// sandbox learns that the node's agent runs.
+pub async fn serve_without_policy(path: PathBuf) -> std::io::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<Input<PolicyInput>>(64);
+    tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if let Input::Changes(PolicyInput::Added { ack: Some(ack), .. }) = m {
+                let _ = ack.send(Ok(()));
+            }
+        }
+    });
+    serve(path, tx).await
+}

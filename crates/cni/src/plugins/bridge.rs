@@ -168,9 +168,10 @@ fn open_netns(path: &str) -> Result<Netns, CniError> {
 }
 
 /// Creates the bridge if needed, or checks that the existing link is one.
+/// Either way the bridge ends up with a pinned MAC (see [`pin_bridge_mac`]).
 fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<(Link, bool), CniError> {
     let mut created = false;
-    let link = match h.link(&c.bridge)? {
+    let mut link = match h.link(&c.bridge)? {
         Some(l) if l.kind != LinkKind::Bridge => {
             return Err(CniError::internal(format!(
                 "bridge: {:?} already exists but is not a bridge",
@@ -179,7 +180,7 @@ fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<(Link, bool), CniErro
         }
         Some(l) => l,
         None => {
-            match h.create_bridge(&c.bridge, c.mtu) {
+            match h.create_bridge(&c.bridge, c.mtu, Some(random_mac())) {
                 Ok(()) => created = true,
                 // Another ADD created it at the same moment.
                 Err(e) if e.is_exists() => {}
@@ -188,6 +189,11 @@ fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<(Link, bool), CniErro
             h.require_link(&c.bridge)?
         }
     };
+    if !created {
+        if let Some(mac) = pin_bridge_mac(h, &link)? {
+            link.mac = Some(mac);
+        }
+    }
     if c.promisc_mode && !link.is_promisc() {
         h.set_promisc(link.index, true)?;
     }
@@ -195,6 +201,45 @@ fn ensure_bridge(h: &mut Handle, c: &BridgeConf) -> Result<(Link, bool), CniErro
         h.set_up(link.index)?;
     }
     Ok((link, created))
+}
+
+/// A bridge whose MAC the kernel chose takes the lowest MAC among its
+/// ports, so its MAC changes as pods come and go (and is all zeros once the
+/// last one left), and pods keep sending to the gateway MAC they cached,
+/// which may no longer be the bridge's: traffic off the node fails until
+/// their neighbour entry is renewed. A MAC set by userspace
+/// (`addr_assign_type` 3) is kept. We create bridges with one; this
+/// repairs a bridge that has none (made by an older podnet, or by someone
+/// else): it pins the MAC the bridge has now, which its pods know, or a
+/// new random one when it has none. Returns the MAC it pinned, if any.
+fn pin_bridge_mac(h: &mut Handle, br: &Link) -> Result<Option<[u8; 6]>, CniError> {
+    let how = podnet_kernel::netns::addr_assign_type(br)?;
+    if how == podnet_kernel::rtnl::NET_ADDR_SET {
+        return Ok(None);
+    }
+    let mac = br.mac.filter(is_unicast_mac).unwrap_or_else(random_mac);
+    h.set_mac(br.index, mac)?;
+    tracing::info!(
+        bridge = %br.name,
+        mac = %podnet_kernel::rtnl::format_mac(&mac),
+        addr_assign_type = how,
+        "pinned the bridge's MAC (it followed its ports' MACs)"
+    );
+    Ok(Some(mac))
+}
+
+/// A usable unicast address: not all zeros, not multicast.
+fn is_unicast_mac(m: &[u8; 6]) -> bool {
+    m.iter().any(|b| *b != 0) && m[0] & 1 == 0
+}
+
+/// A random locally administered unicast MAC, as the kernel makes them.
+fn random_mac() -> [u8; 6] {
+    let mut b = [0u8; 6];
+    // SAFETY: valid buffer; getrandom fills it.
+    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 6, 0) };
+    b[0] = (b[0] & 0xfe) | 0x02;
+    b
 }
 
 /// The first address of a subnet, used as gateway when IPAM gives none.
@@ -760,5 +805,11 @@ mod tests {
             Some([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x02])
         );
         assert_eq!(parse_mac("zz"), None);
+        for _ in 0..64 {
+            let m = random_mac();
+            assert!(is_unicast_mac(&m) && m[0] & 2 == 2, "{m:x?}");
+        }
+        assert!(!is_unicast_mac(&[0; 6]));
+        assert!(!is_unicast_mac(&[1, 0, 0x5e, 0, 0, 1]));
     }
 }

@@ -6,15 +6,36 @@
 //! The delegate configuration used for ADD is saved under `dataDir`, so DEL
 //! undoes exactly what ADD did even after the node's subnet changes.
 //!
-//! No open window for NetworkPolicy: when the agent's socket exists beside
-//! the subnet file (`agent.sock`, or the `agentSocket` key), ADD tells the
-//! agent the pod's addresses and returns only once the agent has put the
-//! pod's policies in the kernel; an agent that answers with an error fails
-//! the ADD (the runtime retries). An agent that is not running is not
-//! waited for: its table fails closed on addresses it does not know.
+//! No open window for NetworkPolicy: ADD tells the node's agent the pod's
+//! addresses over its socket beside the subnet file (`agent.sock`, or the
+//! `agentSocket` key) and returns only once the agent has put the pod's
+//! policies in the kernel; an agent that answers with an error fails the
+//! ADD (the runtime retries).
+//!
+//! An agent that is not running fails the ADD too. Its tables fail closed
+//! on addresses they do not know, so a pod wired without it would report
+//! Ready and have its traffic dropped; failing instead tells the runtime
+//! (the kubelet retries the sandbox, and the pod is not Ready while it
+//! could not talk). ADD connects to the socket first, before anything is
+//! made, retrying for `agentWaitSeconds` (default
+//! [`DEFAULT_AGENT_WAIT_SECS`], so an agent that is restarting is waited
+//! for), then fails with code 11 (try again later) and a message naming
+//! the socket. A socket file with nobody listening (the agent stopped or
+//! crashed) and no socket file at all (no agent ever ran here, or
+//! `--cleanup` removed it) are the same failure with a different message:
+//! a node where the podnet plugin is called but the podnet agent never
+//! ran has no policy and no pod network, so it must not take pods either.
+//! Every agent answers on the socket, with or without NetworkPolicy.
+//! Only `"requireAgent": false` (a node that runs no agent by design, such
+//! as the lab's `--no-agents`) restores telling an agent only when one is
+//! listening. A failure after the attachment exists (the agent went away
+//! mid-ADD, or said no) undoes it: veth, addresses and IPAM allocation.
+//! DEL tells the agent when it listens and never waits for it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -48,6 +69,14 @@ struct Conf {
     /// the subnet file).
     #[serde(rename = "agentSocket", default)]
     agent_socket: Option<String>,
+    /// podnet extension: how long ADD waits for the agent's socket to
+    /// accept, in seconds (default [`DEFAULT_AGENT_WAIT_SECS`]).
+    #[serde(rename = "agentWaitSeconds", default)]
+    agent_wait_seconds: Option<f64>,
+    /// podnet extension: `false` on a node that runs no podnet agent by
+    /// design; ADD then tells an agent only if one is listening.
+    #[serde(rename = "requireAgent", default)]
+    require_agent: Option<bool>,
     #[serde(rename = "runtimeConfig", default)]
     runtime_config: Option<Value>,
     #[serde(rename = "prevResult", default)]
@@ -176,26 +205,92 @@ impl Conf {
 }
 
 /// How long ADD waits for the agent to program a pod.
-const AGENT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+const AGENT_WAIT: Duration = Duration::from_secs(15);
 
-/// Tells the node's agent about a pod (see the module docs). No socket, or
-/// no agent listening on it: nothing to wait for.
-fn tell_agent(c: &Conf, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), CniError> {
-    use std::io::{BufRead, Write};
+/// How long ADD waits, by default, for the agent's socket to accept.
+pub const DEFAULT_AGENT_WAIT_SECS: f64 = 5.0;
+
+impl Conf {
+    fn agent_wait(&self) -> Result<Duration, CniError> {
+        let s = self.agent_wait_seconds.unwrap_or(DEFAULT_AGENT_WAIT_SECS);
+        Duration::try_from_secs_f64(s).map_err(|_| {
+            CniError::config(format!(
+                "podnet: agentWaitSeconds must be a number of seconds, not {s}"
+            ))
+        })
+    }
+}
+
+/// The agent is not there: which socket, and why it says so.
+fn agent_down(path: &Path, wait: Duration, e: &std::io::Error) -> CniError {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => format!("its socket {} does not exist", path.display()),
+        std::io::ErrorKind::ConnectionRefused => {
+            format!("nothing listens on its socket {}", path.display())
+        }
+        _ => format!("its socket {} cannot be reached", path.display()),
+    };
+    CniError::new(
+        Code::TryAgain,
+        format!(
+            "podnet: the podnet agent is not running on this node: {why} (waited {:.1}s); \
+             a pod wired now would have its traffic dropped, so try again once the agent runs",
+            wait.as_secs_f64()
+        ),
+    )
+    .with_details(e.to_string())
+}
+
+/// Connects to the agent's socket at `path`, trying again until `wait` has
+/// passed (an agent that is restarting binds it again within moments).
+fn connect_agent(path: &Path, wait: Duration) -> Result<UnixStream, CniError> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(agent_down(path, wait, &e));
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// The connection ADD tells the agent on, made before anything else (see
+/// the module docs): `None` only when the agent is not required and not
+/// listening.
+fn agent_for_add(c: &Conf) -> Result<Option<UnixStream>, CniError> {
     let path = c.agent_socket();
+    if c.require_agent.unwrap_or(true) {
+        return connect_agent(&path, c.agent_wait()?).map(Some);
+    }
+    match UnixStream::connect(&path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) => {
+            tracing::debug!(
+                "podnet: agent socket {}: {e}; requireAgent is false, not waiting",
+                path.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Tells the node's agent about a pod on `s` and, for an ADD, waits until
+/// it says the pod is programmed (see the module docs).
+fn tell_agent(mut s: UnixStream, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), CniError> {
+    use std::io::{BufRead, Write};
     let kv = args.cni_args();
     let ns = kv.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default();
     let name = kv
         .get("K8S_POD_NAME")
         .cloned()
         .unwrap_or_else(|| args.container_id.clone());
-    let mut s = match std::os::unix::net::UnixStream::connect(&path) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!("podnet: agent socket {}: {e}; not waiting", path.display());
-            return Ok(());
-        }
-    };
     let fail = |what: &str, e: String| {
         CniError::new(
             Code::TryAgain,
@@ -264,6 +359,7 @@ fn check_delegate(c: &Conf) -> Result<(), CniError> {
 /// Parses a podnet configuration without touching any state.
 pub fn parse_config(stdin: &[u8]) -> Result<(), CniError> {
     let c: Conf = types::parse_conf(stdin)?;
+    c.agent_wait()?;
     check_delegate(&c)
 }
 
@@ -273,7 +369,10 @@ impl Plugin for Meta {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
         check_delegate(&c)?;
+        c.agent_wait()?;
         let env = c.read_env()?;
+        // First, before anything exists to undo: is the agent there?
+        let agent = agent_for_add(&c)?;
         let d = c.delegate_conf(&env);
         let bytes = serde_json::to_vec(&d).expect("json");
         let dir = c.data_dir();
@@ -294,7 +393,11 @@ impl Plugin for Meta {
             }
         };
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.addr().to_string()).collect();
-        if let Err(e) = tell_agent(&c, args, "add", &ips) {
+        let told = match agent {
+            Some(s) => tell_agent(s, args, "add", &ips),
+            None => Ok(()),
+        };
+        if let Err(e) = told {
             // Undo the attachment: the runtime retries the whole ADD.
             let _ = delegate(
                 &delegate_type(&d),
@@ -323,7 +426,11 @@ impl Plugin for Meta {
         })?;
         delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
         let _ = std::fs::remove_file(&path);
-        let _ = tell_agent(&c, args, "del", &[]);
+        // A notice only: an agent that is down reads the pod's removal
+        // from its object source.
+        if let Ok(s) = UnixStream::connect(c.agent_socket()) {
+            let _ = tell_agent(s, args, "del", &[]);
+        }
         Ok(())
     }
 
@@ -447,6 +554,68 @@ mod tests {
             (7, "podnet: delegate.type must be a string, not a number")
         );
         parse_config(br#"{"name":"p","type":"podnet","delegate":{"type":"bridge"}}"#).unwrap();
+    }
+
+    /// No agent: a socket path with no file, and a socket file nobody
+    /// listens on (what a stopped agent leaves), each fail after the wait
+    /// with code 11 and a message naming the socket.
+    #[test]
+    fn an_absent_agent_fails_after_the_wait_naming_its_socket() {
+        struct Dir(PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Dir(std::env::temp_dir().join(format!("pn-agent-sock-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let path = dir.0.join("agent.sock");
+        let wait = Duration::from_millis(50);
+        let e = connect_agent(&path, wait).unwrap_err();
+        assert_eq!(e.code, 11);
+        assert!(
+            e.msg
+                .starts_with("podnet: the podnet agent is not running on this node: ")
+                && e.msg
+                    .contains(&format!("its socket {} does not exist", path.display())),
+            "{e}"
+        );
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "a closed listener leaves its socket file");
+        let e = connect_agent(&path, wait).unwrap_err();
+        assert_eq!(e.code, 11);
+        assert!(
+            e.msg
+                .contains(&format!("nothing listens on its socket {}", path.display())),
+            "{e}"
+        );
+        let _l = std::os::unix::net::UnixListener::bind(dir.0.join("b.sock")).unwrap();
+        connect_agent(&dir.0.join("b.sock"), wait).unwrap();
+    }
+
+    #[test]
+    fn agent_keys() {
+        let conf = |extra: Value| -> Conf {
+            let mut v = json!({"cniVersion": "1.0.0", "name": "p", "type": "podnet"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(v).unwrap()
+        };
+        let c = conf(json!({}));
+        assert_eq!(c.agent_wait().unwrap(), Duration::from_secs(5));
+        assert_eq!(c.require_agent, None, "required unless said otherwise");
+        let c = conf(json!({"agentWaitSeconds": 0.5, "requireAgent": false}));
+        assert_eq!(c.agent_wait().unwrap(), Duration::from_millis(500));
+        assert_eq!(c.require_agent, Some(false));
+        let e = parse_config(br#"{"name":"p","type":"podnet","agentWaitSeconds":-1}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (
+                7,
+                "podnet: agentWaitSeconds must be a number of seconds, not -1"
+            )
+        );
     }
 
     #[test]
