@@ -12,6 +12,15 @@
 //! pod's policies in the kernel; an agent that answers with an error fails
 //! the ADD (the runtime retries). An agent that is not running is not
 //! waited for: its table fails closed on addresses it does not know.
+//!
+//! The anti-spoofing guard: when the delegate attached the pod to a bridge
+//! (its result names the host veth and the pod's MAC), ADD records the
+//! port, the MAC and the addresses in `guard/` beside the subnet file
+//! (one JSON file per attachment, removed at DEL) and sends the same facts
+//! with its request, so the agent lets that port speak with the pod's own
+//! addresses only, from the moment the pod exists and again after the
+//! agent restarts. They are taken from the ADD, never read back from the
+//! pod, which could change its own.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -178,17 +187,76 @@ impl Conf {
 /// How long ADD waits for the agent to program a pod.
 const AGENT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Tells the node's agent about a pod (see the module docs). No socket, or
-/// no agent listening on it: nothing to wait for.
-fn tell_agent(c: &Conf, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), CniError> {
-    use std::io::{BufRead, Write};
-    let path = c.agent_socket();
+/// The pod's namespace and name as the agent knows it (a bare container:
+/// its ID).
+fn pod_key(args: &CmdArgs) -> (String, String) {
     let kv = args.cni_args();
     let ns = kv.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default();
     let name = kv
         .get("K8S_POD_NAME")
         .cloned()
         .unwrap_or_else(|| args.container_id.clone());
+    (ns, name)
+}
+
+/// The guard's facts from a bridge result: the host veth (the interface
+/// outside any sandbox that is not the bridge) and the pod's MAC.
+fn port_of(r: &CniResult, args: &CmdArgs, bridge: &str) -> Option<(String, String)> {
+    let pod = r
+        .interfaces
+        .iter()
+        .find(|i| !i.sandbox.is_empty() && i.name == args.ifname)?;
+    let host = r
+        .interfaces
+        .iter()
+        .find(|i| i.sandbox.is_empty() && i.name != bridge)?;
+    (!pod.mac.is_empty()).then(|| (host.name.clone(), pod.mac.to_ascii_lowercase()))
+}
+
+impl Conf {
+    fn guard_record(&self, args: &CmdArgs) -> PathBuf {
+        let dir = std::path::Path::new(&self.subnet_file())
+            .parent()
+            .unwrap_or(std::path::Path::new("/run/podnet"))
+            .join("guard");
+        saved_path(&dir, &args.container_id, &args.ifname)
+    }
+}
+
+/// Writes the guard's record of an attachment (see the module docs).
+fn write_record(
+    c: &Conf,
+    args: &CmdArgs,
+    port: &(String, String),
+    ips: &[String],
+) -> Result<(), CniError> {
+    let (ns, name) = pod_key(args);
+    let path = c.guard_record(args);
+    let mac: Vec<u8> = port
+        .1
+        .split(':')
+        .filter_map(|b| u8::from_str_radix(b, 16).ok())
+        .collect();
+    let rec = json!({"namespace": ns, "name": name, "port": port.0, "mac": mac, "ips": ips});
+    path.parent()
+        .map(std::fs::create_dir_all)
+        .unwrap_or(Ok(()))
+        .and_then(|_| std::fs::write(&path, serde_json::to_vec(&rec).expect("json")))
+        .map_err(|e| io(format!("podnet: writing {}", path.display()), e))
+}
+
+/// Tells the node's agent about a pod (see the module docs). No socket, or
+/// no agent listening on it: nothing to wait for.
+fn tell_agent(
+    c: &Conf,
+    args: &CmdArgs,
+    op: &str,
+    ips: &[String],
+    port: Option<&(String, String)>,
+) -> Result<(), CniError> {
+    use std::io::{BufRead, Write};
+    let path = c.agent_socket();
+    let (ns, name) = pod_key(args);
     let mut s = match std::os::unix::net::UnixStream::connect(&path) {
         Ok(s) => s,
         Err(e) => {
@@ -204,10 +272,14 @@ fn tell_agent(c: &Conf, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), 
         .with_details(e)
     };
     let _ = s.set_read_timeout(Some(AGENT_WAIT));
-    let mut req = serde_json::to_vec(&json!({
+    let mut req = json!({
         "op": op, "namespace": ns, "name": name, "ips": ips,
-    }))
-    .expect("json");
+    });
+    if let Some((p, mac)) = port {
+        req["port"] = json!(p);
+        req["mac"] = json!(mac);
+    }
+    let mut req = serde_json::to_vec(&req).expect("json");
     req.push(b'\n');
     s.write_all(&req)
         .map_err(|e| fail("sending", e.to_string()))?;
@@ -294,7 +366,15 @@ impl Plugin for Meta {
             }
         };
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.addr().to_string()).collect();
-        if let Err(e) = tell_agent(&c, args, "add", &ips) {
+        let bridge = d["bridge"].as_str().unwrap_or(DEFAULT_BRIDGE);
+        let port = port_of(&r, args, bridge);
+        let told = match &port {
+            Some(p) => write_record(&c, args, p, &ips),
+            None => Ok(()),
+        }
+        .and_then(|_| tell_agent(&c, args, "add", &ips, port.as_ref()));
+        if let Err(e) = told {
+            let _ = std::fs::remove_file(c.guard_record(args));
             // Undo the attachment: the runtime retries the whole ADD.
             let _ = delegate(
                 &delegate_type(&d),
@@ -323,7 +403,8 @@ impl Plugin for Meta {
         })?;
         delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
         let _ = std::fs::remove_file(&path);
-        let _ = tell_agent(&c, args, "del", &[]);
+        let _ = std::fs::remove_file(c.guard_record(args));
+        let _ = tell_agent(&c, args, "del", &[], None);
         Ok(())
     }
 
@@ -377,6 +458,7 @@ impl Plugin for Meta {
                 };
                 match delegate(&delegate_type(&d), Command::Del, &sub, &bytes) {
                     Ok(_) => {
+                        let _ = std::fs::remove_file(c.guard_record(&sub));
                         let _ = std::fs::remove_file(ent.path());
                     }
                     Err(e) => errors.push(e.to_string()),
