@@ -247,14 +247,20 @@ fn ipv6_link_local_does_not_reach_an_isolated_pod() {
         .run(|| TcpListener::bind("[::]:8080"))
         .unwrap()
         .unwrap();
-    // The listener answers on b's link-local address from b itself.
+    // The listener answers on b's link-local address from b itself, once
+    // the address is usable (duplicate address detection done).
     let own = SocketAddrV6::new(b6, 8080, 0, spoof::ifindex(&b_ns, "eth0"));
-    let from_b = Netns::named(&b_ns)
-        .unwrap()
-        .run(|| TcpStream::connect_timeout(&own.into(), Duration::from_secs(2)))
-        .unwrap();
-    assert!(from_b.is_ok(), "b reaches its own listener: {from_b:?}");
-    drop(from_b);
+    eventually(
+        "b reaches its own link-local listener",
+        Duration::from_secs(10),
+        || {
+            Netns::named(&b_ns)
+                .unwrap()
+                .run(|| TcpStream::connect_timeout(&own.into(), Duration::from_secs(2)))
+                .unwrap()
+                .is_ok()
+        },
+    );
     let _ = listener.accept().unwrap();
     let via_c = SocketAddrV6::new(b6, 8080, 0, spoof::ifindex(&c_ns, "eth0"));
     let r = Netns::named(&c_ns)

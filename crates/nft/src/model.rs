@@ -96,8 +96,9 @@ pub enum Field {
     ArpSha,
     /// arp saddr ip: an ARP packet's sender protocol address.
     ArpSpa,
-    /// meta ibrname: the bridge a frame entered (bridge tables).
-    IbrName,
+    /// meta iifgroup: the netdev group of the interface (in a bridge
+    /// table, the port) a frame came in on (`Value::U32`).
+    IifGroup,
     /// icmpv6 type (read at the transport header: only after `meta
     /// l4proto` is 58, compared as `Value::U8`).
     Icmp6Type,
@@ -128,7 +129,7 @@ impl Field {
             Field::EtherType => "ether type",
             Field::ArpSha => "arp saddr ether",
             Field::ArpSpa => "arp saddr ip",
-            Field::IbrName => "meta ibrname",
+            Field::IifGroup => "meta iifgroup",
             Field::Icmp6Type => "icmpv6 type",
             Field::NdTarget => "icmpv6 taddr",
         }
@@ -146,7 +147,8 @@ impl Field {
             Field::L4Proto => KeyType::InetProto,
             Field::Dport | Field::Sport | Field::CtOrigDport => KeyType::InetService,
             Field::Mark => KeyType::Mark,
-            Field::IifName | Field::OifName | Field::IbrName => KeyType::IfName,
+            Field::IifName | Field::OifName => KeyType::IfName,
+            Field::IifGroup => KeyType::DevGroup,
             Field::EtherSaddr | Field::ArpSha => KeyType::EtherAddr,
             Field::NfProto => KeyType::NfProto,
             Field::PktType => KeyType::PktType,
@@ -170,6 +172,7 @@ pub enum KeyType {
     PktType,
     EtherType,
     Icmp6Type,
+    DevGroup,
 }
 
 impl KeyType {
@@ -186,6 +189,7 @@ impl KeyType {
             KeyType::PktType => "pkt_type",
             KeyType::EtherType => "ether_type",
             KeyType::Icmp6Type => "icmpv6_type",
+            KeyType::DevGroup => "devgroup",
         }
     }
 }

@@ -116,6 +116,7 @@ fn field_len(k: KeyType) -> usize {
         KeyType::EtherAddr => 6,
         KeyType::NfProto | KeyType::PktType | KeyType::Icmp6Type => 1,
         KeyType::EtherType => 2,
+        KeyType::DevGroup => 4,
     }
 }
 
@@ -137,6 +138,7 @@ fn type_id(k: KeyType) -> u32 {
         KeyType::PktType => 31,
         KeyType::EtherType => 10,
         KeyType::Icmp6Type => 29,
+        KeyType::DevGroup => 43,
     }
 }
 
@@ -344,7 +346,7 @@ impl Ex<'_> {
             Field::EtherType => self.payload(0, 12, 2, reg),
             Field::ArpSha => self.payload(1, 8, 6, reg),
             Field::ArpSpa => self.payload(1, 14, 4, reg),
-            Field::IbrName => self.meta(17, reg), // NFT_META_BRI_IIFNAME
+            Field::IifGroup => self.meta(21, reg), // NFT_META_IIFGROUP
             Field::Icmp6Type => self.payload(2, 0, 1, reg),
             Field::NdTarget => self.payload(2, 8, 16, reg),
         }
@@ -1145,6 +1147,7 @@ fn decode_value(k: KeyType, b: &[u8], end: Option<&[u8]>) -> Option<Value> {
         KeyType::EtherAddr => Value::Mac(b.get(..6)?.try_into().ok()?),
         KeyType::NfProto | KeyType::PktType | KeyType::Icmp6Type => Value::U8(*b.first()?),
         KeyType::EtherType => Value::U16(u16::from_be_bytes(b.get(..2)?.try_into().ok()?)),
+        KeyType::DevGroup => Value::U32(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?)),
     })
 }
 
@@ -2048,9 +2051,9 @@ mod tests {
         t.sets.insert("arp".into(), Set::new(types));
         let r = Rule::new(vec![
             Expr::Cmp {
-                field: Field::IbrName,
+                field: Field::IifGroup,
                 neg: true,
-                value: Value::Name("podnet0".into()),
+                value: Value::U32(0x706e),
             },
             Expr::Cmp {
                 field: Field::EtherType,
@@ -2078,7 +2081,7 @@ mod tests {
         assert_eq!(
             loads(&t, &r),
             [
-                m(17),
+                m(21),
                 p(&[0, 12, 2]),
                 m(6),
                 p(&[1, 8, 6]),

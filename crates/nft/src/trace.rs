@@ -57,8 +57,8 @@ pub struct Extra {
     /// `ether type`; none: IPv4 or IPv6 by the addresses. Other types
     /// (ARP, a VLAN tag) have no IP header: the IP fields read nothing.
     pub ether_type: Option<u16>,
-    /// `meta ibrname`: the bridge the frame entered.
-    pub bridge: Option<String>,
+    /// `meta iifgroup`: the netdev group of the port it came in on.
+    pub iif_group: u32,
     /// An ARP packet's sender hardware and protocol addresses.
     pub arp: Option<([u8; 6], Ipv4Addr)>,
     /// An ICMPv6 packet (instead of `proto`): its type and, for neighbour
@@ -100,22 +100,23 @@ impl Packet {
         }
     }
 
-    /// An ARP packet on bridge `bridge`, port `port`: from MAC `mac`,
-    /// claiming `sha` is at `spa` (its IP addresses are `spa` and `0.0.0.0`).
-    pub fn arp(bridge: &str, port: &str, mac: [u8; 6], sha: [u8; 6], spa: Ipv4Addr) -> Packet {
+    /// An ARP packet from port `port` of netdev group `group`, from MAC
+    /// `mac`, claiming `sha` is at `spa` (its IP addresses are `spa` and
+    /// `0.0.0.0`).
+    pub fn arp(group: u32, port: &str, mac: [u8; 6], sha: [u8; 6], spa: Ipv4Addr) -> Packet {
         let mut p = Packet::new(&spa.to_string(), "0.0.0.0", Proto::Udp, 0)
             .on(port)
             .from_mac(mac);
         p.extra.ether_type = Some(ETH_ARP);
-        p.extra.bridge = Some(bridge.to_string());
+        p.extra.iif_group = group;
         p.extra.arp = Some((sha, spa));
         p
     }
 
-    /// The same packet as a frame entering bridge `bridge` on port `port`
-    /// from MAC `mac`.
-    pub fn bridged(mut self, bridge: &str, port: &str, mac: [u8; 6]) -> Packet {
-        self.extra.bridge = Some(bridge.to_string());
+    /// The same packet as a frame entering a bridge on port `port` (of
+    /// netdev group `group`) from MAC `mac`.
+    pub fn bridged(mut self, group: u32, port: &str, mac: [u8; 6]) -> Packet {
+        self.extra.iif_group = group;
         self.on(port).from_mac(mac)
     }
 
@@ -199,7 +200,7 @@ fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
         Field::EtherType => Value::U16(pkt.ether_type()),
         Field::ArpSha if pkt.ether_type() == ETH_ARP => Value::Mac(x.arp?.0),
         Field::ArpSpa if pkt.ether_type() == ETH_ARP => Value::Addr(x.arp?.1.into()),
-        Field::IbrName => Value::Name(x.bridge.clone()?),
+        Field::IifGroup => Value::U32(x.iif_group),
         Field::Icmp6Type => Value::U8(x.icmp6?.0),
         Field::NdTarget => Value::Addr(x.icmp6?.1?.into()),
         Field::CtOrigIpDaddr if orig.dst.is_ipv4() => Value::Addr(orig.dst),

@@ -16,7 +16,7 @@
 //! | `port-arp` | port . mac . ipv4 | ARP it may send: its MAC at its address |
 //! | `port-ip6` | port . ipv6 | its IPv6 addresses |
 //!
-//! A frame entering bridge [`BRIDGE`] from a port is dropped (and counted
+//! A frame entering a bridge from a pod's port is dropped (and counted
 //! in [`COUNTER`]) unless its source MAC is the port's; then IPv4 must come
 //! from the port's IPv4 addresses, ARP must announce the port's own MAC at
 //! the port's own address (no answering for another pod), and IPv6 must
@@ -29,8 +29,13 @@
 //! type, a VLAN tag included, is dropped. A port the guard does not know
 //! (not programmed yet) has no MAC element: fail closed.
 //!
-//! Frames the node sends into the bridge, and bridges other than
-//! [`BRIDGE`], are not the guard's business.
+//! Which ports are pods': those in netdev group [`PORT_GROUP`], where the
+//! `podnet` CNI plugin puts the host side of every pod's veth (through its
+//! bridge delegate's `podnetPortGroup`) before the pod runs. (Matching the
+//! bridge itself, `meta ibrname`, needs the kernel's bridge meta module,
+//! which not every kernel has.) Frames the node sends into the bridge, and
+//! ports outside the group (another bridge's, a container runtime's own),
+//! are not the guard's business.
 
 use std::net::IpAddr;
 
@@ -41,8 +46,9 @@ use podnet_nft::model::{
 
 /// The table's name (family `bridge`).
 pub const TABLE: &str = "podnet-guard";
-/// The pod bridge the `podnet` CNI plugin attaches pods to (its default).
-pub const BRIDGE: &str = "podnet0";
+/// The netdev group of pods' ports (`podnet_cni`'s meta plugin puts them
+/// there: the same number, "pn").
+pub const PORT_GROUP: u32 = 0x706e;
 /// Frames the guard dropped.
 pub const COUNTER: &str = "spoofed";
 
@@ -159,9 +165,9 @@ pub fn skeleton(ipv6: bool) -> Table {
             rules: vec![
                 Rule::new(vec![
                     Expr::Cmp {
-                        field: Field::IbrName,
+                        field: Field::IifGroup,
                         neg: true,
-                        value: Value::Name(BRIDGE.into()),
+                        value: Value::U32(PORT_GROUP),
                     },
                     verdict(Verdict::Accept),
                 ]),
@@ -279,7 +285,7 @@ mod tests {
     }
 
     fn ip(src: &str, dst: &str, port: &str, mac: [u8; 6]) -> Packet {
-        Packet::new(src, dst, Proto::Tcp, 80).bridged(BRIDGE, port, mac)
+        Packet::new(src, dst, Proto::Tcp, 80).bridged(PORT_GROUP, port, mac)
     }
 
     #[test]
@@ -312,9 +318,9 @@ mod tests {
             fate(&t, &ip("10.244.1.9", "10.244.1.3", "vethX", [2; 6])),
             Fate::Drop
         );
-        // Another bridge is not the guard's business.
+        // A port outside the group is not the guard's business.
         let mut other = ip("10.244.1.2", "10.244.1.3", "vethC", C_MAC);
-        other.extra.bridge = Some("docker0".into());
+        other.extra.iif_group = 0;
         assert_eq!(fate(&t, &other), Fate::Accept);
     }
 
@@ -323,7 +329,7 @@ mod tests {
         let t = table(false, &ports());
         let a4 = "10.244.1.2".parse().unwrap();
         let c4 = "10.244.1.4".parse().unwrap();
-        let arp = |port, mac, sha, spa| Packet::arp(BRIDGE, port, mac, sha, spa);
+        let arp = |port, mac, sha, spa| Packet::arp(PORT_GROUP, port, mac, sha, spa);
         assert_eq!(fate(&t, &arp("vethC", C_MAC, C_MAC, c4)), Fate::Accept);
         assert_eq!(fate(&t, &arp("vethA", A_MAC, A_MAC, a4)), Fate::Accept);
         // Gratuitous ARP for a's address from c, in every disguise.

@@ -220,4 +220,24 @@ mod tests {
         assert!(sync(&mut g, &Scope::Full).unwrap() > 0);
         assert!(g.plan(&Scope::Full).sets["port-mac"].elements.is_empty());
     }
+
+    /// The kernel takes the table, and reads it back as planned: a second
+    /// sync is 0 operations; a deleted table is put back.
+    #[test]
+    fn the_kernel_holds_the_table_as_planned() {
+        podnet_testkit::require_root();
+        let ns = podnet_testkit::TestNs::new("guard");
+        ns.run(|| {
+            let ports = [(Key::new("x", "a"), port(2)), (Key::new("x", "c"), port(4))];
+            for ipv6 in [false, true] {
+                let mut g = GuardPlane::new(ipv6, ports.clone().into_iter().collect()).unwrap();
+                assert!(sync(&mut g, &Scope::Full).unwrap() > 0);
+                assert_eq!(sync(&mut g, &Scope::Full).unwrap(), 0, "ipv6 {ipv6}");
+                let mut c = Conn::open().unwrap();
+                assert!(cleanup(&mut c).unwrap());
+                assert!(sync(&mut g, &Scope::Full).unwrap() > 0);
+                assert!(cleanup(&mut c).unwrap());
+            }
+        });
+    }
 }

@@ -37,6 +37,10 @@ use crate::types::{self, Attachment, CniResult};
 pub const DEFAULT_SUBNET_FILE: &str = "/run/podnet/subnet.env";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/podnet";
 pub const DEFAULT_BRIDGE: &str = "podnet0";
+/// The netdev group the host sides of the pods' veths go in: the ports
+/// the agent's anti-spoofing guard judges (`podnet_policy::guard::PORT_GROUP`,
+/// the same number: "pn").
+pub const PORT_GROUP: u32 = 0x706e;
 
 #[derive(Debug, Deserialize)]
 struct Conf {
@@ -148,6 +152,7 @@ impl Conf {
         set("isGateway", json!(true));
         set("isDefaultGateway", json!(true));
         set("hairpinMode", json!(true));
+        set("podnetPortGroup", json!(PORT_GROUP));
         set("ipMasq", json!(!env.ipmasq));
         if let Some(m) = env.mtu {
             set("mtu", json!(m));
