@@ -74,6 +74,13 @@ pub fn link_local(netns: &str, dev: &str) -> std::net::Ipv6Addr {
     a.split('/').next().unwrap().parse().unwrap()
 }
 
+/// Whether `dev` in `netns` has a link-local IPv6 address it can use
+/// (duplicate address detection over).
+pub fn link_local_ready(netns: &str, dev: &str) -> bool {
+    let out = ip_in(netns, &["-o", "-6", "addr", "show", "dev", dev, "scope", "link"]);
+    out.contains("inet6") && !out.contains("tentative")
+}
+
 /// The MAC `netns` holds for `ip` on `dev`, if any.
 pub fn neighbour(netns: &str, dev: &str, ip: Ipv4Addr) -> Option<[u8; 6]> {
     let out = ip_in(netns, &["neigh", "show", &ip.to_string(), "dev", dev]);
