@@ -1080,7 +1080,7 @@ fn podnet_meta_plugin_waits_for_the_agent() {
         got,
         [
             format!("add ns1/web [{ip}]"),
-            format!("guard ns1/web Some((true, [{ip}]))")
+            format!("guard wait-a Some((true, [{ip}]))")
         ]
     );
     // The port guard's record, for an agent that starts later.
@@ -1095,7 +1095,7 @@ fn podnet_meta_plugin_waits_for_the_agent() {
     // loop's side records it on its own task.
     podnet_testkit::eventually("the DEL notice", std::time::Duration::from_secs(5), || {
         let s = seen.lock().unwrap();
-        s.iter().any(|l| l == "del ns1/web") && s.iter().any(|l| l == "guard ns1/web None")
+        s.iter().any(|l| l == "del ns1/web") && s.iter().any(|l| l == "guard wait-a None")
     });
     // The agent says no: ADD fails, retryable, and leaves nothing.
     fail.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -262,9 +262,11 @@ fn ipv6_link_local_does_not_reach_an_isolated_pod() {
         },
     );
     let _ = listener.accept().unwrap();
-    eventually("c's link-local address usable", Duration::from_secs(10), || {
-        spoof::link_local_ready(&c_ns, "eth0")
-    });
+    eventually(
+        "c's link-local address usable",
+        Duration::from_secs(10),
+        || spoof::link_local_ready(&c_ns, "eth0"),
+    );
     let via_c = SocketAddrV6::new(b6, 8080, 0, spoof::ifindex(&c_ns, "eth0"));
     let r = Netns::named(&c_ns)
         .unwrap()

@@ -23,7 +23,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataplane::Ack;
 use crate::guard::{self, Port};
-use crate::world::Key;
+
+/// An attachment's id: its container ID, with `@<ifname>` when the
+/// interface is not `eth0` (the record's file name). Keyed by attachment,
+/// not by pod, so a pod's new sandbox and its old one's DEL, in either
+/// order, leave the new one's port.
+pub type Attachment = String;
 
 /// The records' directory beside `file`: the node's subnet file, or the
 /// agent socket beside it.
@@ -43,7 +48,7 @@ pub struct Record {
 }
 
 /// Every record under `dir` (unreadable ones are logged and skipped).
-pub fn read_records(dir: &Path) -> BTreeMap<Key, Port> {
+pub fn read_records(dir: &Path) -> BTreeMap<Attachment, Port> {
     let mut out = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return out;
@@ -52,7 +57,8 @@ pub fn read_records(dir: &Path) -> BTreeMap<Key, Port> {
         let path = ent.path();
         match std::fs::read(&path).map(|b| serde_json::from_slice::<Record>(&b)) {
             Ok(Ok(r)) => {
-                out.insert(Key::new(&r.namespace, &r.name), r.port);
+                let id = ent.file_name().to_string_lossy().into_owned();
+                out.insert(id, r.port);
             }
             Ok(Err(e)) => tracing::warn!(record = %path.display(), "guard record: {e}"),
             Err(e) => tracing::warn!(record = %path.display(), "guard record: {e}"),
@@ -64,7 +70,7 @@ pub fn read_records(dir: &Path) -> BTreeMap<Key, Port> {
 /// What the guard loop is fed: a pod's port (none: the pod is gone), and
 /// the ADD waiting for it.
 pub struct GuardInput {
-    pub key: Key,
+    pub key: Attachment,
     pub port: Option<Port>,
     pub ack: Option<Ack>,
 }
@@ -72,22 +78,22 @@ pub struct GuardInput {
 /// The guard's loop state.
 pub struct GuardPlane {
     ipv6: bool,
-    ports: BTreeMap<Key, Port>,
+    ports: BTreeMap<Attachment, Port>,
     conn: Option<Conn>,
-    waiters: Vec<(Key, Ack)>,
+    waiters: Vec<(Attachment, Ack)>,
 }
 
 impl GuardPlane {
     /// A plane with a kernel connection, starting from `ports` (the
     /// records).
-    pub fn new(ipv6: bool, ports: BTreeMap<Key, Port>) -> Result<GuardPlane, SyncError> {
+    pub fn new(ipv6: bool, ports: BTreeMap<Attachment, Port>) -> Result<GuardPlane, SyncError> {
         let mut g = GuardPlane::detached(ipv6, ports);
         g.conn = Some(Conn::open()?);
         Ok(g)
     }
 
     /// Plan and diff only (tests).
-    pub fn detached(ipv6: bool, ports: BTreeMap<Key, Port>) -> GuardPlane {
+    pub fn detached(ipv6: bool, ports: BTreeMap<Attachment, Port>) -> GuardPlane {
         GuardPlane {
             ipv6,
             ports,
@@ -99,7 +105,7 @@ impl GuardPlane {
 
 impl Subsystem for GuardPlane {
     type Input = GuardInput;
-    type Key = Key;
+    type Key = Attachment;
     type Plan = Table;
     type Observed = Option<Table>;
     type Changes = (Table, Vec<Change>);
@@ -108,7 +114,7 @@ impl Subsystem for GuardPlane {
         "guard"
     }
 
-    fn watch(&mut self, input: GuardInput, dirty: &mut BTreeSet<Key>) {
+    fn watch(&mut self, input: GuardInput, dirty: &mut BTreeSet<Attachment>) {
         let GuardInput { key, port, ack } = input;
         match port {
             Some(p) => self.ports.insert(key.clone(), p),
@@ -120,11 +126,11 @@ impl Subsystem for GuardPlane {
         dirty.insert(key);
     }
 
-    fn plan(&self, _scope: &Scope<Key>) -> Table {
+    fn plan(&self, _scope: &Scope<Attachment>) -> Table {
         guard::table(self.ipv6, self.ports.values())
     }
 
-    fn observe(&mut self, _scope: &Scope<Key>) -> Result<Option<Table>, SyncError> {
+    fn observe(&mut self, _scope: &Scope<Attachment>) -> Result<Option<Table>, SyncError> {
         match self.conn.as_mut() {
             Some(c) => Ok(c.observe(&guard::skeleton(self.ipv6))?),
             None => Ok(None),
@@ -146,12 +152,12 @@ impl Subsystem for GuardPlane {
         Ok(n)
     }
 
-    fn synced(&mut self, _scope: &Scope<Key>, ok: bool) {
+    fn synced(&mut self, _scope: &Scope<Attachment>, ok: bool) {
         if !ok {
             return;
         }
         for (k, ack) in self.waiters.drain(..) {
-            tracing::debug!(pod = %k, "port guarded; answering the CNI plugin");
+            tracing::debug!(attachment = %k, "port guarded; answering the CNI plugin");
             let _ = ack.send(Ok(()));
         }
     }
@@ -186,7 +192,7 @@ mod tests {
         std::fs::write(d.path().join("c1"), serde_json::to_vec(&r).unwrap()).unwrap();
         std::fs::write(d.path().join("c2"), b"{").unwrap();
         let got = read_records(d.path());
-        assert_eq!(got, [(Key::new("x", "a"), port(2))].into_iter().collect());
+        assert_eq!(got, [("c1".to_string(), port(2))].into_iter().collect());
         let text = serde_json::to_string(&r).unwrap();
         assert!(text.contains("\"port\":\"veth2\""), "{text}");
     }
@@ -197,7 +203,7 @@ mod tests {
         let mut dirty = BTreeSet::new();
         g.watch(
             GuardInput {
-                key: Key::new("x", "a"),
+                key: "c1".into(),
                 port: Some(port(2)),
                 ack: None,
             },
@@ -211,7 +217,7 @@ mod tests {
         assert_eq!(diff::ops(&ch), 0);
         g.watch(
             GuardInput {
-                key: Key::new("x", "a"),
+                key: "c1".into(),
                 port: None,
                 ack: None,
             },
@@ -228,7 +234,7 @@ mod tests {
         podnet_testkit::require_root();
         let ns = podnet_testkit::TestNs::new("guard");
         ns.run(|| {
-            let ports = [(Key::new("x", "a"), port(2)), (Key::new("x", "c"), port(4))];
+            let ports = [("c1".to_string(), port(2)), ("c2".to_string(), port(4))];
             for ipv6 in [false, true] {
                 let mut g = GuardPlane::new(ipv6, ports.clone().into_iter().collect()).unwrap();
                 assert!(sync(&mut g, &Scope::Full).unwrap() > 0);

@@ -10,7 +10,7 @@
 //! `{"error":".."}`. A DEL sends `"op":"del"`.
 //!
 //! An ADD through podnet's bridge also names the pod's bridge port and MAC
-//! (`"port":"veth…","mac":"0a:58:…"`): the anti-spoofing guard
+//! (`"port":"veth…","mac":"0a:58:…","attachment":"<container id>"`): the anti-spoofing guard
 //! ([`crate::guardplane`]) lets the port speak with those and the pod's
 //! addresses only, and the answer waits for the guard's batch too.
 //!
@@ -61,6 +61,18 @@ pub struct Request {
     /// The pod's MAC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// The attachment (container ID, `@ifname` unless `eth0`) the port
+    /// belongs to: what the guard keys it by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
+}
+
+impl Request {
+    /// The guard's key for this request (the pod's name from a plugin
+    /// that does not send the attachment).
+    fn attachment(&self, key: &Key) -> String {
+        self.attachment.clone().unwrap_or_else(|| key.to_string())
+    }
 }
 
 /// The agent's line: programmed, or why not.
@@ -127,6 +139,7 @@ async fn add(req: Request, key: Key, tx: &Loops) -> Reply {
         Ok(p) => p,
         Err(r) => return r,
     };
+    let attachment = req.attachment(&key);
     let (ack, policy_done) = oneshot::channel();
     let msg = PolicyInput::Added {
         key: key.clone(),
@@ -141,7 +154,7 @@ async fn add(req: Request, key: Key, tx: &Loops) -> Reply {
         Some(p) => {
             let (ack, done) = oneshot::channel();
             let msg = GuardInput {
-                key: key.clone(),
+                key: attachment,
                 port: Some(p),
                 ack: Some(ack),
             };
@@ -170,7 +183,7 @@ async fn handle(stream: tokio::net::UnixStream, tx: Loops) -> std::io::Result<()
                 "add" => add(req, key, &tx).await,
                 "del" => {
                     let gone = GuardInput {
-                        key: key.clone(),
+                        key: req.attachment(&key),
                         port: None,
                         ack: None,
                     };

@@ -589,6 +589,41 @@ fn deny_chain(counter: &str, prefix: &str, limit: LogLimit) -> Chain {
     }
 }
 
+/// `judge-invalid`: packets conntrack finds invalid, to or from an
+/// isolated pod, go to `deny-invalid`, which counts and drops them.
+fn invalid_chains(t: &mut Table, saddr: Field, daddr: Field) {
+    let invalid = |f: Field, set: SetId| {
+        Rule::new(vec![
+            Expr::InSet {
+                keys: vec![f],
+                set: set.name(),
+                neg: false,
+            },
+            Expr::Verdict(Verdict::Goto("deny-invalid".into())),
+        ])
+    };
+    t.chains.insert(
+        "judge-invalid".into(),
+        Chain {
+            base: None,
+            rules: vec![
+                invalid(daddr, SetId::InIsolated),
+                invalid(saddr, SetId::EgIsolated),
+            ],
+        },
+    );
+    t.chains.insert(
+        "deny-invalid".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(vec![
+                Expr::CounterRef(COUNTER_INVALID.into()),
+                Expr::Verdict(Verdict::Drop),
+            ])],
+        },
+    );
+}
+
 /// The table with its chains and empty sets. `subnets` are this node's pod
 /// subnets (of this family), for failing closed.
 pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
@@ -633,36 +668,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
             ],
         },
     );
-    let invalid = |f: Field, set: SetId| {
-        Rule::new(vec![
-            Expr::InSet {
-                keys: vec![f],
-                set: set.name(),
-                neg: false,
-            },
-            Expr::Verdict(Verdict::Goto("deny-invalid".into())),
-        ])
-    };
-    t.chains.insert(
-        "judge-invalid".into(),
-        Chain {
-            base: None,
-            rules: vec![
-                invalid(daddr, SetId::InIsolated),
-                invalid(saddr, SetId::EgIsolated),
-            ],
-        },
-    );
-    t.chains.insert(
-        "deny-invalid".into(),
-        Chain {
-            base: None,
-            rules: vec![Rule::new(vec![
-                Expr::CounterRef(COUNTER_INVALID.into()),
-                Expr::Verdict(Verdict::Drop),
-            ])],
-        },
-    );
+    invalid_chains(&mut t, saddr, daddr);
     let mut judge = Vec::new();
     for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
         for f in [saddr, daddr] {

@@ -77,7 +77,10 @@ pub fn link_local(netns: &str, dev: &str) -> std::net::Ipv6Addr {
 /// Whether `dev` in `netns` has a link-local IPv6 address it can use
 /// (duplicate address detection over).
 pub fn link_local_ready(netns: &str, dev: &str) -> bool {
-    let out = ip_in(netns, &["-o", "-6", "addr", "show", "dev", dev, "scope", "link"]);
+    let out = ip_in(
+        netns,
+        &["-o", "-6", "addr", "show", "dev", dev, "scope", "link"],
+    );
     out.contains("inet6") && !out.contains("tentative")
 }
 

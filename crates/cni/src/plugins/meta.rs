@@ -284,6 +284,9 @@ fn tell_agent(
         req["port"] = json!(p);
         req["mac"] = json!(mac);
     }
+    // The guard keys ports by attachment, as its records are named.
+    let id = saved_path(std::path::Path::new(""), &args.container_id, &args.ifname);
+    req["attachment"] = json!(id.to_string_lossy());
     let mut req = serde_json::to_vec(&req).expect("json");
     req.push(b'\n');
     s.write_all(&req)
