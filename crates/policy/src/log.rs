@@ -117,6 +117,15 @@ fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
             sums[i] as f64,
         );
     }
+    if let Ok(Some((pk, _))) = c.counter(Family::Bridge, crate::guard::TABLE, crate::guard::COUNTER)
+    {
+        metrics.set(
+            "podnet_guard_dropped_total",
+            "Frames from pods' ports the anti-spoofing guard dropped (not their own MAC or addresses).",
+            "",
+            pk as f64,
+        );
+    }
     metrics.set(
         "podnet_policy_kernel_invalid_total",
         "Packets conntrack found invalid, to or from isolated pods, dropped (not logged).",

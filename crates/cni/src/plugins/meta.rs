@@ -20,7 +20,9 @@
 //! with its request, so the agent lets that port speak with the pod's own
 //! addresses only, from the moment the pod exists and again after the
 //! agent restarts. They are taken from the ADD, never read back from the
-//! pod, which could change its own.
+//! pod, which could change its own. The delegate puts the host veth in
+//! netdev group [`PORT_GROUP`] (`podnetPortGroup`): the ports the guard
+//! judges.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
