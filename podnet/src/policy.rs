@@ -235,6 +235,7 @@ fn kernel_trace(flow: &Flow, subnets: &[ipnet::IpNet]) -> Result<(String, String
         oif: None,
         src_mac: None,
         pkttype: 0,
+        extra: Default::default(),
     };
     let out = podnet_nft::trace::Tracer::new(&t).incoming(&pkt, &mut |_| 0);
     let fate = match out.fate {
@@ -248,6 +249,7 @@ fn kernel_trace(flow: &Flow, subnets: &[ipnet::IpNet]) -> Result<(String, String
         podnet_policy::plan::COUNTER_EGRESS,
         podnet_policy::plan::COUNTER_INGRESS,
         podnet_policy::plan::COUNTER_UNKNOWN,
+        podnet_policy::plan::COUNTER_INVALID,
         podnet_policy::plan::COUNTER_SUPPRESSED,
     ] {
         if let Some((pk, _)) = conn.counter(fam, podnet_policy::plan::TABLE, c)? {

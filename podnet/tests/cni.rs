@@ -1019,7 +1019,28 @@ fn podnet_meta_plugin_waits_for_the_agent() {
     let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (tx, mut rx) = podnet_reconcile::channel::<PolicyInput>();
-    rt.spawn(podnet_policy::hint::serve(socket.clone(), tx));
+    let (gtx, mut grx) = podnet_reconcile::channel();
+    let loops = podnet_policy::hint::Loops {
+        policy: tx,
+        guard: gtx,
+    };
+    rt.spawn(podnet_policy::hint::serve(socket.clone(), loops));
+    // The port guard's side: record the port's facts, answer at once.
+    let seen_g = seen.clone();
+    rt.spawn(async move {
+        while let Some(m) = grx.recv().await {
+            if let Input::Changes(podnet_policy::guardplane::GuardInput { key, port, ack }) = m {
+                let facts = port.map(|p| (p.port.starts_with("veth"), p.ips));
+                seen_g
+                    .lock()
+                    .unwrap()
+                    .push(format!("guard {key} {facts:?}"));
+                if let Some(a) = ack {
+                    let _ = a.send(Ok(()));
+                }
+            }
+        }
+    });
     let (seen2, fail2) = (seen.clone(), fail.clone());
     rt.spawn(async move {
         while let Some(m) = rx.recv().await {
@@ -1053,15 +1074,28 @@ fn podnet_meta_plugin_waits_for_the_agent() {
     at.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web".into();
     let r = cni.add_list(&list, &at).unwrap();
     let ip = first_ip(&r);
+    let mut got = seen.lock().unwrap().clone();
+    got.sort();
     assert_eq!(
-        seen.lock().unwrap().as_slice(),
-        [format!("add ns1/web [{ip}]")]
+        got,
+        [
+            format!("add ns1/web [{ip}]"),
+            format!("guard wait-a Some((true, [{ip}]))")
+        ]
     );
+    // The port guard's record, for an agent that starts later.
+    let record = state.path().join("guard").join("wait-a");
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(rec["namespace"], "ns1", "{rec}");
+    assert_eq!(rec["ips"], json!([ip.to_string()]), "{rec}");
+    seen.lock().unwrap().clear();
     cni.del_list(&list, &at, Some(&r)).unwrap();
+    assert!(!record.exists(), "DEL removes the guard record");
     // DEL is a notice: the server answers once it has queued it, and the
     // loop's side records it on its own task.
     podnet_testkit::eventually("the DEL notice", std::time::Duration::from_secs(5), || {
-        seen.lock().unwrap().last().map(String::as_str) == Some("del ns1/web")
+        let s = seen.lock().unwrap();
+        s.iter().any(|l| l == "del ns1/web") && s.iter().any(|l| l == "guard wait-a None")
     });
     // The agent says no: ADD fails, retryable, and leaves nothing.
     fail.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -28,6 +28,7 @@ const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINK: u16 = 5;
 const IFLA_MASTER: u16 = 10;
+const IFLA_GROUP: u16 = 27;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_EXT_MASK: u16 = 29;
@@ -576,6 +577,16 @@ impl Handle {
         self.req(m, &|| {
             format!("setting MAC {} on link #{index}", format_mac(&mac))
         })?;
+        Ok(())
+    }
+
+    /// Puts a link in netdev group `group` (what nftables' `meta iifgroup`
+    /// reads).
+    pub fn set_group(&mut self, index: u32, group: u32) -> Result<(), KernelError> {
+        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
+        m.raw(&ifinfomsg(0, index, 0, 0));
+        m.u32(IFLA_GROUP, group);
+        self.req(m, &|| format!("putting link #{index} in group {group}"))?;
         Ok(())
     }
 

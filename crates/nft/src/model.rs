@@ -88,6 +88,23 @@ pub enum Field {
     NfProto,
     /// meta pkttype (`Value::U8(0)` is `host`: addressed to our MAC).
     PktType,
+    /// ether type (bridge tables; `Value::U16`). A VLAN-tagged frame reads
+    /// as 0x8100 here even when the tag was taken off into the skb.
+    EtherType,
+    /// arp saddr ether: an ARP packet's sender hardware address (Ethernet,
+    /// IPv4 ARP; read at its fixed offset: only after `ether type arp`).
+    ArpSha,
+    /// arp saddr ip: an ARP packet's sender protocol address.
+    ArpSpa,
+    /// meta iifgroup: the netdev group of the interface (in a bridge
+    /// table, the port) a frame came in on (`Value::U32`).
+    IifGroup,
+    /// icmpv6 type (read at the transport header: only after `meta
+    /// l4proto` is 58, compared as `Value::U8`).
+    Icmp6Type,
+    /// The target address of an ICMPv6 neighbour solicitation or
+    /// advertisement (only after `icmpv6 type` is 135 or 136).
+    NdTarget,
 }
 
 impl Field {
@@ -109,21 +126,34 @@ impl Field {
             Field::EtherSaddr => "ether saddr",
             Field::NfProto => "meta nfproto",
             Field::PktType => "meta pkttype",
+            Field::EtherType => "ether type",
+            Field::ArpSha => "arp saddr ether",
+            Field::ArpSpa => "arp saddr ip",
+            Field::IifGroup => "meta iifgroup",
+            Field::Icmp6Type => "icmpv6 type",
+            Field::NdTarget => "icmpv6 taddr",
         }
     }
 
     /// The set key type this field is looked up as.
     pub fn key_type(self) -> KeyType {
         match self {
-            Field::IpSaddr | Field::IpDaddr | Field::CtOrigIpDaddr => KeyType::Ipv4Addr,
-            Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOrigIp6Daddr => KeyType::Ipv6Addr,
+            Field::IpSaddr | Field::IpDaddr | Field::CtOrigIpDaddr | Field::ArpSpa => {
+                KeyType::Ipv4Addr
+            }
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOrigIp6Daddr | Field::NdTarget => {
+                KeyType::Ipv6Addr
+            }
             Field::L4Proto => KeyType::InetProto,
             Field::Dport | Field::Sport | Field::CtOrigDport => KeyType::InetService,
             Field::Mark => KeyType::Mark,
             Field::IifName | Field::OifName => KeyType::IfName,
-            Field::EtherSaddr => KeyType::EtherAddr,
+            Field::IifGroup => KeyType::DevGroup,
+            Field::EtherSaddr | Field::ArpSha => KeyType::EtherAddr,
             Field::NfProto => KeyType::NfProto,
             Field::PktType => KeyType::PktType,
+            Field::EtherType => KeyType::EtherType,
+            Field::Icmp6Type => KeyType::Icmp6Type,
         }
     }
 }
@@ -140,6 +170,9 @@ pub enum KeyType {
     EtherAddr,
     NfProto,
     PktType,
+    EtherType,
+    Icmp6Type,
+    DevGroup,
 }
 
 impl KeyType {
@@ -154,6 +187,9 @@ impl KeyType {
             KeyType::EtherAddr => "ether_addr",
             KeyType::NfProto => "nf_proto",
             KeyType::PktType => "pkt_type",
+            KeyType::EtherType => "ether_type",
+            KeyType::Icmp6Type => "icmpv6_type",
+            KeyType::DevGroup => "devgroup",
         }
     }
 }
@@ -186,8 +222,11 @@ pub enum Value {
     /// `th dport` in a [`Expr::Cmp`] (a NetworkPolicy port with `endPort`).
     PortRange(u16, u16),
     U32(u32),
-    /// A one-byte value (nfproto, pkttype).
+    /// A one-byte value (nfproto, pkttype, icmpv6 type, or a layer-4
+    /// protocol number with no [`Proto`]: 58 for ICMPv6).
     U8(u8),
+    /// A two-byte value in network order (ether type).
+    U16(u16),
     /// An interface name.
     Name(String),
     Mac([u8; 6]),
@@ -227,6 +266,7 @@ impl Value {
             Value::PortRange(lo, hi) => format!("{lo}-{hi}"),
             Value::U32(v) => format!("0x{v:08x}"),
             Value::U8(v) => v.to_string(),
+            Value::U16(v) => format!("0x{v:04x}"),
             Value::Name(n) => format!("\"{}\"", n.replace('"', "_")),
             Value::Mac(m) => m
                 .iter()
@@ -333,6 +373,9 @@ pub enum Expr {
     /// `ct state new`: the first packet of a connection. Checks that only
     /// matter when a connection starts stay off every later packet.
     CtStateNew,
+    /// `ct state invalid`: a packet conntrack could not place in any
+    /// connection (a stray RST or FIN, an ICMP error about nothing).
+    CtStateInvalid,
     /// `meta mark & mask != 0`
     MarkSet {
         mask: u32,
@@ -539,6 +582,7 @@ impl Expr {
             Expr::FibSaddrLocal => "fib saddr type local".into(),
             Expr::CtDnat => "ct status dnat".into(),
             Expr::CtStateNew => "ct state new".into(),
+            Expr::CtStateInvalid => "ct state invalid".into(),
             Expr::MarkSet { mask } => format!("meta mark & 0x{mask:08x} != 0"),
             Expr::SetMark { bits } => format!("meta mark set meta mark | 0x{bits:08x}"),
             Expr::UpdateSet { keys, set } => format!("update @{set} {{ {} }}", keys_text(keys)),

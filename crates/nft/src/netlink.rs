@@ -114,7 +114,9 @@ fn field_len(k: KeyType) -> usize {
         KeyType::Mark => 4,
         KeyType::IfName => 16,
         KeyType::EtherAddr => 6,
-        KeyType::NfProto | KeyType::PktType => 1,
+        KeyType::NfProto | KeyType::PktType | KeyType::Icmp6Type => 1,
+        KeyType::EtherType => 2,
+        KeyType::DevGroup => 4,
     }
 }
 
@@ -134,6 +136,9 @@ fn type_id(k: KeyType) -> u32 {
         KeyType::EtherAddr => 9,
         KeyType::NfProto => 2,
         KeyType::PktType => 31,
+        KeyType::EtherType => 10,
+        KeyType::Icmp6Type => 29,
+        KeyType::DevGroup => 43,
     }
 }
 
@@ -149,6 +154,7 @@ fn value_bytes(v: &Value) -> Vec<u8> {
         Value::Port(p) | Value::PortRange(p, _) => p.to_be_bytes().to_vec(),
         Value::U32(x) => x.to_ne_bytes().to_vec(),
         Value::U8(x) => vec![*x],
+        Value::U16(x) => x.to_be_bytes().to_vec(),
         Value::Name(n) => {
             // IFNAMSIZ, NUL padded (what `meta iifname` loads).
             let mut b = n.as_bytes()[..n.len().min(15)].to_vec();
@@ -337,6 +343,12 @@ impl Ex<'_> {
             Field::EtherSaddr => self.payload(0, 6, 6, reg),
             Field::NfProto => self.meta(15, reg),
             Field::PktType => self.meta(19, reg),
+            Field::EtherType => self.payload(0, 12, 2, reg),
+            Field::ArpSha => self.payload(1, 8, 6, reg),
+            Field::ArpSpa => self.payload(1, 14, 4, reg),
+            Field::IifGroup => self.meta(21, reg), // NFT_META_IIFGROUP
+            Field::Icmp6Type => self.payload(2, 0, 1, reg),
+            Field::NdTarget => self.payload(2, 8, 16, reg),
         }
         field_len(f.key_type())
     }
@@ -511,6 +523,13 @@ fn encode_expr(x: &mut Ex<'_>, e: &Expr, family: Family) {
                 m.u32_be(2, 0).u32_be(1, NFT_REG_1); // NFT_CT_STATE
             });
             x.bitwise(NFT_REG_1, &8u32.to_ne_bytes(), &[0; 4]); // NF_CT_STATE_BIT(IP_CT_NEW)
+            x.cmp(NFT_REG_1, true, &[0; 4]);
+        }
+        Expr::CtStateInvalid => {
+            x.expr("ct", |m| {
+                m.u32_be(2, 0).u32_be(1, NFT_REG_1); // NFT_CT_STATE
+            });
+            x.bitwise(NFT_REG_1, &1u32.to_ne_bytes(), &[0; 4]); // NF_CT_STATE_INVALID_BIT
             x.cmp(NFT_REG_1, true, &[0; 4]);
         }
         Expr::MarkSet { mask } => {
@@ -1126,7 +1145,9 @@ fn decode_value(k: KeyType, b: &[u8], end: Option<&[u8]>) -> Option<Value> {
         KeyType::Mark => Value::U32(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?)),
         KeyType::IfName => Value::Name(get_str(b)),
         KeyType::EtherAddr => Value::Mac(b.get(..6)?.try_into().ok()?),
-        KeyType::NfProto | KeyType::PktType => Value::U8(*b.first()?),
+        KeyType::NfProto | KeyType::PktType | KeyType::Icmp6Type => Value::U8(*b.first()?),
+        KeyType::EtherType => Value::U16(u16::from_be_bytes(b.get(..2)?.try_into().ok()?)),
+        KeyType::DevGroup => Value::U32(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?)),
     })
 }
 
@@ -1983,5 +2004,101 @@ mod tests {
         );
         t.family = Family::Ip;
         assert_eq!(rule_shape(&t, "c", &r).exprs[0], "payload");
+    }
+
+    /// Each payload load of a rule as (base, offset, len), and each meta
+    /// load's key.
+    fn loads(t: &Table, r: &Rule) -> Vec<(String, Vec<u32>)> {
+        let bytes = rule_msg(t, "c", r).finish(0);
+        let mut out = Vec::new();
+        for (ty, v) in Attrs::new(&bytes[20..]) {
+            if ty != 4 {
+                continue;
+            }
+            for (_, e) in Attrs::new(v) {
+                let mut name = String::new();
+                let mut vals = Vec::new();
+                for (et, ev) in Attrs::new(e) {
+                    match et {
+                        1 => name = get_str(ev),
+                        2 => {
+                            for (at, av) in Attrs::new(ev) {
+                                let keep = match name.as_str() {
+                                    "payload" => (2..=4).contains(&at),
+                                    "meta" => at == 2,
+                                    _ => false,
+                                };
+                                if keep {
+                                    vals.push(be32(av));
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if name == "payload" || name == "meta" {
+                    out.push((name, vals));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn bridge_fields_load_their_headers() {
+        let mut t = Table::new(Family::Bridge, "x");
+        let types = vec![KeyType::IfName, KeyType::EtherAddr, KeyType::Ipv4Addr];
+        t.sets.insert("arp".into(), Set::new(types));
+        let r = Rule::new(vec![
+            Expr::Cmp {
+                field: Field::IifGroup,
+                neg: true,
+                value: Value::U32(0x706e),
+            },
+            Expr::Cmp {
+                field: Field::EtherType,
+                neg: false,
+                value: Value::U16(0x0806),
+            },
+            Expr::InSet {
+                keys: vec![Field::IifName, Field::ArpSha, Field::ArpSpa],
+                set: "arp".into(),
+                neg: false,
+            },
+            Expr::Cmp {
+                field: Field::Icmp6Type,
+                neg: false,
+                value: Value::U8(136),
+            },
+            Expr::Cmp {
+                field: Field::NdTarget,
+                neg: false,
+                value: Value::Addr("fd00::1".parse().unwrap()),
+            },
+        ]);
+        let p = |v: &[u32]| ("payload".to_string(), v.to_vec());
+        let m = |k: u32| ("meta".to_string(), vec![k]);
+        assert_eq!(
+            loads(&t, &r),
+            [
+                m(21),
+                p(&[0, 12, 2]),
+                m(6),
+                p(&[1, 8, 6]),
+                p(&[1, 14, 4]),
+                p(&[2, 0, 1]),
+                p(&[2, 8, 16])
+            ]
+        );
+        assert_eq!(value_bytes(&Value::U16(0x86dd)), [0x86, 0xdd]);
+        assert_eq!(
+            decode_value(KeyType::EtherType, &[0x08, 0x06], None),
+            Some(Value::U16(0x0806))
+        );
+        let invalid = Rule::new(vec![Expr::CtStateInvalid, Expr::Verdict(Verdict::Drop)]);
+        assert_eq!(
+            rule_shape(&t, "c", &invalid).exprs,
+            ["ct", "bitwise", "cmp", "immediate"]
+        );
     }
 }

@@ -23,7 +23,7 @@
 //! tables; in an `inet` table, IPv4 fields match IPv4 packets only.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::model::{ChainType, ElemData, Expr, Field, Hook, Proto, Table, Value, Verdict};
 
@@ -44,7 +44,35 @@ pub struct Packet {
     pub src_mac: Option<[u8; 6]>,
     /// `meta pkttype`: 0 for a frame addressed to this host's MAC.
     pub pkttype: u8,
+    /// What only some tables read: the frame's layer 2 (the guard's
+    /// bridge table), ICMPv6, conntrack's state.
+    pub extra: Extra,
 }
+
+/// The less common parts of a [`Packet`], all absent by default: an IP
+/// packet of its addresses' family, TCP/UDP/SCTP by `proto`, tracked as
+/// the first packet of a new connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extra {
+    /// `ether type`; none: IPv4 or IPv6 by the addresses. Other types
+    /// (ARP, a VLAN tag) have no IP header: the IP fields read nothing.
+    pub ether_type: Option<u16>,
+    /// `meta iifgroup`: the netdev group of the port it came in on.
+    pub iif_group: u32,
+    /// An ARP packet's sender hardware and protocol addresses.
+    pub arp: Option<([u8; 6], Ipv4Addr)>,
+    /// An ICMPv6 packet (instead of `proto`): its type and, for neighbour
+    /// discovery, its target address.
+    pub icmp6: Option<(u8, Option<Ipv6Addr>)>,
+    /// Conntrack found no connection for it (`ct state invalid`).
+    pub ct_invalid: bool,
+}
+
+/// The ether types the tracer knows.
+pub const ETH_IP: u16 = 0x0800;
+pub const ETH_ARP: u16 = 0x0806;
+pub const ETH_IP6: u16 = 0x86dd;
+pub const ETH_VLAN: u16 = 0x8100;
 
 impl Packet {
     pub fn new(src: &str, dst: &str, proto: Proto, dport: u16) -> Packet {
@@ -59,7 +87,37 @@ impl Packet {
             oif: None,
             src_mac: None,
             pkttype: 0,
+            extra: Extra::default(),
         }
+    }
+
+    /// The ether type the frame carries.
+    pub fn ether_type(&self) -> u16 {
+        match self.extra.ether_type {
+            Some(t) => t,
+            None if self.src.is_ipv4() => ETH_IP,
+            None => ETH_IP6,
+        }
+    }
+
+    /// An ARP packet from port `port` of netdev group `group`, from MAC
+    /// `mac`, claiming `sha` is at `spa` (its IP addresses are `spa` and
+    /// `0.0.0.0`).
+    pub fn arp(group: u32, port: &str, mac: [u8; 6], sha: [u8; 6], spa: Ipv4Addr) -> Packet {
+        let mut p = Packet::new(&spa.to_string(), "0.0.0.0", Proto::Udp, 0)
+            .on(port)
+            .from_mac(mac);
+        p.extra.ether_type = Some(ETH_ARP);
+        p.extra.iif_group = group;
+        p.extra.arp = Some((sha, spa));
+        p
+    }
+
+    /// The same packet as a frame entering a bridge on port `port` (of
+    /// netdev group `group`) from MAC `mac`.
+    pub fn bridged(mut self, group: u32, port: &str, mac: [u8; 6]) -> Packet {
+        self.extra.iif_group = group;
+        self.on(port).from_mac(mac)
     }
 
     /// The same packet arriving on interface `iif`.
@@ -132,7 +190,19 @@ struct Run<'p> {
 }
 
 fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
+    let ip = matches!(pkt.ether_type(), ETH_IP | ETH_IP6);
+    let x = &pkt.extra;
     Some(match f {
+        Field::IpSaddr | Field::IpDaddr | Field::Ip6Saddr | Field::Ip6Daddr if !ip => return None,
+        Field::L4Proto | Field::Dport | Field::Sport if !ip => return None,
+        Field::L4Proto if x.icmp6.is_some() => Value::U8(58),
+        Field::Dport | Field::Sport if x.icmp6.is_some() => return None,
+        Field::EtherType => Value::U16(pkt.ether_type()),
+        Field::ArpSha if pkt.ether_type() == ETH_ARP => Value::Mac(x.arp?.0),
+        Field::ArpSpa if pkt.ether_type() == ETH_ARP => Value::Addr(x.arp?.1.into()),
+        Field::IifGroup => Value::U32(x.iif_group),
+        Field::Icmp6Type => Value::U8(x.icmp6?.0),
+        Field::NdTarget => Value::Addr(x.icmp6?.1?.into()),
         Field::CtOrigIpDaddr if orig.dst.is_ipv4() => Value::Addr(orig.dst),
         Field::CtOrigIp6Daddr if orig.dst.is_ipv6() => Value::Addr(orig.dst),
         Field::CtOrigDport => Value::Port(orig.dport),
@@ -300,8 +370,18 @@ impl<'a> Tracer<'a> {
                             continue 'rules;
                         }
                     }
-                    // The tracer follows the first packet of a flow.
-                    Expr::CtStateNew => {}
+                    // The tracer follows the first packet of a flow (or a
+                    // packet conntrack found invalid).
+                    Expr::CtStateNew => {
+                        if run.pkt.extra.ct_invalid {
+                            continue 'rules;
+                        }
+                    }
+                    Expr::CtStateInvalid => {
+                        if !run.pkt.extra.ct_invalid {
+                            continue 'rules;
+                        }
+                    }
                     Expr::MarkSet { mask } => {
                         if run.pkt.mark & mask == 0 {
                             continue 'rules;

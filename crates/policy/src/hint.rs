@@ -9,6 +9,11 @@
 //! isolation, its allows and its `pods` entry is in the kernel, or
 //! `{"error":".."}`. A DEL sends `"op":"del"`.
 //!
+//! An ADD through podnet's bridge also names the pod's bridge port and MAC
+//! (`"port":"veth…","mac":"0a:58:…","attachment":"<container id>"`): the anti-spoofing guard
+//! ([`crate::guardplane`]) lets the port speak with those and the pod's
+//! addresses only, and the answer waits for the guard's batch too.
+//!
 //! Together with failing closed (an address of the node's subnet the table
 //! does not know is dropped, see [`crate::plan`]), no packet reaches a new
 //! pod unjudged, and an allowed one does not depend on timing: when the
@@ -25,7 +30,16 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::PolicyInput;
+use crate::guard::{parse_mac, Port};
+use crate::guardplane::GuardInput;
 use crate::world::Key;
+
+/// The loops a request feeds.
+#[derive(Clone)]
+pub struct Loops {
+    pub policy: mpsc::Sender<Input<PolicyInput>>,
+    pub guard: mpsc::Sender<Input<GuardInput>>,
+}
 
 /// The socket's file name, in the subnet file's directory.
 pub const SOCKET_NAME: &str = "agent.sock";
@@ -41,6 +55,24 @@ pub struct Request {
     pub name: String,
     #[serde(default)]
     pub ips: Vec<IpAddr>,
+    /// The host side of the pod's veth (its bridge port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
+    /// The pod's MAC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// The attachment (container ID, `@ifname` unless `eth0`) the port
+    /// belongs to: what the guard keys it by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
+}
+
+impl Request {
+    /// The guard's key for this request (the pod's name from a plugin
+    /// that does not send the attachment).
+    fn attachment(&self, key: &Key) -> String {
+        self.attachment.clone().unwrap_or_else(|| key.to_string())
+    }
 }
 
 /// The agent's line: programmed, or why not.
@@ -76,10 +108,70 @@ pub fn socket_for(subnet_file: &Path) -> PathBuf {
         .join(SOCKET_NAME)
 }
 
-async fn handle(
-    stream: tokio::net::UnixStream,
-    tx: mpsc::Sender<Input<PolicyInput>>,
-) -> std::io::Result<()> {
+/// Waits for one loop's answer.
+async fn wait(key: &Key, what: &str, done: oneshot::Receiver<Result<(), String>>) -> Reply {
+    match tokio::time::timeout(WAIT, done).await {
+        Ok(Ok(Ok(()))) => Reply::ok(),
+        Ok(Ok(Err(e))) => Reply::err(e),
+        Ok(Err(_)) => Reply::err(format!("the {what} loop dropped the request")),
+        Err(_) => Reply::err(format!(
+            "pod {key}: {what} not programmed within {}s",
+            WAIT.as_secs()
+        )),
+    }
+}
+
+/// The guard's facts of an ADD: its port and MAC, if it names them.
+fn port_of(req: &Request) -> Result<Option<Port>, Reply> {
+    let (Some(port), Some(mac)) = (&req.port, &req.mac) else {
+        return Ok(None);
+    };
+    let mac = parse_mac(mac).ok_or_else(|| Reply::err(format!("bad mac {mac:?}")))?;
+    Ok(Some(Port {
+        port: port.clone(),
+        mac,
+        ips: req.ips.clone(),
+    }))
+}
+
+async fn add(req: Request, key: Key, tx: &Loops) -> Reply {
+    let port = match port_of(&req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let attachment = req.attachment(&key);
+    let (ack, policy_done) = oneshot::channel();
+    let msg = PolicyInput::Added {
+        key: key.clone(),
+        ips: req.ips,
+        ack: Some(ack),
+    };
+    if tx.policy.send(Input::Changes(msg)).await.is_err() {
+        return Reply::err("the policy loop is gone");
+    }
+    let guard_done = match port {
+        None => None,
+        Some(p) => {
+            let (ack, done) = oneshot::channel();
+            let msg = GuardInput {
+                key: attachment,
+                port: Some(p),
+                ack: Some(ack),
+            };
+            if tx.guard.send(Input::Changes(msg)).await.is_err() {
+                return Reply::err("the guard loop is gone");
+            }
+            Some(done)
+        }
+    };
+    let r = wait(&key, "policy", policy_done).await;
+    match guard_done {
+        Some(done) if r.ok => wait(&key, "port guard", done).await,
+        _ => r,
+    }
+}
+
+async fn handle(stream: tokio::net::UnixStream, tx: Loops) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
     BufReader::new(r).read_line(&mut line).await?;
@@ -88,29 +180,18 @@ async fn handle(
         Ok(req) => {
             let key = Key::new(&req.namespace, &req.name);
             match req.op.as_str() {
-                "add" => {
-                    let (ack, done) = oneshot::channel();
-                    let msg = PolicyInput::Added {
-                        key: key.clone(),
-                        ips: req.ips,
-                        ack: Some(ack),
-                    };
-                    if tx.send(Input::Changes(msg)).await.is_err() {
-                        Reply::err("the policy loop is gone")
-                    } else {
-                        match tokio::time::timeout(WAIT, done).await {
-                            Ok(Ok(Ok(()))) => Reply::ok(),
-                            Ok(Ok(Err(e))) => Reply::err(e),
-                            Ok(Err(_)) => Reply::err("the policy loop dropped the request"),
-                            Err(_) => Reply::err(format!(
-                                "pod {key} not programmed within {}s",
-                                WAIT.as_secs()
-                            )),
-                        }
-                    }
-                }
+                "add" => add(req, key, &tx).await,
                 "del" => {
-                    let _ = tx.send(Input::Changes(PolicyInput::Removed { key })).await;
+                    let gone = GuardInput {
+                        key: req.attachment(&key),
+                        port: None,
+                        ack: None,
+                    };
+                    let _ = tx.guard.send(Input::Changes(gone)).await;
+                    let _ = tx
+                        .policy
+                        .send(Input::Changes(PolicyInput::Removed { key }))
+                        .await;
                     Reply::ok()
                 }
                 op => Reply::err(format!("unknown op {op:?} (add, del)")),
@@ -123,7 +204,7 @@ async fn handle(
 }
 
 /// Serves the socket at `path` until the task is dropped.
-pub async fn serve(path: PathBuf, tx: mpsc::Sender<Input<PolicyInput>>) -> std::io::Result<()> {
+pub async fn serve(path: PathBuf, tx: Loops) -> std::io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
@@ -147,13 +228,22 @@ pub async fn serve(path: PathBuf, tx: mpsc::Sender<Input<PolicyInput>>) -> std::
 /// plugin's ADD fails while no agent answers on it: it is how a pod's
 /// sandbox learns that the node's agent runs.
 pub async fn serve_without_policy(path: PathBuf) -> std::io::Result<()> {
-    let (tx, mut rx) = mpsc::channel::<Input<PolicyInput>>(64);
+    let (policy, mut policy_rx) = mpsc::channel::<Input<PolicyInput>>(64);
+    let (guard, mut guard_rx) = mpsc::channel::<Input<GuardInput>>(64);
     tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
+        while let Some(m) = policy_rx.recv().await {
             if let Input::Changes(PolicyInput::Added { ack: Some(ack), .. }) = m {
                 let _ = ack.send(Ok(()));
             }
         }
     });
-    serve(path, tx).await
+    // No guard either (it goes with NetworkPolicy): a port is not judged.
+    tokio::spawn(async move {
+        while let Some(m) = guard_rx.recv().await {
+            if let Input::Changes(GuardInput { ack: Some(ack), .. }) = m {
+                let _ = ack.send(Ok(()));
+            }
+        }
+    });
+    serve(path, Loops { policy, guard }).await
 }

@@ -13,7 +13,10 @@
 //!   is reachable before its policies are in the kernel;
 //! - [`log`]: the NFLOG reader that explains every denied connection;
 //! - [`strict`]: `--policy-strict`, cutting established connections a
-//!   change no longer allows.
+//!   change no longer allows;
+//! - [`guard`] and [`guardplane`]: the per-port anti-spoofing guard
+//!   (`bridge podnet-guard`), so the source addresses policies judge are
+//!   the pods' own.
 //!
 //! Enforcement is node-local: each agent judges the egress of its own pods
 //! and the ingress to them, in the forward hook after the service proxy's
@@ -23,6 +26,8 @@
 
 pub mod dataplane;
 pub mod eval;
+pub mod guard;
+pub mod guardplane;
 pub mod hint;
 pub mod log;
 pub mod plan;
@@ -100,9 +105,13 @@ pub fn start_with(
     sink: Option<log::DenialSink>,
 ) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
     let world = Arc::new(RwLock::new(World::new()));
+    let records = guardplane::read_records(&guardplane::records_dir(&socket));
+    let guard = guardplane::GuardPlane::new(opts.ipv6, records)
+        .map_err(|e| PolicyError::Sync(e.to_string()))?;
     let plane = PolicyPlane::new(opts, world.clone(), metrics.clone())
         .map_err(|e| PolicyError::Sync(e.to_string()))?;
     let (tx, rx) = podnet_reconcile::channel();
+    let (guard_tx, guard_rx) = podnet_reconcile::channel();
     // The subscription, forwarded as deltas; it is always read.
     let fwd = tx.clone();
     let mut sub = sub;
@@ -121,7 +130,10 @@ pub fn start_with(
             }
         }
     };
-    let hint_tx = tx.clone();
+    let hint_tx = hint::Loops {
+        policy: tx.clone(),
+        guard: guard_tx.clone(),
+    };
     let m = metrics.clone();
     let fut = async move {
         let stop = Arc::new(AtomicBool::new(false));
@@ -145,16 +157,27 @@ pub fn start_with(
             m.clone(),
             std::future::pending(),
         );
+        // The guard's view (the records) is complete from the start.
+        let _ = guard_tx.send(Input::Ready).await;
+        let run_guard = podnet_reconcile::run(
+            guard,
+            guard_rx,
+            podnet_reconcile::Options::new(resync),
+            m.clone(),
+            std::future::pending(),
+        );
         tokio::select! {
             _ = forward => {}
             _ = hints => {}
             _ = run => {}
+            _ = run_guard => {}
         }
     };
     Ok((Feed(tx), fut))
 }
 
-/// Removes the policy tables (for --cleanup); returns the ones removed.
+/// Removes the policy tables and the port guard's (for --cleanup);
+/// returns the ones removed.
 pub fn cleanup() -> Result<Vec<String>, PolicyError> {
     let mut c = podnet_nft::netlink::Conn::open().map_err(|e| PolicyError::Sync(e.to_string()))?;
     let mut gone = Vec::new();
@@ -167,6 +190,9 @@ pub fn cleanup() -> Result<Vec<String>, PolicyError> {
         {
             gone.push(format!("{} {}", fam.name(), plan::TABLE));
         }
+    }
+    if guardplane::cleanup(&mut c).map_err(|e| PolicyError::Sync(e.to_string()))? {
+        gone.push(format!("bridge {}", guard::TABLE));
     }
     Ok(gone)
 }

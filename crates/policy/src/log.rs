@@ -88,16 +88,18 @@ fn proto(n: u8) -> Option<Proto> {
 /// the log lines the rate limit held back.
 fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
     use crate::plan::{
-        COUNTER_EGRESS, COUNTER_INGRESS, COUNTER_SUPPRESSED, COUNTER_UNKNOWN, TABLE,
+        COUNTER_EGRESS, COUNTER_INGRESS, COUNTER_INVALID, COUNTER_SUPPRESSED, COUNTER_UNKNOWN,
+        TABLE,
     };
     use podnet_nft::model::Family;
-    let mut sums = [0u64; 4];
+    let mut sums = [0u64; 5];
     for fam in [Family::Ip, Family::Ip6] {
         for (i, name) in [
             COUNTER_INGRESS,
             COUNTER_EGRESS,
             COUNTER_UNKNOWN,
             COUNTER_SUPPRESSED,
+            COUNTER_INVALID,
         ]
         .iter()
         .enumerate()
@@ -115,6 +117,21 @@ fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
             sums[i] as f64,
         );
     }
+    if let Ok(Some((pk, _))) = c.counter(Family::Bridge, crate::guard::TABLE, crate::guard::COUNTER)
+    {
+        metrics.set(
+            "podnet_guard_dropped_total",
+            "Frames from pods' ports the anti-spoofing guard dropped (not their own MAC or addresses).",
+            "",
+            pk as f64,
+        );
+    }
+    metrics.set(
+        "podnet_policy_kernel_invalid_total",
+        "Packets conntrack found invalid, to or from isolated pods, dropped (not logged).",
+        "",
+        sums[4] as f64,
+    );
     metrics.set(
         "podnet_policy_log_suppressed_total",
         "Denials the kernel's log rate limit kept out of the log (counted, not explained).",

@@ -27,6 +27,13 @@
 //! Fail closed: a new connection from or to an address in this node's pod
 //! subnet that is not in `pods` is dropped (and logged as "unknown"), so a
 //! pod the agent has not programmed yet is never reachable unjudged.
+//!
+//! Packets conntrack finds `invalid` (a stray RST or FIN, an ICMP error
+//! about no connection) to or from an isolated pod are dropped and counted
+//! ([`COUNTER_INVALID`]), as Calico does: they build no connection, but
+//! would let anyone reset the pod's connections or talk to it covertly.
+//! They are not logged (nothing about them names a flow a policy denies).
+//! Replies of allowed connections are `established`, never `invalid`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -554,6 +561,7 @@ impl Default for LogLimit {
 pub const COUNTER_INGRESS: &str = "denied-ingress";
 pub const COUNTER_EGRESS: &str = "denied-egress";
 pub const COUNTER_UNKNOWN: &str = "denied-unknown";
+pub const COUNTER_INVALID: &str = "denied-invalid";
 pub const COUNTER_SUPPRESSED: &str = "log-suppressed";
 
 fn deny_chain(counter: &str, prefix: &str, limit: LogLimit) -> Chain {
@@ -581,6 +589,41 @@ fn deny_chain(counter: &str, prefix: &str, limit: LogLimit) -> Chain {
     }
 }
 
+/// `judge-invalid`: packets conntrack finds invalid, to or from an
+/// isolated pod, go to `deny-invalid`, which counts and drops them.
+fn invalid_chains(t: &mut Table, saddr: Field, daddr: Field) {
+    let invalid = |f: Field, set: SetId| {
+        Rule::new(vec![
+            Expr::InSet {
+                keys: vec![f],
+                set: set.name(),
+                neg: false,
+            },
+            Expr::Verdict(Verdict::Goto("deny-invalid".into())),
+        ])
+    };
+    t.chains.insert(
+        "judge-invalid".into(),
+        Chain {
+            base: None,
+            rules: vec![
+                invalid(daddr, SetId::InIsolated),
+                invalid(saddr, SetId::EgIsolated),
+            ],
+        },
+    );
+    t.chains.insert(
+        "deny-invalid".into(),
+        Chain {
+            base: None,
+            rules: vec![Rule::new(vec![
+                Expr::CounterRef(COUNTER_INVALID.into()),
+                Expr::Verdict(Verdict::Drop),
+            ])],
+        },
+    );
+}
+
 /// The table with its chains and empty sets. `subnets` are this node's pod
 /// subnets (of this family), for failing closed.
 pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
@@ -598,6 +641,7 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
         COUNTER_INGRESS,
         COUNTER_EGRESS,
         COUNTER_UNKNOWN,
+        COUNTER_INVALID,
         COUNTER_SUPPRESSED,
     ] {
         t.counters.insert(c.into());
@@ -612,12 +656,19 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
                 hook: Hook::Forward,
                 priority: 10,
             }),
-            rules: vec![Rule::new(vec![
-                Expr::CtStateNew,
-                Expr::Verdict(Verdict::Jump("judge".into())),
-            ])],
+            rules: vec![
+                Rule::new(vec![
+                    Expr::CtStateInvalid,
+                    Expr::Verdict(Verdict::Jump("judge-invalid".into())),
+                ]),
+                Rule::new(vec![
+                    Expr::CtStateNew,
+                    Expr::Verdict(Verdict::Jump("judge".into())),
+                ]),
+            ],
         },
     );
+    invalid_chains(&mut t, saddr, daddr);
     let mut judge = Vec::new();
     for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
         for f in [saddr, daddr] {

@@ -692,3 +692,50 @@ mod incremental {
         }
     }
 }
+
+#[test]
+fn invalid_packets_to_or_from_isolated_pods_are_dropped_and_counted() {
+    let mut w = model();
+    // x/b admits x/a on port 80 only; x/c is not isolated.
+    policy(
+        &mut w,
+        "x",
+        json!({"metadata": {"name": "b-from-a"}, "spec": {"podSelector": {"matchLabels": {"pod": "b"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}],
+                         "ports": [{"port": 80, "protocol": "TCP"}]}]}}),
+    );
+    let t = plan::table(
+        &w,
+        "n1",
+        false,
+        &["10.244.1.0/24".parse().unwrap()],
+        LogLimit::default(),
+    );
+    let (a, b, c) = (ip(&w, "x/a"), ip(&w, "x/b"), ip(&w, "x/c"));
+    let pkt = |s: IpAddr, d: IpAddr, port, invalid| {
+        let mut p = Packet::new(&s.to_string(), &d.to_string(), Proto::Tcp, port);
+        p.extra.ct_invalid = invalid;
+        p
+    };
+    let mut tr = Tracer::new(&t);
+    // A stray RST to the isolated pod, even from the allowed peer and port.
+    for p in [pkt(c, b, 81, true), pkt(a, b, 80, true)] {
+        let o = tr.incoming(&p, &mut |_| 0);
+        assert_eq!((o.fate, o.logs.len()), (Fate::Drop, 0), "{p:?}");
+    }
+    assert_eq!(tr.counters.get(plan::COUNTER_INVALID), Some(&2));
+    // To a pod no policy isolates, invalid is not the table's business;
+    // a new connection the policy allows passes.
+    assert_eq!(
+        tr.incoming(&pkt(a, c, 81, true), &mut |_| 0).fate,
+        Fate::Accept
+    );
+    assert_eq!(
+        tr.incoming(&pkt(a, b, 80, false), &mut |_| 0).fate,
+        Fate::Accept
+    );
+    assert_eq!(
+        tr.incoming(&pkt(c, b, 80, false), &mut |_| 0).fate,
+        Fate::Drop
+    );
+}

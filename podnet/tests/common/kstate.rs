@@ -31,9 +31,18 @@ use podnet_testkit::command_in;
 use serde_json::{json, Value};
 
 /// The agent's nftables tables (what `agent --cleanup` removes).
-pub const AGENT_TABLES: &[&str] = &["podnet", "podnet-masq", "podnet-policy"];
+pub const AGENT_TABLES: &[&str] = &["podnet", "podnet-masq", "podnet-policy", "podnet-guard"];
 /// The table the policy plane added after the last release.
 pub const POLICY_TABLE: &str = "podnet-policy";
+/// The pod ports' anti-spoofing guard (`bridge podnet-guard`), which came
+/// with the policy plane's fixes of issue 23.
+pub const GUARD_TABLE: &str = "podnet-guard";
+
+/// `s` without the tables a newer agent leaves behind for an older one
+/// (the policy table and the port guard).
+pub fn without_leftovers(s: &Snapshot) -> Snapshot {
+    without_table(&without_table(s, GUARD_TABLE), POLICY_TABLE)
+}
 /// podnet's route protocol number (`RTPROT_PODNET`).
 const RTPROT_PODNET: &str = "112";
 

@@ -58,6 +58,11 @@ pub struct BridgeConf {
     pub runtime_config: Option<Value>,
     #[serde(rename = "prevResult", default)]
     pub prev_result: Option<Value>,
+    /// podnet extension: put the host side of the veth in this netdev
+    /// group. The `podnet` meta-plugin asks for the agent's anti-spoofing
+    /// guard, which judges the ports of that group (and only them).
+    #[serde(rename = "podnetPortGroup", default)]
+    pub port_group: Option<u32>,
 }
 
 fn default_bridge() -> String {
@@ -441,6 +446,9 @@ impl Plugin for Bridge {
         }
         if c.hairpin_mode {
             host.set_hairpin(hv.index, true)?;
+        }
+        if let Some(g) = c.port_group {
+            host.set_group(hv.index, g)?;
         }
         if !hv.is_up() {
             host.set_up(hv.index)?;

@@ -31,6 +31,17 @@
 //! listening. A failure after the attachment exists (the agent went away
 //! mid-ADD, or said no) undoes it: veth, addresses and IPAM allocation.
 //! DEL tells the agent when it listens and never waits for it.
+//!
+//! The anti-spoofing guard: when the delegate attached the pod to a bridge
+//! (its result names the host veth and the pod's MAC), ADD records the
+//! port, the MAC and the addresses in `guard/` beside the subnet file
+//! (one JSON file per attachment, removed at DEL) and sends the same facts
+//! with its request, so the agent lets that port speak with the pod's own
+//! addresses only, from the moment the pod exists and again after the
+//! agent restarts. They are taken from the ADD, never read back from the
+//! pod, which could change its own. The delegate puts the host veth in
+//! netdev group [`PORT_GROUP`] (`podnetPortGroup`): the ports the guard
+//! judges.
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
@@ -49,6 +60,10 @@ use crate::types::{self, Attachment, CniResult};
 pub const DEFAULT_SUBNET_FILE: &str = "/run/podnet/subnet.env";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/podnet";
 pub const DEFAULT_BRIDGE: &str = "podnet0";
+/// The netdev group the host sides of the pods' veths go in: the ports
+/// the agent's anti-spoofing guard judges (`podnet_policy::guard::PORT_GROUP`,
+/// the same number: "pn").
+pub const PORT_GROUP: u32 = 0x706e;
 
 #[derive(Debug, Deserialize)]
 struct Conf {
@@ -168,6 +183,7 @@ impl Conf {
         set("isGateway", json!(true));
         set("isDefaultGateway", json!(true));
         set("hairpinMode", json!(true));
+        set("podnetPortGroup", json!(PORT_GROUP));
         set("ipMasq", json!(!env.ipmasq));
         if let Some(m) = env.mtu {
             set("mtu", json!(m));
@@ -281,16 +297,75 @@ fn agent_for_add(c: &Conf) -> Result<Option<UnixStream>, CniError> {
     }
 }
 
-/// Tells the node's agent about a pod on `s` and, for an ADD, waits until
-/// it says the pod is programmed (see the module docs).
-fn tell_agent(mut s: UnixStream, args: &CmdArgs, op: &str, ips: &[String]) -> Result<(), CniError> {
-    use std::io::{BufRead, Write};
+/// The pod's namespace and name as the agent knows it (a bare container:
+/// its ID).
+fn pod_key(args: &CmdArgs) -> (String, String) {
     let kv = args.cni_args();
     let ns = kv.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default();
     let name = kv
         .get("K8S_POD_NAME")
         .cloned()
         .unwrap_or_else(|| args.container_id.clone());
+    (ns, name)
+}
+
+/// The guard's facts from a bridge result: the host veth (the interface
+/// outside any sandbox that is not the bridge) and the pod's MAC.
+fn port_of(r: &CniResult, args: &CmdArgs, bridge: &str) -> Option<(String, String)> {
+    let pod = r
+        .interfaces
+        .iter()
+        .find(|i| !i.sandbox.is_empty() && i.name == args.ifname)?;
+    let host = r
+        .interfaces
+        .iter()
+        .find(|i| i.sandbox.is_empty() && i.name != bridge)?;
+    (!pod.mac.is_empty()).then(|| (host.name.clone(), pod.mac.to_ascii_lowercase()))
+}
+
+impl Conf {
+    fn guard_record(&self, args: &CmdArgs) -> PathBuf {
+        let dir = std::path::Path::new(&self.subnet_file())
+            .parent()
+            .unwrap_or(std::path::Path::new("/run/podnet"))
+            .join("guard");
+        saved_path(&dir, &args.container_id, &args.ifname)
+    }
+}
+
+/// Writes the guard's record of an attachment (see the module docs).
+fn write_record(
+    c: &Conf,
+    args: &CmdArgs,
+    port: &(String, String),
+    ips: &[String],
+) -> Result<(), CniError> {
+    let (ns, name) = pod_key(args);
+    let path = c.guard_record(args);
+    let mac: Vec<u8> = port
+        .1
+        .split(':')
+        .filter_map(|b| u8::from_str_radix(b, 16).ok())
+        .collect();
+    let rec = json!({"namespace": ns, "name": name, "port": port.0, "mac": mac, "ips": ips});
+    path.parent()
+        .map(std::fs::create_dir_all)
+        .unwrap_or(Ok(()))
+        .and_then(|_| std::fs::write(&path, serde_json::to_vec(&rec).expect("json")))
+        .map_err(|e| io(format!("podnet: writing {}", path.display()), e))
+}
+
+/// Tells the node's agent about a pod on `s` and, for an ADD, waits until
+/// it says the pod is programmed (see the module docs).
+fn tell_agent(
+    mut s: UnixStream,
+    args: &CmdArgs,
+    op: &str,
+    ips: &[String],
+    port: Option<&(String, String)>,
+) -> Result<(), CniError> {
+    use std::io::{BufRead, Write};
+    let (ns, name) = pod_key(args);
     let fail = |what: &str, e: String| {
         CniError::new(
             Code::TryAgain,
@@ -299,10 +374,17 @@ fn tell_agent(mut s: UnixStream, args: &CmdArgs, op: &str, ips: &[String]) -> Re
         .with_details(e)
     };
     let _ = s.set_read_timeout(Some(AGENT_WAIT));
-    let mut req = serde_json::to_vec(&json!({
+    let mut req = json!({
         "op": op, "namespace": ns, "name": name, "ips": ips,
-    }))
-    .expect("json");
+    });
+    if let Some((p, mac)) = port {
+        req["port"] = json!(p);
+        req["mac"] = json!(mac);
+    }
+    // The guard keys ports by attachment, as its records are named.
+    let id = saved_path(std::path::Path::new(""), &args.container_id, &args.ifname);
+    req["attachment"] = json!(id.to_string_lossy());
+    let mut req = serde_json::to_vec(&req).expect("json");
     req.push(b'\n');
     s.write_all(&req)
         .map_err(|e| fail("sending", e.to_string()))?;
@@ -393,11 +475,18 @@ impl Plugin for Meta {
             }
         };
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.addr().to_string()).collect();
-        let told = match agent {
-            Some(s) => tell_agent(s, args, "add", &ips),
+        let bridge = d["bridge"].as_str().unwrap_or(DEFAULT_BRIDGE);
+        let port = port_of(&r, args, bridge);
+        let told = match &port {
+            Some(p) => write_record(&c, args, p, &ips),
             None => Ok(()),
-        };
+        }
+        .and_then(|_| match agent {
+            Some(s) => tell_agent(s, args, "add", &ips, port.as_ref()),
+            None => Ok(()),
+        });
         if let Err(e) = told {
+            let _ = std::fs::remove_file(c.guard_record(args));
             // Undo the attachment: the runtime retries the whole ADD.
             let _ = delegate(
                 &delegate_type(&d),
@@ -426,10 +515,11 @@ impl Plugin for Meta {
         })?;
         delegate(&delegate_type(&d), Command::Del, args, &bytes)?;
         let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(c.guard_record(args));
         // A notice only: an agent that is down reads the pod's removal
         // from its object source.
         if let Ok(s) = UnixStream::connect(c.agent_socket()) {
-            let _ = tell_agent(s, args, "del", &[]);
+            let _ = tell_agent(s, args, "del", &[], None);
         }
         Ok(())
     }
@@ -484,6 +574,7 @@ impl Plugin for Meta {
                 };
                 match delegate(&delegate_type(&d), Command::Del, &sub, &bytes) {
                     Ok(_) => {
+                        let _ = std::fs::remove_file(c.guard_record(&sub));
                         let _ = std::fs::remove_file(ent.path());
                     }
                     Err(e) => errors.push(e.to_string()),
