@@ -102,6 +102,9 @@ pub struct PolicyPlane {
     refs: HashMap<Elem, u32>,
     /// Elements per set (kept with `refs`, for the metrics).
     counts: BTreeMap<SetId, usize>,
+    /// The interval sets' elements per family and set (kept with `refs`):
+    /// what a rebuilt set keeps, without reading every element applied.
+    ranges: HashMap<(bool, SetId), HashSet<Elem>>,
     /// The tables' use counts after the last full sync.
     expected_use: Vec<Option<u32>>,
     resyncs: std::cell::Cell<u32>,
@@ -307,6 +310,7 @@ impl PolicyPlane {
             applied: HashMap::new(),
             refs: HashMap::new(),
             counts: BTreeMap::new(),
+            ranges: HashMap::new(),
             expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
             wide_cache: HashMap::new(),
@@ -521,6 +525,9 @@ impl PolicyPlane {
                         if *n == 0 {
                             self.refs.remove(&e);
                             *self.counts.entry(e.set).or_insert(1) -= 1;
+                            if let Some(r) = self.ranges.get_mut(&(e.v6(), e.set)) {
+                                r.remove(&e);
+                            }
                         }
                     }
                 }
@@ -529,6 +536,9 @@ impl PolicyPlane {
                 let n = self.refs.entry(*e).or_insert(0);
                 if *n == 0 {
                     *self.counts.entry(e.set).or_insert(0) += 1;
+                    if e.set.interval() {
+                        self.ranges.entry((e.v6(), e.set)).or_default().insert(*e);
+                    }
                 }
                 *n += 1;
             }
@@ -607,6 +617,8 @@ struct ElemState<'a> {
     refs: &'a HashMap<Elem, u32>,
     /// Elements per set (both families), before the change.
     counts: &'a BTreeMap<SetId, usize>,
+    /// The interval sets' elements, before the change.
+    ranges: &'a HashMap<(bool, SetId), HashSet<Elem>>,
 }
 
 /// The element changes from the applied state to `new` (the new elements
@@ -690,9 +702,11 @@ fn elem_changes(
             };
             let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().copied().collect();
             let kept = st
-                .refs
-                .keys()
-                .filter(|e| e.set == sid && e.v6() == v6 && !gone.contains(e));
+                .ranges
+                .get(&(v6, sid))
+                .into_iter()
+                .flatten()
+                .filter(|e| !gone.contains(e));
             let added = adds.get(&(v6, sid)).into_iter().flatten().copied();
             for e in kept.chain(added) {
                 set.elements.insert(e.key(), e.data());
@@ -888,6 +902,7 @@ impl Subsystem for PolicyPlane {
                         tables: &self.skeletons,
                         refs: &self.refs,
                         counts: &self.counts,
+                        ranges: &self.ranges,
                     },
                     &self.applied,
                     &new,
@@ -904,6 +919,7 @@ impl Subsystem for PolicyPlane {
                 self.applied.clear();
                 self.refs.clear();
                 self.counts.clear();
+                self.ranges.clear();
                 self.expected_use.clear();
                 let n = batches.iter().map(|(_, b)| b.ops()).sum();
                 self.batches = batches

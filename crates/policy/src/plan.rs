@@ -146,7 +146,8 @@ impl SetId {
         }
     }
 
-    fn interval(self) -> bool {
+    /// Whether it is an interval set (concatenated: the kernel's pipapo).
+    pub fn interval(self) -> bool {
         matches!(
             self,
             SetId::InNetAll(_) | SetId::InNetPort(_) | SetId::EgNetAll(_) | SetId::EgNetPort(_)
