@@ -22,7 +22,12 @@
 //!
 //! and the same for egress (`eg-*`, keyed source first). The `*-net-*`
 //! sets are interval sets (concatenated ranges); their elements are made
-//! disjoint here, since the kernel refuses overlapping ones.
+//! disjoint here, since the kernel refuses overlapping ones. The kernel
+//! deletes their elements at a cost of the shard's size each, so a change
+//! that would delete many from one shard (a policy with thousands of
+//! ipBlocks going away) rebuilds that shard's set in its batch instead:
+//! the one case where a change rewrites chains (the shard's own, three
+//! rules), see `podnet_nft::diff::bound_pipapo_deletes`.
 //!
 //! Fail closed: a new connection from or to an address in this node's pod
 //! subnet that is not in `pods` is dropped (and logged as "unknown"), so a
