@@ -538,16 +538,6 @@ fn report_changes(what: &str, s: &[Sample]) -> f64 {
         "    with the loop's synced() after the sync (what the agent pays per change): median {:.2} ms, p99 {:.2} ms",
         looped.0, looped.1
     );
-    // CPU time (this thread's user + system) per step: what the machine's
-    // other load does not stretch the way it stretches wall time.
-    let cpu = |i: usize| col(&|x| (x.sync.cpu[i].0 + x.sync.cpu[i].1) * 1e3);
-    let (cp, cd, ca) = (cpu(0), cpu(2), cpu(3));
-    let sys = col(&|x| x.sync.cpu[3].1 * 1e3);
-    let whole = col(&|x| x.sync.cpu.iter().map(|c| c.0 + c.1).sum::<f64>() * 1e3);
-    println!(
-        "    CPU ms median / p99: plan {:.2} / {:.2}, diff {:.2} / {:.2}, apply {:.2} / {:.2} (of it the kernel's {:.2} / {:.2}); whole sync {:.2} / {:.2}",
-        cp.0, cp.1, cd.0, cd.1, ca.0, ca.1, sys.0, sys.1, whole.0, whole.1
-    );
     let rebuilt: Vec<f64> = s
         .iter()
         .filter(|x| x.sync.rebuilt > 0)
