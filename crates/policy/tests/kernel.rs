@@ -281,17 +281,27 @@ fn many_blocks(n: usize) -> Delta {
     )
 }
 
-#[test]
-fn a_policy_with_many_ip_blocks_goes_in_bounded_batches_leaving_the_table_as_before() {
-    let mut f = Fixture::new("polb");
+fn plane() -> Result<PolicyPlane, podnet_reconcile::SyncError> {
+    PolicyPlane::new(
+        Options {
+            node: "n1".into(),
+            ipv6: false,
+            limit: Default::default(),
+            strict: false,
+        },
+        Arc::new(RwLock::new(World::new())),
+        podnet_daemon::Metrics::new(),
+    )
+}
+
+/// Pods a and c of namespace x, and c's policy of one ipBlock.
+fn blocks_world(p: &mut PolicyPlane) {
     let mut dirty = BTreeSet::new();
-    f.plane.watch(
+    p.watch(
         PolicyInput::Subnets(vec!["10.9.0.0/16".parse().unwrap()]),
         &mut dirty,
     );
-    // a and c share a shard (the low byte of their addresses); c keeps an
-    // ipBlock of its own there, which must survive a's policy going.
-    f.plane.watch(
+    p.watch(
         PolicyInput::Deltas(vec![
             ns("x"),
             pod("x", "a", "10.9.1.2", json!({"pod": "a"})),
@@ -306,6 +316,14 @@ fn a_policy_with_many_ip_blocks_goes_in_bounded_batches_leaving_the_table_as_bef
         ]),
         &mut dirty,
     );
+}
+
+#[test]
+fn a_policy_with_many_ip_blocks_goes_in_bounded_batches_leaving_the_table_as_before() {
+    let mut f = Fixture::new("polb");
+    // a and c share a shard (the low byte of their addresses); c keeps an
+    // ipBlock of its own there, which must survive a's policy going.
+    blocks_world(&mut f.plane);
     assert!(f.full() > 0);
     let before = snapshot(&f.ns);
     let k = plan::shard("10.9.1.2".parse().unwrap());
@@ -371,40 +389,8 @@ fn a_policy_with_many_ip_blocks_goes_in_bounded_batches_leaving_the_table_as_bef
     // A full sync that finds the ranges in the kernel (the agent restarted
     // after the policy went) removes them in a bounded batch too.
     assert_eq!(f.feed(vec![many_blocks(N)]), N + 2);
-    let mut restarted =
-        f.ns.run(|| {
-            PolicyPlane::new(
-                Options {
-                    node: "n1".into(),
-                    ipv6: false,
-                    limit: Default::default(),
-                    strict: false,
-                },
-                Arc::new(RwLock::new(World::new())),
-                podnet_daemon::Metrics::new(),
-            )
-        })
-        .expect("plane");
-    let mut dirty = BTreeSet::new();
-    restarted.watch(
-        PolicyInput::Subnets(vec!["10.9.0.0/16".parse().unwrap()]),
-        &mut dirty,
-    );
-    restarted.watch(
-        PolicyInput::Deltas(vec![
-            ns("x"),
-            pod("x", "a", "10.9.1.2", json!({"pod": "a"})),
-            pod("x", "c", "10.9.2.2", json!({"pod": "c"})),
-            netpol(
-                "x",
-                "c-web",
-                json!({"podSelector": {"matchLabels": {"pod": "c"}},
-                       "ingress": [{"from": [{"ipBlock": {"cidr": "192.168.0.0/16"}}],
-                                    "ports": [{"protocol": "TCP", "port": 443}]}]}),
-            ),
-        ]),
-        &mut dirty,
-    );
+    let mut restarted = f.ns.run(plane).expect("plane");
+    blocks_world(&mut restarted);
     assert!(sync(&mut restarted, &Scope::Full).expect("full sync") > 0);
     let batches = restarted.last_batches().to_vec();
     for b in &batches {
