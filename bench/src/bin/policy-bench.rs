@@ -113,6 +113,13 @@ struct Args {
     /// The podnet binary the lab runs (default: next to this one).
     #[arg(long)]
     podnet: Option<PathBuf>,
+    /// Instead of parts 1-3: add and remove one policy with this many
+    /// ipBlocks, for each size given (comma-separated), e.g. 250,500,1000,10000.
+    #[arg(long, value_delimiter = ',')]
+    ipblocks: Vec<usize>,
+    /// Add/remove runs per --ipblocks size and shape.
+    #[arg(long, default_value_t = 5)]
+    ipblock_runs: usize,
 }
 
 const NODE: &str = "bench-node";
@@ -390,6 +397,10 @@ struct Timed {
     synced: Duration,
     /// The batch touched an interval set (`*-net-*`).
     interval: bool,
+    /// The most elements a batch deleted one by one from one pipapo set,
+    /// and the pipapo sets rebuilt instead.
+    pipapo_deletes: usize,
+    rebuilt: usize,
     /// CPU seconds (user, system) of this thread per verb: plan, observe,
     /// diff, apply. System time is the kernel's work for our netlink calls.
     cpu: [(f64, f64); 4],
@@ -440,6 +451,10 @@ fn sync_timed(p: &mut PolicyPlane, scope: &Scope<Dirty>) -> Result<Timed> {
     t.ops = p.apply(changes).map_err(se)?;
     t.apply = t0.elapsed();
     lap(3);
+    for b in p.last_batches() {
+        t.pipapo_deletes = t.pipapo_deletes.max(b.pipapo_deletes);
+        t.rebuilt += b.rebuilt;
+    }
     let t0 = Instant::now();
     p.synced(scope, true);
     t.synced = t0.elapsed();
@@ -522,6 +537,20 @@ fn report_changes(what: &str, s: &[Sample]) -> f64 {
     println!(
         "    with the loop's synced() after the sync (what the agent pays per change): median {:.2} ms, p99 {:.2} ms",
         looped.0, looped.1
+    );
+    let rebuilt: Vec<f64> = s
+        .iter()
+        .filter(|x| x.sync.rebuilt > 0)
+        .map(|x| ms(x.sync.apply))
+        .collect();
+    let dels: Vec<f64> = s.iter().map(|x| x.sync.pipapo_deletes as f64).collect();
+    println!(
+        "    pipapo sets: most deleted one by one in a batch median {:.0}, max {:.0}; syncs rebuilding a set {} (apply median {:.2} ms, max {:.2} ms)",
+        median(&dels),
+        pct(&dels, 1.0),
+        rebuilt.len(),
+        median(&rebuilt),
+        pct(&rebuilt, 1.0)
     );
     for iv in [false, true] {
         let v: Vec<f64> = s
@@ -764,6 +793,157 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         pod_median_ms: med(&pod),
         plane,
     })
+}
+
+// ---------------------------------------------------------------- ipBlocks
+
+/// A policy selecting `app=big` whose ingress allows `n` ipBlocks (the
+/// distinct /24s `11.x.y.0/24`), on TCP 443 or (`port` false) every port.
+fn ipblock_policy(n: usize, port: bool) -> NetworkPolicy {
+    let from: Vec<serde_json::Value> = (0..n)
+        .map(|i| json!({"ipBlock": {"cidr": format!("11.{}.{}.0/24", (i >> 8) & 255, i & 255)}}))
+        .collect();
+    let mut rule = json!({"from": from});
+    if port {
+        rule["ports"] = json!([{"protocol": "TCP", "port": 443}]);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": "many-blocks", "namespace": "ns-0"},
+        "spec": {"podSelector": {"matchLabels": {"app": "big"}},
+                 "policyTypes": ["Ingress"], "ingress": [rule]}
+    }))
+    .expect("policy")
+}
+
+/// One add or removal of the ipBlock policy: time (ours: watch, plan and
+/// diff; the kernel's: apply, which sends the batches), and the batches.
+struct BlockRun {
+    total_ms: f64,
+    ours_ms: f64,
+    apply_ms: f64,
+    apply_sys_s: f64,
+    batches: Vec<podnet_policy::dataplane::BatchReport>,
+}
+
+fn block_run(p: &mut PolicyPlane, d: Delta) -> Result<BlockRun> {
+    let s = change(p, d)?;
+    Ok(BlockRun {
+        total_ms: s.total_ms(),
+        ours_ms: ms(s.watch + s.sync.plan + s.sync.observe + s.sync.diff),
+        apply_ms: ms(s.sync.apply),
+        apply_sys_s: s.sync.cpu[3].1,
+        batches: p.last_batches().to_vec(),
+    })
+}
+
+fn report_block_runs(what: &str, v: &[BlockRun]) -> f64 {
+    let col = |f: &dyn Fn(&BlockRun) -> f64| v.iter().map(f).collect::<Vec<f64>>();
+    let total = col(&|r| r.total_ms);
+    let batches = v.iter().flat_map(|r| r.batches.iter());
+    let max_ops = batches.clone().map(|b| b.ops).max().unwrap_or(0);
+    let max_del = batches.clone().map(|b| b.pipapo_deletes).max().unwrap_or(0);
+    let rebuilt = batches.clone().map(|b| b.rebuilt).max().unwrap_or(0);
+    println!(
+        "    {what}: n={} median {:.2} ms (min {:.2}, max {:.2}); ours (watch+plan+diff) median {:.2} ms, \
+         apply (netlink batches) median {:.2} ms (kernel sys CPU {:.3} s); batches per sync {}, \
+         largest {} ops, most pipapo deletions one by one in a batch {} (bound: diff::delete_one_by_one), sets rebuilt {}",
+        v.len(),
+        median(&total),
+        pct(&total, 0.0),
+        pct(&total, 1.0),
+        median(&col(&|r| r.ours_ms)),
+        median(&col(&|r| r.apply_ms)),
+        median(&col(&|r| r.apply_sys_s)),
+        v.first().map_or(0, |r| r.batches.len()),
+        max_ops,
+        max_del,
+        rebuilt
+    );
+    median(&total)
+}
+
+/// Adds and removes the ipBlock policy `--ipblock-runs` times per size and
+/// shape in a fresh node namespace holding 8 pods (one selected); returns
+/// the removal medians per (size, shape).
+fn ipblock_case(a: &Args) -> Result<Vec<(usize, bool, f64)>> {
+    let mut out = Vec::new();
+    let shape = Shape {
+        namespaces: 1,
+        pods_per_ns: 8,
+        policies_per_ns: 0,
+    };
+    for &n in &a.ipblocks {
+        for port in [false, true] {
+            let node = TestNs::create(ns_name("ipb"))?;
+            let mut plane = node
+                .netns()
+                .run(|| {
+                    PolicyPlane::new(
+                        Options {
+                            node: NODE.into(),
+                            ipv6: false,
+                            limit: LogLimit::default(),
+                            strict: false,
+                        },
+                        Arc::new(RwLock::new(World::new())),
+                        podnet_daemon::Metrics::new(),
+                    )
+                })?
+                .map_err(se)?;
+            let mut ds = vec![added(Object::Namespace(Box::new(shape.namespace(0))))];
+            for j in 0..shape.pods_per_ns {
+                let mut p = shape.pod(0, j, 0);
+                if j == 0 {
+                    let labels = p.metadata.labels.get_or_insert_with(Default::default);
+                    labels.insert("app".into(), "big".into());
+                }
+                ds.push(added(Object::Pod(Box::new(p))));
+            }
+            let mut dirty = BTreeSet::new();
+            plane.watch(PolicyInput::Deltas(ds), &mut dirty);
+            plane.watch(PolicyInput::Subnets(vec![SUBNET.parse()?]), &mut dirty);
+            sync_timed(&mut plane, &Scope::Full)?;
+            let (mut adds, mut dels) = (Vec::new(), Vec::new());
+            for _ in 0..a.ipblock_runs {
+                let pol = ipblock_policy(n, port);
+                adds.push(block_run(
+                    &mut plane,
+                    updated(Object::NetworkPolicy(Box::new(pol))),
+                )?);
+                dels.push(block_run(
+                    &mut plane,
+                    Delta::Deleted(podnet_source::ObjectKey {
+                        kind: Kind::NetworkPolicy,
+                        namespace: Some("ns-0".into()),
+                        name: "many-blocks".into(),
+                    }),
+                )?);
+                check_interrupted()?;
+            }
+            let left = sync_timed(&mut plane, &Scope::Full)?;
+            if left.ops != 0 {
+                bail!(
+                    "after removing the ipBlock policy a full sync still sent {} operations",
+                    left.ops
+                );
+            }
+            println!(
+                "{n} ipBlocks, {} (netns {}):",
+                if port {
+                    "TCP 443 (in-net-port)"
+                } else {
+                    "every port (in-net-all)"
+                },
+                node.name()
+            );
+            report_block_runs("add   ", &adds);
+            let med = report_block_runs("remove", &dels);
+            out.push((n, port, med));
+            drop(plane);
+            node.delete()?;
+        }
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------- part 2
@@ -1239,6 +1419,26 @@ fn main() -> Result<()> {
         pods_per_ns: a.pods / a.namespaces,
         policies_per_ns: a.policies / a.namespaces,
     };
+    if !a.ipblocks.is_empty() {
+        println!(
+            "== removing one policy with many ipBlocks ({} runs per size)",
+            a.ipblock_runs
+        );
+        let r = ipblock_case(&a)?;
+        println!("\n== summary");
+        for (n, port, med) in r {
+            println!(
+                "removing a policy with {n} ipBlocks ({}): median {med:.2} ms{}",
+                if port { "TCP 443" } else { "every port" },
+                if n >= 10_000 {
+                    format!(" (target < 100 ms: {})", verdict(med < 100.0))
+                } else {
+                    String::new()
+                }
+            );
+        }
+        return Ok(());
+    }
     let node = TestNs::create(ns_name("node"))?;
     let local = node_local(&a, shape, &node)?;
     check_interrupted()?;

@@ -16,7 +16,7 @@
 //! planned at once, and the plugin is answered when the batch is in the
 //! kernel (see [`crate::hint`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
@@ -102,6 +102,9 @@ pub struct PolicyPlane {
     refs: HashMap<Elem, u32>,
     /// Elements per set (kept with `refs`, for the metrics).
     counts: BTreeMap<SetId, usize>,
+    /// The interval sets' elements per family and set (kept with `refs`):
+    /// what a rebuilt set keeps, without reading every element applied.
+    ranges: HashMap<(bool, SetId), HashSet<Elem>>,
     /// The tables' use counts after the last full sync.
     expected_use: Vec<Option<u32>>,
     resyncs: std::cell::Cell<u32>,
@@ -116,6 +119,8 @@ pub struct PolicyPlane {
     metrics: Arc<Metrics>,
     /// Whether the last sync changed any element (for strict mode).
     changed: bool,
+    /// The batches the last sync sent.
+    batches: Vec<BatchReport>,
     /// Whether a full sync has succeeded: until then every sync is full,
     /// so watching skips working out what a change dirties (the first
     /// list of thousands of pods and policies would cost their product).
@@ -175,6 +180,43 @@ impl Batch {
         match self {
             Batch::Diff(c) => diff::ops(c),
             Batch::Fresh { head, elems } => diff::ops(head) + elems.len(),
+        }
+    }
+}
+
+/// What one batch sent: for tests and benchmarks, which check that no
+/// batch deletes more from a pipapo set one by one than
+/// [`diff::delete_one_by_one`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Operations (elements, rules, sets, chains) in the batch.
+    pub ops: usize,
+    /// The most elements it deletes one by one from one pipapo set.
+    pub pipapo_deletes: usize,
+    /// The pipapo sets it rebuilds instead.
+    pub rebuilt: usize,
+}
+
+impl BatchReport {
+    fn of_changes(t: &Table, c: &[Change]) -> BatchReport {
+        BatchReport {
+            ops: diff::ops(c),
+            pipapo_deletes: diff::max_pipapo_deletes(t, c),
+            rebuilt: c
+                .iter()
+                .filter(|c| matches!(c, Change::DelSet { .. }))
+                .count(),
+        }
+    }
+
+    fn of(t: &Table, b: &Batch) -> BatchReport {
+        match b {
+            Batch::Diff(c) => BatchReport::of_changes(t, c),
+            Batch::Fresh { .. } => BatchReport {
+                ops: b.ops(),
+                pipapo_deletes: 0,
+                rebuilt: 0,
+            },
         }
     }
 }
@@ -268,6 +310,7 @@ impl PolicyPlane {
             applied: HashMap::new(),
             refs: HashMap::new(),
             counts: BTreeMap::new(),
+            ranges: HashMap::new(),
             expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
             wide_cache: HashMap::new(),
@@ -276,6 +319,7 @@ impl PolicyPlane {
             waiters: Vec::new(),
             metrics,
             changed: false,
+            batches: Vec::new(),
             whole_done: false,
         };
         p.skeletons = p.make_skeletons();
@@ -481,6 +525,9 @@ impl PolicyPlane {
                         if *n == 0 {
                             self.refs.remove(&e);
                             *self.counts.entry(e.set).or_insert(1) -= 1;
+                            if let Some(r) = self.ranges.get_mut(&(e.v6(), e.set)) {
+                                r.remove(&e);
+                            }
                         }
                     }
                 }
@@ -489,6 +536,9 @@ impl PolicyPlane {
                 let n = self.refs.entry(*e).or_insert(0);
                 if *n == 0 {
                     *self.counts.entry(e.set).or_insert(0) += 1;
+                    if e.set.interval() {
+                        self.ranges.entry((e.v6(), e.set)).or_default().insert(*e);
+                    }
                 }
                 *n += 1;
             }
@@ -533,6 +583,11 @@ impl PolicyPlane {
         m
     }
 
+    /// The batches the last sync sent (none when it changed nothing).
+    pub fn last_batches(&self) -> &[BatchReport] {
+        &self.batches
+    }
+
     /// Established connections no longer allowed, cut (strict mode).
     fn cut_established(&mut self) {
         let w = self.world.read().expect("world lock");
@@ -555,9 +610,26 @@ impl PolicyPlane {
     }
 }
 
+/// What one sync's element changes hold: per family (an index into the
+/// plane's skeletons) the changes, before and after the plane's state.
+struct ElemState<'a> {
+    tables: &'a [Table],
+    refs: &'a HashMap<Elem, u32>,
+    /// Elements per set (both families), before the change.
+    counts: &'a BTreeMap<SetId, usize>,
+    /// The interval sets' elements, before the change.
+    ranges: &'a HashMap<(bool, SetId), HashSet<Elem>>,
+}
+
+/// The element changes from the applied state to `new` (the new elements
+/// of the pods it names), per family. Removals come sorted, as additions
+/// do: the kernel's pipapo sets delete far faster in the order they were
+/// filled. A pipapo set that would lose more elements one by one than
+/// [`diff::delete_one_by_one`] allows is rebuilt in the batch instead
+/// (a chain change, on this rare path only: a policy with many ipBlocks
+/// going away, or a pod leaving a crowded shard).
 fn elem_changes(
-    tables: &[Table],
-    refs: &HashMap<Elem, u32>,
+    st: &ElemState<'_>,
     owned: &HashMap<Key, Vec<Elem>>,
     new: &[(Key, Vec<Elem>)],
 ) -> Vec<(usize, Vec<Change>)> {
@@ -574,7 +646,7 @@ fn elem_changes(
     let mut adds: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
     let mut dels: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
     for (e, d) in delta {
-        let before = refs.get(e).copied().unwrap_or(0) as i64;
+        let before = st.refs.get(e).copied().unwrap_or(0) as i64;
         let after = before + d;
         if before == 0 && after > 0 {
             adds.entry((e.v6(), e.set)).or_default().push(e);
@@ -582,8 +654,11 @@ fn elem_changes(
             dels.entry((e.v6(), e.set)).or_default().push(e);
         }
     }
+    for v in adds.values_mut().chain(dels.values_mut()) {
+        v.sort_unstable();
+    }
     let mut out = Vec::new();
-    for (i, t) in tables.iter().enumerate() {
+    for (i, t) in st.tables.iter().enumerate() {
         let v6 = t.family == Family::Ip6;
         let mut ch = Vec::new();
         // Removals first: an interval element may be replaced by ones that
@@ -604,9 +679,41 @@ fn elem_changes(
                 });
             }
         }
-        if !ch.is_empty() {
-            out.push((i, ch));
+        if ch.is_empty() {
+            continue;
         }
+        let ids: HashMap<String, SetId> = dels
+            .keys()
+            .filter(|(f, _)| *f == v6)
+            .map(|(_, s)| (s.name(), *s))
+            .collect();
+        let held = |name: &str| {
+            ids.get(name)
+                .and_then(|s| st.counts.get(s))
+                .copied()
+                .unwrap_or(0)
+        };
+        // What a rebuilt set holds after the batch: the applied elements
+        // it keeps, and the ones added.
+        let mut want = |name: &str| {
+            let mut set = t.sets[name].clone();
+            let Some(&sid) = ids.get(name) else {
+                return set;
+            };
+            let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().copied().collect();
+            let kept = st
+                .ranges
+                .get(&(v6, sid))
+                .into_iter()
+                .flatten()
+                .filter(|e| !gone.contains(e));
+            let added = adds.get(&(v6, sid)).into_iter().flatten().copied();
+            for e in kept.chain(added) {
+                set.elements.insert(e.key(), e.data());
+            }
+            set
+        };
+        out.push((i, diff::bound_pipapo_deletes(t, ch, &held, &mut want)));
     }
     out
 }
@@ -747,7 +854,11 @@ impl Subsystem for PolicyPlane {
                             Some(h) => {
                                 let mut full = t.clone();
                                 plan::fill(&mut full, owned.iter().flat_map(|(_, e)| e.iter()));
-                                Batch::Diff(diff::diff(Some(h), &full))
+                                let d = diff::diff(Some(h), &full);
+                                let held = |s: &str| h.sets.get(s).map_or(0, |s| s.elements.len());
+                                Batch::Diff(diff::bound_pipapo_deletes(&full, d, &held, &mut |s| {
+                                    full.sets[s].clone()
+                                }))
                             }
                             None => Batch::Fresh {
                                 head: diff::diff(None, &t),
@@ -786,7 +897,16 @@ impl Subsystem for PolicyPlane {
                 PolicyChanges::Full(ch, owned)
             }
             (PolicyPlan::Pods(new), _) => PolicyChanges::Elems(
-                elem_changes(&self.skeletons, &self.refs, &self.applied, &new),
+                elem_changes(
+                    &ElemState {
+                        tables: &self.skeletons,
+                        refs: &self.refs,
+                        counts: &self.counts,
+                        ranges: &self.ranges,
+                    },
+                    &self.applied,
+                    &new,
+                ),
                 new,
             ),
         }
@@ -799,8 +919,14 @@ impl Subsystem for PolicyPlane {
                 self.applied.clear();
                 self.refs.clear();
                 self.counts.clear();
+                self.ranges.clear();
                 self.expected_use.clear();
                 let n = batches.iter().map(|(_, b)| b.ops()).sum();
+                self.batches = batches
+                    .iter()
+                    .filter(|(_, b)| b.ops() > 0)
+                    .map(|(t, b)| BatchReport::of(t, b))
+                    .collect();
                 if let Some(conn) = self.conn.as_mut() {
                     for (t, b) in batches {
                         send(conn, &t, b)?;
@@ -814,6 +940,10 @@ impl Subsystem for PolicyPlane {
             }
             PolicyChanges::Elems(batches, owned) => {
                 let n = batches.iter().map(|(_, c)| diff::ops(c)).sum();
+                self.batches = batches
+                    .iter()
+                    .map(|(i, c)| BatchReport::of_changes(&self.skeletons[*i], c))
+                    .collect();
                 if let Some(conn) = self.conn.as_mut() {
                     for (i, c) in batches {
                         send(conn, &self.skeletons[i], Batch::Diff(c))?;

@@ -22,7 +22,12 @@
 //!
 //! and the same for egress (`eg-*`, keyed source first). The `*-net-*`
 //! sets are interval sets (concatenated ranges); their elements are made
-//! disjoint here, since the kernel refuses overlapping ones.
+//! disjoint here, since the kernel refuses overlapping ones. The kernel
+//! deletes their elements at a cost of the shard's size each, so a change
+//! that would delete many from one shard (a policy with thousands of
+//! ipBlocks going away) rebuilds that shard's set in its batch instead:
+//! the one case where a change rewrites chains (the shard's own, three
+//! rules), see `podnet_nft::diff::bound_pipapo_deletes`.
 //!
 //! Fail closed: a new connection from or to an address in this node's pod
 //! subnet that is not in `pods` is dropped (and logged as "unknown"), so a
@@ -153,7 +158,8 @@ impl SetId {
         }
     }
 
-    fn interval(self) -> bool {
+    /// Whether it is an interval set (concatenated: the kernel's pipapo).
+    pub fn interval(self) -> bool {
         matches!(
             self,
             SetId::InNetAll(_) | SetId::InNetPort(_) | SetId::EgNetAll(_) | SetId::EgNetPort(_)
@@ -302,47 +308,78 @@ pub fn block_nets(cidr: &IpNet, except: &[IpNet]) -> Vec<IpNet> {
     out
 }
 
-/// The largest prefixes of `nets`: nested ones dropped, duplicates merged.
+/// The largest prefixes of `nets`: nested ones dropped, duplicates merged;
+/// sorted. Sorted by network and then by length, a prefix is nested in an
+/// earlier kept one only if it is nested in the last kept one (kept
+/// prefixes are disjoint), so this costs a sort, not `nets`² (a policy may
+/// name 10,000 ipBlocks).
 fn maximal(mut nets: Vec<IpNet>) -> Vec<IpNet> {
-    nets.sort_by_key(|n| n.prefix_len());
-    let mut out: Vec<IpNet> = Vec::new();
+    for n in nets.iter_mut() {
+        *n = n.trunc();
+    }
+    nets.sort_unstable();
+    nets.dedup();
+    let mut out: Vec<IpNet> = Vec::with_capacity(nets.len());
     for n in nets {
-        if !out.iter().any(|o| o.contains(&n)) {
-            out.push(n);
+        match out.last() {
+            Some(l) if l.contains(&n) => {}
+            _ => out.push(n),
         }
     }
-    out.sort();
     out
 }
 
 /// Boxes (net, proto, from, to) made disjoint, as the kernel's interval
 /// sets need: per protocol, the port axis is cut at every box edge; in each
 /// piece only the largest prefixes stay; pieces of one prefix that touch
-/// are merged again.
+/// are merged again. The pieces are swept in order with the boxes covering
+/// the current one kept sorted, so each piece costs the boxes covering it
+/// (not every box, and no sort).
 fn disjoint_boxes(boxes: &[(IpNet, Proto, u16, u16)]) -> Vec<(IpNet, Proto, u16, u16)> {
     let mut out = Vec::new();
     let protos: BTreeSet<Proto> = boxes.iter().map(|b| b.1).collect();
     for p in protos {
-        let mine: Vec<_> = boxes.iter().filter(|b| b.1 == p).collect();
-        let mut cuts: BTreeSet<u32> = BTreeSet::new();
-        for b in &mine {
-            cuts.insert(b.2 as u32);
-            cuts.insert(b.3 as u32 + 1);
+        // Per cut: the boxes that start there and those that end before it.
+        let mut starts: BTreeMap<u32, Vec<IpNet>> = BTreeMap::new();
+        let mut ends: BTreeMap<u32, Vec<IpNet>> = BTreeMap::new();
+        for b in boxes.iter().filter(|b| b.1 == p) {
+            let n = b.0.trunc();
+            starts.entry(b.2 as u32).or_default().push(n);
+            ends.entry(b.3 as u32 + 1).or_default().push(n);
         }
-        let cuts: Vec<u32> = cuts.into_iter().collect();
+        let cuts: Vec<u32> = starts.keys().chain(ends.keys()).copied().collect();
+        let cuts: Vec<u32> = cuts
+            .into_iter()
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        // The boxes covering the current piece, with their multiplicity.
+        let mut active: BTreeMap<IpNet, u32> = BTreeMap::new();
         // net → ranges, in order.
         let mut per_net: BTreeMap<IpNet, Vec<(u32, u32)>> = BTreeMap::new();
         for w in cuts.windows(2) {
             let (lo, hi) = (w[0], w[1] - 1);
-            let nets: Vec<IpNet> = mine
-                .iter()
-                .filter(|b| b.2 as u32 <= lo && hi <= b.3 as u32)
-                .map(|b| b.0)
-                .collect();
-            for n in maximal(nets) {
-                let rs = per_net.entry(n).or_default();
+            for n in ends.get(&lo).into_iter().flatten() {
+                if let Some(c) = active.get_mut(n) {
+                    *c -= 1;
+                    if *c == 0 {
+                        active.remove(n);
+                    }
+                }
+            }
+            for n in starts.get(&lo).into_iter().flatten() {
+                *active.entry(*n).or_insert(0) += 1;
+            }
+            // `active` is sorted: its largest prefixes in one pass.
+            let mut last: Option<IpNet> = None;
+            for n in active.keys() {
+                if last.is_some_and(|l| l.contains(n)) {
+                    continue;
+                }
+                last = Some(*n);
+                let rs = per_net.entry(*n).or_default();
                 match rs.last_mut() {
-                    Some(last) if last.1 + 1 == lo => last.1 = hi,
+                    Some(r) if r.1 + 1 == lo => r.1 = hi,
                     _ => rs.push((lo, hi)),
                 }
             }
@@ -867,4 +904,151 @@ pub fn table(w: &World, node: &str, v6: bool, subnets: &[IpNet], limit: LogLimit
         fill(&mut t, &pod_elements(w, node, k, v));
     }
     t
+}
+
+#[cfg(test)]
+mod cost_tests {
+    //! The interval planning against its pairwise definition: the same
+    //! elements, whatever the input's size or order.
+    use super::*;
+
+    /// A deterministic stream of prefixes in 10.0.0.0/16, nested and
+    /// repeated often.
+    fn nets(n: usize, seed: u64) -> Vec<IpNet> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let len = 16 + ((x >> 40) % 17) as u8;
+                let addr = 0x0a00_0000u32 | ((x >> 20) as u32 & 0xffff);
+                IpNet::new(IpAddr::from(addr.to_be_bytes()), len)
+                    .unwrap()
+                    .trunc()
+            })
+            .collect()
+    }
+
+    /// The definition: every prefix no other one holds, once, sorted.
+    fn maximal_pairwise(nets: &[IpNet]) -> Vec<IpNet> {
+        let mut out: Vec<IpNet> = nets
+            .iter()
+            .filter(|n| !nets.iter().any(|o| o != *n && o.contains(*n)))
+            .copied()
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The definition: per protocol and port, the largest prefixes of the
+    /// boxes holding that port, runs of ports merged.
+    fn boxes_pointwise(boxes: &[(IpNet, Proto, u16, u16)]) -> Vec<(IpNet, Proto, u16, u16)> {
+        let mut per: BTreeMap<(IpNet, Proto), Vec<(u16, u16)>> = BTreeMap::new();
+        let protos: BTreeSet<Proto> = boxes.iter().map(|b| b.1).collect();
+        for p in protos {
+            for port in 0..=u16::MAX {
+                let nets: Vec<IpNet> = boxes
+                    .iter()
+                    .filter(|b| b.1 == p && b.2 <= port && port <= b.3)
+                    .map(|b| b.0)
+                    .collect();
+                for n in maximal_pairwise(&nets) {
+                    let rs = per.entry((n, p)).or_default();
+                    match rs.last_mut() {
+                        Some(r) if r.1 as u32 + 1 == port as u32 => r.1 = port,
+                        _ => rs.push((port, port)),
+                    }
+                }
+            }
+        }
+        let mut out: Vec<_> = per
+            .into_iter()
+            .flat_map(|((n, p), rs)| rs.into_iter().map(move |(a, b)| (n, p, a, b)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn maximal_keeps_exactly_the_prefixes_no_other_holds() {
+        for (n, seed) in [(0, 1), (1, 2), (50, 3), (400, 4), (2000, 5)] {
+            let v = nets(n, seed);
+            assert_eq!(maximal(v.clone()), maximal_pairwise(&v), "{n} prefixes");
+            let mut rev = v.clone();
+            rev.reverse();
+            assert_eq!(maximal(rev), maximal_pairwise(&v), "{n} prefixes, reversed");
+        }
+        // Across families nothing nests.
+        let mixed: Vec<IpNet> = ["::/0", "10.0.0.0/8", "10.1.0.0/16", "fd00::/8"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(
+            maximal(mixed),
+            vec!["10.0.0.0/8".parse().unwrap(), "::/0".parse().unwrap()]
+        );
+    }
+
+    #[test]
+    fn disjoint_boxes_are_the_pointwise_largest_prefixes() {
+        let ns = nets(60, 7);
+        let mut x = 11u64;
+        let mut boxes = Vec::new();
+        for (i, n) in ns.iter().enumerate() {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let lo = (x >> 33) as u16 % 200;
+            let hi = lo + (x >> 50) as u16 % 40;
+            let p = if i % 3 == 0 { Proto::Udp } else { Proto::Tcp };
+            boxes.push((*n, p, lo, hi));
+        }
+        // A full range and a single port among them.
+        boxes.push(("10.0.0.0/16".parse().unwrap(), Proto::Tcp, 0, 65535));
+        boxes.push(("10.0.3.0/24".parse().unwrap(), Proto::Udp, 65535, 65535));
+        let mut got = disjoint_boxes(&boxes);
+        got.sort();
+        assert_eq!(got, boxes_pointwise(&boxes));
+    }
+
+    #[test]
+    fn a_policy_with_ten_thousand_ip_blocks_plans_one_element_each() {
+        let mut w = World::new();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x", "labels": {"app": "a"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "status": {"podIP": "10.9.1.2", "podIPs": [{"ip": "10.9.1.2"}]}
+        }))
+        .unwrap();
+        let key = Key::new("x", "a");
+        w.set_pod(key.clone(), Some(PodView::of(&pod)));
+        let from: Vec<serde_json::Value> = (0..10_000)
+            .map(|i| serde_json::json!({"ipBlock": {"cidr": format!("11.{}.{}.0/24", i >> 8, i & 255)}}))
+            .collect();
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "big", "namespace": "x"},
+                "spec": {"podSelector": {}, "ingress": [
+                    {"from": from.clone()},
+                    {"from": from, "ports": [{"protocol": "TCP", "port": 443}]}]}
+            }))
+            .unwrap();
+        let c = crate::world::Policy::compile(&np).unwrap();
+        w.set_policy(c.key.clone(), Some(c));
+        let v = w.pods[&key].clone();
+        let es = pod_elements(&w, "n1", &key, &v);
+        let k = shard("10.9.1.2".parse().unwrap());
+        let all = es.iter().filter(|e| e.set == SetId::InNetAll(k)).count();
+        let port: Vec<&Elem> = es.iter().filter(|e| e.set == SetId::InNetPort(k)).collect();
+        assert_eq!(all, 10_000);
+        assert_eq!(port.len(), 10_000);
+        assert!(port
+            .iter()
+            .all(|e| e.proto == Some(Proto::Tcp) && e.ports == (443, 443)));
+        assert_eq!(
+            port[0].remote,
+            Some("11.0.0.0/24".parse().unwrap()),
+            "elements come sorted"
+        );
+    }
 }

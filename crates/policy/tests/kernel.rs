@@ -234,3 +234,172 @@ fn a_cni_hint_programs_a_pod_before_its_status() {
     );
     assert_eq!(f.full(), 0);
 }
+
+/// The policy table as the kernel holds it: read into the model (sets with
+/// their elements, chains with their rules), and as `nft list` prints it,
+/// line by line (sorted: a rebuilt set is listed after the others).
+fn snapshot(ns: &TestNs) -> (podnet_nft::model::Table, Vec<String>) {
+    let want = plan::skeleton(false, &["10.9.0.0/16".parse().unwrap()], Default::default());
+    let t = ns
+        .run(|| Conn::open().unwrap().observe(&want))
+        .unwrap()
+        .expect("the table exists");
+    let mut lines: Vec<String> = ns
+        .nft_list("table ip podnet-policy")
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    (t, lines)
+}
+
+fn assert_same(
+    before: &(podnet_nft::model::Table, Vec<String>),
+    after: &(podnet_nft::model::Table, Vec<String>),
+) {
+    assert!(
+        before.0 == after.0,
+        "the table's sets, elements or chains differ from before the policy came"
+    );
+    assert_eq!(
+        before.1, after.1,
+        "nft list differs from before the policy came"
+    );
+}
+
+/// A policy of `n` ipBlocks (`11.x.y.0/24`) on TCP 443 for pods `pod=a`.
+fn many_blocks(n: usize) -> Delta {
+    let from: Vec<serde_json::Value> = (0..n)
+        .map(|i| json!({"ipBlock": {"cidr": format!("11.{}.{}.0/24", i >> 8, i & 255)}}))
+        .collect();
+    netpol(
+        "x",
+        "blocks",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}},
+               "ingress": [{"from": from, "ports": [{"protocol": "TCP", "port": 443}]}]}),
+    )
+}
+
+fn plane() -> Result<PolicyPlane, podnet_reconcile::SyncError> {
+    PolicyPlane::new(
+        Options {
+            node: "n1".into(),
+            ipv6: false,
+            limit: Default::default(),
+            strict: false,
+        },
+        Arc::new(RwLock::new(World::new())),
+        podnet_daemon::Metrics::new(),
+    )
+}
+
+/// Pods a and c of namespace x, and c's policy of one ipBlock.
+fn blocks_world(p: &mut PolicyPlane) {
+    let mut dirty = BTreeSet::new();
+    p.watch(
+        PolicyInput::Subnets(vec!["10.9.0.0/16".parse().unwrap()]),
+        &mut dirty,
+    );
+    p.watch(
+        PolicyInput::Deltas(vec![
+            ns("x"),
+            pod("x", "a", "10.9.1.2", json!({"pod": "a"})),
+            pod("x", "c", "10.9.2.2", json!({"pod": "c"})),
+            netpol(
+                "x",
+                "c-web",
+                json!({"podSelector": {"matchLabels": {"pod": "c"}},
+                       "ingress": [{"from": [{"ipBlock": {"cidr": "192.168.0.0/16"}}],
+                                    "ports": [{"protocol": "TCP", "port": 443}]}]}),
+            ),
+        ]),
+        &mut dirty,
+    );
+}
+
+#[test]
+fn a_policy_with_many_ip_blocks_goes_in_bounded_batches_leaving_the_table_as_before() {
+    let mut f = Fixture::new("polb");
+    // a and c share a shard (the low byte of their addresses); c keeps an
+    // ipBlock of its own there, which must survive a's policy going.
+    blocks_world(&mut f.plane);
+    assert!(f.full() > 0);
+    let before = snapshot(&f.ns);
+    let k = plan::shard("10.9.1.2".parse().unwrap());
+    assert_eq!(k, plan::shard("10.9.2.2".parse().unwrap()));
+    let c_block = vec![
+        a("10.9.2.2"),
+        Value::Net("192.168.0.0/16".parse().unwrap()),
+        Value::Proto(podnet_nft::model::Proto::Tcp),
+        Value::Port(443),
+    ];
+    assert!(f.has(SetId::InNetPort(k), c_block.clone()));
+
+    const N: usize = 2000;
+    assert_eq!(
+        f.feed(vec![many_blocks(N)]),
+        N + 2,
+        "the ranges, isolation, shard map"
+    );
+    let last = vec![
+        a("10.9.1.2"),
+        Value::Net(
+            format!("11.{}.{}.0/24", (N - 1) >> 8, (N - 1) & 255)
+                .parse()
+                .unwrap(),
+        ),
+        Value::Proto(podnet_nft::model::Proto::Tcp),
+        Value::Port(443),
+    ];
+    assert!(f.has(SetId::InNetPort(k), last.clone()));
+
+    // The policy goes: N ranges leave a pipapo set of N + 1. No batch
+    // deletes them one by one beyond the budget: the set is rebuilt with
+    // c's range in the same batch.
+    let ops = f.feed(vec![Delta::Deleted(podnet_source::ObjectKey {
+        kind: podnet_api::Kind::NetworkPolicy,
+        namespace: Some("x".into()),
+        name: "blocks".into(),
+    })]);
+    assert!(ops > 0);
+    let batches = f.plane.last_batches().to_vec();
+    assert!(!batches.is_empty());
+    for b in &batches {
+        assert!(
+            b.pipapo_deletes * b.pipapo_deletes <= podnet_nft::diff::PIPAPO_DELETE_BUDGET,
+            "a batch deletes {} elements one by one from a pipapo set of about {N}: {batches:?}",
+            b.pipapo_deletes
+        );
+    }
+    assert_eq!(
+        batches.iter().map(|b| b.rebuilt).sum::<usize>(),
+        1,
+        "{batches:?}"
+    );
+    assert!(!f.has(SetId::InNetPort(k), last));
+    assert!(f.has(SetId::InNetPort(k), c_block));
+    assert_eq!(
+        f.full(),
+        0,
+        "the incremental path left what a full plan wants"
+    );
+    assert_same(&before, &snapshot(&f.ns));
+
+    // A full sync that finds the ranges in the kernel (the agent restarted
+    // after the policy went) removes them in a bounded batch too.
+    assert_eq!(f.feed(vec![many_blocks(N)]), N + 2);
+    let mut restarted = f.ns.run(plane).expect("plane");
+    blocks_world(&mut restarted);
+    assert!(sync(&mut restarted, &Scope::Full).expect("full sync") > 0);
+    let batches = restarted.last_batches().to_vec();
+    for b in &batches {
+        assert!(
+            b.pipapo_deletes * b.pipapo_deletes <= podnet_nft::diff::PIPAPO_DELETE_BUDGET,
+            "the full sync deletes {} elements one by one: {batches:?}",
+            b.pipapo_deletes
+        );
+    }
+    assert_same(&before, &snapshot(&f.ns));
+    assert_eq!(sync(&mut restarted, &Scope::Full).unwrap(), 0);
+}
