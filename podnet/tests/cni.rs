@@ -1066,7 +1066,7 @@ fn podnet_meta_plugin_waits_for_the_agent() {
     });
     let mut list = json!({"cniVersion": "1.0.0", "name": "podnet", "plugins": [{
         "type": "podnet", "subnetFile": env, "dataDir": state.path().join("meta"),
-        "delegate": {"bridge": "pnbr12"}
+        "delegate": {"bridge": "pnbr12"}, "requireAgent": true
     }]});
     list["name"] = json!(format!("pn-wait-{}", std::process::id()));
     let cni = runtime(&p.bin(), &host);

@@ -33,8 +33,13 @@ pub fn previous_subnet(path: &Path) -> Option<Ipv4Net> {
 }
 
 /// The node's conflist: the podnet meta-plugin, then portmap and bandwidth.
+/// It requires the agent (`requireAgent`): an ADD while the agent is down
+/// fails instead of wiring a pod whose traffic would be dropped. (A
+/// conflist without the key, as older agents wrote, only tells an agent
+/// that listens, so a node mid-upgrade keeps taking pods.)
 pub fn conflist(subnet_file: &Path, data_dir: Option<&Path>) -> serde_json::Value {
-    let mut meta = serde_json::json!({"type": "podnet", "subnetFile": subnet_file});
+    let mut meta =
+        serde_json::json!({"type": "podnet", "subnetFile": subnet_file, "requireAgent": true});
     let mut pm = serde_json::json!({"type": "portmap", "capabilities": {"portMappings": true}});
     if let Some(d) = data_dir {
         meta["dataDir"] = serde_json::json!(d.join("podnet"));

@@ -12,7 +12,8 @@
 //! policies in the kernel; an agent that answers with an error fails the
 //! ADD (the runtime retries).
 //!
-//! An agent that is not running fails the ADD too. Its tables fail closed
+//! With `"requireAgent": true` (the conflist every agent writes), an
+//! agent that is not running fails the ADD too. Its tables fail closed
 //! on addresses they do not know, so a pod wired without it would report
 //! Ready and have its traffic dropped; failing instead tells the runtime
 //! (the kubelet retries the sandbox, and the pod is not Ready while it
@@ -26,9 +27,10 @@
 //! a node where the podnet plugin is called but the podnet agent never
 //! ran has no policy and no pod network, so it must not take pods either.
 //! Every agent answers on the socket, with or without NetworkPolicy.
-//! Only `"requireAgent": false` (a node that runs no agent by design, such
-//! as the lab's `--no-agents`) restores telling an agent only when one is
-//! listening. A failure after the attachment exists (the agent went away
+//! Without the key (a conflist an older agent wrote: a node in the middle
+//! of an upgrade, whose old agent has no socket, keeps taking pods) or
+//! with `false` (a node that runs no agent by design, such as the lab's
+//! `--no-agents`), ADD tells an agent only when one is listening. A failure after the attachment exists (the agent went away
 //! mid-ADD, or said no) undoes it: veth, addresses and IPAM allocation.
 //! DEL tells the agent when it listens and never waits for it.
 //!
@@ -88,8 +90,9 @@ struct Conf {
     /// accept, in seconds (default [`DEFAULT_AGENT_WAIT_SECS`]).
     #[serde(rename = "agentWaitSeconds", default)]
     agent_wait_seconds: Option<f64>,
-    /// podnet extension: `false` on a node that runs no podnet agent by
-    /// design; ADD then tells an agent only if one is listening.
+    /// podnet extension: `true` (what agents write) makes ADD fail while
+    /// no agent answers; absent or `false`, ADD tells an agent only if one
+    /// is listening (older agents' conflists, nodes without an agent).
     #[serde(rename = "requireAgent", default)]
     require_agent: Option<bool>,
     #[serde(rename = "runtimeConfig", default)]
@@ -282,7 +285,7 @@ fn connect_agent(path: &Path, wait: Duration) -> Result<UnixStream, CniError> {
 /// listening.
 fn agent_for_add(c: &Conf) -> Result<Option<UnixStream>, CniError> {
     let path = c.agent_socket();
-    if c.require_agent.unwrap_or(true) {
+    if c.require_agent.unwrap_or(false) {
         return connect_agent(&path, c.agent_wait()?).map(Some);
     }
     match UnixStream::connect(&path) {
@@ -695,7 +698,7 @@ mod tests {
         };
         let c = conf(json!({}));
         assert_eq!(c.agent_wait().unwrap(), Duration::from_secs(5));
-        assert_eq!(c.require_agent, None, "required unless said otherwise");
+        assert_eq!(c.require_agent, None, "not required unless said so");
         let c = conf(json!({"agentWaitSeconds": 0.5, "requireAgent": false}));
         assert_eq!(c.agent_wait().unwrap(), Duration::from_millis(500));
         assert_eq!(c.require_agent, Some(false));
