@@ -1070,6 +1070,26 @@ fn podnet_meta_plugin_waits_for_the_agent() {
     }]});
     list["name"] = json!(format!("pn-wait-{}", std::process::id()));
     let cni = runtime(&p.bin(), &host);
+    {
+        // Only root may tell the agent which MAC and addresses a port uses.
+        use std::os::unix::fs::PermissionsExt;
+        // (Polled: the listener binds, then narrows the mode.)
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let mode = std::fs::metadata(&socket)
+                .map(|m| m.permissions().mode() & 0o777)
+                .ok();
+            if mode == Some(0o600) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "agent socket mode {:?}, want Some(0o600 = 384)",
+                mode
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
     let mut at = attach("wait-a", &pod);
     at.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web".into();
     let r = cni.add_list(&list, &at).unwrap();

@@ -210,6 +210,12 @@ pub async fn serve(path: PathBuf, tx: Loops) -> std::io::Result<()> {
     }
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path)?;
+    // What connects here programs the port guard (which MAC and addresses
+    // a pod port may use): root's only, whatever the umask.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
     tracing::info!(socket = %path.display(), "answering the CNI plugin's ADD once a pod is programmed");
     loop {
         let (s, _) = l.accept().await?;
