@@ -108,9 +108,6 @@ pub struct PolicyPlane {
     /// The tables' use counts after the last full sync.
     expected_use: Vec<Option<u32>>,
     resyncs: std::cell::Cell<u32>,
-    /// Per namespace, [`World::wide_for`]; cleared when a namespace or a
-    /// policy changes.
-    wide_cache: HashMap<String, Vec<Key>>,
     /// The tables without elements (what a partial sync's batches are
     /// encoded against), made again only when the subnets change.
     skeletons: Vec<Table>,
@@ -313,7 +310,6 @@ impl PolicyPlane {
             ranges: HashMap::new(),
             expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
-            wide_cache: HashMap::new(),
             skeletons: Vec::new(),
             conn: None,
             waiters: Vec::new(),
@@ -387,12 +383,7 @@ impl PolicyPlane {
         let mut touched: Vec<&Policy> = Vec::new();
         // Only policies of the pod's namespace and the wide ones that reach
         // its namespace can name it.
-        let wide = self
-            .wide_cache
-            .entry(k.ns.clone())
-            .or_insert_with(|| w.wide_for(&k.ns));
-        let wide = wide.iter().filter_map(|key| w.policies.get(key));
-        for p in w.policies_in(&k.ns).chain(wide) {
+        for p in w.policies_in(&k.ns).chain(w.wide_for(&k.ns)) {
             let rules = p.ingress.iter().chain(p.egress.iter()).flatten();
             let by_peer = rules.clone().any(|r| {
                 r.peers.iter().flatten().any(|peer| {
@@ -459,7 +450,6 @@ impl PolicyPlane {
                     }
                     _ => None,
                 };
-                self.wide_cache.clear();
                 let mut w = self.world.write().expect("world lock");
                 let old = w.set_namespace(&key.name, labels.clone());
                 if old == labels || !self.whole_done {
@@ -475,7 +465,6 @@ impl PolicyPlane {
                     Some(Object::NetworkPolicy(p)) => Policy::compile(p),
                     _ => None,
                 };
-                self.wide_cache.clear();
                 let mut w = self.world.write().expect("world lock");
                 let k = Key::new(&ns, &key.name);
                 let old = w.set_policy(k, p.clone());

@@ -275,13 +275,6 @@ impl Policy {
         })
     }
 
-    /// Whether a pod outside the policy's namespace can matter to it: a
-    /// peer chosen by namespace labels, or egress to a named port of any
-    /// pod (no peers, or an ipBlock).
-    pub fn is_wide(&self) -> bool {
-        self.uses_namespace_labels() || self.named_wide()
-    }
-
     /// Whether it has egress to a named port of any pod (no peers, or an
     /// ipBlock), resolved on every pod carrying the name.
     pub fn named_wide(&self) -> bool {
@@ -341,14 +334,39 @@ pub struct World {
     pub policies: BTreeMap<Key, Policy>,
     by_ip: HashMap<IpAddr, Key>,
     by_ns: HashMap<String, BTreeSet<Key>>,
-    /// (label key, value) → pods carrying it, for matchLabels lookups.
-    by_label: HashMap<(String, String), BTreeSet<Key>>,
+    /// Namespace → label key → value → pods carrying it, for matchLabels
+    /// lookups: a selector's pods are found in its own namespace without
+    /// visiting the pods of every other namespace that share the label.
+    by_label: HashMap<String, HashMap<String, HashMap<String, BTreeSet<Key>>>>,
     /// Container port name → pods declaring it.
     by_port_name: HashMap<String, BTreeSet<Key>>,
     policies_by_ns: HashMap<String, BTreeSet<Key>>,
-    /// Policies a pod of another namespace can matter to: peers chosen by
-    /// namespace labels, or egress to named ports of any pod.
-    wide: BTreeSet<Key>,
+    /// Policies a pod of another namespace can matter to (peers chosen by
+    /// namespace labels), by the namespaceSelectors they use, so
+    /// a namespace's wide policies cost a match per distinct selector, not
+    /// per policy.
+    wide_by_selector: Vec<(LabelSelector, BTreeSet<Key>)>,
+    /// Wide policies with egress to named ports of any pod: they reach
+    /// every namespace.
+    named_wide: BTreeSet<Key>,
+}
+
+/// The distinct namespaceSelectors of `p`'s peers.
+fn ns_selectors(p: &Policy) -> Vec<&LabelSelector> {
+    let mut out: Vec<&LabelSelector> = Vec::new();
+    let peers = p.ingress.iter().chain(p.egress.iter()).flatten();
+    for peer in peers.flat_map(|r| r.peers.iter().flatten()) {
+        if let Peer::Pods {
+            namespaces: Some(sel),
+            ..
+        } = peer
+        {
+            if !out.contains(&sel) {
+                out.push(sel);
+            }
+        }
+    }
+    out
 }
 
 impl World {
@@ -368,12 +386,23 @@ impl World {
                     self.by_ip.remove(ip);
                 }
             }
-            for (lk, lv) in &o.labels {
-                if let Some(s) = self.by_label.get_mut(&(lk.clone(), lv.clone())) {
-                    s.remove(&k);
-                    if s.is_empty() {
-                        self.by_label.remove(&(lk.clone(), lv.clone()));
+            if let Some(in_ns) = self.by_label.get_mut(&k.ns) {
+                for (lk, lv) in &o.labels {
+                    let Some(values) = in_ns.get_mut(lk) else {
+                        continue;
+                    };
+                    if let Some(s) = values.get_mut(lv) {
+                        s.remove(&k);
+                        if s.is_empty() {
+                            values.remove(lv);
+                        }
                     }
+                    if values.is_empty() {
+                        in_ns.remove(lk);
+                    }
+                }
+                if in_ns.is_empty() {
+                    self.by_label.remove(&k.ns);
                 }
             }
             for p in &o.ports {
@@ -390,9 +419,12 @@ impl World {
                 for ip in &n.ips {
                     self.by_ip.insert(*ip, k.clone());
                 }
+                let in_ns = self.by_label.entry(k.ns.clone()).or_default();
                 for (lk, lv) in &n.labels {
-                    self.by_label
-                        .entry((lk.clone(), lv.clone()))
+                    in_ns
+                        .entry(lk.clone())
+                        .or_default()
+                        .entry(lv.clone())
                         .or_default()
                         .insert(k.clone());
                 }
@@ -424,27 +456,48 @@ impl World {
     }
 
     pub fn set_policy(&mut self, k: Key, p: Option<Policy>) -> Option<Policy> {
-        match p {
+        let old = match p {
             Some(p) => {
                 self.policies_by_ns
                     .entry(k.ns.clone())
                     .or_default()
                     .insert(k.clone());
-                if p.is_wide() {
-                    self.wide.insert(k.clone());
-                } else {
-                    self.wide.remove(&k);
-                }
-                self.policies.insert(k, p)
+                self.policies.insert(k.clone(), p)
             }
             None => {
                 if let Some(s) = self.policies_by_ns.get_mut(&k.ns) {
                     s.remove(&k);
                 }
-                self.wide.remove(&k);
                 self.policies.remove(&k)
             }
+        };
+        if let Some(o) = &old {
+            for sel in ns_selectors(o) {
+                if let Some(i) = self.wide_by_selector.iter().position(|(s, _)| s == sel) {
+                    self.wide_by_selector[i].1.remove(&k);
+                    if self.wide_by_selector[i].1.is_empty() {
+                        self.wide_by_selector.swap_remove(i);
+                    }
+                }
+            }
+            self.named_wide.remove(&k);
         }
+        if let Some(n) = self.policies.get(&k) {
+            for sel in ns_selectors(n) {
+                match self.wide_by_selector.iter_mut().find(|(s, _)| s == sel) {
+                    Some((_, keys)) => {
+                        keys.insert(k.clone());
+                    }
+                    None => self
+                        .wide_by_selector
+                        .push((sel.clone(), [k.clone()].into_iter().collect())),
+                }
+            }
+            if n.named_wide() {
+                self.named_wide.insert(k.clone());
+            }
+        }
+        old
     }
 
     /// The pod holding `ip`, if any.
@@ -462,31 +515,19 @@ impl World {
             .filter_map(|k| self.policies.get(k))
     }
 
-    /// The policies that can name a pod of another namespace (see
-    /// [`Policy::is_wide`]).
-    pub fn wide_policies(&self) -> impl Iterator<Item = &Policy> + '_ {
-        self.wide.iter().filter_map(|k| self.policies.get(k))
-    }
-
     /// The wide policies a pod of namespace `ns` can matter to: a peer's
     /// namespaceSelector matches `ns`, or egress to named ports of any pod.
-    pub fn wide_for(&self, ns: &str) -> Vec<Key> {
+    /// Each once, in key order.
+    pub fn wide_for(&self, ns: &str) -> impl Iterator<Item = &Policy> + '_ {
         let labels = self.ns_labels(ns);
-        self.wide_policies()
-            .filter(|p| {
-                p.named_wide()
-                    || p.ingress
-                        .iter()
-                        .chain(p.egress.iter())
-                        .flatten()
-                        .flat_map(|r| r.peers.iter().flatten())
-                        .any(|peer| {
-                            matches!(peer, Peer::Pods { namespaces: Some(sel), .. }
-                                if selector::matches(sel, labels))
-                        })
-            })
-            .map(|p| p.key.clone())
-            .collect()
+        let keys: BTreeSet<&Key> = self
+            .wide_by_selector
+            .iter()
+            .filter(|(sel, _)| selector::matches(sel, labels))
+            .flat_map(|(_, ks)| ks)
+            .chain(&self.named_wide)
+            .collect();
+        keys.into_iter().filter_map(|k| self.policies.get(k))
     }
 
     /// The policies that select pod `k` (in its namespace), whatever their
@@ -531,23 +572,21 @@ impl World {
         ns: &'a str,
         sel: &'a LabelSelector,
     ) -> Box<dyn Iterator<Item = (&'a Key, &'a PodView)> + 'a> {
-        let smallest = sel.match_labels.iter().flatten().filter_map(|(k, v)| {
+        let labelled = |k: &str, v: &str| {
             self.by_label
-                .get(&(k.clone(), v.clone()))
-                .map(|s| s.len())
-                .or(Some(0))
-                .map(|n| (n, k, v))
-        });
-        let best = smallest.min_by_key(|(n, _, _)| *n);
-        let it: Box<dyn Iterator<Item = &'a Key> + 'a> = match best {
-            Some((0, _, _)) => Box::new(std::iter::empty()),
-            Some((_, k, v)) => Box::new(
-                self.by_label
-                    .get(&(k.clone(), v.clone()))
-                    .into_iter()
-                    .flatten()
-                    .filter(move |p| p.ns == ns),
-            ),
+                .get(ns)
+                .and_then(|m| m.get(k))
+                .and_then(|m| m.get(v))
+        };
+        let smallest = sel
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| labelled(k, v))
+            .min_by_key(|s| s.map_or(0, |s| s.len()));
+        let it: Box<dyn Iterator<Item = &'a Key> + 'a> = match smallest {
+            Some(None) => Box::new(std::iter::empty()),
+            Some(Some(s)) => Box::new(s.iter()),
             None => Box::new(self.by_ns.get(ns).into_iter().flatten()),
         };
         Box::new(it.filter_map(move |k| {
