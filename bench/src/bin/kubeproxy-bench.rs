@@ -933,8 +933,10 @@ fn main() -> Result<()> {
                 let mut lat = Vec::with_capacity(a.creates);
                 let mut made = Vec::with_capacity(a.creates);
                 let mut post = Vec::with_capacity(a.creates);
+                let mut sent_at = Vec::with_capacity(a.creates);
                 for k in 0..a.creates {
                     let name = format!("m{turn}-{k}");
+                    sent_at.push(podnet_store::objects::now());
                     let t = Instant::now();
                     let s = b.rt.block_on(
                         b.svcs
@@ -955,14 +957,14 @@ fn main() -> Result<()> {
                 if std::env::var_os("KPB_SLOW").is_some() {
                     // Which creates were slow, in order (finding the cause).
                     let m = pct(&lat, 0.5);
-                    let slow: Vec<(usize, u64)> = lat
+                    let slow: Vec<(usize, u64, String)> = lat
                         .iter()
                         .enumerate()
                         .filter(|(_, &l)| l > 3.0 * m)
-                        .map(|(k, &l)| (k, l as u64))
+                        .map(|(k, &l)| (k, l as u64, sent_at[k].to_string()))
                         .collect();
                     eprintln!(
-                        "kubeproxy-bench: {}: slow creates (index, ms): {slow:?}; POST p50 {:.1} ms max {:.1} ms",
+                        "kubeproxy-bench: {}: slow creates (index, ms, POST sent at): {slow:?}; POST p50 {:.1} ms max {:.1} ms",
                         p.name(),
                         pct(&post, 0.5),
                         pct(&post, 1.0)

@@ -37,16 +37,7 @@ pub struct Target {
 /// The health-check port of a Service and what it should report on `node`;
 /// None when the Service needs no health check.
 pub fn target(svc: &Service, slices: &[&EndpointSlice], node: &str) -> Option<(u16, Target)> {
-    let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() != Some("LoadBalancer")
-        || spec.external_traffic_policy.as_deref() != Some("Local")
-    {
-        return None;
-    }
-    let port = u16::try_from(spec.health_check_node_port?).ok()?;
-    if port == 0 {
-        return None;
-    }
+    let port = port(svc)?;
     // A dual-stack pod appears once per family; count each family apart and
     // report the larger, so one pod is one endpoint.
     let mut per_family: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -157,6 +148,21 @@ impl Drop for Server {
             h.abort();
         }
     }
+}
+
+/// The health-check node port `svc` asks for: a LoadBalancer Service with
+/// `externalTrafficPolicy: Local` and a port. Only such Services have a
+/// target, so the proxy keeps their names and a relist visits those only.
+pub fn port(svc: &Service) -> Option<u16> {
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() != Some("LoadBalancer")
+        || spec.external_traffic_policy.as_deref() != Some("Local")
+    {
+        return None;
+    }
+    u16::try_from(spec.health_check_node_port?)
+        .ok()
+        .filter(|p| *p != 0)
 }
 
 /// All addresses of the node: dual-stack when IPv6 exists, IPv4 otherwise.

@@ -27,7 +27,7 @@
 //! There is one [`Proxier`] per address family (`ip podnet`, `ip6 podnet`);
 //! [`run`] feeds both from one watch.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,9 @@ use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
 
 use crate::healthcheck;
-use crate::rules::{base_table, fragment, is_fast_count_set, shell, NodeInfo, Stack, TABLE};
+use crate::rules::{
+    base_table, fragment, is_fast_count_set, programmed_ip, shell, NodeInfo, Stack, TABLE,
+};
 use crate::ProxyError;
 
 /// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
@@ -183,6 +185,13 @@ pub struct Proxier {
     touched: BTreeSet<String>,
     /// The table's use count (chains + sets) after our last apply.
     expect_use: Option<u32>,
+    /// Services this family's table holds nothing of
+    /// ([`crate::rules::programmed_ip`]): a full sync skips them unplanned
+    /// (the IPv6 proxier of a cluster whose Services are IPv4 decodes none).
+    elsewhere: HashSet<String>,
+    /// Services with a health-check node port ([`healthcheck::port`]):
+    /// what a relist's health-check resync visits.
+    with_health: BTreeSet<String>,
 }
 
 /// The changes from one Service fragment to another. The per-count sets of
@@ -272,6 +281,8 @@ impl Proxier {
             last_ok: None,
             touched: BTreeSet::new(),
             expect_use: None,
+            elsewhere: HashSet::new(),
+            with_health: BTreeSet::new(),
         })
     }
 
@@ -287,8 +298,16 @@ impl Proxier {
                 let id = format!("{ns}/{}", key.name);
                 self.dirty.insert(id.clone());
                 self.touched.insert(id.clone());
+                self.elsewhere.remove(&id);
+                self.with_health.remove(&id);
                 match o {
                     Some(Object::Service(svc)) => {
+                        if programmed_ip(svc, &self.stack).is_none() {
+                            self.elsewhere.insert(id.clone());
+                        }
+                        if healthcheck::port(svc).is_some() {
+                            self.with_health.insert(id.clone());
+                        }
                         self.services.insert(id, encode(svc.as_ref()));
                     }
                     _ => {
@@ -396,10 +415,11 @@ impl Proxier {
         healthcheck::target(&svc, &refs, &self.node.name)
     }
 
-    /// Every known Service's health-check target (after a relist).
+    /// The health-check target of every Service that has one (after a
+    /// relist; the others have none to report).
     pub fn health_targets(&self) -> BTreeMap<String, Option<(u16, healthcheck::Target)>> {
-        self.services
-            .keys()
+        self.with_health
+            .iter()
             .map(|id| (id.clone(), self.health_target(id)))
             .collect()
     }
@@ -411,6 +431,8 @@ impl Proxier {
         self.slices.clear();
         self.by_service.clear();
         self.dirty.clear();
+        self.elsewhere.clear();
+        self.with_health.clear();
     }
 
     /// Replaces the whole table in one transaction, streamed Service by
@@ -424,6 +446,7 @@ impl Proxier {
             .keys()
             .cloned()
             .chain(self.by_service.keys().cloned())
+            .filter(|id| !self.elsewhere.contains(id))
             .collect::<BTreeSet<String>>()
             .into_iter()
             .collect();

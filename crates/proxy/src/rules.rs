@@ -817,6 +817,20 @@ fn mark_external(stack: &Stack) -> Rule {
 
 /// The Service's ClusterIP in this family: `clusterIPs` (dual-stack) or
 /// `clusterIP`.
+/// The ClusterIP this family programs `svc` under; None when this
+/// family's table holds nothing of it (an ExternalName, a Service another
+/// proxy owns, or one with no ClusterIP of the family: as kube-proxy, a
+/// family's proxier ignores a Service without a ClusterIP of its own).
+/// A full sync skips such Services without planning them.
+pub fn programmed_ip(svc: &Service, stack: &Stack) -> Option<IpAddr> {
+    let spec = svc.spec.as_ref()?;
+    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if ty == "ExternalName" || opted_out(svc) {
+        return None;
+    }
+    cluster_ip_of(spec, stack)
+}
+
 fn cluster_ip_of(
     spec: &podnet_api::k8s_openapi::api::core::v1::ServiceSpec,
     stack: &Stack,
@@ -901,14 +915,10 @@ fn add_service(
     node: &NodeInfo,
     stack: &Stack,
 ) {
-    let Some(spec) = &svc.spec else { return };
-    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if ty == "ExternalName" || opted_out(svc) {
-        return;
-    }
-    let Some(cip) = cluster_ip_of(spec, stack) else {
+    let (Some(spec), Some(cip)) = (&svc.spec, programmed_ip(svc, stack)) else {
         return;
     };
+    let ty = spec.type_.as_deref().unwrap_or("ClusterIP");
     t.sets
         .get_mut("cluster-ips")
         .expect("declared in the shell")

@@ -289,6 +289,13 @@ pub async fn run<S>(
         s = back;
         match res {
             Ok(n) => {
+                tracing::debug!(
+                    subsystem = name,
+                    scope = scope.label(),
+                    ops = n,
+                    ms = t0.elapsed().as_secs_f64() * 1e3,
+                    "synced"
+                );
                 if failing_since.take().is_some() {
                     tracing::info!(subsystem = name, "in sync again");
                     metrics.set_unhealthy_for(name, None);

@@ -284,6 +284,13 @@ impl KubeSource {
                     }
                 }
             }
+            if relisting.is_empty() && !out.is_empty() {
+                tracing::debug!(
+                    n = out.len(),
+                    first = ?out[0].key(),
+                    "watch deltas to the subscribers"
+                );
+            }
             for chunk in out.chunks(CHUNK) {
                 self.hub.send(chunk).await;
             }
