@@ -311,20 +311,20 @@ pub fn pipapo(s: &Set) -> bool {
 }
 
 /// The deletion work one batch may always do one by one in one pipapo set:
-/// elements deleted × elements the set holds, about 10 ms of kernel time
-/// under the nftables lock (one element from a set of 4,096, 16 from 256).
+/// elements deleted × elements the set holds, about 4.5 ms of kernel time
+/// under the nftables lock (one element from a set of 1,800, 12 from 150).
 /// Beyond it, the set is rebuilt in the batch instead
 /// ([`bound_pipapo_deletes`]) whenever re-adding what stays is cheaper than
 /// the deletions (by the costs measured in [`pipapo`]: a deletion costs
 /// what [`DELETE_VS_ADD`] additions do, per element held). So a batch's
 /// deletions never cost more than the larger of this budget and what adding
 /// the set's remaining elements costs: removal costs what addition costs.
-/// It is not smaller because a rebuild rewrites the chains naming the set,
-/// which makes the kernel validate the table's jumps again: for a few
-/// deletions from a small set (a pod's label change, a shard of ~150
-/// elements) one by one measured cheaper (policy-bench, same load: apply
-/// of such batches median 4.3 ms, against 6.0 ms with a budget of 512).
-pub const PIPAPO_DELETE_BUDGET: usize = 4096;
+/// The budget is where a rebuild costs the same: a rebuild rewrites the
+/// chains naming the set, which makes the kernel validate the table's
+/// jumps again, and measured 3–4.5 ms for a policy shard of ~150 elements
+/// (policy-bench, one-pod label changes). With 4,096 (about 10 ms) the
+/// worst label change's batch took 9.7 ms; with 1,800, 4.5–7.7 ms.
+pub const PIPAPO_DELETE_BUDGET: usize = 1800;
 
 /// A pipapo deletion's cost over an addition's, per element the set holds
 /// (2.5 µs / 7.4 ns, measured on 6.18).

@@ -993,9 +993,15 @@ mod tests {
             "externalTrafficPolicy": "Local", "healthCheckNodePort": 31999,
             "ports": [{"port": 80, "nodePort": 30080}]});
         for d in [
-            svc("plain", serde_json::json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}]})),
-            svc("lb-cluster", serde_json::json!({"type": "LoadBalancer", "clusterIP": "10.96.0.2",
-                "ports": [{"port": 80, "nodePort": 30081}]})),
+            svc(
+                "plain",
+                serde_json::json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}),
+            ),
+            svc(
+                "lb-cluster",
+                serde_json::json!({"type": "LoadBalancer", "clusterIP": "10.96.0.2",
+                "ports": [{"port": 80, "nodePort": 30081}]}),
+            ),
             svc("lb-local", lb.clone()),
         ] {
             p.watch(&d);
@@ -1015,13 +1021,33 @@ mod tests {
         let v4 = Stack::v4("10.244.0.0/16".parse().unwrap());
         let v6 = Stack::v6(Some("fd00:244::/48".parse().unwrap()));
         let cases = [
-            (serde_json::json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}), true, false),
-            (serde_json::json!({"clusterIP": "fd00:96::1", "clusterIPs": ["fd00:96::1"],
-                "ports": [{"port": 80}]}), false, true),
-            (serde_json::json!({"clusterIP": "10.96.0.2", "clusterIPs": ["10.96.0.2", "fd00:96::2"],
-                "ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}), true, true),
-            (serde_json::json!({"type": "ExternalName", "externalName": "example.org"}), false, false),
-            (serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}), false, false),
+            (
+                serde_json::json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}),
+                true,
+                false,
+            ),
+            (
+                serde_json::json!({"clusterIP": "fd00:96::1", "clusterIPs": ["fd00:96::1"],
+                "ports": [{"port": 80}]}),
+                false,
+                true,
+            ),
+            (
+                serde_json::json!({"clusterIP": "10.96.0.2", "clusterIPs": ["10.96.0.2", "fd00:96::2"],
+                "ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}),
+                true,
+                true,
+            ),
+            (
+                serde_json::json!({"type": "ExternalName", "externalName": "example.org"}),
+                false,
+                false,
+            ),
+            (
+                serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}),
+                false,
+                false,
+            ),
         ];
         for (spec, in4, in6) in cases {
             let s: Service = serde_json::from_value(serde_json::json!({
@@ -1031,8 +1057,8 @@ mod tests {
             for (stack, want) in [(&v4, in4), (&v6, in6)] {
                 let got = crate::rules::programmed_ip(&s, stack).is_some();
                 assert_eq!(got, want, "{:?} in {:?}", s.spec, stack.family);
-                let empty = fragment(Some(&s), &[], &"n1".into(), stack)
-                    == crate::rules::shell(stack);
+                let empty =
+                    fragment(Some(&s), &[], &"n1".into(), stack) == crate::rules::shell(stack);
                 assert_eq!(empty, !want, "{:?} in {:?}", s.spec, stack.family);
             }
         }
