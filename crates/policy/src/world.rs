@@ -342,13 +342,19 @@ pub struct World {
     by_port_name: HashMap<String, BTreeSet<Key>>,
     policies_by_ns: HashMap<String, BTreeSet<Key>>,
     /// Policies a pod of another namespace can matter to (peers chosen by
-    /// namespace labels), by the namespaceSelectors they use, so
-    /// a namespace's wide policies cost a match per distinct selector, not
-    /// per policy.
-    wide_by_selector: Vec<(LabelSelector, BTreeSet<Key>)>,
+    /// namespace labels), by the namespaceSelectors they use (keyed by the
+    /// selector's JSON), so a namespace's wide policies cost a match per
+    /// distinct selector, not per policy.
+    wide_by_selector: HashMap<String, (LabelSelector, BTreeSet<Key>)>,
     /// Wide policies with egress to named ports of any pod: they reach
     /// every namespace.
     named_wide: BTreeSet<Key>,
+}
+
+/// A selector as an index key: its JSON (label maps are ordered, so equal
+/// selectors give equal keys).
+fn selector_key(sel: &LabelSelector) -> String {
+    serde_json::to_string(sel).unwrap_or_default()
 }
 
 /// The distinct namespaceSelectors of `p`'s peers.
@@ -473,10 +479,11 @@ impl World {
         };
         if let Some(o) = &old {
             for sel in ns_selectors(o) {
-                if let Some(i) = self.wide_by_selector.iter().position(|(s, _)| s == sel) {
-                    self.wide_by_selector[i].1.remove(&k);
-                    if self.wide_by_selector[i].1.is_empty() {
-                        self.wide_by_selector.swap_remove(i);
+                let key = selector_key(sel);
+                if let Some((_, keys)) = self.wide_by_selector.get_mut(&key) {
+                    keys.remove(&k);
+                    if keys.is_empty() {
+                        self.wide_by_selector.remove(&key);
                     }
                 }
             }
@@ -484,14 +491,11 @@ impl World {
         }
         if let Some(n) = self.policies.get(&k) {
             for sel in ns_selectors(n) {
-                match self.wide_by_selector.iter_mut().find(|(s, _)| s == sel) {
-                    Some((_, keys)) => {
-                        keys.insert(k.clone());
-                    }
-                    None => self
-                        .wide_by_selector
-                        .push((sel.clone(), [k.clone()].into_iter().collect())),
-                }
+                self.wide_by_selector
+                    .entry(selector_key(sel))
+                    .or_insert_with(|| (sel.clone(), BTreeSet::new()))
+                    .1
+                    .insert(k.clone());
             }
             if n.named_wide() {
                 self.named_wide.insert(k.clone());
@@ -522,7 +526,7 @@ impl World {
         let labels = self.ns_labels(ns);
         let keys: BTreeSet<&Key> = self
             .wide_by_selector
-            .iter()
+            .values()
             .filter(|(sel, _)| selector::matches(sel, labels))
             .flat_map(|(_, ks)| ks)
             .chain(&self.named_wide)
