@@ -130,6 +130,21 @@ fn se(e: SyncError) -> anyhow::Error {
     anyhow!("policy sync: {e}")
 }
 
+/// An IPv4 policy plane of [`NODE`] with an empty view, in `node`'s
+/// namespace.
+fn fresh_plane(node: &TestNs) -> Result<PolicyPlane> {
+    let opts = Options {
+        node: NODE.into(),
+        ipv6: false,
+        limit: LogLimit::default(),
+        strict: false,
+    };
+    let world = Arc::new(RwLock::new(World::new()));
+    node.netns()
+        .run(|| PolicyPlane::new(opts, world, podnet_daemon::Metrics::new()))?
+        .map_err(se)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -875,21 +890,7 @@ fn ipblock_case(a: &Args) -> Result<Vec<(usize, bool, f64)>> {
     for &n in &a.ipblocks {
         for port in [false, true] {
             let node = TestNs::create(ns_name("ipb"))?;
-            let mut plane = node
-                .netns()
-                .run(|| {
-                    PolicyPlane::new(
-                        Options {
-                            node: NODE.into(),
-                            ipv6: false,
-                            limit: LogLimit::default(),
-                            strict: false,
-                        },
-                        Arc::new(RwLock::new(World::new())),
-                        podnet_daemon::Metrics::new(),
-                    )
-                })?
-                .map_err(se)?;
+            let mut plane = fresh_plane(&node)?;
             let mut ds = vec![added(Object::Namespace(Box::new(shape.namespace(0))))];
             for j in 0..shape.pods_per_ns {
                 let mut p = shape.pod(0, j, 0);
@@ -1062,21 +1063,7 @@ fn connection_rate(a: &Args, shape: Shape, node: &TestNs) -> Result<ConnResult> 
     let ct_node = TestNs::create(ns_name("node-nopol"))?;
     let ct = pair(&ct_node, "pc", cip, sip)?;
     {
-        let mut empty = ct_node
-            .netns()
-            .run(|| {
-                PolicyPlane::new(
-                    Options {
-                        node: NODE.into(),
-                        ipv6: false,
-                        limit: LogLimit::default(),
-                        strict: false,
-                    },
-                    Arc::new(RwLock::new(World::new())),
-                    podnet_daemon::Metrics::new(),
-                )
-            })?
-            .map_err(se)?;
+        let mut empty = fresh_plane(&ct_node)?;
         let mut dirty = BTreeSet::new();
         empty.watch(
             PolicyInput::Deltas(vec![

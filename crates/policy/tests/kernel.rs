@@ -50,20 +50,7 @@ impl Fixture {
     fn new(tag: &str) -> Fixture {
         require_root();
         let ns = TestNs::new(tag);
-        let plane = ns
-            .run(|| {
-                PolicyPlane::new(
-                    Options {
-                        node: "n1".into(),
-                        ipv6: false,
-                        limit: Default::default(),
-                        strict: false,
-                    },
-                    Arc::new(RwLock::new(World::new())),
-                    podnet_daemon::Metrics::new(),
-                )
-            })
-            .expect("plane");
+        let plane = ns.run(plane).expect("plane");
         Fixture { ns, plane }
     }
 
