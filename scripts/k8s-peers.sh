@@ -4,6 +4,8 @@
 #
 #   scripts/k8s-peers.sh                 # kube-apiserver kube-controller-manager kubectl
 #   scripts/k8s-peers.sh kubectl etcd    # only these
+#   scripts/k8s-peers.sh kubelet kube-scheduler e2e.test agnhost
+#                                        # a real-kubelet cluster and upstream's suites (scripts/e2e.sh)
 #   scripts/k8s-peers.sh kube-proxy      # the peer of kubeproxy-bench and tests/kubeproxy_diff.rs
 #                                        # (not in the default list, which `lab up --kube` needs;
 #                                        # scripts/setup.sh builds it too)
@@ -42,9 +44,10 @@ components=("$@")
 
 version_of() {   # component -> version it is built at
     case "$1" in
-        kube-apiserver|kube-controller-manager|kubectl|kube-proxy) echo "$K8S_VERSION" ;;
+        kube-apiserver|kube-controller-manager|kubectl|kube-proxy|kubelet|kube-scheduler|e2e.test|agnhost)
+            echo "$K8S_VERSION" ;;
         etcd|etcdctl) echo "$ETCD_VERSION" ;;
-        *) die "unknown component '$1' (known: kube-apiserver kube-controller-manager kubectl kube-proxy etcd etcdctl)" ;;
+        *) die "unknown component '$1' (known: kube-apiserver kube-controller-manager kubectl kube-proxy kubelet kube-scheduler e2e.test agnhost etcd etcdctl)" ;;
     esac
 }
 bin_of() { echo "$CACHE/$1-$(version_of "$1")/$1"; }
@@ -54,13 +57,15 @@ works() {        # component -> 0 if its cached binary runs
     case "$1" in
         kubectl) "$b" version --client >/dev/null 2>&1 ;;
         etcdctl) "$b" version >/dev/null 2>&1 ;;
+        agnhost) "$b" --help >/dev/null 2>&1 ;;
+        e2e.test) "$b" --help 2>&1 | grep -q -- '-ginkgo.focus' ;;
         *) "$b" --version >/dev/null 2>&1 ;;
     esac
 }
 report() {
     local c var
     for c in "${components[@]}"; do
-        var=$(echo "$c" | tr 'a-z-' 'A-Z_')
+        var=$(echo "$c" | tr 'a-z.-' 'A-Z__')
         echo "$var=$(bin_of "$c")"
     done
 }
@@ -158,8 +163,14 @@ build_k8s() {   # components...
         dir="$CACHE/$c-$v"
         say "building $c $v (cold: minutes) ..."
         t0=$(date +%s)
-        run_go "k8s.io/kubernetes/cmd/$c@$v (wrapper module $wrap)" "$wrap" \
-            build -trimpath -ldflags="$ldflags" -o "$CACHE/.$c-$v.tmp" "k8s.io/kubernetes/cmd/$c"
+        case "$c" in
+            e2e.test) run_go "k8s.io/kubernetes/test/e2e@$v (wrapper module $wrap)" "$wrap" \
+                test -c -trimpath -ldflags="$ldflags" -o "$CACHE/.$c-$v.tmp" "k8s.io/kubernetes/test/e2e" ;;
+            agnhost) run_go "k8s.io/kubernetes/test/images/agnhost@$v (wrapper module $wrap)" "$wrap" \
+                build -trimpath -ldflags="$ldflags" -o "$CACHE/.$c-$v.tmp" "k8s.io/kubernetes/test/images/agnhost" ;;
+            *) run_go "k8s.io/kubernetes/cmd/$c@$v (wrapper module $wrap)" "$wrap" \
+                build -trimpath -ldflags="$ldflags" -o "$CACHE/.$c-$v.tmp" "k8s.io/kubernetes/cmd/$c" ;;
+        esac
         mkdir -p "$dir"; mv -f "$CACHE/.$c-$v.tmp" "$dir/$c"
         say "built $c in $(( $(date +%s) - t0 )) s"
     done
