@@ -363,6 +363,8 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             resync,
             kube,
             no_agents,
+            kubelet,
+            images,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -373,8 +375,10 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     backend,
                     store,
                     resync_secs: resync,
-                    kube,
-                    kube_agents: !no_agents,
+                    kube: kube || kubelet,
+                    kube_agents: !no_agents && !kubelet,
+                    kubelet,
+                    images,
                     dns_replicas: 1,
                     daemon_exe: None,
                 })
@@ -399,6 +403,14 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     lab.kubeconfig()?.display(),
                     st.name
                 );
+            }
+            if st.kubelet {
+                println!(
+                    "real kubelets: install podnet with kubectl apply -f deploy/podnet.yaml \
+                     (set kubernetesServiceHost {} in its ConfigMap); scripts/e2e.sh does it all",
+                    podnet_lab::kube::ControlPlane::open(&lab.dir)?.advertised_addr()
+                );
+                return Ok(());
             }
             println!("try: podnet lab run default/web --node node1 --ports 80/tcp; podnet lab probe default/web2 IP:80");
         }
@@ -469,6 +481,13 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
         LabCmd::RestartApiserver => {
             lab.restart_apiserver().await?;
             println!("kube-apiserver restarted and ready");
+        }
+        LabCmd::Egress {
+            netns,
+            socket,
+            nets,
+        } => {
+            podnet_lab::egress::run(&netns, &socket, nets)?;
         }
         LabCmd::Forward { netns, addrs } => {
             podnet_lab::forward::forward(&netns, &addrs)?;

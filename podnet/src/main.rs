@@ -305,6 +305,17 @@ pub enum LabCmd {
         /// Nodes and Pods only; the lab writes each node's CNI files).
         #[arg(long, requires = "kube")]
         no_agents: bool,
+        /// Real nodes: each node runs its own containerd and kubelet
+        /// (scripts/node-peers.sh, scripts/k8s-peers.sh kubelet
+        /// kube-scheduler) and a kube-scheduler runs. The lab starts
+        /// nothing of podnet: install it with `kubectl apply -f
+        /// deploy/podnet.yaml` (scripts/e2e.sh does). Implies --kube.
+        #[arg(long, conflicts_with = "no_agents")]
+        kubelet: bool,
+        /// With --kubelet: an image archive (OCI or docker) every node's
+        /// containerd imports before its kubelet starts; repeatable.
+        #[arg(long = "image", requires = "kubelet")]
+        images: Vec<std::path::PathBuf>,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {
@@ -360,6 +371,14 @@ pub enum LabCmd {
     /// NETNS to this namespace.
     #[command(hide = true)]
     Forward { netns: String, addrs: Vec<String> },
+    /// (internal) The apiserver's egress proxy: HTTP CONNECT on SOCKET,
+    /// dialing from NETNS to addresses in NETS only.
+    #[command(hide = true)]
+    Egress {
+        netns: String,
+        socket: std::path::PathBuf,
+        nets: Vec<ipnet::IpNet>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -81,6 +81,8 @@ impl LabGuard {
                 kube: true,
                 kube_agents: true,
                 dns_replicas: 1,
+                kubelet: false,
+                images: vec![],
                 daemon_exe: None,
             })
             .await

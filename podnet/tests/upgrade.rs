@@ -276,6 +276,8 @@ fn upgrade_and_downgrade_under_load_one_daemon_at_a_time() {
         kube: true,
         kube_agents: true,
         dns_replicas: 2,
+        kubelet: false,
+        images: vec![],
         daemon_exe: Some(v.old.clone()),
     }))
     .unwrap_or_else(|e| panic!("lab up on the old daemons: {e}"));

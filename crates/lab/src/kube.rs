@@ -34,7 +34,25 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The `default/kubernetes` Service: the first address of the service CIDR.
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 /// The process roles this module starts (pid and log file names).
-pub const ROLES: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
+pub const ROLES: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+/// What real kubelets need of the control plane (`lab up --kubelet`): a
+/// client certificate per node, the apiserver's way to them, and a
+/// scheduler. Without it the lab plays the kubelet and nothing schedules.
+#[derive(Debug, Clone)]
+pub struct KubeletPlan {
+    /// The nodes whose kubelets will join (each gets `node-<name>.crt`).
+    pub nodes: Vec<String>,
+    /// The Unix socket of the egress proxy ([`crate::egress`]), through
+    /// which the apiserver reaches kubelets and pods.
+    pub egress_socket: PathBuf,
+    pub kube_scheduler: PathBuf,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -183,8 +201,11 @@ impl Pki {
     }
 
     /// Makes the CA, the apiserver's serving cert, the admin's and the
-    /// controller manager's client certs, and the service-account key.
-    fn create(dir: &Path) -> Result<Pki, KubeError> {
+    /// controller manager's client certs, and the service-account key; for
+    /// real kubelets also the scheduler's, the apiserver's kubelet client
+    /// cert and one client cert per node (`system:node:<name>`, what the
+    /// Node authorizer and NodeRestriction know a kubelet by).
+    fn create(dir: &Path, kubelets: Option<&KubeletPlan>) -> Result<Pki, KubeError> {
         std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}", dir.display()), e))?;
         let p = Pki {
             dir: dir.to_path_buf(),
@@ -259,6 +280,32 @@ impl Pki {
             Some("system:masters"),
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
+        if let Some(plan) = kubelets {
+            let client = ExtendedKeyUsagePurpose::ClientAuth;
+            leaf(
+                "kube-scheduler",
+                vec![],
+                "system:kube-scheduler",
+                None,
+                client.clone(),
+            )?;
+            leaf(
+                "apiserver-kubelet-client",
+                vec![],
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+                client.clone(),
+            )?;
+            for n in &plan.nodes {
+                leaf(
+                    &format!("node-{n}"),
+                    vec![],
+                    &format!("system:node:{n}"),
+                    Some("system:nodes"),
+                    client.clone(),
+                )?;
+            }
+        }
         let sa = KeyPair::generate().map_err(pki)?;
         p.write("sa.key", &sa.serialize_pem())?;
         p.write("sa.pub", &sa.public_key_pem())?;
@@ -422,14 +469,25 @@ impl ControlPlane {
     /// the apiserver's `/readyz` says ok. On failure whatever was started
     /// is stopped.
     pub async fn start(dir: &Path, peers: &Peers) -> Result<ControlPlane, KubeError> {
+        Self::start_with(dir, peers, None).await
+    }
+
+    /// [`ControlPlane::start`] for a cluster of real kubelets (`plan`):
+    /// the scheduler runs, the node lifecycle controller too, and the
+    /// apiserver reaches the nodes through the egress proxy.
+    pub async fn start_with(
+        dir: &Path,
+        peers: &Peers,
+        plan: Option<&KubeletPlan>,
+    ) -> Result<ControlPlane, KubeError> {
         for d in ["logs", "pids", "kube"] {
             std::fs::create_dir_all(dir.join(d))
                 .map_err(|e| io(format!("creating {}", dir.join(d).display()), e))?;
         }
-        Pki::create(&dir.join("kube").join("pki"))?;
+        Pki::create(&dir.join("kube").join("pki"), plan)?;
         let mut last = String::new();
         for _ in 0..3 {
-            match Self::attempt(dir, peers).await {
+            match Self::attempt(dir, peers, plan).await {
                 Ok(cp) => return Ok(cp),
                 Err(Attempt::PortTaken(why)) => {
                     Self::kill(dir);
@@ -446,7 +504,11 @@ impl ControlPlane {
         )))
     }
 
-    async fn attempt(dir: &Path, peers: &Peers) -> Result<ControlPlane, Attempt> {
+    async fn attempt(
+        dir: &Path,
+        peers: &Peers,
+        plan: Option<&KubeletPlan>,
+    ) -> Result<ControlPlane, Attempt> {
         let f = Attempt::Failed;
         let kube_dir = dir.join("kube");
         let pki = kube_dir.join("pki");
@@ -490,6 +552,10 @@ impl ControlPlane {
 
         let audit_policy = kube_dir.join("audit-policy.yaml");
         write_file(&audit_policy, AUDIT_POLICY).map_err(f)?;
+        let mut extra = Vec::new();
+        if let Some(plan) = plan {
+            extra = kubelet_apiserver_args(&kube_dir, plan).map_err(f)?;
+        }
         let api_pid = spawn(
             dir,
             "kube-apiserver",
@@ -528,7 +594,10 @@ impl ControlPlane {
                 format!("--audit-log-path={}", p(&Self::audit_log_of(dir))),
                 "--audit-log-format=json".into(),
                 "--audit-log-mode=blocking".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<String>>(),
         )
         .map_err(f)?;
         let cp = ControlPlane {
@@ -564,10 +633,13 @@ impl ControlPlane {
                 format!("--cluster-cidr={CLUSTER_CIDR}"),
                 "--node-cidr-mask-size=24".into(),
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                // No kubelet posts node status in the lab: the lifecycle
-                // controller would mark every node, and so every pod,
-                // not ready after the grace period.
-                "--controllers=*,-node-lifecycle-controller".into(),
+                // Without real kubelets no one posts node status: the
+                // lifecycle controller would mark every node, and so
+                // every pod, not ready after the grace period.
+                match plan {
+                    Some(_) => "--controllers=*".into(),
+                    None => "--controllers=*,-node-lifecycle-controller".into(),
+                },
                 format!("--root-ca-file={}", p(&pki.join("ca.crt"))),
                 format!(
                     "--service-account-private-key-file={}",
@@ -583,6 +655,27 @@ impl ControlPlane {
         .map_err(f)?;
         // It must at least survive its start (flags, kubeconfig).
         check_alive(dir, "kube-controller-manager", kcm_pid)?;
+        if let Some(plan) = plan {
+            let kc = kube_dir.join("scheduler.kubeconfig");
+            write_file(&kc, &kubeconfig_text(&server, &pki, "kube-scheduler")).map_err(f)?;
+            let pid = spawn(
+                dir,
+                "kube-scheduler",
+                &plan.kube_scheduler,
+                &[
+                    format!("--kubeconfig={}", p(&kc)),
+                    format!("--authentication-kubeconfig={}", p(&kc)),
+                    format!("--authorization-kubeconfig={}", p(&kc)),
+                    // Serving only its health on the lab's loopback; 0
+                    // picks a free port, so labs do not collide.
+                    "--bind-address=127.0.0.1".into(),
+                    "--secure-port=0".into(),
+                    "--leader-elect=false".into(),
+                ],
+            )
+            .map_err(f)?;
+            check_alive(dir, "kube-scheduler", pid)?;
+        }
         Ok(cp)
     }
 
@@ -827,6 +920,37 @@ impl ControlPlane {
     }
 }
 
+/// The apiserver's flags for real kubelets: its client cert towards them,
+/// NodeRestriction (a kubelet writes only its own Node and its pods), their
+/// InternalIP first (the hostname `nodeN` resolves nowhere), and the egress
+/// selector that sends cluster traffic through the lab's proxy.
+fn kubelet_apiserver_args(kube_dir: &Path, plan: &KubeletPlan) -> Result<Vec<String>, KubeError> {
+    let pki = kube_dir.join("pki");
+    let egress = kube_dir.join("egress-selector.yaml");
+    write_file(
+        &egress,
+        &format!(
+            "apiVersion: apiserver.k8s.io/v1beta1\n\
+             kind: EgressSelectorConfiguration\n\
+             egressSelections:\n\
+             - name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n    \
+             transport:\n      uds:\n        udsName: {}\n",
+            plan.egress_socket.display()
+        ),
+    )?;
+    let p = |n: &str| pki.join(n).display().to_string();
+    Ok(vec![
+        format!(
+            "--kubelet-client-certificate={}",
+            p("apiserver-kubelet-client.crt")
+        ),
+        format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+        "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--egress-selector-config-file={}", egress.display()),
+    ])
+}
+
 /// Writes a file that holds a secret (a bearer token, a private key):
 /// readable by root only from its first byte. The file is created 0600
 /// under a temporary name and renamed over `path`, so an older file's
@@ -923,7 +1047,7 @@ mod tests {
     #[test]
     fn pki_has_every_file() {
         let d = std::env::temp_dir().join(format!("pn-pki-{}", std::process::id()));
-        super::Pki::create(&d).unwrap();
+        super::Pki::create(&d, None).unwrap();
         for f in [
             "ca.crt",
             "apiserver.crt",

@@ -23,11 +23,13 @@
 //! downgrade, one agent or DNS replica at a time) are [`upgrade`]'s.
 
 pub mod coredns;
+pub mod egress;
 pub mod forward;
 pub mod gateway;
 pub mod kube;
 pub mod kubelet;
 pub mod kubeproxy;
+pub mod realnode;
 pub mod serve;
 pub mod upgrade;
 
@@ -115,6 +117,9 @@ pub struct LabState {
     /// controller (state files from before it load as standalone).
     #[serde(default)]
     pub kube: bool,
+    /// Real nodes: containerd and a kubelet per node ([`realnode`]).
+    #[serde(default)]
+    pub kubelet: bool,
 }
 
 /// A lab by name: where its state lives.
@@ -155,6 +160,11 @@ pub struct UpOptions {
     /// `kube-system/podnet-dns` on the first node). More than one needs
     /// Kubernetes mode, for rolling replacements ([`upgrade`]).
     pub dns_replicas: usize,
+    /// Real nodes ([`realnode`]): a containerd and a kubelet per node and a
+    /// kube-scheduler; the lab starts nothing of podnet (Kubernetes mode).
+    pub kubelet: bool,
+    /// With `kubelet`: image archives every node's containerd imports.
+    pub images: Vec<PathBuf>,
     /// The binary the agents and DNS run instead of the lab's own (an
     /// older podnet, for upgrade tests); everything else runs the lab's.
     pub daemon_exe: Option<PathBuf>,
@@ -506,10 +516,22 @@ impl Lab {
         }
         upgrade::check_options(o)?;
         // The Kubernetes binaries are found before anything is made.
+        if o.kubelet && !o.kube {
+            return Err(msg("--kubelet: real nodes need Kubernetes mode (--kube)"));
+        }
         let peers = match o.kube {
             true => Some(kube::Peers::find()?),
             false => None,
         };
+        let node_peers = match o.kubelet {
+            true => Some(realnode::NodePeers::find()?),
+            false => None,
+        };
+        for i in &o.images {
+            if !i.is_file() {
+                return Err(msg(format!("--image {}: no such file", i.display())));
+            }
+        }
         // Leftovers of a crashed lab of the same name go first.
         self.down()?;
         for d in ["logs", "pids", "nodes", "pods"] {
@@ -517,19 +539,40 @@ impl Lab {
                 .map_err(|e| io(format!("creating {}", self.dir.display()), e))?;
         }
         let r = match self.record_daemon_exe(o) {
-            Ok(()) => self.up_inner(o, peers).await,
+            Ok(()) => self.up_inner(o, peers, node_peers).await,
             Err(e) => Err(e),
         };
-        if r.is_err() {
-            let _ = self.down();
+        match r {
+            Ok(st) => Ok(st),
+            Err(e) => {
+                // The logs say why; they outlive the lab they describe.
+                let kept = self.keep_logs();
+                let _ = self.down();
+                Err(match kept {
+                    Some(d) => msg(format!("{e} (the lab's logs are in {})", d.display())),
+                    None => e,
+                })
+            }
         }
-        r
+    }
+
+    /// Copies the lab's logs out of its directory (which `down` removes),
+    /// to `/tmp/podnet-lab-<name>-logs/`.
+    fn keep_logs(&self) -> Option<PathBuf> {
+        let to = std::env::temp_dir().join(format!("podnet-lab-{}-logs", self.name));
+        let _ = std::fs::remove_dir_all(&to);
+        std::fs::create_dir_all(&to).ok()?;
+        for e in std::fs::read_dir(self.dir.join("logs")).ok()?.flatten() {
+            let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+        }
+        Some(to)
     }
 
     async fn up_inner(
         &self,
         o: &UpOptions,
         peers: Option<kube::Peers>,
+        node_peers: Option<realnode::NodePeers>,
     ) -> Result<LabState, LabError> {
         let store = o
             .store
@@ -543,6 +586,7 @@ impl Lab {
             nodes: vec![],
             resync_secs: o.resync_secs,
             kube: o.kube,
+            kubelet: o.kubelet,
         };
         // The underlay: one bridge in its own namespace, and the nodes'
         // gateway on it (no uplink: nothing leaves the machine).
@@ -554,6 +598,9 @@ impl Lab {
         gateway::install(&under, &gw)?;
         self.save(&st)?;
         self.link_plugins()?;
+        if let (Some(peers), Some(np)) = (&peers, &node_peers) {
+            return self.up_kubelets(st, o, peers, np).await;
+        }
         if let Some(peers) = peers {
             return self.up_kube(st, o, &peers).await;
         }
@@ -668,8 +715,33 @@ impl Lab {
             .await?;
             self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
         }
-        // The `kubernetes` Service's endpoint: the gateway, forwarding to
-        // the apiserver here.
+        self.forward_apiserver_at_gateway(&cp)?;
+        let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
+        let cidrs =
+            kubelet::wait_pod_cidrs(&c, &names, Instant::now() + Duration::from_secs(60)).await?;
+        if o.kube_agents {
+            for n in &st.nodes {
+                self.start_agent(&st, n)?;
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            for n in &st.nodes {
+                self.wait_node_ready(&st, n, deadline)?;
+            }
+        } else {
+            for n in &st.nodes {
+                self.write_cni_files(n, cidrs[&n.name])?;
+            }
+        }
+        self.start_dns(&st, o.kube_agents).await?;
+        if o.kube_agents {
+            self.start_dns_replicas(&st, o.dns_replicas).await?;
+        }
+        Ok(st)
+    }
+
+    /// The `kubernetes` Service's endpoint, and where real kubelets find
+    /// the API: the gateway, forwarding to the apiserver here.
+    fn forward_apiserver_at_gateway(&self, cp: &kube::ControlPlane) -> Result<(), LabError> {
         let api = cp.advertised_addr();
         let args = [
             "lab".to_string(),
@@ -693,27 +765,7 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
-        let cidrs =
-            kubelet::wait_pod_cidrs(&c, &names, Instant::now() + Duration::from_secs(60)).await?;
-        if o.kube_agents {
-            for n in &st.nodes {
-                self.start_agent(&st, n)?;
-            }
-            let deadline = Instant::now() + Duration::from_secs(30);
-            for n in &st.nodes {
-                self.wait_node_ready(&st, n, deadline)?;
-            }
-        } else {
-            for n in &st.nodes {
-                self.write_cni_files(n, cidrs[&n.name])?;
-            }
-        }
-        self.start_dns(&st, o.kube_agents).await?;
-        if o.kube_agents {
-            self.start_dns_replicas(&st, o.dns_replicas).await?;
-        }
-        Ok(st)
+        Ok(())
     }
 
     /// What a node's agent writes for the CNI side (subnet.env and the
@@ -1371,6 +1423,13 @@ impl Lab {
                 done.push(format!("stopped stray pid {pid}"));
             }
         }
+        // Real nodes: their pods' processes, mount namespaces, cgroups and
+        // data (a no-op for other labs).
+        done.extend(realnode::host::cleanup(
+            &self.name,
+            &self.dir,
+            &Path::new(realnode::DATA_DIR).join(&self.name),
+        ));
         // Namespaces: every pn-<lab>-*.
         let prefix = format!("pn-{}-", self.name);
         if let Ok(rd) = std::fs::read_dir(podnet_kernel::netns::NETNS_RUN_DIR) {

@@ -657,6 +657,8 @@ mod tests {
             kube: false,
             kube_agents: false,
             dns_replicas: 2,
+            kubelet: false,
+            images: vec![],
             daemon_exe: None,
         };
         assert!(check_options(&o).is_err());
