@@ -16,6 +16,8 @@ PKGS=(
   dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
   dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
   chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
+  libseccomp-dev gcc libc6-dev pkg-config    # runc with seccomp, upstream's pause (scripts/node-peers.sh, e2e-images.sh)
+  netcat-openbsd socat nginx                 # the tools of upstream's test images, offline (scripts/e2e-images.sh)
 )
 apt_install "${PKGS[@]}"
 
@@ -28,6 +30,15 @@ apt_install "${PKGS[@]}"
 # script (PODNET_K8S_PEERS=skip leaves them out).
 if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
   bash "$here/k8s-peers.sh" kube-apiserver kube-controller-manager kubectl kube-proxy >/dev/null
+fi
+
+# Real nodes for `podnet lab up --kubelet` (podnet/tests/kubelet_lab.rs and
+# kubelet_upgrade.rs; scripts/e2e.sh adds e2e.test): kubelet, kube-scheduler
+# and agnhost from the same k8s.io/kubernetes module, containerd 2.4, runc
+# 1.5 and crictl (scripts/node-peers.sh), cached the same way.
+if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
+  bash "$here/k8s-peers.sh" kubelet kube-scheduler agnhost >/dev/null
+  bash "$here/node-peers.sh" >/dev/null
 fi
 
 # The real CoreDNS, the peer of the cluster-DNS differential test

@@ -291,6 +291,10 @@ pub fn cleanup(lab: &str, lab_dir: &Path, data_dir: &Path) -> Vec<String> {
             Ok(()) => done.push(format!("removed {}", data_dir.display())),
             Err(e) => done.push(format!("could not remove {}: {e}", data_dir.display())),
         }
+        // The root of every lab's data, once no lab has any.
+        if let Some(root) = data_dir.parent() {
+            let _ = std::fs::remove_dir(root);
+        }
     }
     let created = Path::new(crate::RUN_DIR).join(CREATED);
     // Another lab's nodes may have them as bind targets: removing one
