@@ -27,98 +27,101 @@
 #   [Flaky]         upstream's own verdict
 # Tests run one at a time ([Serial] ones too): e2e.test without ginkgo -p.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# All in one function, parsed before it runs: editing this file while a
+# suite runs cannot change what the running script does next.
+main() {
+    cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,25p' "$0" >&2; exit 2; }
-[ $# -ge 1 ] || usage
-SUITE=$1; shift
-FOCUS=""; SKIP=""; NODES=2; KEEP=0
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --focus) FOCUS=$2; shift 2 ;;
-        --skip) SKIP=$2; shift 2 ;;
-        --nodes) NODES=$2; shift 2 ;;
-        --keep) KEEP=1; shift ;;
+    usage() { sed -n '2,32p' "$0" >&2; exit 2; }
+    [ $# -ge 1 ] || usage
+    SUITE=$1; shift
+    FOCUS=""; SKIP=""; NODES=2; KEEP=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --focus) FOCUS=$2; shift 2 ;;
+            --skip) SKIP=$2; shift 2 ;;
+            --nodes) NODES=$2; shift 2 ;;
+            --keep) KEEP=1; shift ;;
+            *) usage ;;
+        esac
+    done
+
+    SCTP='SCTPConnectivity|using SCTP'
+    case "$SUITE" in
+        conformance) F='\[sig-network\].*\[Conformance\]'; S="" ;;
+        netpol) F='\[Feature:NetworkPolicy\]'; S="$SCTP" ;;
+        network)
+            F='\[sig-network\]'
+            S="$SCTP|\\[Disruptive\\]|LoadBalancer|\\[Feature:|IPv6|DualStack|\\[Flaky\\]" ;;
+        custom) [ -n "$FOCUS" ] || { echo "e2e: custom needs --focus" >&2; exit 2; }; F=""; S="" ;;
         *) usage ;;
     esac
-done
+    [ -z "$FOCUS" ] || F="${F:+$F.*}$FOCUS"
+    [ -z "$SKIP" ] || S="${S:+$S|}$SKIP"
 
-SCTP='SCTPConnectivity|using SCTP'
-case "$SUITE" in
-    conformance) F='\[sig-network\].*\[Conformance\]'; S="" ;;
-    netpol) F='\[Feature:NetworkPolicy\]'; S="$SCTP" ;;
-    network)
-        F='\[sig-network\]'
-        S="$SCTP|\\[Disruptive\\]|LoadBalancer|\\[Feature:|IPv6|DualStack|\\[Flaky\\]" ;;
-    custom) [ -n "$FOCUS" ] || { echo "e2e: custom needs --focus" >&2; exit 2; }; F=""; S="" ;;
-    *) usage ;;
-esac
-[ -z "$FOCUS" ] || F="${F:+$F.*}$FOCUS"
-[ -z "$SKIP" ] || S="${S:+$S|}$SKIP"
+    say() { printf 'e2e: %s\n' "$*" >&2; }
+    OUT=${E2E_OUT:-/tmp/podnet-e2e/$SUITE-$(date -u +%Y%m%dT%H%M%SZ)}
+    mkdir -p "$OUT"
 
-say() { printf 'e2e: %s\n' "$*" >&2; }
-OUT=${E2E_OUT:-/tmp/podnet-e2e/$SUITE-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$OUT"
+    say "peers (cached by version; a cold machine builds them) ..."
+    eval "$(bash scripts/k8s-peers.sh kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler e2e.test agnhost | grep '^[A-Z_]*=')"
+    bash scripts/node-peers.sh >/dev/null
+    mapfile -t ARCHIVES < <(bash scripts/e2e-images.sh | sed -n 's/^archive=//p')
+    PODNET_TAR="$OUT/podnet-image.tar"
+    bash scripts/image.sh --save "$PODNET_TAR" >/dev/null
+    cargo build --release --locked -p podnet >&2
+    PODNET=$PWD/target/release/podnet
 
-say "peers (cached by version; a cold machine builds them) ..."
-eval "$(bash scripts/k8s-peers.sh kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler e2e.test agnhost | grep '^[A-Z_]*=')"
-bash scripts/node-peers.sh >/dev/null
-mapfile -t ARCHIVES < <(bash scripts/e2e-images.sh | sed -n 's/^archive=//p')
-PODNET_TAR="$OUT/podnet-image.tar"
-bash scripts/image.sh --save "$PODNET_TAR" >/dev/null
-cargo build --release --locked -p podnet >&2
-PODNET=$PWD/target/release/podnet
+    LAB="e2e$(( $$ % 100000 ))"
+    imgs=()
+    for a in "${ARCHIVES[@]}" "$PODNET_TAR"; do imgs+=(--image "$a"); done
+    finish() {
+        local rc=$?
+        if [ -d "/run/podnet-lab/$LAB/logs" ]; then
+            mkdir -p "$OUT/logs"; cp -r "/run/podnet-lab/$LAB/logs/." "$OUT/logs/" 2>/dev/null || true
+        fi
+        if [ "$KEEP" = 1 ]; then
+            say "cluster kept: KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig; podnet lab --name $LAB down"
+        else
+            "$PODNET" lab --name "$LAB" down >/dev/null 2>&1 || true
+        fi
+        rm -f "$PODNET_TAR"
+        exit $rc
+    }
+    trap finish EXIT INT TERM
 
-LAB="e2e$(( $$ % 100000 ))"
-imgs=()
-for a in "${ARCHIVES[@]}" "$PODNET_TAR"; do imgs+=(--image "$a"); done
-finish() {
-    local rc=$?
-    if [ -d "/run/podnet-lab/$LAB/logs" ]; then
-        mkdir -p "$OUT/logs"; cp -r "/run/podnet-lab/$LAB/logs/." "$OUT/logs/" 2>/dev/null || true
-    fi
-    if [ "$KEEP" = 1 ]; then
-        say "cluster kept: KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig; podnet lab --name $LAB down"
-    else
-        "$PODNET" lab --name "$LAB" down >/dev/null 2>&1 || true
-    fi
-    rm -f "$PODNET_TAR"
-    exit $rc
-}
-trap finish EXIT INT TERM
+    say "cluster $LAB: $NODES real nodes ..."
+    up=$("$PODNET" lab --name "$LAB" up --nodes "$NODES" --kubelet "${imgs[@]}")
+    echo "$up" >&2
+    export KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig
+    api=$(echo "$up" | grep -o 'kubernetesServiceHost [0-9.]*:[0-9]*' | cut -d' ' -f2)
+    [ -n "$api" ] || { say "ERROR: lab up named no API address"; exit 1; }
 
-say "cluster $LAB: $NODES real nodes ..."
-up=$("$PODNET" lab --name "$LAB" up --nodes "$NODES" --kubelet "${imgs[@]}")
-echo "$up" >&2
-export KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig
-api=$(echo "$up" | grep -o 'kubernetesServiceHost [0-9.]*:[0-9]*' | cut -d' ' -f2)
-[ -n "$api" ] || { say "ERROR: lab up named no API address"; exit 1; }
+    say "kubectl apply -f deploy/podnet.yaml (API at $api, no kube-proxy) ..."
+    sed -e "s|^  # kubernetesServiceHost: .*|  kubernetesServiceHost: \"${api%:*}\"|" \
+        -e "s|^  # kubernetesServicePort: .*|  kubernetesServicePort: \"${api#*:}\"|" \
+        deploy/podnet.yaml >"$OUT/podnet.yaml"
+    grep -q "kubernetesServiceHost: \"${api%:*}\"" "$OUT/podnet.yaml" ||
+        { say "ERROR: deploy/podnet.yaml has no kubernetesServiceHost line to set"; exit 1; }
+    "$KUBECTL" apply -f "$OUT/podnet.yaml" >&2
+    "$KUBECTL" -n kube-system rollout status ds/podnet-agent --timeout=300s >&2
+    "$KUBECTL" -n kube-system rollout status deploy/podnet-dns --timeout=300s >&2
+    "$KUBECTL" wait --for=condition=Ready node --all --timeout=300s >&2
+    "$KUBECTL" get pods -n kube-system -o wide | tee "$OUT/kube-system-pods.txt" >&2
 
-say "kubectl apply -f deploy/podnet.yaml (API at $api, no kube-proxy) ..."
-sed -e "s|^  # kubernetesServiceHost: .*|  kubernetesServiceHost: \"${api%:*}\"|" \
-    -e "s|^  # kubernetesServicePort: .*|  kubernetesServicePort: \"${api#*:}\"|" \
-    deploy/podnet.yaml >"$OUT/podnet.yaml"
-grep -q "kubernetesServiceHost: \"${api%:*}\"" "$OUT/podnet.yaml" ||
-    { say "ERROR: deploy/podnet.yaml has no kubernetesServiceHost line to set"; exit 1; }
-"$KUBECTL" apply -f "$OUT/podnet.yaml" >&2
-"$KUBECTL" -n kube-system rollout status ds/podnet-agent --timeout=300s >&2
-"$KUBECTL" -n kube-system rollout status deploy/podnet-dns --timeout=300s >&2
-"$KUBECTL" wait --for=condition=Ready node --all --timeout=300s >&2
-"$KUBECTL" get pods -n kube-system -o wide | tee "$OUT/kube-system-pods.txt" >&2
-
-say "e2e.test: focus '$F' skip '$S' (log: $OUT/e2e.log)"
-args=(--kubeconfig="$KUBECONFIG" --provider=skeleton --report-dir="$OUT"
-      --ginkgo.no-color --ginkgo.timeout=4h --ginkgo.focus="$F")
-[ -z "$S" ] || args+=(--ginkgo.skip="$S")
-set +e
-"$E2E_TEST" "${args[@]}" >"$OUT/e2e.log" 2>&1
-rc=$?
-set -e
-grep -E '^\[FAIL\]|^  \[FAIL\]' "$OUT/e2e.log" | sort -u >&2 || true
-junit=$(ls "$OUT"/junit*.xml 2>/dev/null | head -1 || true)
-[ -n "$junit" ] || { say "ERROR: no JUnit file (e2e.test exit $rc); see $OUT/e2e.log"; tail -20 "$OUT/e2e.log" >&2; exit 1; }
-say "JUnit: $junit"
-python3 - "$junit" <<'PY'
+    say "e2e.test: focus '$F' skip '$S' (log: $OUT/e2e.log)"
+    args=(--kubeconfig="$KUBECONFIG" --provider=skeleton --report-dir="$OUT"
+          --ginkgo.no-color --ginkgo.timeout=4h --ginkgo.focus="$F")
+    [ -z "$S" ] || args+=(--ginkgo.skip="$S")
+    set +e
+    "$E2E_TEST" "${args[@]}" >"$OUT/e2e.log" 2>&1
+    rc=$?
+    set -e
+    grep -E '^\[FAIL\]|^  \[FAIL\]' "$OUT/e2e.log" | sort -u >&2 || true
+    junit=$(ls "$OUT"/junit*.xml 2>/dev/null | head -1 || true)
+    [ -n "$junit" ] || { say "ERROR: no JUnit file (e2e.test exit $rc); see $OUT/e2e.log"; tail -20 "$OUT/e2e.log" >&2; exit 1; }
+    say "JUnit: $junit"
+    python3 - "$junit" <<'PY'
 import sys, xml.etree.ElementTree as ET
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 p = f = s = 0
@@ -132,3 +135,5 @@ for c in cases:
         p += 1
 print(f"{p} passed, {f} failed, {s} skipped")
 PY
+}
+main "$@"
