@@ -32,7 +32,7 @@ set -euo pipefail
 main() {
     cd "$(dirname "$0")/.."
 
-    usage() { sed -n '2,27p' "$0" >&2; exit 2; }
+    usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2; }
     [ $# -ge 1 ] || usage
     SUITE=$1; shift
     FOCUS=""; SKIP=""; NODES=2; KEEP=0
