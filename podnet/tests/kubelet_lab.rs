@@ -25,7 +25,9 @@ mod reallab;
 
 use std::path::{Path, PathBuf};
 
-use reallab::{e2e_image, eventually, leftovers, podnet, podnet_image, text, RealLab, DEPLOY_IMAGE};
+use reallab::{
+    e2e_image, eventually, leftovers, podnet, podnet_image, text, RealLab, DEPLOY_IMAGE,
+};
 
 const APP: &str = r#"
 apiVersion: v1
@@ -71,7 +73,13 @@ fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
 
     // A missing image archive is refused before anything is made.
     let o = podnet(&[
-        "lab", "--name", &name, "up", "--kubelet", "--image", "/nonexistent.tar",
+        "lab",
+        "--name",
+        &name,
+        "up",
+        "--kubelet",
+        "--image",
+        "/nonexistent.tar",
     ]);
     assert!(!o.status.success());
     assert!(
@@ -116,13 +124,32 @@ fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
     // Across nodes, through a ClusterIP Service, by its DNS name.
     lab.ok(&["apply", "-f", "-"], Some(APP));
     lab.ok(
-        &["wait", "-n", "smoke", "--for=condition=Ready", "pod", "--all", "--timeout=120s"],
+        &[
+            "wait",
+            "-n",
+            "smoke",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+            "--timeout=120s",
+        ],
         None,
     );
     let url = "http://server.smoke.svc.cluster.local/hostname";
     let answer = eventually("the Service answers by name", 30, || {
         let o = lab.kubectl(
-            &["exec", "-n", "smoke", "client", "--", "curl", "-sS", "--max-time", "3", url],
+            &[
+                "exec",
+                "-n",
+                "smoke",
+                "client",
+                "--",
+                "curl",
+                "-sS",
+                "--max-time",
+                "3",
+                url,
+            ],
             None,
         );
         match o.status.success() {

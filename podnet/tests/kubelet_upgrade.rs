@@ -35,6 +35,8 @@ use reallab::{e2e_image, eventually, podnet_image, RealLab, DEPLOY_IMAGE};
 /// The last commit that passed CI before real kubelets (stop 31).
 const PREV_REV: &str = "2d4a986";
 const OLD_IMAGE: &str = "localhost/podnet:prev";
+/// This build again, under another name: a roll of a version to itself.
+const NEW_AGAIN: &str = "localhost/podnet:again";
 const STREAM_PORT: u16 = 9100;
 
 const APP: &str = r#"
@@ -113,26 +115,40 @@ fn ip_of(lab: &RealLab, args: &[&str], path: &[&str]) -> IpAddr {
         .unwrap()
 }
 
-/// Rolls every podnet container to `image` and waits for the rollouts.
-fn roll(lab: &RealLab, image: &str) {
-    let ks = ["-n", "kube-system", "set", "image"];
-    let agent = [format!("install={image}"), format!("agent={image}")];
-    let mut a: Vec<&str> = ks.to_vec();
-    a.push("ds/podnet-agent");
-    a.extend(agent.iter().map(String::as_str));
-    lab.ok(&a, None);
-    let dns = format!("dns={image}");
-    let mut a: Vec<&str> = ks.to_vec();
-    a.extend(["deploy/podnet-dns", dns.as_str()]);
-    lab.ok(&a, None);
-    lab.rolled_out();
-    eventually("every podnet pod to run the new image", 120, || {
-        let imgs = lab.podnet_images();
-        match imgs.iter().all(|(_, i)| i == image) && imgs.len() == 4 {
-            true => Ok(()),
-            false => Err(format!("{imgs:?}")),
-        }
-    });
+/// The previous release's deploy/podnet.yaml, from this repository's history.
+fn release_manifest() -> String {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(reallab::repo())
+        .args(["show", &format!("{PREV_REV}:deploy/podnet.yaml")])
+        .output()
+        .expect("git");
+    assert!(o.status.success(), "git show: {}", reallab::text(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// What failed between `before` and `c`: broken streams, failed new
+/// connections and DNS queries, with the errors recorded meanwhile.
+fn new_failures(c: &load::Counts, before: &load::Counts) -> String {
+    let mut out = String::new();
+    if c.broken() > before.broken() {
+        out += &format!("{} streams broke; ", c.broken() - before.broken());
+    }
+    if c.conn_failures > before.conn_failures {
+        out += &format!(
+            "{} connections failed: {:?}; ",
+            c.conn_failures - before.conn_failures,
+            &c.conn_errors[before.conn_errors.len().min(c.conn_errors.len())..]
+        );
+    }
+    if c.dns_failures > before.dns_failures {
+        out += &format!(
+            "{} DNS queries failed: {:?}",
+            c.dns_failures - before.dns_failures,
+            &c.dns_errors[before.dns_errors.len().min(c.dns_errors.len())..]
+        );
+    }
+    out
 }
 
 #[test]
@@ -147,9 +163,16 @@ fn the_kubelets_roll_podnet_both_ways_under_load_without_a_failure() {
             tmp.path(),
         ),
         podnet_image(&old, OLD_IMAGE, tmp.path()),
+        podnet_image(
+            Path::new(env!("CARGO_BIN_EXE_podnet")),
+            NEW_AGAIN,
+            tmp.path(),
+        ),
     ];
     let (lab, host, port) = RealLab::up("ru", 2, &images);
-    lab.install(&host, &port, OLD_IMAGE);
+    let release = release_manifest();
+    let this = std::fs::read_to_string(reallab::repo().join("deploy/podnet.yaml")).unwrap();
+    lab.apply_podnet(&release, &host, &port, OLD_IMAGE);
     assert!(
         lab.podnet_images().iter().all(|(_, i)| i == OLD_IMAGE),
         "{:?}",
@@ -157,12 +180,32 @@ fn the_kubelets_roll_podnet_both_ways_under_load_without_a_failure() {
     );
     lab.ok(&["apply", "-f", "-"], Some(APP));
     lab.ok(
-        &["wait", "-n", "load", "--for=condition=Ready", "pod", "--all", "--timeout=120s"],
+        &[
+            "wait",
+            "-n",
+            "load",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+            "--timeout=120s",
+        ],
         None,
     );
-    let srv2 = ip_of(&lab, &["get", "pod", "-n", "load", "srv2"], &["status", "podIP"]);
-    let stream = ip_of(&lab, &["get", "svc", "-n", "load", "stream"], &["spec", "clusterIP"]);
-    let echo = ip_of(&lab, &["get", "svc", "-n", "load", "echo"], &["spec", "clusterIP"]);
+    let srv2 = ip_of(
+        &lab,
+        &["get", "pod", "-n", "load", "srv2"],
+        &["status", "podIP"],
+    );
+    let stream = ip_of(
+        &lab,
+        &["get", "svc", "-n", "load", "stream"],
+        &["spec", "clusterIP"],
+    );
+    let echo = ip_of(
+        &lab,
+        &["get", "svc", "-n", "load", "echo"],
+        &["spec", "clusterIP"],
+    );
     let targets = Targets {
         client_ns: lab.attach_pod_netns("load", "client"),
         server_ns: lab.attach_pod_netns("load", "srv2"),
@@ -173,10 +216,7 @@ fn the_kubelets_roll_podnet_both_ways_under_load_without_a_failure() {
         ],
         service: SocketAddr::new(echo, 80),
         answerers: vec!["load/srv1".into(), "load/srv2".into()],
-        dns_server: SocketAddr::new(
-            podnet_api::netconfig::DEFAULT_DNS_IP.parse().unwrap(),
-            53,
-        ),
+        dns_server: SocketAddr::new(podnet_api::netconfig::DEFAULT_DNS_IP.parse().unwrap(), 53),
         dns_name: "kubernetes.default.svc.cluster.local".into(),
         dns_want: Ipv4Addr::new(10, 96, 0, 1),
     };
@@ -190,10 +230,33 @@ fn the_kubelets_roll_podnet_both_ways_under_load_without_a_failure() {
     });
     assert_eq!(load.counts().failures(), "", "load failed before any roll");
 
-    for (step, image) in [("old -> new", DEPLOY_IMAGE), ("new -> old", OLD_IMAGE)] {
+    // Upgrade (the release's manifest and image to this one's), a roll of
+    // this version to itself (what the next upgrade will be), and back.
+    let steps = [
+        ("old -> new", this.as_str(), DEPLOY_IMAGE),
+        ("new -> new", this.as_str(), NEW_AGAIN),
+        ("new -> old", release.as_str(), OLD_IMAGE),
+    ];
+    let mut report = Vec::new();
+    // The control: the same load with nothing rolling, for as long as a
+    // roll takes. A failure here is the machine's or the data path's, not
+    // the roll's.
+    let before = load.counts();
+    let quiet = load.counts().dns_attempts + 600;
+    eventually("a quiet period's load", 120, || {
+        match load.counts().dns_attempts >= quiet {
+            true => Ok(()),
+            false => Err(format!("{}", load.counts())),
+        }
+    });
+    let c = load.counts();
+    let row = format!("no roll: {}", c.row(&before));
+    println!("{row}");
+    report.push(("no roll", row, new_failures(&c, &before)));
+    for (step, manifest, image) in steps {
         let before = load.counts();
         let t0 = Instant::now();
-        roll(&lab, image);
+        lab.apply_podnet(manifest, &host, &port, image);
         // The load ran on after the roll, too.
         let after_roll = load.counts();
         eventually("the load to go on after the roll", 60, || {
@@ -203,16 +266,22 @@ fn the_kubelets_roll_podnet_both_ways_under_load_without_a_failure() {
             }
         });
         let c = load.counts();
-        println!(
+        let row = format!(
             "{step} ({:.0} s): {}",
             t0.elapsed().as_secs_f64(),
             c.row(&before)
         );
-        assert_eq!(c.failures(), "", "{step}: the load failed:\n{c}");
+        println!("{row}");
+        report.push((step, row, new_failures(&c, &before)));
         assert!(c.advanced_by(&before, 3), "{step}: the load stalled:\n{c}");
     }
     let end = load.stop();
     println!("in all: {end}");
-    assert_eq!(end.failures(), "");
+    let failed: Vec<String> = report
+        .iter()
+        .filter(|(_, _, f)| !f.is_empty())
+        .map(|(s, row, f)| format!("{s}: {row}\n  {f}"))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
     assert_eq!(end.broken(), 0);
 }

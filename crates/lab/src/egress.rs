@@ -50,9 +50,9 @@ pub fn target(head: &str, allowed: &[IpNet]) -> Result<SocketAddr, Refusal> {
         )));
     }
     let authority = authority.unwrap_or_default();
-    let addr: SocketAddr = authority.parse().map_err(|_| {
-        Refusal::BadRequest(format!("{authority:?} is not an IP address and port"))
-    })?;
+    let addr: SocketAddr = authority
+        .parse()
+        .map_err(|_| Refusal::BadRequest(format!("{authority:?} is not an IP address and port")))?;
     let ip: IpAddr = addr.ip();
     if !allowed.iter().any(|n| n.contains(&ip)) {
         return Err(Refusal::Forbidden(addr));
@@ -166,7 +166,10 @@ mod tests {
     #[test]
     fn connect_to_a_node_or_pod() {
         let h = "CONNECT 192.168.200.11:10250 HTTP/1.1\r\nHost: 192.168.200.11:10250\r\n\r\n";
-        assert_eq!(target(h, &nets()), Ok("192.168.200.11:10250".parse().unwrap()));
+        assert_eq!(
+            target(h, &nets()),
+            Ok("192.168.200.11:10250".parse().unwrap())
+        );
         let h = "CONNECT 10.244.1.5:8080 HTTP/1.1\r\n\r\n";
         assert_eq!(target(h, &nets()), Ok("10.244.1.5:8080".parse().unwrap()));
     }

@@ -36,6 +36,7 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
+use podnet_kernel::conntrack;
 use podnet_nft::diff::{diff, ops, Change};
 use podnet_nft::model::{ElemData, Expr, Proto, Set, Table, Value};
 use podnet_nft::netlink::Conn;
@@ -90,25 +91,43 @@ fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
     out
 }
 
-fn flush_conntrack(gone: &BTreeSet<(IpAddr, u16)>) {
-    for (ip, port) in gone {
-        let r = std::process::Command::new("conntrack")
-            .args([
-                "-D",
-                "-f",
-                if ip.is_ipv6() { "ipv6" } else { "ipv4" },
-                "-p",
-                "udp",
-                "--reply-src",
-                &ip.to_string(),
-                "--reply-port-src",
-                &port.to_string(),
-            ])
-            .output();
-        if let Err(e) = r {
-            tracing::warn!("conntrack (apt-get install conntrack): {e}");
-            return;
+/// The UDP entries whose replies come from an endpoint in `gone`: they
+/// would keep steering their clients (a long-lived UDP socket) to it.
+pub fn stale_udp<'a>(
+    entries: &'a [conntrack::Entry],
+    gone: &BTreeSet<(IpAddr, u16)>,
+) -> Vec<&'a conntrack::Entry> {
+    entries
+        .iter()
+        .filter(|e| e.proto == libc::IPPROTO_UDP as u8)
+        .filter(|e| gone.contains(&(e.reply.src, e.reply.sport)))
+        .collect()
+}
+
+/// Deletes [`stale_udp`] entries of the calling thread's namespace, over
+/// ctnetlink: the agent's image has no `conntrack` tool (a DaemonSet on a
+/// real kubelet ran into exactly that).
+pub fn flush_conntrack(gone: &BTreeSet<(IpAddr, u16)>) {
+    if gone.is_empty() {
+        return;
+    }
+    let res = conntrack::Table::new().and_then(|mut t| {
+        let entries = t.list(None)?;
+        let mut n = 0;
+        for e in stale_udp(&entries, gone) {
+            if t.delete(e)? {
+                n += 1;
+            }
         }
+        Ok(n)
+    });
+    match res {
+        Ok(n) if n > 0 => tracing::debug!(
+            entries = n,
+            "flushed UDP conntrack entries of removed endpoints"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("flushing UDP conntrack entries of removed endpoints: {e}"),
     }
 }
 

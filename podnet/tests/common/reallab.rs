@@ -151,7 +151,6 @@ pub fn eventually<T>(what: &str, secs: u64, mut f: impl FnMut() -> Result<T, Str
     }
 }
 
-
 /// The image name deploy/podnet.yaml runs.
 pub const DEPLOY_IMAGE: &str = "localhost/podnet:0.1.0";
 
@@ -214,8 +213,24 @@ impl RealLab {
     /// override set, `image` for every podnet container; waits until the
     /// DaemonSet and DNS are rolled out and every node is Ready.
     pub fn install(&self, host: &str, port: &str, image: &str) {
-        let manifest = std::fs::read_to_string(repo().join("deploy/podnet.yaml"))
-            .unwrap()
+        let manifest = std::fs::read_to_string(repo().join("deploy/podnet.yaml")).unwrap();
+        self.apply_podnet(&manifest, host, port, image);
+        self.ok(
+            &[
+                "wait",
+                "--for=condition=Ready",
+                "node",
+                "--all",
+                "--timeout=120s",
+            ],
+            None,
+        );
+    }
+
+    /// Applies a podnet manifest (this one's, or a release's) with the API
+    /// override and `image`, and waits until the kubelets rolled it out.
+    pub fn apply_podnet(&self, manifest: &str, host: &str, port: &str, image: &str) {
+        let manifest = manifest
             .replace(
                 "  # kubernetesServiceHost: \"192.0.2.10\"",
                 &format!("  kubernetesServiceHost: \"{host}\""),
@@ -229,17 +244,27 @@ impl RealLab {
         assert!(manifest.contains(&format!("image: {image}")));
         self.ok(&["apply", "-f", "-"], Some(&manifest));
         self.rolled_out();
-        self.ok(
-            &["wait", "--for=condition=Ready", "node", "--all", "--timeout=120s"],
-            None,
-        );
+        eventually("every podnet pod to run the image", 120, || {
+            let imgs = self.podnet_images();
+            match imgs.iter().all(|(_, i)| i == image) {
+                true => Ok(()),
+                false => Err(format!("{imgs:?}")),
+            }
+        });
     }
 
     /// Waits until the agent DaemonSet and DNS Deployment are rolled out.
     pub fn rolled_out(&self) {
         for what in ["ds/podnet-agent", "deploy/podnet-dns"] {
             self.ok(
-                &["-n", "kube-system", "rollout", "status", what, "--timeout=300s"],
+                &[
+                    "-n",
+                    "kube-system",
+                    "rollout",
+                    "status",
+                    what,
+                    "--timeout=300s",
+                ],
                 None,
             );
         }

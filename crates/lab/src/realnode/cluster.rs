@@ -63,8 +63,10 @@ impl Lab {
                     })
                 })
                 .collect();
-            hs.into_iter()
-                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(msg("import thread panicked"))))
+            hs.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(msg("import thread panicked")))
+            })
         })?;
         let server = format!("https://{}", cp.advertised_addr());
         let pki = self.dir.join("kube").join("pki");

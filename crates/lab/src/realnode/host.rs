@@ -134,7 +134,10 @@ pub fn mount_namespace(
     if !dir.exists() {
         std::fs::create_dir_all(&dir).map_err(|e| io("creating the pin dir", e))?;
         let d = dir.display().to_string();
-        run("binding the pin dir", Command::new("mount").args(["--bind", &d, &d]))?;
+        run(
+            "binding the pin dir",
+            Command::new("mount").args(["--bind", &d, &d]),
+        )?;
         run(
             "making the pin dir private",
             Command::new("mount").args(["--make-private", &d]),

@@ -190,7 +190,10 @@ impl RealNode<'_> {
             if !crate::alive(pid as i32) || Instant::now() > deadline {
                 return Err(msg(format!(
                     "{role} did not start; see {}",
-                    self.lab_dir.join("logs").join(format!("{role}.log")).display()
+                    self.lab_dir
+                        .join("logs")
+                        .join(format!("{role}.log"))
+                        .display()
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -237,8 +240,7 @@ impl RealNode<'_> {
         let resolv = run.join("resolv.conf");
         // Pods with dnsPolicy Default (cluster DNS among them) get this;
         // the lab has no upstream resolver, so it names none.
-        std::fs::write(&resolv, "options ndots:1\n")
-            .map_err(|e| io("writing resolv.conf", e))?;
+        std::fs::write(&resolv, "options ndots:1\n").map_err(|e| io("writing resolv.conf", e))?;
         let cgroup_root = self.cgroup_root();
         let cfg = run.join("kubelet.yaml");
         let text = config::kubelet(&config::KubeletNode {
