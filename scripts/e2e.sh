@@ -64,7 +64,7 @@ main() {
     mkdir -p "$OUT"
 
     say "peers (cached by version; a cold machine builds them) ..."
-    eval "$(bash scripts/k8s-peers.sh kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler e2e.test agnhost | grep '^[A-Z_]*=')"
+    eval "$(bash scripts/k8s-peers.sh kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler e2e.test agnhost | grep '^[A-Z0-9_]*=')"
     bash scripts/node-peers.sh >/dev/null
     mapfile -t ARCHIVES < <(bash scripts/e2e-images.sh | sed -n 's/^archive=//p')
     PODNET_TAR="$OUT/podnet-image.tar"
