@@ -16,6 +16,7 @@
 //! 3. down to the previous release (its manifest and image) and up again
 //!    (this manifest and image), each one `kubectl apply`, so agents and
 //!    DNS roll at the same time.
+//!
 //! Steps 1-2 must fail nothing. Across versions no stream may break and no
 //! new connection fail; DNS queries that fail there are printed: the
 //! release's DNS Deployment has no preStop, so its replicas exit at
@@ -104,7 +105,7 @@ fn old_podnet() -> PathBuf {
     PathBuf::from(
         out.lines()
             .filter_map(|l| l.strip_prefix("PODNET_OLD="))
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("old-podnet.sh named no binary: {out}")),
     )
 }

@@ -198,6 +198,8 @@ fn up_side(
         kube: true,
         kube_agents: !flannel,
         dns_replicas: 0,
+        kubelet: false,
+        images: vec![],
         daemon_exe: None,
     }))?;
     if flannel {

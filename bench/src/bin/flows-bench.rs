@@ -172,6 +172,8 @@ fn main() -> Result<()> {
         kube: false,
         kube_agents: true,
         dns_replicas: 1,
+        kubelet: false,
+        images: vec![],
         daemon_exe: None,
     }))?;
     let ports = [PortSpec::tcp(8080)];

@@ -845,6 +845,8 @@ fn main() -> Result<()> {
         kube: true,
         kube_agents: true,
         dns_replicas: 1,
+        kubelet: false,
+        images: vec![],
         daemon_exe: None,
     }))?;
     let client = rt.block_on(lab.0.kube_client())?;

@@ -1788,6 +1788,7 @@ mod tests {
             nodes: vec![],
             resync_secs: 5,
             kube,
+            kubelet: false,
         }
     }
 

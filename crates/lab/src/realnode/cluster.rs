@@ -5,7 +5,7 @@
 //! DaemonSet) has written their CNI config.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -93,7 +93,7 @@ impl Lab {
 
     /// The egress proxy ([`crate::egress`]) in the gateway namespace, for
     /// the apiserver: to the underlay (kubelets) and the cluster network.
-    fn start_egress(&self, socket: &PathBuf) -> Result<(), LabError> {
+    fn start_egress(&self, socket: &Path) -> Result<(), LabError> {
         let args = [
             "lab".to_string(),
             "--name".into(),
