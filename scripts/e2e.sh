@@ -94,7 +94,9 @@ main() {
     up=$("$PODNET" lab --name "$LAB" up --nodes "$NODES" --kubelet "${imgs[@]}")
     echo "$up" >&2
     export KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig
-    api=$(echo "$up" | grep -o 'kubernetesServiceHost [0-9.]*:[0-9]*' | cut -d' ' -f2)
+    host=$(echo "$up" | sed -n 's/.*kubernetesServiceHost: \([0-9.]*\).*/\1/p')
+    port=$(echo "$up" | sed -n 's/.*kubernetesServicePort: \([0-9]*\).*/\1/p')
+    api=${host:+$host:$port}
     [ -n "$api" ] || { say "ERROR: lab up named no API address"; exit 1; }
 
     say "kubectl apply -f deploy/podnet.yaml (API at $api, no kube-proxy) ..."

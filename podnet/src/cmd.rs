@@ -405,10 +405,12 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                 );
             }
             if st.kubelet {
+                let api = podnet_lab::kube::ControlPlane::open(&lab.dir)?.advertised_addr();
+                let (host, port) = api.rsplit_once(':').unwrap_or((&api, "443"));
                 println!(
-                    "real kubelets: install podnet with kubectl apply -f deploy/podnet.yaml \
-                     (set kubernetesServiceHost {} in its ConfigMap); scripts/e2e.sh does it all",
-                    podnet_lab::kube::ControlPlane::open(&lab.dir)?.advertised_addr()
+                    "real kubelets: install podnet with kubectl apply -f deploy/podnet.yaml, its \
+                     ConfigMap set to kubernetesServiceHost: {host} kubernetesServicePort: {port} \
+                     (no kube-proxy runs); scripts/e2e.sh does it all"
                 );
                 return Ok(());
             }

@@ -199,13 +199,14 @@ impl RealLab {
         let o = lab.lab(&args);
         assert!(o.status.success(), "lab up --kubelet: {}", text(&o));
         let up = text(&o);
-        let api = up
-            .split("kubernetesServiceHost ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("lab up names no API address: {up}"));
-        let (host, port) = api.rsplit_once(':').unwrap();
-        let (host, port) = (host.to_string(), port.to_string());
+        let field = |k: &str| {
+            up.split(&format!("{k}: "))
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .unwrap_or_else(|| panic!("lab up names no {k}: {up}"))
+                .to_string()
+        };
+        let (host, port) = (field("kubernetesServiceHost"), field("kubernetesServicePort"));
         (lab, host, port)
     }
 
