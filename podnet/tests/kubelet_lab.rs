@@ -14,7 +14,8 @@
 //! - the apiserver reaches the kubelets (`kubectl exec`, `kubectl logs`)
 //!   through the lab's egress proxy;
 //! - the kubelets leave the machine's sysctls alone (they would set six of
-//!   them), and `lab down` leaves no process, mount, cgroup or file.
+//!   them), and `lab down` leaves no process, mount, cgroup or file, also
+//!   with its pid records lost (as after a crash).
 //!
 //! Needs root, the binaries of scripts/k8s-peers.sh and
 //! scripts/node-peers.sh (scripts/test-setup.sh builds them); without them
@@ -162,6 +163,9 @@ fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
     let logs = lab.ok(&["logs", "-n", "smoke", "server"], None);
     assert!(logs.contains("Started HTTP server"), "{logs}");
 
+    // As after a crash of the lab's own process: the pid records are gone,
+    // and `lab down` finds everything from what is on the machine.
+    std::fs::remove_dir_all(lab.dir().join("pids")).unwrap();
     lab.down = true;
     let o = lab.lab(&["down"]);
     assert!(o.status.success(), "lab down: {}", text(&o));
