@@ -206,7 +206,10 @@ impl RealLab {
                 .unwrap_or_else(|| panic!("lab up names no {k}: {up}"))
                 .to_string()
         };
-        let (host, port) = (field("kubernetesServiceHost"), field("kubernetesServicePort"));
+        let (host, port) = (
+            field("kubernetesServiceHost"),
+            field("kubernetesServicePort"),
+        );
         (lab, host, port)
     }
 
