@@ -67,6 +67,51 @@ spec:
     args: [pause]
 "#;
 
+/// A pod on node1 reaches one on node2 through a ClusterIP Service, by
+/// its cluster DNS name; `kubectl exec` and `logs` work.
+fn across_nodes_by_name(lab: &RealLab) {
+    // Across nodes, through a ClusterIP Service, by its DNS name.
+    lab.ok(&["apply", "-f", "-"], Some(APP));
+    lab.ok(
+        &[
+            "wait",
+            "-n",
+            "smoke",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let url = "http://server.smoke.svc.cluster.local/hostname";
+    let answer = eventually("the Service answers by name", 30, || {
+        let o = lab.kubectl(
+            &[
+                "exec",
+                "-n",
+                "smoke",
+                "client",
+                "--",
+                "curl",
+                "-sS",
+                "--max-time",
+                "3",
+                url,
+            ],
+            None,
+        );
+        match o.status.success() {
+            true => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+            false => Err(text(&o)),
+        }
+    });
+    assert_eq!(answer, "server");
+    // kubectl logs, like exec, goes apiserver -> egress proxy -> kubelet.
+    let logs = lab.ok(&["logs", "-n", "smoke", "server"], None);
+    assert!(logs.contains("Started HTTP server"), "{logs}");
+}
+
 #[test]
 fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
     let name = format!("rk{}", std::process::id() % 100_000);
@@ -122,46 +167,7 @@ fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
     // The kubelets ran, and the machine's sysctls are as they were.
     assert_eq!(podnet_lab::realnode::host::sysctls(), before);
 
-    // Across nodes, through a ClusterIP Service, by its DNS name.
-    lab.ok(&["apply", "-f", "-"], Some(APP));
-    lab.ok(
-        &[
-            "wait",
-            "-n",
-            "smoke",
-            "--for=condition=Ready",
-            "pod",
-            "--all",
-            "--timeout=120s",
-        ],
-        None,
-    );
-    let url = "http://server.smoke.svc.cluster.local/hostname";
-    let answer = eventually("the Service answers by name", 30, || {
-        let o = lab.kubectl(
-            &[
-                "exec",
-                "-n",
-                "smoke",
-                "client",
-                "--",
-                "curl",
-                "-sS",
-                "--max-time",
-                "3",
-                url,
-            ],
-            None,
-        );
-        match o.status.success() {
-            true => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
-            false => Err(text(&o)),
-        }
-    });
-    assert_eq!(answer, "server");
-    // kubectl logs, like exec, goes apiserver -> egress proxy -> kubelet.
-    let logs = lab.ok(&["logs", "-n", "smoke", "server"], None);
-    assert!(logs.contains("Started HTTP server"), "{logs}");
+    across_nodes_by_name(&lab);
 
     // As after a crash of the lab's own process: the pid records are gone,
     // and `lab down` finds everything from what is on the machine.

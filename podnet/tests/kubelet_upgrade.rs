@@ -157,28 +157,9 @@ fn new_failures(c: &load::Counts, before: &load::Counts) -> String {
     out
 }
 
-#[test]
-fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
-    let old = old_podnet();
-    let tmp = tempfile::tempdir().unwrap();
-    let images = vec![
-        PathBuf::from(e2e_image("pause")),
-        podnet_image(
-            Path::new(env!("CARGO_BIN_EXE_podnet")),
-            DEPLOY_IMAGE,
-            tmp.path(),
-        ),
-        podnet_image(&old, OLD_IMAGE, tmp.path()),
-    ];
-    let (lab, host, port) = RealLab::up("ru", 2, &images);
-    let release = release_manifest();
-    let this = std::fs::read_to_string(reallab::repo().join("deploy/podnet.yaml")).unwrap();
-    lab.apply_podnet(&this, &host, &port, DEPLOY_IMAGE);
-    assert!(
-        lab.podnet_images().iter().all(|(_, i)| i == DEPLOY_IMAGE),
-        "{:?}",
-        lab.podnet_images()
-    );
+/// The workload pods and Services, and `upgrade.rs`'s load on them,
+/// flowing without a failure.
+fn start_load(lab: &RealLab) -> Load {
     lab.ok(&["apply", "-f", "-"], Some(APP));
     lab.ok(
         &[
@@ -193,17 +174,17 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
         None,
     );
     let srv2 = ip_of(
-        &lab,
+        lab,
         &["get", "pod", "-n", "load", "srv2"],
         &["status", "podIP"],
     );
     let stream = ip_of(
-        &lab,
+        lab,
         &["get", "svc", "-n", "load", "stream"],
         &["spec", "clusterIP"],
     );
     let echo = ip_of(
-        &lab,
+        lab,
         &["get", "svc", "-n", "load", "echo"],
         &["spec", "clusterIP"],
     );
@@ -231,8 +212,33 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
     });
     assert_eq!(load.counts().failures(), "", "load failed before any roll");
 
-    // Upgrade (the release's manifest and image to this one's), a roll of
-    // this version to itself (what the next upgrade will be), and back.
+    load
+}
+
+#[test]
+fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
+    let old = old_podnet();
+    let tmp = tempfile::tempdir().unwrap();
+    let images = vec![
+        PathBuf::from(e2e_image("pause")),
+        podnet_image(
+            Path::new(env!("CARGO_BIN_EXE_podnet")),
+            DEPLOY_IMAGE,
+            tmp.path(),
+        ),
+        podnet_image(&old, OLD_IMAGE, tmp.path()),
+    ];
+    let (lab, host, port) = RealLab::up("ru", 2, &images);
+    let release = release_manifest();
+    let this = std::fs::read_to_string(reallab::repo().join("deploy/podnet.yaml")).unwrap();
+    lab.apply_podnet(&this, &host, &port, DEPLOY_IMAGE);
+    assert!(
+        lab.podnet_images().iter().all(|(_, i)| i == DEPLOY_IMAGE),
+        "{:?}",
+        lab.podnet_images()
+    );
+    let load = start_load(&lab);
+
     // One piece at a time (DNS, then the agents, restarted by the
     // kubelets), then a downgrade to the release and the upgrade back.
     let steps = [

@@ -281,30 +281,7 @@ impl Pki {
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
         if let Some(plan) = kubelets {
-            let client = ExtendedKeyUsagePurpose::ClientAuth;
-            leaf(
-                "kube-scheduler",
-                vec![],
-                "system:kube-scheduler",
-                None,
-                client.clone(),
-            )?;
-            leaf(
-                "apiserver-kubelet-client",
-                vec![],
-                "kube-apiserver-kubelet-client",
-                Some("system:masters"),
-                client.clone(),
-            )?;
-            for n in &plan.nodes {
-                leaf(
-                    &format!("node-{n}"),
-                    vec![],
-                    &format!("system:node:{n}"),
-                    Some("system:nodes"),
-                    client.clone(),
-                )?;
-            }
+            kubelet_certs(&leaf, plan)?;
         }
         let sa = KeyPair::generate().map_err(pki)?;
         p.write("sa.key", &sa.serialize_pem())?;
@@ -320,6 +297,40 @@ impl Pki {
         }
         std::fs::write(&path, text).map_err(|e| io(format!("writing {}", path.display()), e))
     }
+}
+
+/// A certificate signer: file name, SANs, CN, O, extended key usage.
+type Leaf<'a> = dyn Fn(&str, Vec<String>, &str, Option<&str>, ExtendedKeyUsagePurpose) -> Result<(), KubeError>
+    + 'a;
+
+/// The certificates real kubelets need: the scheduler's, the apiserver's
+/// kubelet client cert, and one per node.
+fn kubelet_certs(leaf: &Leaf<'_>, plan: &KubeletPlan) -> Result<(), KubeError> {
+    let client = ExtendedKeyUsagePurpose::ClientAuth;
+    leaf(
+        "kube-scheduler",
+        vec![],
+        "system:kube-scheduler",
+        None,
+        client.clone(),
+    )?;
+    leaf(
+        "apiserver-kubelet-client",
+        vec![],
+        "kube-apiserver-kubelet-client",
+        Some("system:masters"),
+        client.clone(),
+    )?;
+    for n in &plan.nodes {
+        leaf(
+            &format!("node-{n}"),
+            vec![],
+            &format!("system:node:{n}"),
+            Some("system:nodes"),
+            client.clone(),
+        )?;
+    }
+    Ok(())
 }
 
 /// A kubeconfig for `server` with the client cert `user` of the PKI in
@@ -656,25 +667,7 @@ impl ControlPlane {
         // It must at least survive its start (flags, kubeconfig).
         check_alive(dir, "kube-controller-manager", kcm_pid)?;
         if let Some(plan) = plan {
-            let kc = kube_dir.join("scheduler.kubeconfig");
-            write_file(&kc, &kubeconfig_text(&server, &pki, "kube-scheduler")).map_err(f)?;
-            let pid = spawn(
-                dir,
-                "kube-scheduler",
-                &plan.kube_scheduler,
-                &[
-                    format!("--kubeconfig={}", p(&kc)),
-                    format!("--authentication-kubeconfig={}", p(&kc)),
-                    format!("--authorization-kubeconfig={}", p(&kc)),
-                    // Serving only its health on the lab's loopback; 0
-                    // picks a free port, so labs do not collide.
-                    "--bind-address=127.0.0.1".into(),
-                    "--secure-port=0".into(),
-                    "--leader-elect=false".into(),
-                ],
-            )
-            .map_err(f)?;
-            check_alive(dir, "kube-scheduler", pid)?;
+            start_scheduler(dir, &server, plan)?;
         }
         Ok(cp)
     }
@@ -918,6 +911,32 @@ impl ControlPlane {
         let _ = std::fs::remove_file(self.admin_kubeconfig());
         done
     }
+}
+
+/// kube-scheduler, for real kubelets (the lab places nothing itself then).
+fn start_scheduler(dir: &Path, server: &str, plan: &KubeletPlan) -> Result<(), Attempt> {
+    let f = Attempt::Failed;
+    let kube_dir = dir.join("kube");
+    let kc = kube_dir.join("scheduler.kubeconfig");
+    let pki = kube_dir.join("pki");
+    write_file(&kc, &kubeconfig_text(server, &pki, "kube-scheduler")).map_err(f)?;
+    let kc = kc.display();
+    let pid = spawn(
+        dir,
+        "kube-scheduler",
+        &plan.kube_scheduler,
+        &[
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            // No serving port: nothing scrapes it, and labs would collide.
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+            "--leader-elect=false".into(),
+        ],
+    )
+    .map_err(f)?;
+    check_alive(dir, "kube-scheduler", pid)
 }
 
 /// The apiserver's flags for real kubelets: its client cert towards them,
