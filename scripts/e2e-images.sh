@@ -14,7 +14,8 @@
 # What differs from upstream's images (they are alpine/musl or Debian based):
 #   agnhost 2.66.1         agnhost built at K8S_VERSION from k8s.io/kubernetes;
 #                          the tools its Dockerfile adds (dig, curl, nc, ip, ss,
-#                          bash, socat, iperf3 for iperf) are Debian's, linked
+#                          bash, socat, iperf3 for iperf; wget and ping, which
+#                          alpine's busybox gives) are Debian's, linked
 #                          against glibc, not musl; busybox 1.35 (Debian's
 #                          static build) gives the other shell tools; CoreDNS
 #                          is podnet's cached v1.15.0 peer, not v1.6.2.
@@ -35,7 +36,7 @@ cd "$(dirname "$0")/.."
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
 OUT="$CACHE/e2e-images-$K8S_VERSION"
-RECIPE_VERSION=4
+RECIPE_VERSION=5
 say() { printf 'e2e-images: %s\n' "$*" >&2; }
 die() { printf 'e2e-images: ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -107,6 +108,10 @@ tools() {   # ROOT: what agnhost's Dockerfile installs, from Debian
     add_bin "$root" "$(command -v iperf3)" /usr/bin/iperf3
     ln -sf iperf3 "$root/usr/bin/iperf"
     add_bin "$root" "$(command -v getent)" /usr/bin/getent
+    # Debian's busybox-static wget crashes (SIGSEGV) with -T, which the
+    # Services specs pass (`wget -q -O - -T 1`): GNU wget instead.
+    add_bin "$root" "$(command -v wget)" /usr/bin/wget
+    add_bin "$root" "$(command -v ping)" /bin/ping
 }
 
 ENV='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]'

@@ -17,7 +17,7 @@ PKGS=(
   dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
   chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
   libseccomp-dev gcc libc6-dev pkg-config    # runc with seccomp, upstream's pause (scripts/node-peers.sh, e2e-images.sh)
-  netcat-openbsd socat nginx                 # the tools of upstream's test images, offline (scripts/e2e-images.sh)
+  netcat-openbsd socat nginx wget            # the tools of upstream's test images, offline (scripts/e2e-images.sh)
 )
 apt_install "${PKGS[@]}"
 
