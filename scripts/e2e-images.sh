@@ -60,7 +60,7 @@ fi
 
 # recipe: everything below shapes the images (and so the cache key).
 need() { command -v "$1" >/dev/null || die "$1 missing: run scripts/test-setup.sh"; }
-for b in dig curl nc ip ss bash socat iperf3 getent nginx gcc; do need "$b"; done
+for b in dig curl nc ip ss bash socat iperf3 getent nginx gcc wget ping; do need "$b"; done
 [ -f /bin/busybox ] && ! file -L /bin/busybox | grep -q dynamic || die "/bin/busybox must be busybox-static"
 eval "$(scripts/k8s-peers.sh agnhost | grep '^AGNHOST=')"
 MOD="$CACHE/go/pkg/mod/k8s.io/kubernetes@$K8S_VERSION"
