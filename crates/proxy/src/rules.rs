@@ -211,9 +211,19 @@ pub const PROXY_NAME: &str = "podnet";
 
 /// Whether the Service's labels hand it to no proxy or to another one.
 pub fn opted_out(svc: &Service) -> bool {
-    let Some(l) = svc.metadata.labels.as_ref() else {
-        return false;
-    };
+    labels_opt_out(svc.metadata.labels.as_ref())
+}
+
+/// The same for an EndpointSlice: kube-proxy's watch selector applies to
+/// both kinds, so a slice labelled headless (or for another proxy) gives
+/// its Service no endpoints, whatever the Service says (upstream's e2e
+/// "Services should implement service.kubernetes.io/headless").
+pub fn slice_opted_out(s: &EndpointSlice) -> bool {
+    labels_opt_out(s.metadata.labels.as_ref())
+}
+
+fn labels_opt_out(l: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    let Some(l) = l else { return false };
     l.contains_key(HEADLESS_LABEL) || l.get(PROXY_NAME_LABEL).is_some_and(|v| v != PROXY_NAME)
 }
 
@@ -343,6 +353,7 @@ fn endpoints(
                 .map(String::as_str)
                 != Some(name)
             || s.address_type != stack.address_type()
+            || slice_opted_out(s)
         {
             continue;
         }
@@ -2176,6 +2187,24 @@ mod tests {
         );
         assert_eq!(ours, plan_on(&node1(), &[web(json!({}))], &[two_eps()]));
         assert!(one(&ours, &[NODE_IP], &p).1.is_some());
+    }
+
+    #[test]
+    fn a_slice_labelled_headless_or_for_another_proxy_gives_no_endpoints() {
+        let p = Packet::new("10.244.3.9", "10.96.0.50", Proto::Tcp, 80);
+        let svc = web(json!({}));
+        let with = plan_on(&node1(), std::slice::from_ref(&svc), &[two_eps()]);
+        assert!(one(&with, &[NODE_IP], &p).1.is_some());
+        let no_eps = plan_on(&node1(), std::slice::from_ref(&svc), &[]);
+        for (k, v) in [(HEADLESS_LABEL, ""), (PROXY_NAME_LABEL, "other-proxy")] {
+            let mut s = two_eps();
+            s.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(k.into(), v.into());
+            let t = plan_on(&node1(), std::slice::from_ref(&svc), &[s]);
+            assert_eq!(t, no_eps, "slice labelled {k}={v:?}");
+        }
     }
 
     #[test]
