@@ -73,18 +73,10 @@ fn read_head(c: &mut UnixStream) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
+/// Copies until EOF or an error on either side, then runs `done` (the
+/// half-close that tells the other side).
 fn pipe(mut from: impl Read, mut to: impl Write, done: impl FnOnce()) {
-    let mut buf = [0u8; 16384];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
+    let _ = std::io::copy(&mut from, &mut to);
     done();
 }
 

@@ -6,23 +6,12 @@
 //! listener inside the node namespace (sockets keep the namespace they were
 //! made in) and dials out from its own.
 
-use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 
 use podnet_kernel::Netns;
 
 fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 16384];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
+    let _ = std::io::copy(&mut from, &mut to);
     let _ = to.shutdown(Shutdown::Write);
 }
 
