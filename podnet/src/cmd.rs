@@ -322,10 +322,15 @@ pub async fn agent(
     };
     let metrics = podnet_daemon::Metrics::new();
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
-    let pages: Option<podnet_daemon::Pages> = opts.flows.clone().map(|log| {
-        std::sync::Arc::new(move |p: &str| podnet_agent::flows::page(&log, p))
-            as podnet_daemon::Pages
-    });
+    // Beside the standard pages: the flow log, and kube-proxy's
+    // `/proxyMode` (which tools and upstream's e2e read on :10249).
+    let (flows, proxy) = (opts.flows.clone(), opts.proxy);
+    let pages: Option<podnet_daemon::Pages> = Some(std::sync::Arc::new(move |p: &str| match p {
+        "/proxyMode" if proxy => Some((200, "text/plain", "nftables".to_string())),
+        _ => flows
+            .as_ref()
+            .and_then(|log| podnet_agent::flows::page(log, p)),
+    }));
     match podnet_daemon::bind(&addr.to_string()).await {
         Ok(l) => {
             tokio::spawn(podnet_daemon::serve_with(l, metrics.clone(), pages));

@@ -153,6 +153,11 @@ enum Cmd {
         /// Do not run the service proxy.
         #[arg(long)]
         no_proxy: bool,
+        /// Where the service proxy serves its `/healthz` and `/livez`, as
+        /// kube-proxy's `--healthz-bind-address` (load balancers probe it);
+        /// `off` for nowhere.
+        #[arg(long, default_value = podnet_proxy::healthz::DEFAULT_ADDR, value_parser = healthz_addr)]
+        healthz_addr: HealthzAddr,
         /// Where NodePorts are accepted, as kube-proxy's flag: `primary`
         /// (the default: the node's underlay address), or comma-separated
         /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
@@ -428,6 +433,17 @@ fn nodeport_cidr(s: &str) -> Result<Option<ipnet::IpNet>, String> {
     }
 }
 
+/// `--healthz-addr`: an address (`:10256` for all interfaces), or `off`.
+#[derive(Clone, Debug)]
+struct HealthzAddr(Option<std::net::SocketAddr>);
+
+fn healthz_addr(s: &str) -> Result<HealthzAddr, String> {
+    match s.trim() {
+        "off" => Ok(HealthzAddr(None)),
+        a => podnet_daemon::listen_addr(a).map(|a| HealthzAddr(Some(a))),
+    }
+}
+
 fn main() {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let called_as = std::path::Path::new(&argv0)
@@ -526,6 +542,7 @@ fn main() {
             metrics_addr,
             cleanup,
             no_proxy,
+            healthz_addr,
             nodeport_addresses,
             no_policy,
             policy_strict,
@@ -544,6 +561,7 @@ fn main() {
                 mtu,
                 proxy: !no_proxy,
                 nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
+                healthz_addr: healthz_addr.0,
                 policy: !no_policy,
                 policy_strict,
                 flows: (!no_flows).then(|| {

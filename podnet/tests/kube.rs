@@ -170,6 +170,54 @@ fn agents_and_dns_follow_the_real_apiserver_and_controller_manager() {
     in_cluster_dns(&lab);
 }
 
+/// kube-proxy's URLs, which load balancers and upstream's e2e ("should
+/// check kube-proxy urls") read from a node: the proxy's `/healthz` on
+/// :10256 (200 with `lastUpdated` once synced; 503 with `nodeEligible:
+/// false` while the cluster autoscaler has marked the node for removal,
+/// so a load balancer drains it; `/livez` ignores the node) and
+/// `/proxyMode` on the metrics port.
+#[test]
+fn the_proxy_answers_kube_proxys_health_and_mode_urls() {
+    let lab = KubeLab::up(1);
+    let ns = podnet_kernel::Netns::named(&lab.node_ns("node1")).unwrap();
+    let get = |port: u16, path: &str| {
+        podnet_testkit::http_get(Some(&ns), ([127, 0, 0, 1], port).into(), path)
+            .unwrap_or((0, String::new()))
+    };
+    let json = |body: &str| -> serde_json::Value {
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    eventually("the proxy's /healthz answering 200", WAIT, || {
+        get(10256, "/healthz").0 == 200
+    });
+    let (_, body) = get(10256, "/healthz");
+    let h = json(&body);
+    assert!(h["lastUpdated"].is_string(), "{body}");
+    assert_eq!(
+        (&h["nodeEligible"], &h["healthy"]),
+        (&true.into(), &true.into()),
+        "{body}"
+    );
+    assert_eq!(get(10249, "/proxyMode"), (200, "nftables".to_string()));
+
+    let taint = "ToBeDeletedByClusterAutoscaler=1:NoSchedule";
+    lab.ok(&["taint", "node", "node1", taint], None);
+    eventually("/healthz 503 on a node marked for removal", WAIT, || {
+        get(10256, "/healthz").0 == 503
+    });
+    let (_, body) = get(10256, "/healthz");
+    assert_eq!(json(&body)["nodeEligible"], false, "{body}");
+    assert_eq!(get(10256, "/livez").0, 200, "/livez ignores the node");
+
+    lab.ok(
+        &["taint", "node", "node1", "ToBeDeletedByClusterAutoscaler-"],
+        None,
+    );
+    eventually("/healthz 200 once the mark is gone", WAIT, || {
+        get(10256, "/healthz").0 == 200
+    });
+}
+
 /// `podnet dns` with the in-cluster configuration, as the manifests in
 /// `deploy/` run it, in a pod: no kubeconfig, only the ServiceAccount's
 /// token, CA and namespace under /var/run/secrets/kubernetes.io/serviceaccount

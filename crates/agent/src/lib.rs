@@ -68,6 +68,9 @@ pub struct Options {
     /// primary address (its underlay IP); a `/0` means every local address
     /// but loopback.
     pub nodeport_addresses: Vec<ipnet::IpNet>,
+    /// Where the proxy serves its own `/healthz` and `/livez` (kube-proxy's
+    /// `--healthz-bind-address`, `0.0.0.0:10256`); None: nowhere.
+    pub healthz_addr: Option<std::net::SocketAddr>,
     /// Enforce NetworkPolicy.
     pub policy: bool,
     /// `--policy-strict`: also cut established connections a policy change
@@ -75,6 +78,40 @@ pub struct Options {
     pub policy_strict: bool,
     /// The node's flow log, fed by this agent (None: `--no-flows`).
     pub flows: Option<Arc<std::sync::Mutex<podnet_trace::flows::FlowLog>>>,
+}
+
+/// How long a queued proxy change may wait for its sync before the
+/// proxy's `/healthz` fails: kube-proxy's, twice its default sync period.
+const PROXY_HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Serves the proxy's `/healthz` on `addr`, if it can be bound (a node
+/// that runs kube-proxy too keeps kube-proxy's; the agent runs without).
+async fn serve_healthz(
+    addr: std::net::SocketAddr,
+    stacks: &[podnet_proxy::Stack],
+) -> Option<Arc<podnet_proxy::healthz::Health>> {
+    let l = match podnet_daemon::bind(&addr.to_string()).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("proxy healthz address {addr}: {e}; serving no proxy /healthz");
+            return None;
+        }
+    };
+    let families = stacks
+        .iter()
+        .map(|s| match s.family {
+            podnet_nft::model::Family::Ip6 => "IPv6",
+            _ => "IPv4",
+        })
+        .collect();
+    let h = podnet_proxy::healthz::Health::new(PROXY_HEALTH_TIMEOUT, families);
+    let pages = h.clone();
+    tokio::spawn(podnet_daemon::serve_pages(
+        l,
+        Arc::new(move |p: &str| pages.page(p)),
+    ));
+    tracing::info!(%addr, "proxy healthz");
+    Some(h)
 }
 
 /// The addresses NodePorts are accepted on, from `--nodeport-addresses`
@@ -205,9 +242,21 @@ pub async fn run(
             podnet_proxy::Stack::v6(cfg.ipv6_network).with_service_cidr(svc_cidr),
         ];
         let resync = opts.resync;
+        let healthz_addr = opts.healthz_addr;
         AbortOnDrop(tokio::spawn(async move {
-            let run =
-                podnet_proxy::run(sub, node, stacks, resync, m.clone(), std::future::pending());
+            let healthz = match healthz_addr {
+                Some(addr) => serve_healthz(addr, &stacks).await,
+                None => None,
+            };
+            let run = podnet_proxy::run(
+                sub,
+                node,
+                stacks,
+                resync,
+                healthz,
+                m.clone(),
+                std::future::pending(),
+            );
             if let Err(e) = run.await {
                 tracing::error!("service proxy stopped: {e}");
                 m.set_unhealthy_for("proxy", Some(format!("service proxy stopped: {e}")));

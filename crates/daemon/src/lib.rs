@@ -311,56 +311,65 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 
 /// [`serve`], with `pages` for any other path (the agent's `/flows`).
 pub async fn serve_with(listener: TcpListener, metrics: Arc<Metrics>, pages: Option<Pages>) {
+    let all: Pages = Arc::new(move |path: &str| {
+        Some(match path {
+            "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
+            "/healthz" | "/livez" => match metrics.unhealthy() {
+                None => (200, "text/plain", "ok\n".to_string()),
+                Some(why) => (503, "text/plain", format!("unhealthy: {why}\n")),
+            },
+            "/readyz" => match metrics.readiness() {
+                Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                Err(why) => (503, "text/plain", format!("{why}\n")),
+            },
+            other => return pages.as_ref().and_then(|p| p(other)),
+        })
+    });
+    serve_pages(listener, all).await
+}
+
+/// Answers every request on `listener` with `pages` (404 for a path it
+/// does not serve), one request per connection, until the listener is
+/// dropped: the HTTP of the metrics endpoint and of any other small status
+/// endpoint (the proxy's `/healthz` on :10256).
+pub async fn serve_pages(listener: TcpListener, pages: Pages) {
     loop {
-        let Ok((mut s, _)) = listener.accept().await else {
+        let Ok((s, _)) = listener.accept().await else {
             continue;
         };
-        let m = metrics.clone();
-        let pages = pages.clone();
-        tokio::spawn(async move {
-            // The request line may arrive in pieces: read up to the end of
-            // the headers (or 2 KiB).
-            let mut buf = vec![0u8; 2048];
-            let mut n = 0;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                match tokio::time::timeout_at(deadline, s.read(&mut buf[n..])).await {
-                    Ok(Ok(0)) => break,
-                    Ok(Ok(k)) => n += k,
-                    _ => return,
-                }
-            }
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (code, ctype, body) = match path {
-                "/metrics" => (200, "text/plain; version=0.0.4", m.render()),
-                "/healthz" | "/livez" => match m.unhealthy() {
-                    None => (200, "text/plain", "ok\n".to_string()),
-                    Some(why) => (503, "text/plain", format!("unhealthy: {why}\n")),
-                },
-                "/readyz" => match m.readiness() {
-                    Ok(()) => (200, "text/plain", "ok\n".to_string()),
-                    Err(why) => (503, "text/plain", format!("{why}\n")),
-                },
-                other => pages.as_ref().and_then(|p| p(other)).unwrap_or((
-                    404,
-                    "text/plain",
-                    "not found\n".to_string(),
-                )),
-            };
-            let reason = match code {
-                200 => "OK",
-                400 => "Bad Request",
-                503 => "Service Unavailable",
-                _ => "Not Found",
-            };
-            let resp = format!(
-                "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
-        });
+        tokio::spawn(answer(s, pages.clone()));
     }
+}
+
+/// Reads one request's head and writes the page's answer.
+async fn answer(mut s: tokio::net::TcpStream, pages: Pages) {
+    // The request line may arrive in pieces: read up to the end of the
+    // headers (or 2 KiB).
+    let mut buf = vec![0u8; 2048];
+    let mut n = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf[n..])).await {
+            Ok(Ok(0)) => break,
+            Ok(Ok(k)) => n += k,
+            _ => return,
+        }
+    }
+    let req = String::from_utf8_lossy(&buf[..n]);
+    let path = req.split_whitespace().nth(1).unwrap_or("/");
+    let (code, ctype, body) = pages(path).unwrap_or((404, "text/plain", "not found\n".to_string()));
+    let reason = match code {
+        200 => "OK",
+        400 => "Bad Request",
+        503 => "Service Unavailable",
+        _ => "Not Found",
+    };
+    let resp = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nX-Content-Type-Options: nosniff\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(resp.as_bytes()).await;
 }
 
 /// Resolves on SIGTERM or SIGINT.

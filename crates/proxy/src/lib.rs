@@ -6,12 +6,15 @@
 //!   nf_tables netlink, as a subsystem of the reconcile loop
 //!   (`podnet_reconcile`), and [`ServiceProxy`], both families together;
 //! - [`healthcheck`]: the health-check node ports of
-//!   `externalTrafficPolicy: Local` Services.
+//!   `externalTrafficPolicy: Local` Services;
+//! - [`healthz`]: the proxy's own `/healthz` and `/livez` (kube-proxy's
+//!   :10256), for load balancers and kube-proxy's tools.
 //!
 //! The proxy reads cluster state only through the object source it is
 //! handed (a `podnet_source::Subscription`), in either mode.
 
 pub mod healthcheck;
+pub mod healthz;
 pub mod proxier;
 pub mod rules;
 

@@ -44,6 +44,7 @@ use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
 
 use crate::healthcheck;
+use crate::healthz::Health;
 use crate::rules::{
     base_table, fragment, is_fast_count_set, programmed_ip, shell, NodeInfo, Stack, TABLE,
 };
@@ -778,6 +779,8 @@ impl Proxier {
 pub struct ServiceProxy {
     ps: Vec<Proxier>,
     health: healthcheck::Server,
+    /// The proxy's own `/healthz` (kube-proxy's :10256), if served.
+    healthz: Option<Arc<Health>>,
 }
 
 impl ServiceProxy {
@@ -792,7 +795,14 @@ impl ServiceProxy {
                 .map(|st| Proxier::new(node.clone(), st, metrics.clone()))
                 .collect::<Result<Vec<_>, _>>()?,
             health: healthcheck::Server::new(),
+            healthz: None,
         })
+    }
+
+    /// Reports queued inputs, syncs and this node's Node to `h`.
+    pub fn with_healthz(mut self, h: Arc<Health>) -> Self {
+        self.healthz = Some(h);
+        self
     }
 }
 
@@ -808,8 +818,22 @@ impl Subsystem for ServiceProxy {
     }
 
     fn watch(&mut self, input: Vec<Delta>, dirty: &mut BTreeSet<String>) {
+        if let (Some(h), Some(p)) = (&self.healthz, self.ps.first()) {
+            for d in &input {
+                let key = d.key();
+                if key.kind == Kind::Node && key.name == p.node.name {
+                    h.node(match d.object() {
+                        Some(Object::Node(n)) => Some(n.as_ref()),
+                        _ => None,
+                    });
+                }
+            }
+        }
         for p in &mut self.ps {
             Subsystem::watch(p, input.clone(), dirty);
+        }
+        if let (Some(h), false) = (&self.healthz, dirty.is_empty()) {
+            h.queued();
         }
     }
 
@@ -850,7 +874,10 @@ impl Subsystem for ServiceProxy {
         Scope::Only(BTreeSet::new())
     }
 
-    fn synced(&mut self, scope: &Scope<String>, _ok: bool) {
+    fn synced(&mut self, scope: &Scope<String>, ok: bool) {
+        if let (Some(h), true) = (&self.healthz, ok) {
+            h.updated();
+        }
         let Some(p) = self.ps.first_mut() else { return };
         if scope.is_full() {
             p.take_touched();
@@ -875,10 +902,14 @@ pub async fn run(
     node: NodeInfo,
     stacks: Vec<Stack>,
     resync: Duration,
+    healthz: Option<Arc<Health>>,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ProxyError> {
-    let proxy = ServiceProxy::new(node, stacks, metrics.clone())?;
+    let mut proxy = ServiceProxy::new(node, stacks, metrics.clone())?;
+    if let Some(h) = healthz {
+        proxy = proxy.with_healthz(h);
+    }
     podnet_reconcile::run(
         proxy,
         podnet_reconcile::from_subscription(sub),
