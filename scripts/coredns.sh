@@ -19,7 +19,6 @@ set -euo pipefail
 # v1.15.0 is the newest release on the proxy (2026-11); its go.mod says go 1.26.0.
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
-GO="${GO:-}"
 
 say() { printf 'coredns: %s\n' "$*" >&2; }
 die() { printf 'coredns: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -32,42 +31,25 @@ works() {   # the cached binary runs and says its version (read whole: grep -q w
 
 if works; then echo "COREDNS=$BIN"; exit 0; fi
 
-if [ -z "$GO" ]; then
-    if command -v go >/dev/null 2>&1; then GO=$(command -v go)
-    elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
-    else die "no Go toolchain found (set GO=/path/to/go)"; fi
-fi
+. "$(dirname "$0")/lib/go.sh"
+find_go
 
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
 if works; then echo "COREDNS=$BIN"; exit 0; fi   # built while we waited
 
-export GOPATH="$CACHE/go"
-export GOMODCACHE="$CACHE/go/pkg/mod"
-export GOCACHE="$CACHE/go/build-cache"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-unset GOWORK GO111MODULE GOOS GOARCH 2>/dev/null || true
-mkdir -p "$GOMODCACHE" "$GOCACHE"
+go_env 0
 
 TMPBIN=$(mktemp -d "$CACHE/.coredns-$COREDNS_VERSION.XXXXXX")
-LOG=$(mktemp "${TMPDIR:-/tmp}/coredns-build.XXXXXX")
 trap 'rm -rf "$TMPBIN" "$LOG"' EXIT
 
 say "building github.com/coredns/coredns@$COREDNS_VERSION with $("$GO" version) (cold: minutes) ..."
 t0=$(date +%s)
 # coremain.GitCommit is what `coredns -version` prints after the Go version.
-if ! (cd "$TMPBIN" && GOBIN="$TMPBIN" nice "$GO" install -trimpath \
-        -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
-        "github.com/coredns/coredns@$COREDNS_VERSION") >"$LOG" 2>&1; then
-    say "FAILED: go install github.com/coredns/coredns@$COREDNS_VERSION"
-    say "go said:"
-    grep -v '^go: downloading ' "$LOG" | sed 's/^/    /' >&2
-    exit 1
-fi
+GOBIN="$TMPBIN" run_go "go install github.com/coredns/coredns@$COREDNS_VERSION" "$TMPBIN" install -trimpath \
+    -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"
 mkdir -p "$(dirname "$BIN")"
 mv -f "$TMPBIN/coredns" "$BIN"
 say "built in $(( $(date +%s) - t0 )) s"

@@ -11,6 +11,10 @@
 #   scripts/e2e.sh custom --focus REGEX   # anything
 #   options: --focus REGEX  --skip REGEX (added to the suite's)  --nodes N (2)
 #            --keep (leave the cluster up afterwards; `podnet lab --name NAME down`)
+#            --podnet BIN (run this podnet binary, for the lab and packed as the
+#              image by scripts/dev-image.sh, instead of building the release
+#              image with scripts/image.sh and a release build: seconds instead
+#              of minutes; podnet/tests/e2e_smoke.rs, CI's slice, uses it)
 #
 # The last line is `N passed, N failed, N skipped`. The JUnit file and the
 # full log stay in $E2E_OUT (default /tmp/podnet-e2e/<suite>-<time>/); the
@@ -38,13 +42,14 @@ main() {
     usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2; }
     [ $# -ge 1 ] || usage
     SUITE=$1; shift
-    FOCUS=""; SKIP=""; NODES=2; KEEP=0
+    FOCUS=""; SKIP=""; NODES=2; KEEP=0; BIN=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --focus) FOCUS=$2; shift 2 ;;
             --skip) SKIP=$2; shift 2 ;;
             --nodes) NODES=$2; shift 2 ;;
             --keep) KEEP=1; shift ;;
+            --podnet) BIN=$(realpath "$2"); shift 2 ;;
             *) usage ;;
         esac
     done
@@ -71,9 +76,14 @@ main() {
     bash scripts/node-peers.sh >/dev/null
     mapfile -t ARCHIVES < <(bash scripts/e2e-images.sh | sed -n 's/^archive=//p')
     PODNET_TAR="$OUT/podnet-image.tar"
-    bash scripts/image.sh --save "$PODNET_TAR" >/dev/null
-    cargo build --release --locked -p podnet >&2
-    PODNET=$PWD/target/release/podnet
+    if [ -n "$BIN" ]; then
+        bash scripts/dev-image.sh "$BIN" "$PODNET_TAR" >/dev/null
+        PODNET=$BIN
+    else
+        bash scripts/image.sh --save "$PODNET_TAR" >/dev/null
+        cargo build --release --locked -p podnet >&2
+        PODNET=$PWD/target/release/podnet
+    fi
 
     LAB="e2e$(( $$ % 100000 ))"
     imgs=()

@@ -28,16 +28,12 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
-GO="${GO:-}"
 
 say() { printf 'k8s-peers: %s\n' "$*" >&2; }
 die() { printf 'k8s-peers: ERROR: %s\n' "$*" >&2; exit 1; }
 
-if [ -z "$GO" ]; then
-    if command -v go >/dev/null 2>&1; then GO=$(command -v go)
-    elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
-    else die "no Go toolchain found (set GO=/path/to/go)"; fi
-fi
+. "$(dirname "$0")/lib/go.sh"
+find_go
 
 components=("$@")
 [ ${#components[@]} -gt 0 ] || components=(kube-apiserver kube-controller-manager kubectl)
@@ -84,38 +80,9 @@ for c in "${missing[@]}"; do works "$c" || still+=("$c"); done
 missing=("${still[@]+"${still[@]}"}")
 if [ ${#missing[@]} -eq 0 ]; then report; exit 0; fi
 
-export GOPATH="$CACHE/go"
-export GOMODCACHE="$CACHE/go/pkg/mod"
-export GOCACHE="$CACHE/go/build-cache"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-unset GOWORK GO111MODULE GOOS GOARCH 2>/dev/null || true
-mkdir -p "$GOMODCACHE" "$GOCACHE"
+go_env 0
 
-LOG=$(mktemp "${TMPDIR:-/tmp}/k8s-peers.XXXXXX")
 trap 'rm -f "$LOG"' EXIT
-
-# Run a go command in DIR; on failure name the module and print go's error.
-run_go() {   # what dir go-args...
-    local what=$1 dir=$2; shift 2
-    if ! (cd "$dir" && "$GO" "$@") >"$LOG" 2>&1; then
-        say "FAILED: $what"
-        say "command: (cd $dir && go $*)"
-        local mods
-        mods=$(grep -oE '(^|[[:space:]:"])[a-z0-9-]+(\.[a-z0-9-]+)+(/[A-Za-z0-9._~+-]+)*@v[0-9][A-Za-z0-9.+-]*' "$LOG" |
-            sed 's/^[[:space:]:"]//' | sort -u | head -20 || true)
-        [ -z "$mods" ] || say "modules named in the error: $(echo $mods)"
-        say "go said:"
-        grep -v '^go: downloading ' "$LOG" | sed 's/^/    /' >&2
-        if grep -q 'verifying module:.*sumdb.*404' "$LOG"; then
-            say "hint: the checksum database behind this proxy lacks those module versions;"
-            say "      pick another version (e.g. K8S_VERSION=v1.34.4) or, trusting the proxy, set GONOSUMDB=k8s.io"
-        fi
-        exit 1
-    fi
-}
 
 build_k8s() {   # components...
     local v=$K8S_VERSION staging_v gomod wrap dir c t0 ldflags

@@ -19,16 +19,12 @@ CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 RUNC_VERSION="${RUNC_VERSION:-v1.5.2}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.37.0}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
-GO="${GO:-}"
 
 say() { printf 'node-peers: %s\n' "$*" >&2; }
 die() { printf 'node-peers: ERROR: %s\n' "$*" >&2; exit 1; }
 
-if [ -z "$GO" ]; then
-    if command -v go >/dev/null 2>&1; then GO=$(command -v go)
-    elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
-    else die "no Go toolchain found (set GO=/path/to/go)"; fi
-fi
+. "$(dirname "$0")/lib/go.sh"
+find_go
 
 containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
 runc_dir="$CACHE/runc-$RUNC_VERSION"
@@ -54,26 +50,9 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
 
-export GOPATH="$CACHE/go"
-export GOMODCACHE="$CACHE/go/pkg/mod"
-export GOCACHE="$CACHE/go/build-cache"
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=mod -buildvcs=false"
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-unset GOWORK GO111MODULE GOOS GOARCH 2>/dev/null || true
-mkdir -p "$GOMODCACHE" "$GOCACHE"
+go_env 1
 
-LOG=$(mktemp "${TMPDIR:-/tmp}/node-peers.XXXXXX")
 trap 'rm -f "$LOG"' EXIT
-run_go() {   # what dir go-args...
-    local what=$1 dir=$2; shift 2
-    if ! (cd "$dir" && "$GO" "$@") >"$LOG" 2>&1; then
-        say "FAILED: $what"
-        say "command: (cd $dir && go $*)"
-        grep -v '^go: downloading ' "$LOG" | sed 's/^/    /' >&2
-        exit 1
-    fi
-}
 
 # A wrapper module per peer: `go build` of a dependency's main package, with
 # the peer's own go.mod replaces copied (Go ignores them outside its module).
