@@ -14,7 +14,7 @@
 #            --podnet BIN (run this podnet binary, for the lab and packed as the
 #              image by scripts/dev-image.sh, instead of building the release
 #              image with scripts/image.sh and a release build: seconds instead
-#              of minutes; podnet/tests/e2e_smoke.rs, CI's slice, uses it)
+#              of minutes: for a quick custom run against a debug build)
 #
 # The last line is `N passed, N failed, N skipped`. The JUnit file and the
 # full log stay in $E2E_OUT (default /tmp/podnet-e2e/<suite>-<time>/); the
