@@ -523,94 +523,15 @@ impl ControlPlane {
         let f = Attempt::Failed;
         let kube_dir = dir.join("kube");
         let pki = kube_dir.join("pki");
-        let (etcd_port, peer_port, api_port) = (
-            free_port().map_err(f)?,
-            free_port().map_err(f)?,
-            free_port().map_err(f)?,
-        );
-        let etcd_data = kube_dir.join("etcd");
-        let _ = std::fs::remove_dir_all(&etcd_data);
-        let client_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let p = |s: &Path| s.display().to_string();
-        let etcd_pid = spawn(
-            dir,
-            "etcd",
-            &peers.etcd,
-            &[
-                "--name=lab".into(),
-                format!("--data-dir={}", p(&etcd_data)),
-                format!("--listen-client-urls={client_url}"),
-                format!("--advertise-client-urls={client_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=lab={peer_url}"),
-                "--initial-cluster-state=new".into(),
-            ],
-        )
-        .map_err(f)?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !etcd_healthy(etcd_port) {
-            check_alive(dir, "etcd", etcd_pid)?;
-            if Instant::now() > deadline {
-                return Err(f(KubeError::Start(format!(
-                    "etcd did not become healthy; see {}",
-                    dir.join("logs/etcd.log").display()
-                ))));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-
+        let etcd_url = Self::start_etcd(dir, peers).await?;
+        let api_port = free_port().map_err(f)?;
         let audit_policy = kube_dir.join("audit-policy.yaml");
         write_file(&audit_policy, AUDIT_POLICY).map_err(f)?;
-        let mut extra = Vec::new();
+        let mut args = Self::apiserver_args(dir, &etcd_url, api_port);
         if let Some(plan) = plan {
-            extra = kubelet_apiserver_args(&kube_dir, plan).map_err(f)?;
+            args.extend(kubelet_apiserver_args(&kube_dir, plan).map_err(f)?);
         }
-        let api_pid = spawn(
-            dir,
-            "kube-apiserver",
-            &peers.kube_apiserver,
-            &[
-                format!("--etcd-servers={client_url}"),
-                "--bind-address=127.0.0.1".into(),
-                // What the `kubernetes` Service's endpoint says: the
-                // gateway, where the lab forwards to this loopback port,
-                // so pods reach the API through 10.96.0.1 as in a cluster.
-                format!("--advertise-address={}", crate::gateway::gateway()),
-                format!("--secure-port={api_port}"),
-                format!("--cert-dir={}", p(&kube_dir.join("apiserver"))),
-                format!("--tls-cert-file={}", p(&pki.join("apiserver.crt"))),
-                format!("--tls-private-key-file={}", p(&pki.join("apiserver.key"))),
-                format!("--client-ca-file={}", p(&pki.join("ca.crt"))),
-                format!("--service-account-key-file={}", p(&pki.join("sa.pub"))),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    p(&pki.join("sa.key"))
-                ),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                "--service-node-port-range=30000-32767".into(),
-                "--authorization-mode=Node,RBAC".into(),
-                // As kubeadm clusters: network add-ons need privileged
-                // (init) containers.
-                "--allow-privileged=true".into(),
-                // The lease reconciler (the default) publishes the
-                // advertised address as the kubernetes Service's endpoint.
-                "--endpoint-reconciler-type=lease".into(),
-                "--profiling=false".into(),
-                // Every request of podnet's ServiceAccounts, with its
-                // answer's code: the oracle for "the RBAC is enough".
-                format!("--audit-policy-file={}", p(&audit_policy)),
-                format!("--audit-log-path={}", p(&Self::audit_log_of(dir))),
-                "--audit-log-format=json".into(),
-                "--audit-log-mode=blocking".into(),
-            ]
-            .into_iter()
-            .chain(extra)
-            .collect::<Vec<String>>(),
-        )
-        .map_err(f)?;
+        let api_pid = spawn(dir, "kube-apiserver", &peers.kube_apiserver, &args).map_err(f)?;
         let cp = ControlPlane {
             dir: dir.to_path_buf(),
             apiserver_port: api_port,
@@ -634,34 +555,7 @@ impl ControlPlane {
             dir,
             "kube-controller-manager",
             &peers.kube_controller_manager,
-            &[
-                format!("--kubeconfig={}", p(&kcm_config)),
-                // No serving: nothing scrapes it, and a fixed port would
-                // collide between parallel labs.
-                "--secure-port=0".into(),
-                "--leader-elect=false".into(),
-                "--allocate-node-cidrs=true".into(),
-                format!("--cluster-cidr={CLUSTER_CIDR}"),
-                "--node-cidr-mask-size=24".into(),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                // Without real kubelets no one posts node status: the
-                // lifecycle controller would mark every node, and so
-                // every pod, not ready after the grace period.
-                match plan {
-                    Some(_) => "--controllers=*".into(),
-                    None => "--controllers=*,-node-lifecycle-controller".into(),
-                },
-                format!("--root-ca-file={}", p(&pki.join("ca.crt"))),
-                format!(
-                    "--service-account-private-key-file={}",
-                    p(&pki.join("sa.key"))
-                ),
-                format!(
-                    "--flex-volume-plugin-dir={}",
-                    p(&kube_dir.join("flexvolume"))
-                ),
-                "--profiling=false".into(),
-            ],
+            &Self::controller_manager_args(&kube_dir, plan.is_some()),
         )
         .map_err(f)?;
         // It must at least survive its start (flags, kubeconfig).
@@ -670,6 +564,127 @@ impl ControlPlane {
             start_scheduler(dir, &server, plan)?;
         }
         Ok(cp)
+    }
+
+    /// A fresh etcd on free loopback ports, healthy; its client URL.
+    async fn start_etcd(dir: &Path, peers: &Peers) -> Result<String, Attempt> {
+        let f = Attempt::Failed;
+        let (etcd_port, peer_port) = (free_port().map_err(f)?, free_port().map_err(f)?);
+        let etcd_data = dir.join("kube/etcd");
+        let _ = std::fs::remove_dir_all(&etcd_data);
+        let client_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_pid = spawn(
+            dir,
+            "etcd",
+            &peers.etcd,
+            &[
+                "--name=lab".into(),
+                format!("--data-dir={}", etcd_data.display()),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=lab={peer_url}"),
+                "--initial-cluster-state=new".into(),
+            ],
+        )
+        .map_err(f)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !etcd_healthy(etcd_port) {
+            check_alive(dir, "etcd", etcd_pid)?;
+            if Instant::now() > deadline {
+                return Err(f(KubeError::Start(format!(
+                    "etcd did not become healthy; see {}",
+                    dir.join("logs/etcd.log").display()
+                ))));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(client_url)
+    }
+
+    /// kube-apiserver's flags (without the real-kubelet ones).
+    fn apiserver_args(dir: &Path, etcd_url: &str, api_port: u16) -> Vec<String> {
+        let kube_dir = dir.join("kube");
+        let pki = kube_dir.join("pki");
+        let p = |s: &Path| s.display().to_string();
+        vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            // What the `kubernetes` Service's endpoint says: the gateway,
+            // where the lab forwards to this loopback port, so pods reach
+            // the API through 10.96.0.1 as in a cluster.
+            format!("--advertise-address={}", crate::gateway::gateway()),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p(&kube_dir.join("apiserver"))),
+            format!("--tls-cert-file={}", p(&pki.join("apiserver.crt"))),
+            format!("--tls-private-key-file={}", p(&pki.join("apiserver.key"))),
+            format!("--client-ca-file={}", p(&pki.join("ca.crt"))),
+            format!("--service-account-key-file={}", p(&pki.join("sa.pub"))),
+            format!(
+                "--service-account-signing-key-file={}",
+                p(&pki.join("sa.key"))
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--service-node-port-range=30000-32767".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            // As kubeadm clusters: network add-ons need privileged (init)
+            // containers.
+            "--allow-privileged=true".into(),
+            // The lease reconciler (the default) publishes the advertised
+            // address as the kubernetes Service's endpoint.
+            "--endpoint-reconciler-type=lease".into(),
+            "--profiling=false".into(),
+            // Every request of podnet's ServiceAccounts, with its answer's
+            // code: the oracle for "the RBAC is enough".
+            format!(
+                "--audit-policy-file={}",
+                p(&kube_dir.join("audit-policy.yaml"))
+            ),
+            format!("--audit-log-path={}", p(&Self::audit_log_of(dir))),
+            "--audit-log-format=json".into(),
+            "--audit-log-mode=blocking".into(),
+        ]
+    }
+
+    /// kube-controller-manager's flags; `kubelets`: real kubelets post
+    /// node status, so the node lifecycle controller may run.
+    fn controller_manager_args(kube_dir: &Path, kubelets: bool) -> Vec<String> {
+        let pki = kube_dir.join("pki");
+        let p = |s: &Path| s.display().to_string();
+        vec![
+            format!(
+                "--kubeconfig={}",
+                p(&kube_dir.join("controller-manager.kubeconfig"))
+            ),
+            // No serving: nothing scrapes it, and a fixed port would
+            // collide between parallel labs.
+            "--secure-port=0".into(),
+            "--leader-elect=false".into(),
+            "--allocate-node-cidrs=true".into(),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--node-cidr-mask-size=24".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            // Without real kubelets no one posts node status: the
+            // lifecycle controller would mark every node, and so every
+            // pod, not ready after the grace period.
+            match kubelets {
+                true => "--controllers=*".into(),
+                false => "--controllers=*,-node-lifecycle-controller".into(),
+            },
+            format!("--root-ca-file={}", p(&pki.join("ca.crt"))),
+            format!(
+                "--service-account-private-key-file={}",
+                p(&pki.join("sa.key"))
+            ),
+            format!(
+                "--flex-volume-plugin-dir={}",
+                p(&kube_dir.join("flexvolume"))
+            ),
+            "--profiling=false".into(),
+        ]
     }
 
     /// The control plane recorded in `dir` (after [`ControlPlane::start`],
