@@ -8,6 +8,9 @@
 //! Needs root and the binaries of `scripts/k8s-peers.sh`; without them the
 //! test fails and says so.
 
+#[path = "common/kubectl.rs"]
+mod kubectl;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -70,23 +73,7 @@ impl KubeLab {
     /// The real kubectl with the path `lab kubeconfig` prints.
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let kc = self.ok(&["kubeconfig"]);
-        let cache = self.dir().join("kubectl-cache");
-        let mut c = Command::new(&self.kubectl);
-        c.arg("--kubeconfig")
-            .arg(&kc)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("run kubectl");
-        {
-            use std::io::Write;
-            let mut i = child.stdin.take().unwrap();
-            i.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
-        }
-        child.wait_with_output().unwrap()
+        kubectl::run_as(&self.kubectl, Path::new(&kc), &self.dir(), args, stdin)
     }
 
     fn json(&self, args: &[&str]) -> Value {

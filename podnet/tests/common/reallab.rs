@@ -5,8 +5,11 @@
 
 #![allow(dead_code)]
 
+#[path = "kubectl.rs"]
+mod kubectl;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -62,20 +65,7 @@ impl RealLab {
     }
 
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut c = Command::new(&self.kubectl);
-        c.arg("--kubeconfig")
-            .arg(self.dir().join("kubeconfig"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("run kubectl");
-        {
-            use std::io::Write;
-            let mut i = child.stdin.take().unwrap();
-            i.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
-        }
-        child.wait_with_output().unwrap()
+        kubectl::run(&self.kubectl, &self.name, args, stdin)
     }
 
     pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
