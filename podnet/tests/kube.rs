@@ -16,7 +16,10 @@
 //! - an agent's token writes only its own Node (deploy/'s admission
 //!   policy), and an agent puts its tampered annotations back;
 //! - a Service gets its ClusterIP from the real apiserver, its rules on
-//!   every node and its name in cluster DNS; deleted, it loses both.
+//!   every node and its name in cluster DNS; deleted, it loses both;
+//! - kube-proxy's URLs answer as kube-proxy's do: `/healthz` on :10256
+//!   (failing while the autoscaler marks the node for removal) and
+//!   `/proxyMode` on :10249.
 //!
 //! No sleep stands in for readiness: every wait polls a state with a
 //! deadline, and nothing asserts how long anything took.
