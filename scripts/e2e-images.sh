@@ -27,6 +27,11 @@
 #   glibc-dns-testing      Debian's dig and getent (as upstream: Debian based).
 #   pause 3.10.2           build/pause/linux/pause.c from k8s.io/kubernetes at
 #                          K8S_VERSION, compiled here (static, glibc).
+#   distroless-iptables    (registry.k8s.io/build-image, v0.9.9) Debian's
+#                          conntrack and nft with bash as sh; upstream's also
+#                          has the iptables, ip6tables, ebtables and ipset
+#                          tools, which no spec run here calls (the KubeProxy
+#                          CLOSE_WAIT spec reads /proc/net/nf_conntrack).
 #
 # The last lines printed are `archive=<path>`, one per image, for
 # `ctr -n k8s.io images import`.
@@ -36,7 +41,7 @@ cd "$(dirname "$0")/.."
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
 OUT="$CACHE/e2e-images-$K8S_VERSION"
-RECIPE_VERSION=5
+RECIPE_VERSION=6
 say() { printf 'e2e-images: %s\n' "$*" >&2; }
 die() { printf 'e2e-images: ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -47,6 +52,7 @@ IMAGES=(
     "$E2E/nginx:1.27.0-2"
     "$E2E/glibc-dns-testing:2.1.1"
     "registry.k8s.io/pause:3.10.2"
+    "registry.k8s.io/build-image/distroless-iptables:v0.9.9"
 )
 file_of() { echo "$OUT/$(echo "$1" | tr '/:' '__').tar"; }
 
@@ -60,7 +66,7 @@ fi
 
 # recipe: everything below shapes the images (and so the cache key).
 need() { command -v "$1" >/dev/null || die "$1 missing: run scripts/test-setup.sh"; }
-for b in dig curl nc ip ss bash socat iperf3 getent nginx gcc wget ping; do need "$b"; done
+for b in dig curl nc ip ss bash socat iperf3 getent nginx gcc wget ping conntrack nft; do need "$b"; done
 [ -f /bin/busybox ] && ! file -L /bin/busybox | grep -q dynamic || die "/bin/busybox must be busybox-static"
 eval "$(scripts/k8s-peers.sh agnhost | grep '^AGNHOST=')"
 MOD="$CACHE/go/pkg/mod/k8s.io/kubernetes@$K8S_VERSION"
@@ -166,6 +172,15 @@ r="$work/pause"; mkdir -p "$r"
 gcc -Os -static -Wall -Werror -DVERSION="${K8S_VERSION}-podnet" -o "$r/pause" "$MOD/build/pause/linux/pause.c"
 strip "$r/pause"
 oci "registry.k8s.io/pause:3.10.2" "$r" "{\"Entrypoint\":[\"/pause\"],\"WorkingDir\":\"/\",\"User\":\"65535:65535\"}"
+
+# distroless-iptables: the host tools of kube-proxy's image that the specs
+# run in a privileged host-network pod.
+r="$work/iptables"
+add_bin "$r" "$(command -v bash)" /bin/bash
+add_bin "$r" "$(command -v conntrack)" /usr/sbin/conntrack
+add_bin "$r" "$(command -v nft)" /usr/sbin/nft
+base "$r"
+oci "registry.k8s.io/build-image/distroless-iptables:v0.9.9" "$r" "{$ENV,\"Cmd\":[\"sh\"],\"WorkingDir\":\"/\"}"
 
 echo "$key" >"$OUT/.key"
 for i in "${IMAGES[@]}"; do echo "archive=$(file_of "$i")"; done

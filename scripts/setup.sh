@@ -9,7 +9,7 @@ here=$(dirname "$0")
 . "$here/lib/apt.sh"
 
 PKGS=(
-  iproute2 nftables conntrack                # the lab's namespaces, links and rules; the proxy's conntrack flush
+  iproute2 nftables conntrack                # the lab's namespaces, links, rules and conntrack reads
   protobuf-compiler libprotobuf-dev          # the etcd-client build (protoc + well-known protos)
   python3                                    # lab-demo.sh reads the pods' IPs from their JSON
 )

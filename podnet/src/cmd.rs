@@ -41,6 +41,7 @@ pub fn node_setup(
     conf_dir: &Path,
     subnet_file: &Path,
     data_dir: Option<&Path>,
+    ct: &podnet_proxy::ct_timeouts::Timeouts,
 ) -> Result<()> {
     use podnet_overlay::files;
     std::fs::create_dir_all(bin_dir).with_context(|| format!("creating {}", bin_dir.display()))?;
@@ -68,6 +69,13 @@ pub fn node_setup(
     podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1")
         .context("turning on IP forwarding")?;
     podnet_overlay::ensure_bridge_netfilter(true);
+    // The agent's container cannot write /proc/sys: its proxy's conntrack
+    // timeouts are set here.
+    match podnet_proxy::ct_timeouts::apply(ct) {
+        Ok(set) if !set.is_empty() => println!("set {}", set.join(", ")),
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: conntrack timeouts not set: {e}"),
+    }
     println!(
         "installed the {} CNI plugins in {} (podnet, and links to it), {}; IP forwarding on",
         podnet_cni::plugins::NAMES.len(),

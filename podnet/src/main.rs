@@ -158,6 +158,8 @@ enum Cmd {
         /// `off` for nowhere.
         #[arg(long, default_value = podnet_proxy::healthz::DEFAULT_ADDR, value_parser = healthz_addr)]
         healthz_addr: HealthzAddr,
+        #[command(flatten)]
+        ct: CtTimeouts,
         /// Where NodePorts are accepted, as kube-proxy's flag: `primary`
         /// (the default: the node's underlay address), or comma-separated
         /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
@@ -184,7 +186,7 @@ enum Cmd {
     /// Prepare a node for the agent, once per start (the DaemonSet's
     /// privileged init container): copy this binary and the CNI plugin
     /// links into the runtime's plugin dir, write the conflist, turn on IP
-    /// forwarding and bridge netfilter.
+    /// forwarding, bridge netfilter and the proxy's conntrack timeouts.
     NodeSetup {
         /// The container runtime's CNI plugin dir on the host.
         #[arg(long, default_value = "/opt/cni/bin")]
@@ -198,6 +200,8 @@ enum Cmd {
         /// The agent's --cni-data-dir (the conflist names it).
         #[arg(long)]
         cni_data_dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        ct: CtTimeouts,
     },
     /// Answer the pod name (or `clientip`) on TCP/UDP ports (runs in lab pods).
     Serve {
@@ -433,6 +437,48 @@ fn nodeport_cidr(s: &str) -> Result<Option<ipnet::IpNet>, String> {
     }
 }
 
+/// kube-proxy's conntrack flags, for `agent` and `node-setup`.
+#[derive(clap::Args, Debug, Clone)]
+struct CtTimeouts {
+    /// How long conntrack keeps a TCP connection in CLOSE_WAIT (its NAT
+    /// with it), as kube-proxy's flag: a duration such as `1h0m0s`; `0`
+    /// leaves the kernel's (60 s).
+    #[arg(long, default_value = "1h", value_parser = ct_seconds)]
+    conntrack_tcp_timeout_close_wait: CtSecs,
+    /// How long conntrack keeps an idle established TCP connection, as
+    /// kube-proxy's flag; `0` leaves the kernel's (5 days).
+    #[arg(long, default_value = "24h", value_parser = ct_seconds)]
+    conntrack_tcp_timeout_established: CtSecs,
+}
+
+impl CtTimeouts {
+    fn timeouts(&self) -> podnet_proxy::ct_timeouts::Timeouts {
+        podnet_proxy::ct_timeouts::Timeouts {
+            close_wait: self.conntrack_tcp_timeout_close_wait.0,
+            established: self.conntrack_tcp_timeout_established.0,
+        }
+    }
+}
+
+/// A conntrack timeout in whole seconds; None: leave the kernel's.
+#[derive(Clone, Copy, Debug)]
+struct CtSecs(Option<u32>);
+
+/// A Go-style duration (`1h0m0s`, `90m`, `3600s`); `0` leaves the kernel's.
+fn ct_seconds(s: &str) -> Result<CtSecs, String> {
+    let d: podnet_api::k8s_openapi::jiff::SignedDuration = match s.trim() {
+        "0" => return Ok(CtSecs(None)),
+        t => t
+            .parse()
+            .map_err(|e| format!("{t:?} is not a duration such as 1h0m0s: {e}"))?,
+    };
+    match d.as_secs() {
+        0 => Ok(CtSecs(None)),
+        n if n > 0 && n <= i64::from(u32::MAX) => Ok(CtSecs(Some(n as u32))),
+        _ => Err(format!("{s:?}: want a positive duration up to 136 years")),
+    }
+}
+
 /// `--healthz-addr`: an address (`:10256` for all interfaces), or `off`.
 #[derive(Clone, Debug)]
 struct HealthzAddr(Option<std::net::SocketAddr>);
@@ -489,11 +535,13 @@ fn main() {
             cni_conf_dir,
             subnet_file,
             cni_data_dir,
+            ct,
         } => cmd::node_setup(
             &cni_bin_dir,
             &cni_conf_dir,
             &subnet_file,
             cni_data_dir.as_deref(),
+            &ct.timeouts(),
         ),
         Cmd::Demo { keep, down } => cmd::demo(keep, down),
         Cmd::Apply { files } => block_on(async {
@@ -543,6 +591,7 @@ fn main() {
             cleanup,
             no_proxy,
             healthz_addr,
+            ct,
             nodeport_addresses,
             no_policy,
             policy_strict,
@@ -562,6 +611,7 @@ fn main() {
                 proxy: !no_proxy,
                 nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
                 healthz_addr: healthz_addr.0,
+                ct_timeouts: ct.timeouts(),
                 policy: !no_policy,
                 policy_strict,
                 flows: (!no_flows).then(|| {

@@ -6,7 +6,8 @@
 //! - the real kube-apiserver accepts the bundle (`kubectl apply
 //!   --dry-run=server`);
 //! - `podnet node-setup` (the DaemonSet's init container) installs the
-//!   plugins and the conflist and turns on forwarding;
+//!   plugins and the conflist, turns on forwarding and sets kube-proxy's
+//!   conntrack timeouts in its own network namespace;
 //! - the RBAC is exactly enough: in a kube lab the agents and DNS run as
 //!   their ServiceAccounts and the API server's audit log shows not one
 //!   denied request of theirs; and without any one verb of any one rule, a
@@ -354,6 +355,71 @@ fn node_setup_installs_the_plugins_the_conflist_and_forwarding() {
         .collect();
     want.sort();
     assert_eq!(left, want, "no temporary files left");
+}
+
+/// kube-proxy's conntrack timeouts (CLOSE_WAIT 1 h, established 24 h), set
+/// by node-setup in its own network namespace only: the machine's stay.
+/// `0` keeps the kernel's value, and a bad duration is refused by name.
+#[test]
+fn node_setup_sets_kube_proxys_conntrack_timeouts_in_its_namespace_only() {
+    require_root();
+    let ns = TestNs::new("ctto");
+    let dir = tempfile::tempdir().unwrap();
+    let key = |k: &str| format!("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_{k}");
+    let machine = |k: &str| std::fs::read_to_string(key(k)).unwrap();
+    let here = |k: &str| ns.sh(&format!("cat {}", key(k))).trim().to_string();
+    let before = (machine("close_wait"), machine("established"));
+    let setup = |extra: &[&str]| {
+        ns.command(env!("CARGO_BIN_EXE_podnet"))
+            .arg("node-setup")
+            .arg(format!(
+                "--cni-bin-dir={}",
+                dir.path().join("bin").display()
+            ))
+            .arg(format!(
+                "--cni-conf-dir={}",
+                dir.path().join("net.d").display()
+            ))
+            .arg(format!(
+                "--subnet-file={}",
+                dir.path().join("subnet.env").display()
+            ))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // A fresh namespace starts from the kernel's defaults.
+    assert_eq!(
+        (here("close_wait"), here("established")),
+        ("60".into(), "432000".into())
+    );
+    let o = setup(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        (here("close_wait"), here("established")),
+        ("3600".into(), "86400".into())
+    );
+    assert_eq!((machine("close_wait"), machine("established")), before);
+
+    ns.sh(&format!("echo 60 > {}", key("close_wait")));
+    let o = setup(&[
+        "--conntrack-tcp-timeout-close-wait=0",
+        "--conntrack-tcp-timeout-established=2h0m0s",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        (here("close_wait"), here("established")),
+        ("60".into(), "7200".into())
+    );
+
+    let o = setup(&["--conntrack-tcp-timeout-close-wait=soon"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("--conntrack-tcp-timeout-close-wait") && err.contains("not a duration"),
+        "{err}"
+    );
+    assert_eq!(here("established"), "7200", "a refused run changes nothing");
 }
 
 /// A control plane of its own (no nodes), stopped on drop.

@@ -71,6 +71,8 @@ pub struct Options {
     /// Where the proxy serves its own `/healthz` and `/livez` (kube-proxy's
     /// `--healthz-bind-address`, `0.0.0.0:10256`); None: nowhere.
     pub healthz_addr: Option<std::net::SocketAddr>,
+    /// The conntrack timeouts the proxy keeps on this node (kube-proxy's).
+    pub ct_timeouts: podnet_proxy::ct_timeouts::Timeouts,
     /// Enforce NetworkPolicy.
     pub policy: bool,
     /// `--policy-strict`: also cut established connections a policy change
@@ -236,6 +238,11 @@ pub async fn run(
             ),
         };
         tracing::info!(nodeport_addresses = ?node.nodeport_ips, "service proxy");
+        match podnet_proxy::ct_timeouts::apply(&opts.ct_timeouts) {
+            Ok(set) if !set.is_empty() => tracing::info!(?set, "conntrack timeouts"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("conntrack timeouts not set: {e}"),
+        }
         let svc_cidr = Some(cfg.service_cidr);
         let stacks = vec![
             podnet_proxy::Stack::v4(cfg.network).with_service_cidr(svc_cidr),

@@ -8,11 +8,14 @@
 //! - [`healthcheck`]: the health-check node ports of
 //!   `externalTrafficPolicy: Local` Services;
 //! - [`healthz`]: the proxy's own `/healthz` and `/livez` (kube-proxy's
-//!   :10256), for load balancers and kube-proxy's tools.
+//!   :10256), for load balancers and kube-proxy's tools;
+//! - [`ct_timeouts`]: kube-proxy's conntrack timeouts (CLOSE_WAIT 1 h,
+//!   established 24 h), which Service connections' NAT lives on.
 //!
 //! The proxy reads cluster state only through the object source it is
 //! handed (a `podnet_source::Subscription`), in either mode.
 
+pub mod ct_timeouts;
 pub mod healthcheck;
 pub mod healthz;
 pub mod proxier;
