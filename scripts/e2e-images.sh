@@ -32,6 +32,9 @@
 #                          has the iptables, ip6tables, ebtables and ipset
 #                          tools, which no spec run here calls (the KubeProxy
 #                          CLOSE_WAIT spec reads /proc/net/nf_conntrack).
+#   regression-issue-74839 1.5: test/images/regression-issue-74839 built at
+#                          K8S_VERSION, on the busybox base instead of
+#                          debian-base (it is one static Go binary).
 #
 # The last lines printed are `archive=<path>`, one per image, for
 # `ctr -n k8s.io images import`.
@@ -41,7 +44,7 @@ cd "$(dirname "$0")/.."
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 CACHE="${PODNET_PEERS_CACHE:-/var/cache/podnet-peers}"
 OUT="$CACHE/e2e-images-$K8S_VERSION"
-RECIPE_VERSION=6
+RECIPE_VERSION=7
 say() { printf 'e2e-images: %s\n' "$*" >&2; }
 die() { printf 'e2e-images: ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -53,6 +56,7 @@ IMAGES=(
     "$E2E/glibc-dns-testing:2.1.1"
     "registry.k8s.io/pause:3.10.2"
     "registry.k8s.io/build-image/distroless-iptables:v0.9.9"
+    "$E2E/regression-issue-74839:1.5"
 )
 file_of() { echo "$OUT/$(echo "$1" | tr '/:' '__').tar"; }
 
@@ -68,7 +72,7 @@ fi
 need() { command -v "$1" >/dev/null || die "$1 missing: run scripts/test-setup.sh"; }
 for b in dig curl nc ip ss bash socat iperf3 getent nginx gcc wget ping conntrack nft; do need "$b"; done
 [ -f /bin/busybox ] && ! file -L /bin/busybox | grep -q dynamic || die "/bin/busybox must be busybox-static"
-eval "$(scripts/k8s-peers.sh agnhost | grep '^AGNHOST=')"
+eval "$(scripts/k8s-peers.sh agnhost regression-issue-74839 | grep -E '^(AGNHOST|REGRESSION_ISSUE_74839)=')"
 MOD="$CACHE/go/pkg/mod/k8s.io/kubernetes@$K8S_VERSION"
 [ -f "$MOD/build/pause/linux/pause.c" ] || die "no $MOD/build/pause/linux/pause.c (run scripts/k8s-peers.sh)"
 COREDNS=$(ls "$CACHE"/coredns-*/coredns 2>/dev/null | tail -1 || true)
@@ -181,6 +185,11 @@ add_bin "$r" "$(command -v conntrack)" /usr/sbin/conntrack
 add_bin "$r" "$(command -v nft)" /usr/sbin/nft
 base "$r"
 oci "registry.k8s.io/build-image/distroless-iptables:v0.9.9" "$r" "{$ENV,\"Cmd\":[\"sh\"],\"WorkingDir\":\"/\"}"
+
+# regression-issue-74839: a TCP server that injects out-of-window packets.
+r="$work/regression"; base "$r"
+cp "$REGRESSION_ISSUE_74839" "$r/regression-issue-74839"
+oci "$E2E/regression-issue-74839:1.5" "$r" "{$ENV,\"Entrypoint\":[\"/regression-issue-74839\"],\"WorkingDir\":\"/\"}"
 
 echo "$key" >"$OUT/.key"
 for i in "${IMAGES[@]}"; do echo "archive=$(file_of "$i")"; done
