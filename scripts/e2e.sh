@@ -15,6 +15,7 @@
 #              image by scripts/dev-image.sh, instead of building the release
 #              image with scripts/image.sh and a release build: seconds instead
 #              of minutes: for a quick custom run against a debug build)
+#            --backend vxlan|host-gw|udp (the ConfigMap's Backend.Type; vxlan)
 #
 # The last line is `N passed, N failed, N skipped`. The JUnit file and the
 # full log stay in $E2E_OUT (default /tmp/podnet-e2e/<suite>-<time>/); the
@@ -42,7 +43,7 @@ main() {
     usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2; }
     [ $# -ge 1 ] || usage
     SUITE=$1; shift
-    FOCUS=""; SKIP=""; NODES=2; KEEP=0; BIN=""
+    FOCUS=""; SKIP=""; NODES=2; KEEP=0; BIN=""; BACKEND=vxlan
     while [ $# -gt 0 ]; do
         case "$1" in
             --focus) FOCUS=$2; shift 2 ;;
@@ -50,6 +51,7 @@ main() {
             --nodes) NODES=$2; shift 2 ;;
             --keep) KEEP=1; shift ;;
             --podnet) BIN=$(realpath "$2"); shift 2 ;;
+            --backend) BACKEND=$2; shift 2 ;;
             *) usage ;;
         esac
     done
@@ -112,10 +114,13 @@ main() {
     api=${host:+$host:$port}
     [ -n "$api" ] || { say "ERROR: lab up named no API address"; exit 1; }
 
-    say "kubectl apply -f deploy/podnet.yaml (API at $api, no kube-proxy) ..."
+    say "kubectl apply -f deploy/podnet.yaml (API at $api, backend $BACKEND, no kube-proxy) ..."
     sed -e "s|^  # kubernetesServiceHost: .*|  kubernetesServiceHost: \"${api%:*}\"|" \
         -e "s|^  # kubernetesServicePort: .*|  kubernetesServicePort: \"${api#*:}\"|" \
+        -e "s|\"Backend\": {\"Type\": \"vxlan\"}|\"Backend\": {\"Type\": \"$BACKEND\"}|" \
         deploy/podnet.yaml >"$OUT/podnet.yaml"
+    grep -q "\"Type\": \"$BACKEND\"" "$OUT/podnet.yaml" ||
+        { say "ERROR: deploy/podnet.yaml has no Backend line to set to $BACKEND"; exit 1; }
     grep -q "kubernetesServiceHost: \"${api%:*}\"" "$OUT/podnet.yaml" ||
         { say "ERROR: deploy/podnet.yaml has no kubernetesServiceHost line to set"; exit 1; }
     "$KUBECTL" apply -f "$OUT/podnet.yaml" >&2

@@ -7,7 +7,8 @@
 //!
 //! Asserted, end to end:
 //! - the kubelets start the agent DaemonSet and cluster DNS from deploy/,
-//!   Running on every node, and the nodes turn Ready;
+//!   Running on every node, and the nodes turn Ready, each in a zone of
+//!   its own;
 //! - a pod the scheduler placed on one node reaches a pod on the other
 //!   through a ClusterIP Service, by its cluster DNS name (upstream's
 //!   agnhost image, built offline by scripts/e2e-images.sh);
@@ -163,6 +164,15 @@ fn real_kubelets_run_podnet_from_deploy_and_lab_down_leaves_nothing() {
         .collect();
     agents.sort();
     assert_eq!(agents, ["node1", "node2"], "{pods:#}");
+    // Each kubelet registered its node in a zone of its own.
+    for n in ["node1", "node2"] {
+        let node = lab.json(&["get", "node", n]);
+        assert_eq!(
+            node["metadata"]["labels"][podnet_lab::realnode::ZONE_LABEL],
+            podnet_lab::realnode::zone_of(n).as_str(),
+            "{n}"
+        );
+    }
 
     // The kubelets ran, and the machine's sysctls are as they were.
     assert_eq!(podnet_lab::realnode::host::sysctls(), before);

@@ -257,6 +257,13 @@ impl RealNode<'_> {
             .arg(format!("--kubeconfig={}", kc.display()))
             .arg(format!("--hostname-override={}", self.node.name))
             .arg(format!("--node-ip={}", self.node.ip))
+            // A zone per node, as a cloud provider labels its nodes: the
+            // topology-aware routing of Services (hints, trafficDistribution)
+            // has zones to choose between, and upstream's specs for it run.
+            .arg(format!(
+                "--node-labels={ZONE_LABEL}={}",
+                zone_of(&self.node.name)
+            ))
             .arg("--v=1");
         crate::spawn_logged(
             self.lab_dir,
@@ -265,4 +272,12 @@ impl RealNode<'_> {
             None,
         )
     }
+}
+
+/// The label a node's zone is in.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The zone of lab node `name` in a real-kubelet lab: its own.
+pub fn zone_of(name: &str) -> String {
+    format!("zone-{name}")
 }
