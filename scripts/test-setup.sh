@@ -33,11 +33,12 @@ if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
 fi
 
 # Real nodes for `podnet lab up --kubelet` (podnet/tests/kubelet_lab.rs and
-# kubelet_upgrade.rs; scripts/e2e.sh adds e2e.test): kubelet, kube-scheduler
-# and agnhost from the same k8s.io/kubernetes module, containerd 2.4, runc
-# 1.5 and crictl (scripts/node-peers.sh), cached the same way.
+# kubelet_upgrade.rs) and upstream's e2e.test for CI's slice of its suites
+# (podnet/tests/e2e_smoke.rs): kubelet, kube-scheduler, agnhost and e2e.test
+# from the same k8s.io/kubernetes module, containerd 2.4, runc 1.5 and
+# crictl (scripts/node-peers.sh), cached the same way.
 if [ "${PODNET_K8S_PEERS:-}" != skip ]; then
-  bash "$here/k8s-peers.sh" kubelet kube-scheduler agnhost >/dev/null
+  bash "$here/k8s-peers.sh" kubelet kube-scheduler agnhost e2e.test >/dev/null
   bash "$here/node-peers.sh" >/dev/null
 fi
 
