@@ -19,7 +19,7 @@
 //!
 //! Steps 1-2 must fail nothing. Across versions no stream may break and no
 //! new connection fail; DNS queries lost there are printed (one in about
-//! 1,500 has been lost in 2 of 4 runs, not yet explained).
+//! 1,500 has been lost in 2 of 5 runs, not yet explained).
 //!
 //! "The previous release" is the last commit that passed CI
 //! ([`PREV_REV`]), built by scripts/old-podnet.sh and packed as an
@@ -296,7 +296,7 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
     // This version against itself: nothing may fail. Across versions no
     // stream may break and no connection fail; a lost DNS query there is
     // printed, not failed: a roll across versions has lost one query in
-    // about 1,500 in 2 of 4 runs (once each way, a timeout), not yet
+    // about 1,500 in 2 of 5 runs (once each way, a timeout), not yet
     // explained (issue 24 stays open on it).
     let failed: Vec<String> = report
         .iter()
