@@ -9,6 +9,8 @@
 //!   `externalTrafficPolicy: Local` Services;
 //! - [`healthz`]: the proxy's own `/healthz` and `/livez` (kube-proxy's
 //!   :10256), for load balancers and kube-proxy's tools;
+//! - [`stale`]: the UDP conntrack entries a sync leaves pointing at
+//!   endpoints a Service no longer has, and their flush;
 //! - [`ct_timeouts`]: kube-proxy's conntrack timeouts (CLOSE_WAIT 1 h,
 //!   established 24 h), which Service connections' NAT lives on.
 //!
@@ -20,6 +22,7 @@ pub mod healthcheck;
 pub mod healthz;
 pub mod proxier;
 pub mod rules;
+pub mod stale;
 
 pub use proxier::{cleanup, run, Proxier, ServiceProxy};
 pub use rules::{NodeInfo, Stack, TABLE};

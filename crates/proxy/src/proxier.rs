@@ -28,7 +28,6 @@
 //! [`run`] feeds both from one watch.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,9 +35,8 @@ use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_kernel::conntrack;
 use podnet_nft::diff::{diff, ops, Change};
-use podnet_nft::model::{ElemData, Expr, Proto, Set, Table, Value};
+use podnet_nft::model::{ElemData, Set, Table, Value};
 use podnet_nft::netlink::Conn;
 use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
@@ -48,89 +46,8 @@ use crate::healthz::Health;
 use crate::rules::{
     base_table, fragment, is_fast_count_set, programmed_ip, shell, NodeInfo, Stack, TABLE,
 };
+use crate::stale::{udp_endpoints, Flush, UdpView};
 use crate::ProxyError;
-
-/// UDP endpoints (ip, port) a fragment DNATs to, for conntrack flushing.
-fn udp_endpoints(t: &Table) -> BTreeSet<(IpAddr, u16)> {
-    let mut out = BTreeSet::new();
-    for (k, d) in t
-        .sets
-        .get("fast-endpoints")
-        .into_iter()
-        .flat_map(|s| &s.elements)
-    {
-        if let (Some(Value::Proto(Proto::Udp)), Some(ElemData::Data(d))) = (k.get(1), d) {
-            if let (Some(Value::Addr(a)), Some(Value::Port(p))) = (d.first(), d.get(1)) {
-                out.insert((*a, *p));
-            }
-        }
-    }
-    for c in t.chains.values() {
-        for r in &c.rules {
-            let udp = r.exprs.iter().any(|e| {
-                matches!(
-                    e,
-                    Expr::Cmp {
-                        value: Value::Proto(Proto::Udp),
-                        ..
-                    }
-                )
-            });
-            for e in &r.exprs {
-                if let Expr::Dnat {
-                    addr,
-                    port: Some(p),
-                } = e
-                {
-                    if udp {
-                        out.insert((*addr, *p));
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The UDP entries whose replies come from an endpoint in `gone`: they
-/// would keep steering their clients (a long-lived UDP socket) to it.
-pub fn stale_udp<'a>(
-    entries: &'a [conntrack::Entry],
-    gone: &BTreeSet<(IpAddr, u16)>,
-) -> Vec<&'a conntrack::Entry> {
-    entries
-        .iter()
-        .filter(|e| e.proto == libc::IPPROTO_UDP as u8)
-        .filter(|e| gone.contains(&(e.reply.src, e.reply.sport)))
-        .collect()
-}
-
-/// Deletes [`stale_udp`] entries of the calling thread's namespace, over
-/// ctnetlink: the agent's image has no `conntrack` tool (a DaemonSet on a
-/// real kubelet ran into exactly that).
-pub fn flush_conntrack(gone: &BTreeSet<(IpAddr, u16)>) {
-    if gone.is_empty() {
-        return;
-    }
-    let res = conntrack::Table::new().and_then(|mut t| {
-        let entries = t.list(None)?;
-        let mut n = 0;
-        for e in stale_udp(&entries, gone) {
-            if t.delete(e)? {
-                n += 1;
-            }
-        }
-        Ok(n)
-    });
-    match res {
-        Ok(n) if n > 0 => tracing::debug!(
-            entries = n,
-            "flushed UDP conntrack entries of removed endpoints"
-        ),
-        Ok(_) => {}
-        Err(e) => tracing::warn!("flushing UDP conntrack entries of removed endpoints: {e}"),
-    }
-}
 
 /// "ns/name" of the Service an object belongs to.
 fn service_id(o: &Object) -> Option<String> {
@@ -471,12 +388,13 @@ impl Proxier {
             .into_iter()
             .collect();
         let empty = shell(&self.stack);
-        type Chunk = (Vec<Change>, Vec<(String, Applied)>);
+        type Chunk = (Vec<Change>, Vec<(String, Applied)>, UdpView);
         let chunk_of = |k: usize, this: &Proxier| -> Option<Chunk> {
             if k == 0 {
                 return Some((
                     podnet_nft::diff::replace(&base_table(&this.stack, &this.node)),
                     Vec::new(),
+                    UdpView::default(),
                 ));
             }
             let group = ids.get((k - 1) * FULL_SYNC_GROUP..)?;
@@ -485,16 +403,19 @@ impl Proxier {
             }
             let mut changes = Vec::new();
             let mut applied = Vec::new();
+            let mut udp = UdpView::default();
             for id in group.iter().take(FULL_SYNC_GROUP) {
                 let inputs = this.inputs(id);
                 let f = this.plan(&inputs);
                 let endpoints = endpoint_count(&f);
+                udp.merge(UdpView::of(&f));
                 changes.extend(fragment_diff(empty.clone(), f));
                 applied.push((id.clone(), Applied { inputs, endpoints }));
             }
-            Some((elements_last(changes), applied))
+            Some((elements_last(changes), applied, udp))
         };
         let mut planned: BTreeMap<String, Applied> = BTreeMap::new();
+        let mut udp = UdpView::default();
         let mut n = 0;
         let shell_table = Table::new(self.stack.family, TABLE);
         let mut conn = match self.conn.take() {
@@ -506,17 +427,21 @@ impl Proxier {
             let r = conn.apply_chunks(
                 &shell_table,
                 &mut |k| {
-                    let (changes, applied) = chunk_of(k, this)?;
+                    let (changes, applied, u) = chunk_of(k, this)?;
                     n += ops(&changes);
                     planned.extend(applied);
+                    udp.merge(u);
                     Some(changes)
                 },
-                &|k| chunk_of(k, this).map(|(c, _)| c).unwrap_or_default(),
+                &|k| chunk_of(k, this).map(|(c, ..)| c).unwrap_or_default(),
             );
             r.map_err(|e| e.to_string())
         };
         self.conn = Some(conn);
-        self.finish(t0, true, n, res, planned, BTreeSet::new())
+        // A restarted agent does not know what the last one removed
+        // without flushing (it may have stopped in between): reconcile.
+        let flush = Flush::Reconcile(udp, self.stack.service_cidr);
+        self.finish(t0, true, n, res, planned, flush)
     }
 
     /// One sync of what was watched since the last one (plan, observe,
@@ -547,7 +472,7 @@ pub enum ProxyChanges {
     Partial {
         changes: Vec<Change>,
         planned: BTreeMap<String, Applied>,
-        gone_udp: BTreeSet<(IpAddr, u16)>,
+        gone_udp: BTreeSet<crate::stale::Port>,
     },
 }
 
@@ -655,7 +580,7 @@ impl Subsystem for Proxier {
                         None => Err("no nfnetlink socket".to_string()),
                     }
                 };
-                self.finish(t0, false, n, res, planned, gone_udp)
+                self.finish(t0, false, n, res, planned, Flush::Gone(gone_udp))
             }
         };
         r.map_err(|e| SyncError(e.to_string()))
@@ -676,14 +601,14 @@ impl Proxier {
         n: usize,
         res: Result<(), String>,
         planned: BTreeMap<String, Applied>,
-        gone_udp: BTreeSet<(IpAddr, u16)>,
+        flush: Flush,
     ) -> Result<usize, ProxyError> {
         let fam = self.stack.label();
         let kind = if full { "full" } else { "partial" };
         match res {
             Ok(()) => {
                 if n > 0 {
-                    flush_conntrack(&gone_udp);
+                    crate::stale::flush(&flush);
                     self.record_use();
                 }
                 match &mut self.applied {

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, UdpSocket};
 
 use podnet_kernel::conntrack::Table;
-use podnet_proxy::proxier::{flush_conntrack, stale_udp};
+use podnet_proxy::stale::{flush_conntrack, stale_udp};
 use podnet_testkit::TestNs;
 
 #[test]

@@ -84,9 +84,13 @@ impl Loop {
         self.failures.fetch_add(1, Ordering::Relaxed);
         let mut e = self.errors.lock().unwrap();
         if e.len() < KEEP_ERRORS {
+            let unix = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
             e.push(format!(
-                "at {:.1}s: {what}",
-                started.elapsed().as_secs_f64()
+                "at {:.1}s (unix {:.3}): {what}",
+                started.elapsed().as_secs_f64(),
+                unix.as_secs_f64()
             ));
         }
     }
