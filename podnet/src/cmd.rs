@@ -305,30 +305,32 @@ pub async fn agent(
     metrics_addr: &str,
     cleanup: bool,
 ) -> Result<()> {
+    use podnet_source::node::{Claim, NodeView};
     if cleanup {
-        let (store, client) = if kube.enabled() {
-            (None, Some(kube.client().await?))
+        let claim = if kube.enabled() {
+            Some(Claim::Kube(kube.client().await?))
         } else {
-            (podnet_store::open(url).await.ok(), None)
+            podnet_store::open(url).await.ok().map(Claim::Store)
         };
-        for line in podnet_agent::cleanup(store, client, &opts).await? {
+        for line in podnet_agent::cleanup(claim, &opts).await? {
             println!("{line}");
         }
         return Ok(());
     }
-    let cluster = if kube.enabled() {
-        podnet_agent::Cluster::Kube {
-            client: kube.client().await?,
-            config: kube.network_config()?,
-        }
-    } else {
-        podnet_agent::Cluster::Store(
-            podnet_store::open(url)
-                .await
-                .with_context(|| format!("opening store {url}"))?,
-        )
-    };
     let metrics = podnet_daemon::Metrics::new();
+    let view = if kube.enabled() {
+        NodeView::kube(
+            kube.client().await?,
+            kube.network_config()?,
+            &opts.node,
+            &metrics,
+        )
+    } else {
+        let store = podnet_store::open(url)
+            .await
+            .with_context(|| format!("opening store {url}"))?;
+        NodeView::store(store, &opts.node, opts.lease_ttl, &metrics).await?
+    };
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
     // Beside the standard pages: the flow log, and kube-proxy's
     // `/proxyMode` (which tools and upstream's e2e read on :10249).
@@ -345,7 +347,7 @@ pub async fn agent(
         }
         Err(e) => tracing::warn!("metrics address {addr}: {e}; serving no metrics"),
     }
-    podnet_agent::run(cluster, opts, metrics, podnet_daemon::shutdown_signal()).await?;
+    podnet_agent::run(view, opts, metrics, podnet_daemon::shutdown_signal()).await?;
     Ok(())
 }
 

@@ -12,14 +12,16 @@
 //! terminating and the proxies drop it, it answers through its preStop
 //! sleep, then it is replaced). Steps, each with its counts printed:
 //! 1. no roll (the control: what the machine and data path do alone);
-//! 2. DNS restarted (`kubectl rollout restart`), then the agents;
+//! 2. DNS restarted (`kubectl rollout restart`), then the agents, then
+//!    both at once (a DNS replica replaced while another node's agent
+//!    restarts: the case that needs the conntrack reconcile);
 //! 3. down to the previous release (its manifest and image) and up again
 //!    (this manifest and image), each one `kubectl apply`, so agents and
 //!    DNS roll at the same time.
 //!
-//! Steps 1-2 must fail nothing. Across versions no stream may break and no
-//! new connection fail; DNS queries lost there are printed (one in about
-//! 1,500 has been lost in 2 of 5 runs, not yet explained).
+//! Nothing may fail, except DNS queries while rolling down to the release,
+//! whose agents lack the conntrack reconcile that makes the combined roll
+//! lose nothing (see the assertion); those are printed.
 //!
 //! "The previous release" is the last commit that passed CI
 //! ([`PREV_REV`]), built by scripts/old-podnet.sh and packed as an
@@ -39,9 +41,10 @@ use std::time::Instant;
 use load::{Load, Targets};
 use reallab::{e2e_image, eventually, podnet_image, RealLab, DEPLOY_IMAGE};
 
-/// The last release: the last commit that passed CI (stop 32, the first
-/// with real kubelets and the DNS Deployment's preStop).
-const PREV_REV: &str = "fa340f4";
+/// The last release: the last commit that passed CI (stop 33, with real
+/// kubelets, the DNS Deployment's preStop, kube-proxy's /healthz; without
+/// the full sync's conntrack reconcile).
+const PREV_REV: &str = "f81acf1";
 const OLD_IMAGE: &str = "localhost/podnet:prev";
 const STREAM_PORT: u16 = 9100;
 
@@ -240,10 +243,12 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
     let load = start_load(&lab);
 
     // One piece at a time (DNS, then the agents, restarted by the
-    // kubelets), then a downgrade to the release and the upgrade back.
+    // kubelets), both at once, then a downgrade to the release and the
+    // upgrade back.
     let steps = [
         ("DNS restart", "deploy/podnet-dns", ""),
         ("agents restart", "ds/podnet-agent", ""),
+        ("both restart", "ds/podnet-agent deploy/podnet-dns", ""),
         ("new -> old", release.as_str(), OLD_IMAGE),
         ("old -> new", this.as_str(), DEPLOY_IMAGE),
     ];
@@ -268,7 +273,9 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
         let t0 = Instant::now();
         match image {
             "" => {
-                lab.ok(&["-n", "kube-system", "rollout", "restart", manifest], None);
+                let mut args = vec!["-n", "kube-system", "rollout", "restart"];
+                args.extend(manifest.split(' '));
+                lab.ok(&args, None);
                 lab.rolled_out();
             }
             _ => lab.apply_podnet(manifest, &host, &port, image),
@@ -293,23 +300,25 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
     }
     let end = load.stop();
     println!("in all: {end}");
-    // This version against itself: nothing may fail. Across versions no
-    // stream may break and no connection fail; a lost DNS query there is
-    // printed, not failed: a roll across versions has lost one query in
-    // about 1,500 in 2 of 5 runs (once each way, a timeout), not yet
-    // explained (issue 24 stays open on it).
+    // Nothing may fail, with one exception: DNS queries in the roll down
+    // to the release, which are printed. Its agents' first sync does not
+    // flush UDP conntrack entries towards endpoints removed while no agent
+    // ran (this version's does: `podnet_proxy::stale`), so when an agent
+    // and a DNS replica on another node restart together a query can
+    // follow a stale entry to the gone replica. Once the release has the
+    // flush, that step is strict too.
     let failed: Vec<String> = report
         .iter()
         .filter(|(step, _, f)| {
-            let across = step.contains("->");
+            let to_release = *step == "new -> old";
             !f.is_empty()
-                && (!across || f.contains("streams broke") || f.contains("connections failed"))
+                && (!to_release || f.contains("streams broke") || f.contains("connections failed"))
         })
         .map(|(s, row, f)| format!("{s}: {row}\n  {f}"))
         .collect();
     for (step, _, f) in &report {
-        if !f.is_empty() && step.contains("->") {
-            println!("{step}, across versions: {f}");
+        if !f.is_empty() && *step == "new -> old" {
+            println!("{step}, the release's agents starting: {f}");
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));

@@ -1,7 +1,8 @@
-//! `podnet agent`: one per node, thin. It opens the node's one object
-//! source (the podnet store, or the Kubernetes API), claims the node's
-//! subnet through the subnet source (leases, or the Node's podCIDR), and
-//! runs the node's subsystems on the one reconcile loop
+//! `podnet agent`: one per node, thin. The binary hands it the node's view
+//! of the cluster (`podnet_source::node::NodeView`: the one object source,
+//! the subnet claim through leases or the Node's podCIDR, the network
+//! config), so it never opens the store or the API itself. It claims the
+//! node's subnet and runs the node's subsystems on the one reconcile loop
 //! (`podnet_reconcile`):
 //!
 //! - the overlay (`podnet_overlay`): the backend (vxlan, host-gw, udp),
@@ -26,27 +27,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use podnet_api::netconfig::Resolved;
 use podnet_api::Kind;
 use podnet_daemon::Metrics;
 use podnet_kernel::Handle;
 use podnet_overlay::{Overlay, OverlayInput, Paths};
 use podnet_reconcile::Input;
-pub use podnet_source::subnets::leases as lease;
-use podnet_source::subnets::{self, leases::Leases, podcidr::PodCidr, Subnets};
-use podnet_source::Source;
-use podnet_store::{AnyStore, StoreError};
+use podnet_source::node::{Claim, NodeView};
+use podnet_source::subnets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
     #[error("{0}")]
     Source(#[from] podnet_source::SourceError),
     #[error("kernel: {0}")]
     Kernel(#[from] podnet_kernel::KernelError),
-    #[error("network config {0}: {1}")]
-    Config(String, String),
     #[error("{0}")]
     Other(String),
 }
@@ -140,29 +134,9 @@ pub fn nodeport_ips(
     Some(v)
 }
 
-async fn load_config(store: &AnyStore) -> Result<Resolved, AgentError> {
-    let cfg = podnet_source::store::network_config(store)
-        .await?
-        .unwrap_or_default();
-    cfg.resolve().map_err(|(f, m)| AgentError::Config(f, m))
-}
-
-/// Where the agent's cluster state comes from.
-pub enum Cluster {
-    /// The podnet store (standalone): leases for subnets, the store's
-    /// NetworkConfig.
-    Store(AnyStore),
-    /// The Kubernetes API: Node.spec.podCIDRs for subnets, the network
-    /// config from the agent's `--net-conf` (flannel's net-conf.json).
-    Kube {
-        client: kube::Client,
-        config: Resolved,
-    },
-}
-
 /// Runs the agent until `shutdown` resolves; the data plane stays.
 pub async fn run(
-    cluster: Cluster,
+    view: NodeView,
     opts: Options,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
@@ -170,36 +144,16 @@ pub async fn run(
     tokio::pin!(shutdown);
     // One object source for the whole agent; the overlay's subnets and the
     // proxy subscribe to it.
-    let (mut source, cfg) = match &cluster {
-        Cluster::Store(store) => (
-            Source::store(store.clone(), metrics.store_watch("agent")),
-            load_config(store).await?,
-        ),
-        Cluster::Kube { client, config } => (
-            Source::kube(client.clone(), metrics.store_watch("agent")),
-            config.clone(),
-        ),
-    };
+    let NodeView {
+        mut source,
+        mut subnets,
+        config: cfg,
+    } = view;
     let proxy_sub = opts
         .proxy
         .then(|| source.subscribe(&[Kind::Service, Kind::EndpointSlice, Kind::Node]));
     let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
     let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
-    let mut subnets = match &cluster {
-        Cluster::Store(store) => Subnets::Leases(Leases::new(
-            store.clone(),
-            cfg.clone(),
-            &opts.node,
-            opts.lease_ttl,
-            metrics.store_watch("overlay"),
-        )),
-        Cluster::Kube { client, .. } => Subnets::PodCidr(PodCidr::new(
-            client.clone(),
-            cfg.clone(),
-            &opts.node,
-            source.subscribe(&[Kind::Node]),
-        )),
-    };
     let _source = source.start();
 
     let paths = Paths {
@@ -425,11 +379,7 @@ impl Drop for AbortOnDrop {
 
 /// Removes everything the agent installed on this node and gives the
 /// subnet back.
-pub async fn cleanup(
-    store: Option<AnyStore>,
-    kube: Option<kube::Client>,
-    opts: &Options,
-) -> Result<Vec<String>, AgentError> {
+pub async fn cleanup(claim: Option<Claim>, opts: &Options) -> Result<Vec<String>, AgentError> {
     let paths = Paths {
         subnet_file: opts.subnet_file.clone(),
         cni_conf_dir: opts.cni_conf_dir.clone(),
@@ -450,17 +400,8 @@ pub async fn cleanup(
         ));
     }
     let _ = std::fs::remove_file(podnet_policy::hint::socket_for(&opts.subnet_file));
-    if let Some(client) = kube {
-        podnet_source::subnets::podcidr::release(&client, &opts.node).await?;
-        done.push(format!(
-            "removed node {}'s podnet.io/ annotations (its podCIDR stays with kube-controller-manager)",
-            opts.node
-        ));
-    }
-    if let Some(store) = store {
-        for subnet in lease::release(&store, &opts.node).await? {
-            done.push(format!("released subnet {subnet}"));
-        }
+    if let Some(claim) = claim {
+        done.extend(claim.release(&opts.node).await?);
     }
     Ok(done)
 }

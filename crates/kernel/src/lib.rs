@@ -5,9 +5,12 @@
 //! Layout:
 //! - [`nl`]: the netlink wire format and a blocking socket;
 //! - [`rtnl`]: typed operations ([`Handle`]) on links, addresses and routes;
+//! - [`neigh`]: neighbour (ARP/NDP) and bridge FDB entries;
+//! - [`tun`]: TUN devices, for the userspace UDP backend;
 //! - [`conntrack`]: listing and deleting connection-tracking entries;
 //! - [`nflog`]: reading the packets of an nftables `log group`, and the
 //!   flow (addresses, protocol, ports) they carry;
+//! - [`nftrace`]: nftables trace events, every rule a marked packet met;
 //! - [`netns`]: entering, creating and removing network namespaces;
 //! - [`dropwatch`]: the kernel's drop reasons (`skb:kfree_skb`) of the
 //!   packets one thread sends, through a private tracefs instance;

@@ -659,7 +659,9 @@ impl Proxier {
                     "podnet_proxy_last_sync_timestamp_seconds",
                     "When the last sync succeeded.",
                     &fam_label,
-                    podnet_store::objects::now().as_second() as f64,
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
                 );
                 self.metrics.set(
                     "podnet_proxy_services",

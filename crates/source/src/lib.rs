@@ -20,10 +20,12 @@
 //! EndpointSlices arrived would reject traffic to them for a moment).
 //!
 //! [`subnets`] is the other half of a node's view: which node owns which pod
-//! subnet, from leases in the store or from `Node.spec.podCIDRs`.
+//! subnet, from leases in the store or from `Node.spec.podCIDRs`; [`node`]
+//! bundles both with the network config into what a node agent is handed.
 
 pub mod cache;
 pub mod kube;
+pub mod node;
 pub mod retry;
 pub mod store;
 pub mod subnets;
