@@ -7,6 +7,7 @@
 //! Everything here is pure: no I/O, so it is unit-tested without root.
 
 pub mod cidr;
+pub mod endpoints;
 pub mod manifest;
 pub mod netconfig;
 pub mod object;

@@ -43,7 +43,7 @@ pub fn target(svc: &Service, slices: &[&EndpointSlice], node: &str) -> Option<(u
     let mut per_family: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for s in slices {
         for e in s.endpoints.iter().flatten() {
-            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let ready = podnet_api::endpoints::Conditions::of(e).ready;
             if ready && e.node_name.as_deref() == Some(node) {
                 if let Some(a) = e.addresses.first() {
                     per_family

@@ -54,12 +54,9 @@ fn service_id(o: &Object) -> Option<String> {
     let ns = o.namespace().unwrap_or("default");
     match o {
         Object::Service(_) => Some(format!("{ns}/{}", o.name())),
-        Object::EndpointSlice(s) => s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("kubernetes.io/service-name"))
-            .map(|n| format!("{ns}/{n}")),
+        Object::EndpointSlice(s) => {
+            podnet_api::endpoints::service_name(s).map(|n| format!("{ns}/{n}"))
+        }
         _ => None,
     }
 }

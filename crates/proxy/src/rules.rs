@@ -36,7 +36,7 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_api::k8s_openapi::api::core::v1::{Service, ServicePort};
-use podnet_api::k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_nft::model::{
     BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
     Table, Value, Verdict,
@@ -262,74 +262,18 @@ fn proto_of(p: &Option<String>) -> Option<Proto> {
     }
 }
 
-/// One endpoint address as a slice lists it, with what decides its use.
-struct Listed<'a> {
-    ep: Ep,
-    ready: bool,
-    serving_terminating: bool,
-    hints: Option<&'a EndpointHints>,
-}
-
-impl Listed<'_> {
-    fn zones(&self) -> impl Iterator<Item = &str> {
-        self.hints
-            .and_then(|h| h.for_zones.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|z| z.name.as_str())
-    }
-
-    fn nodes(&self) -> impl Iterator<Item = &str> {
-        self.hints
-            .and_then(|h| h.for_nodes.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|n| n.name.as_str())
-    }
-
-    fn for_zone(&self, zone: Option<&str>) -> bool {
-        self.zones().any(|z| Some(z) == zone)
-    }
-
-    fn for_node(&self, node: &str) -> bool {
-        self.nodes().any(|n| n == node)
-    }
-}
-
-/// A Service port's endpoints as kube-proxy categorizes them
-/// (`pkg/proxy/topology.go`, CategorizeEndpoints).
+/// A Service port's usable endpoints on this node, from the one
+/// categorization (`podnet_api::endpoints`, kube-proxy's
+/// CategorizeEndpoints).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Usable {
-    /// For the Cluster policy: ready endpoints, narrowed by topology hints
-    /// when they apply; if none is ready anywhere, the serving-terminating
-    /// ones.
+    /// For the Cluster policy.
     cluster: Vec<Ep>,
-    /// For the Local policy (hints ignored): this node's ready endpoints;
-    /// if it has none, its serving-terminating ones.
+    /// For the Local policy.
     local: Vec<Ep>,
     /// Whether any endpoint anywhere can serve: without one the Service is
     /// rejected; with one but none for a Local policy, dropped.
     any: bool,
-}
-
-/// Which hints narrow the Cluster endpoints (upstream's topology mode):
-/// node hints when every ready endpoint has one and one names this node,
-/// else zone hints when every ready endpoint has one and one names this
-/// node's zone, else none (every endpoint).
-fn topology_mode(listed: &[Listed], node: &NodeInfo) -> Option<bool> {
-    let ready: Vec<&Listed> = listed.iter().filter(|l| l.ready).collect();
-    if ready.is_empty() {
-        return None;
-    }
-    if ready.iter().all(|l| l.nodes().next().is_some())
-        && ready.iter().any(|l| l.for_node(&node.name))
-    {
-        return Some(true);
-    }
-    let zone = node.zone.as_deref()?;
-    (ready.iter().all(|l| l.zones().next().is_some())
-        && ready.iter().any(|l| l.for_zone(Some(zone))))
-    .then_some(false)
 }
 
 /// The endpoints of one Service port in this family, by Kubernetes rules.
@@ -342,85 +286,36 @@ fn endpoints(
 ) -> Usable {
     let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
     let name = svc.metadata.name.as_deref().unwrap_or_default();
-    let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
-    let mut listed = Vec::new();
-    for s in slices {
-        if s.metadata.namespace.as_deref().unwrap_or("default") != ns
-            || s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name"))
-                .map(String::as_str)
-                != Some(name)
-            || s.address_type != stack.address_type()
-            || slice_opted_out(s)
-        {
-            continue;
-        }
-        let Some(sp) = s.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == port.name.as_deref().unwrap_or("")
-                && p.protocol.as_deref().unwrap_or("TCP") == proto
-        }) else {
-            continue;
-        };
-        let Some(target) = sp.port.and_then(|p| u16::try_from(p).ok()) else {
-            continue;
-        };
-        for e in s.endpoints.iter().flatten() {
-            let c = e.conditions.clone().unwrap_or_default();
-            let ready = c.ready.unwrap_or(true);
-            let serving = c.serving.unwrap_or(ready);
-            let term = c.terminating.unwrap_or(false);
-            for a in &e.addresses {
-                let Ok(ip) = a.parse::<IpAddr>() else {
-                    continue;
-                };
-                if !stack.holds(&ip) {
-                    continue;
-                }
-                listed.push(Listed {
-                    ep: Ep {
-                        ip,
-                        port: target,
-                        local: e.node_name.as_deref() == Some(node.name.as_str()),
-                    },
-                    ready,
-                    serving_terminating: serving && term,
-                    hints: e.hints.as_ref(),
-                });
-            }
-        }
-    }
-    let mode = topology_mode(&listed, node);
-    let pick = |f: &dyn Fn(&Listed) -> bool| -> Vec<Ep> {
-        let mut v: Vec<Ep> = listed
+    let mine: Vec<&EndpointSlice> = slices
+        .iter()
+        .filter(|s| {
+            s.metadata.namespace.as_deref().unwrap_or("default") == ns
+                && podnet_api::endpoints::service_name(s) == Some(name)
+                && s.address_type == stack.address_type()
+                && !slice_opted_out(s)
+        })
+        .collect();
+    let proto = port.protocol.as_deref().unwrap_or("TCP");
+    let port_name = port.name.as_deref().unwrap_or("");
+    let listed = podnet_api::endpoints::listed(&mine, port_name, proto, &|ip| stack.holds(ip));
+    let c = podnet_api::endpoints::categorize(&listed, &node.name, node.zone.as_deref());
+    let eps = |idx: &[usize]| -> Vec<Ep> {
+        let mut v: Vec<Ep> = idx
             .iter()
-            .filter(|l| f(l))
-            .map(|l| l.ep.clone())
+            .map(|&i| Ep {
+                ip: listed[i].ip,
+                port: listed[i].port,
+                local: listed[i].on(&node.name),
+            })
             .collect();
         v.sort();
         v.dedup();
         v
     };
-    let mut cluster = pick(&|l| {
-        l.ready
-            && match mode {
-                None => true,
-                Some(true) => l.for_node(&node.name),
-                Some(false) => l.for_zone(node.zone.as_deref()),
-            }
-    });
-    if cluster.is_empty() {
-        cluster = pick(&|l| !l.ready && l.serving_terminating);
-    }
-    let mut local = pick(&|l| l.ep.local && l.ready);
-    if local.is_empty() {
-        local = pick(&|l| l.ep.local && !l.ready && l.serving_terminating);
-    }
     Usable {
-        any: !cluster.is_empty(),
-        cluster,
-        local,
+        cluster: eps(&c.cluster),
+        local: eps(&c.local),
+        any: c.any,
     }
 }
 
