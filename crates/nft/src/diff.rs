@@ -131,14 +131,7 @@ fn add_elems<'a>(
 pub fn ensure(t: &Table) -> Vec<Change> {
     let mut out = vec![Change::AddTable];
     for (name, s) in &t.sets {
-        out.push(Change::AddSet {
-            name: name.clone(),
-            set: Set {
-                elements: Default::default(),
-                comments: Default::default(),
-                ..s.clone()
-            },
-        });
+        out.push(add_set(name, s));
     }
     for name in &t.counters {
         out.push(Change::AddCounter { name: name.clone() });
@@ -173,17 +166,51 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
         out.push(Change::AddTable);
     }
     // 1. New sets and chains (and sets whose declaration changed).
+    let recreated = add_sets_and_chains(&mut out, old, new);
+    // 2. Element removals (they may reference chains about to go).
+    del_elems(&mut out, old, new);
+    // 3. Rules of changed chains (and emptying chains that will be deleted).
+    rewrite_rules(&mut out, old, new);
+    // 4. Sets whose declaration changed are rebuilt (rules referencing
+    //    them were rewritten above only if they changed too; a redeclared
+    //    set keeps its name, so references stay valid after re-adding).
+    for name in &recreated {
+        out.push(Change::DelSet { name: name.clone() });
+        out.push(add_set(name, &new.sets[name]));
+    }
+    // 5. Chains that are gone.
+    for name in old.chains.keys() {
+        if !new.chains.contains_key(name) {
+            out.push(Change::DelChain { name: name.clone() });
+        }
+    }
+    // 6. Element additions (their target chains exist now).
+    add_new_elems(&mut out, old, new, &recreated);
+    // 7. Sets that are gone (nothing references them any more).
+    del_sets_and_counters(&mut out, old, new);
+    out
+}
+
+/// Declares set `name` as `s` does, without its elements.
+fn add_set(name: &str, s: &Set) -> Change {
+    Change::AddSet {
+        name: name.to_string(),
+        set: Set {
+            elements: Default::default(),
+            comments: Default::default(),
+            ..s.clone()
+        },
+    }
+}
+
+/// Step 1 of [`diff`]: adds the sets, counters and chains `old` lacks and
+/// rebuilds chains whose hook changed; returns the sets whose
+/// declaration changed, which are rebuilt later (step 4).
+fn add_sets_and_chains(out: &mut Vec<Change>, old: &Table, new: &Table) -> Vec<String> {
     let mut recreated = Vec::new();
     for (name, s) in &new.sets {
         match old.sets.get(name) {
-            None => out.push(Change::AddSet {
-                name: name.clone(),
-                set: Set {
-                    elements: Default::default(),
-                    comments: Default::default(),
-                    ..s.clone()
-                },
-            }),
+            None => out.push(add_set(name, s)),
             Some(o) if !same_decl(o, s) => recreated.push(name.clone()),
             _ => {}
         }
@@ -211,7 +238,12 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             _ => {}
         }
     }
-    // 2. Element removals (they may reference chains about to go).
+    recreated
+}
+
+/// Step 2 of [`diff`]: deletes the elements of sets declared alike in
+/// both that `new` does not hold as they are.
+fn del_elems(out: &mut Vec<Change>, old: &Table, new: &Table) {
     for (name, s) in &old.sets {
         let keys: Vec<Vec<Value>> = match new.sets.get(name) {
             Some(n) if same_decl(s, n) => s
@@ -229,7 +261,11 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             });
         }
     }
-    // 3. Rules of changed chains (and emptying chains that will be deleted).
+}
+
+/// Step 3 of [`diff`]: rewrites the rules of chains whose rules changed,
+/// and empties the chains `new` drops.
+fn rewrite_rules(out: &mut Vec<Change>, old: &Table, new: &Table) {
     for (name, c) in &new.chains {
         let prev: Option<&Chain> = old.chains.get(name).filter(|o| o.base == c.base);
         if prev
@@ -252,28 +288,11 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             out.push(Change::FlushChain { name: name.clone() });
         }
     }
-    // 4. Sets whose declaration changed are rebuilt (rules referencing
-    //    them were rewritten above only if they changed too; a redeclared
-    //    set keeps its name, so references stay valid after re-adding).
-    for name in &recreated {
-        out.push(Change::DelSet { name: name.clone() });
-        let s = &new.sets[name];
-        out.push(Change::AddSet {
-            name: name.clone(),
-            set: Set {
-                elements: Default::default(),
-                comments: Default::default(),
-                ..s.clone()
-            },
-        });
-    }
-    // 5. Chains that are gone.
-    for name in old.chains.keys() {
-        if !new.chains.contains_key(name) {
-            out.push(Change::DelChain { name: name.clone() });
-        }
-    }
-    // 6. Element additions (their target chains exist now).
+}
+
+/// Step 6 of [`diff`]: adds the elements `old` does not hold as they are
+/// (all of them in new and rebuilt sets).
+fn add_new_elems(out: &mut Vec<Change>, old: &Table, new: &Table, recreated: &[String]) {
     for (name, s) in &new.sets {
         let prev = old
             .sets
@@ -283,9 +302,12 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             .elements
             .keys()
             .filter(|k| prev.map(|p| !same_elem(p, s, k)).unwrap_or(true));
-        add_elems(&mut out, name, s, keys);
+        add_elems(out, name, s, keys);
     }
-    // 7. Sets that are gone (nothing references them any more).
+}
+
+/// Step 7 of [`diff`]: deletes the sets and counters `new` drops.
+fn del_sets_and_counters(out: &mut Vec<Change>, old: &Table, new: &Table) {
     for name in old.sets.keys() {
         if !new.sets.contains_key(name) {
             out.push(Change::DelSet { name: name.clone() });
@@ -296,7 +318,6 @@ pub fn diff(old: Option<&Table>, new: &Table) -> Vec<Change> {
             out.push(Change::DelCounter { name: name.clone() });
         }
     }
-    out
 }
 
 /// Whether the kernel keeps `s` as a pipapo set (an interval set whose key

@@ -162,6 +162,28 @@ enum Flow {
     Reject,
 }
 
+/// What one expression makes of its rule.
+enum Step {
+    /// On to the rule's next expression.
+    Next,
+    /// The rule ends here (no match, or a jump that came back): on to the
+    /// chain's next rule.
+    NextRule,
+    /// The chain ends here.
+    End(Flow),
+}
+
+impl Step {
+    /// A match goes on to the next expression, a mismatch to the next rule.
+    fn matched(m: bool) -> Step {
+        if m {
+            Step::Next
+        } else {
+            Step::NextRule
+        }
+    }
+}
+
 /// Traces packets through one table, keeping dynamic-set updates between
 /// packets (as the kernel keeps affinity entries).
 pub struct Tracer<'a> {
@@ -187,6 +209,17 @@ struct Run<'p> {
     path: Vec<String>,
     logs: Vec<String>,
     pick: &'p mut dyn FnMut(u32) -> u32,
+}
+
+impl Run<'_> {
+    /// Rewrites the destination (and port, if given), as DNAT does.
+    fn dnat_to(&mut self, addr: IpAddr, port: Option<u16>) {
+        self.dnat = Some((addr, port));
+        self.pkt.dst = addr;
+        if let Some(p) = port {
+            self.pkt.dport = p;
+        }
+    }
 }
 
 fn field(pkt: &Packet, orig: &Packet, f: Field) -> Option<Value> {
@@ -300,6 +333,8 @@ impl<'a> Tracer<'a> {
             .collect()
     }
 
+    /// Runs chain `name` (reached through `depth` jumps) until a rule ends
+    /// it or its rules run out.
     fn eval_chain(&mut self, name: &str, run: &mut Run<'_>, depth: usize) -> Flow {
         if depth > 16 {
             return Flow::Drop;
@@ -308,157 +343,136 @@ impl<'a> Tracer<'a> {
         let Some(chain) = self.table.chains.get(name) else {
             return Flow::Drop;
         };
-        'rules: for rule in &chain.rules {
-            for e in &rule.exprs {
-                match e {
-                    Expr::Cmp {
-                        field: f,
-                        neg,
-                        value,
-                    } => {
-                        let Some(v) = field(&run.pkt, &run.orig, *f) else {
-                            continue 'rules;
-                        };
-                        if value_matches(&v, value) == *neg {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::InSet { keys, set, neg } => {
-                        let Some(k) = Self::keys(run, keys) else {
-                            continue 'rules;
-                        };
-                        if self.lookup(set, &k).is_some() == *neg {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::VMap { keys, map } => {
-                        let Some(k) = Self::keys(run, keys) else {
-                            continue 'rules;
-                        };
-                        match self.lookup(map, &k) {
-                            Some(Some(ElemData::Verdict(v))) => {
-                                match self.verdict(&v, run, depth) {
-                                    Some(f) => return f,
-                                    None => continue 'rules,
-                                }
-                            }
-                            _ => continue 'rules,
-                        }
-                    }
-                    Expr::Numgen { modulus, value } => {
-                        if (run.pick)(*modulus) != *value {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::FibDaddrLocal => {
-                        if !self.local.contains(&run.pkt.dst) {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::FibDaddrNotLocal => {
-                        if self.local.contains(&run.pkt.dst) {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::FibSaddrLocal => {
-                        if !self.local.contains(&run.pkt.src) {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::CtDnat => {
-                        if run.dnat.is_none() {
-                            continue 'rules;
-                        }
-                    }
-                    // The tracer follows the first packet of a flow (or a
-                    // packet conntrack found invalid).
-                    Expr::CtStateNew => {
-                        if run.pkt.extra.ct_invalid {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::CtStateInvalid => {
-                        if !run.pkt.extra.ct_invalid {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::MarkSet { mask } => {
-                        if run.pkt.mark & mask == 0 {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::SetMark { bits } => run.pkt.mark |= bits,
-                    Expr::UpdateSet { keys, set } | Expr::AddSet { keys, set } => {
-                        if let Some(k) = Self::keys(run, keys) {
-                            self.dynamic.entry(set.clone()).or_default().insert(k);
-                        }
-                    }
-                    Expr::Counter => {}
-                    Expr::CounterRef(name) => *self.counters.entry(name.clone()).or_default() += 1,
-                    Expr::Notrack => run.notrack = true,
-                    Expr::SetNftrace => {}
-                    Expr::MapDnat { keys, map, .. } => {
-                        let Some(k) = Self::keys(run, keys) else {
-                            continue 'rules;
-                        };
-                        let Some(Some(ElemData::Data(d))) = self.lookup(map, &k) else {
-                            continue 'rules;
-                        };
-                        let (Some(Value::Addr(addr)), Some(Value::Port(port))) =
-                            (d.first(), d.get(1))
-                        else {
-                            continue 'rules;
-                        };
-                        run.dnat = Some((*addr, Some(*port)));
-                        run.pkt.dst = *addr;
-                        run.pkt.dport = *port;
-                        return Flow::Accept;
-                    }
-                    Expr::Dnat { addr, port } => {
-                        run.dnat = Some((*addr, *port));
-                        run.pkt.dst = *addr;
-                        if let Some(p) = port {
-                            run.pkt.dport = *p;
-                        }
-                        return Flow::Accept;
-                    }
-                    Expr::PickDnat { keys, modulus, map } => {
-                        let Some(mut k) = Self::keys(run, keys) else {
-                            continue 'rules;
-                        };
-                        k.push(Value::U32((run.pick)(*modulus)));
-                        let Some(Some(ElemData::Data(d))) = self.lookup(map, &k) else {
-                            continue 'rules;
-                        };
-                        let (Some(Value::Addr(addr)), Some(Value::Port(port))) =
-                            (d.first(), d.get(1))
-                        else {
-                            continue 'rules;
-                        };
-                        run.dnat = Some((*addr, Some(*port)));
-                        run.pkt.dst = *addr;
-                        run.pkt.dport = *port;
-                        return Flow::Accept;
-                    }
-                    Expr::Masquerade { .. } => {
-                        run.masq = true;
-                        return Flow::Accept;
-                    }
-                    Expr::Reject { .. } => return Flow::Reject,
-                    Expr::Log { prefix, .. } => run.logs.push(crate::model::log_prefix(prefix)),
-                    Expr::Limit { over, .. } => {
-                        if *over != self.over_limit {
-                            continue 'rules;
-                        }
-                    }
-                    Expr::Verdict(v) => match self.verdict(v, run, depth) {
-                        Some(f) => return f,
-                        None => continue 'rules,
-                    },
-                }
+        for rule in &chain.rules {
+            if let Some(flow) = self.eval_rule(&rule.exprs, run, depth) {
+                return flow;
             }
         }
         Flow::FellOff
+    }
+
+    /// Runs one rule's expressions in order; `None` means "continue with
+    /// the next rule" (it did not match, or it matched without ending the
+    /// chain).
+    fn eval_rule(&mut self, exprs: &[Expr], run: &mut Run<'_>, depth: usize) -> Option<Flow> {
+        for e in exprs {
+            match self.eval_expr(e, run, depth) {
+                Step::Next => {}
+                Step::NextRule => return None,
+                Step::End(flow) => return Some(flow),
+            }
+        }
+        None
+    }
+
+    /// Evaluates one expression of a rule against the packet.
+    fn eval_expr(&mut self, e: &Expr, run: &mut Run<'_>, depth: usize) -> Step {
+        let local = |a: &IpAddr| self.local.contains(a);
+        match e {
+            Expr::Cmp {
+                field: f,
+                neg,
+                value,
+            } => Step::matched(
+                field(&run.pkt, &run.orig, *f).is_some_and(|v| value_matches(&v, value) != *neg),
+            ),
+            Expr::InSet { keys, set, neg } => Step::matched(
+                Self::keys(run, keys).is_some_and(|k| self.lookup(set, &k).is_some() != *neg),
+            ),
+            Expr::VMap { keys, map } => self.vmap(keys, map, run, depth),
+            Expr::Numgen { modulus, value } => Step::matched((run.pick)(*modulus) == *value),
+            Expr::FibDaddrLocal => Step::matched(local(&run.pkt.dst)),
+            Expr::FibDaddrNotLocal => Step::matched(!local(&run.pkt.dst)),
+            Expr::FibSaddrLocal => Step::matched(local(&run.pkt.src)),
+            Expr::CtDnat => Step::matched(run.dnat.is_some()),
+            // The tracer follows the first packet of a flow (or a
+            // packet conntrack found invalid).
+            Expr::CtStateNew => Step::matched(!run.pkt.extra.ct_invalid),
+            Expr::CtStateInvalid => Step::matched(run.pkt.extra.ct_invalid),
+            Expr::MarkSet { mask } => Step::matched(run.pkt.mark & mask != 0),
+            Expr::SetMark { bits } => {
+                run.pkt.mark |= bits;
+                Step::Next
+            }
+            Expr::UpdateSet { keys, set } | Expr::AddSet { keys, set } => {
+                if let Some(k) = Self::keys(run, keys) {
+                    self.dynamic.entry(set.clone()).or_default().insert(k);
+                }
+                Step::Next
+            }
+            Expr::Counter | Expr::SetNftrace => Step::Next,
+            Expr::CounterRef(name) => {
+                *self.counters.entry(name.clone()).or_default() += 1;
+                Step::Next
+            }
+            Expr::Notrack => {
+                run.notrack = true;
+                Step::Next
+            }
+            Expr::MapDnat { keys, map, .. } => {
+                let key = Self::keys(run, keys);
+                self.map_dnat(map, key, run)
+            }
+            Expr::Dnat { addr, port } => {
+                run.dnat_to(*addr, *port);
+                Step::End(Flow::Accept)
+            }
+            Expr::PickDnat { keys, modulus, map } => {
+                let key = Self::keys(run, keys).map(|mut k| {
+                    k.push(Value::U32((run.pick)(*modulus)));
+                    k
+                });
+                self.map_dnat(map, key, run)
+            }
+            Expr::Masquerade { .. } => {
+                run.masq = true;
+                Step::End(Flow::Accept)
+            }
+            Expr::Reject { .. } => Step::End(Flow::Reject),
+            Expr::Log { prefix, .. } => {
+                run.logs.push(crate::model::log_prefix(prefix));
+                Step::Next
+            }
+            Expr::Limit { over, .. } => Step::matched(*over == self.over_limit),
+            Expr::Verdict(v) => self.verdict_step(v, run, depth),
+        }
+    }
+
+    /// `<keys> vmap @map`: the verdict of the element the packet's key
+    /// finds; no element, no match.
+    fn vmap(&mut self, keys: &[Field], map: &str, run: &mut Run<'_>, depth: usize) -> Step {
+        let Some(k) = Self::keys(run, keys) else {
+            return Step::NextRule;
+        };
+        match self.lookup(map, &k) {
+            Some(Some(ElemData::Verdict(v))) => self.verdict_step(&v, run, depth),
+            _ => Step::NextRule,
+        }
+    }
+
+    /// DNAT to the address and port map `map` holds for `key`; no key or
+    /// no element, no match.
+    fn map_dnat(&self, map: &str, key: Option<Vec<Value>>, run: &mut Run<'_>) -> Step {
+        let Some(k) = key else {
+            return Step::NextRule;
+        };
+        let Some(Some(ElemData::Data(d))) = self.lookup(map, &k) else {
+            return Step::NextRule;
+        };
+        let (Some(Value::Addr(addr)), Some(Value::Port(port))) = (d.first(), d.get(1)) else {
+            return Step::NextRule;
+        };
+        run.dnat_to(*addr, Some(*port));
+        Step::End(Flow::Accept)
+    }
+
+    /// A verdict as a rule's step: the chain ends unless it is a jump
+    /// that came back.
+    fn verdict_step(&mut self, v: &Verdict, run: &mut Run<'_>, depth: usize) -> Step {
+        match self.verdict(v, run, depth) {
+            Some(f) => Step::End(f),
+            None => Step::NextRule,
+        }
     }
 
     /// Applies a verdict; `None` means "continue with the next rule".
