@@ -121,13 +121,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DnsError> {
-    let threads = if cfg.threads == 0 {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    } else {
-        cfg.threads
-    };
+    let threads = worker_threads(&cfg);
     let zone = Arc::new(ArcSwap::from_pointee(zone::Snapshot::empty(&cfg.zone)));
     let fwd = Arc::new(forward::Forwarder::new(
         cfg.upstreams.clone(),
@@ -147,22 +141,8 @@ pub async fn run(
     })?;
     let udp = Arc::new(sockets.udp);
     let stop = Arc::new(AtomicBool::new(false));
-    let rt = tokio::runtime::Handle::current();
-    let mut blocks = vec![shared];
-    let mut workers = Vec::new();
-    for i in 0..threads {
-        let st = Arc::new(stats::Stats::default());
-        blocks.push(st.clone());
-        let (udp, h, rt, stop) = (udp.clone(), handler.clone(), rt.clone(), stop.clone());
-        let w = std::thread::Builder::new()
-            .name(format!("dns-udp-{i}"))
-            .spawn(move || server::udp_worker(udp, h, st, rt, stop))
-            .map_err(|source| DnsError::Io {
-                what: "starting a UDP worker".into(),
-                source,
-            })?;
-        workers.push(w);
-    }
+    let UdpWorkers { workers, counters } = spawn_udp_workers(threads, &udp, &handler, &stop)?;
+    let blocks = [shared].into_iter().chain(counters).collect();
     tracing::info!(
         listen = %udp.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         zone = cfg.zone.zone,
@@ -186,20 +166,7 @@ pub async fn run(
     ));
     let names: Vec<String> = cfg.upstreams.iter().map(|u| u.to_string()).collect();
     let mut exporter = stats::Exporter::new(blocks, names);
-    let export = |exporter: &mut stats::Exporter| {
-        let errs: Vec<u64> = fwd
-            .errors
-            .iter()
-            .map(|e| e.load(Ordering::Relaxed))
-            .collect();
-        exporter.export(&metrics, &errs);
-        metrics.set(
-            "podnet_dns_cache_entries",
-            "Answers in the forwarding cache.",
-            "",
-            fwd.cache.len() as f64,
-        );
-    };
+    let export = |exporter: &mut stats::Exporter| export_metrics(exporter, &fwd, &metrics);
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -224,4 +191,65 @@ pub async fn run(
     .await;
     export(&mut exporter);
     Ok(())
+}
+
+/// UDP worker threads: as configured, else one per core.
+fn worker_threads(cfg: &Config) -> usize {
+    if cfg.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        cfg.threads
+    }
+}
+
+/// The UDP worker threads, and the counters each one keeps (in thread
+/// order, for the exporter).
+struct UdpWorkers {
+    workers: Vec<std::thread::JoinHandle<()>>,
+    counters: Vec<Arc<stats::Stats>>,
+}
+
+/// Starts `threads` UDP workers on `udp`; they run until `stop`.
+fn spawn_udp_workers(
+    threads: usize,
+    udp: &Arc<std::net::UdpSocket>,
+    handler: &Arc<server::Handler>,
+    stop: &Arc<AtomicBool>,
+) -> Result<UdpWorkers, DnsError> {
+    let rt = tokio::runtime::Handle::current();
+    let mut counters = Vec::new();
+    let mut workers = Vec::new();
+    for i in 0..threads {
+        let st = Arc::new(stats::Stats::default());
+        counters.push(st.clone());
+        let (udp, h, rt, stop) = (udp.clone(), handler.clone(), rt.clone(), stop.clone());
+        let w = std::thread::Builder::new()
+            .name(format!("dns-udp-{i}"))
+            .spawn(move || server::udp_worker(udp, h, st, rt, stop))
+            .map_err(|source| DnsError::Io {
+                what: "starting a UDP worker".into(),
+                source,
+            })?;
+        workers.push(w);
+    }
+    Ok(UdpWorkers { workers, counters })
+}
+
+/// One metrics export: the query counters, upstream errors and the
+/// forwarding cache's size.
+fn export_metrics(exporter: &mut stats::Exporter, fwd: &forward::Forwarder, metrics: &Metrics) {
+    let errs: Vec<u64> = fwd
+        .errors
+        .iter()
+        .map(|e| e.load(Ordering::Relaxed))
+        .collect();
+    exporter.export(metrics, &errs);
+    metrics.set(
+        "podnet_dns_cache_entries",
+        "Answers in the forwarding cache.",
+        "",
+        fwd.cache.len() as f64,
+    );
 }

@@ -298,100 +298,167 @@ pub fn udp_worker(
 ) {
     use std::os::fd::AsRawFd;
     let fd = sock.as_raw_fd();
-    let mut bufs = vec![0u8; BATCH * RBUF];
-    // SAFETY: all-zero is a valid sockaddr_storage, iovec and mmsghdr.
-    let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut out_iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut out_hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut outs: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(1024)).collect();
-    let mut replies: Vec<usize> = Vec::with_capacity(BATCH);
+    let w = UdpWorker { sock, h, st, rt };
+    let mut b = Batch::new();
     while !stop.load(Ordering::Relaxed) {
+        let n = b.recv(fd);
+        if n == 0 {
+            continue; // the read timeout (to check `stop`), or a transient error
+        }
+        b.serve(n, &w, Instant::now());
+        b.send(fd);
+    }
+}
+
+/// What a UDP worker answers with: the handler, its own counters, the
+/// socket (slow answers are sent from tasks) and the runtime they run on.
+struct UdpWorker {
+    sock: Arc<UdpSocket>,
+    h: Arc<Handler>,
+    st: Arc<Stats>,
+    rt: tokio::runtime::Handle,
+}
+
+impl UdpWorker {
+    /// Answers one packet from `peer`; true when `out` holds a reply to
+    /// send with the batch.
+    fn serve(&self, msg: &[u8], peer: SocketAddr, out: &mut Vec<u8>, t: Instant) -> bool {
+        match self.h.fast(msg, out, true, peer.ip(), &self.st, t) {
+            Fast::Reply => true,
+            Fast::Drop => false,
+            Fast::Slow => self.slow(msg, peer, out, t),
+        }
+    }
+
+    /// Hands a query that needs an upstream to a task, which sends its own
+    /// answer. Past [`MAX_INFLIGHT`] such queries it gets SERVFAIL at once
+    /// instead (true: `out` holds it).
+    fn slow(&self, msg: &[u8], peer: SocketAddr, out: &mut Vec<u8>, t: Instant) -> bool {
+        let h = &self.h;
+        if h.inflight.fetch_add(1, Ordering::Relaxed) >= MAX_INFLIGHT {
+            h.inflight.fetch_sub(1, Ordering::Relaxed);
+            Stats::bump(&self.st.shed);
+            let Ok(q) = wire::parse_query(msg) else {
+                return false;
+            };
+            crate::zone::simple_reply(&q, wire::SERVFAIL, out);
+            self.st.answered(q.qtype, out, t);
+            return true;
+        }
+        let msg = msg.to_vec();
+        let (h, sock) = (h.clone(), self.sock.clone());
+        self.rt.spawn(async move {
+            if let Some(resp) = h.slow(&msg, true, peer.ip(), t).await {
+                let _ = sock.send_to(&resp, peer);
+            }
+            h.inflight.fetch_sub(1, Ordering::Relaxed);
+        });
+        false
+    }
+}
+
+/// One worker's batch: the packet buffers, their replies, and the
+/// `mmsghdr` arrays `recvmmsg` fills and `sendmmsg` reads. Allocated once;
+/// the headers are pointed at the buffers again before every call.
+struct Batch {
+    bufs: Vec<u8>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    out_iovs: Vec<libc::iovec>,
+    out_hdrs: Vec<libc::mmsghdr>,
+    outs: Vec<Vec<u8>>,
+    /// The packets (indices) answered in this batch.
+    replies: Vec<usize>,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            bufs: vec![0u8; BATCH * RBUF],
+            // SAFETY: all-zero is a valid sockaddr_storage, iovec and mmsghdr.
+            addrs: vec![unsafe { std::mem::zeroed() }; BATCH],
+            iovs: vec![unsafe { std::mem::zeroed() }; BATCH],
+            hdrs: vec![unsafe { std::mem::zeroed() }; BATCH],
+            out_iovs: vec![unsafe { std::mem::zeroed() }; BATCH],
+            out_hdrs: vec![unsafe { std::mem::zeroed() }; BATCH],
+            outs: (0..BATCH).map(|_| Vec::with_capacity(1024)).collect(),
+            replies: Vec::with_capacity(BATCH),
+        }
+    }
+
+    /// Waits for packets and takes up to [`BATCH`]; how many came (0 on the
+    /// read timeout or an error).
+    fn recv(&mut self, fd: std::os::fd::RawFd) -> usize {
         for i in 0..BATCH {
-            iovs[i].iov_base = bufs[i * RBUF..].as_mut_ptr() as *mut libc::c_void;
-            iovs[i].iov_len = RBUF;
-            let m = &mut hdrs[i].msg_hdr;
-            m.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
+            self.iovs[i].iov_base = self.bufs[i * RBUF..].as_mut_ptr() as *mut libc::c_void;
+            self.iovs[i].iov_len = RBUF;
+            let m = &mut self.hdrs[i].msg_hdr;
+            m.msg_name = &mut self.addrs[i] as *mut _ as *mut libc::c_void;
             m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-            m.msg_iov = &mut iovs[i];
+            m.msg_iov = &mut self.iovs[i];
             m.msg_iovlen = 1;
             m.msg_control = std::ptr::null_mut();
             m.msg_controllen = 0;
             m.msg_flags = 0;
-            hdrs[i].msg_len = 0;
+            self.hdrs[i].msg_len = 0;
         }
         // SAFETY: every header points at live buffers of the stated sizes.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
-                hdrs.as_mut_ptr(),
+                self.hdrs.as_mut_ptr(),
                 BATCH as u32,
                 // (The flags' type differs between glibc and musl.)
                 libc::MSG_WAITFORONE as _,
                 std::ptr::null_mut(),
             )
         };
-        if n <= 0 {
-            continue; // the read timeout (to check `stop`), or a transient error
-        }
-        let t = Instant::now();
-        replies.clear();
-        for i in 0..n as usize {
-            let len = (hdrs[i].msg_len as usize).min(RBUF);
-            let msg = &bufs[i * RBUF..i * RBUF + len];
-            if hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                Stats::bump(&st.malformed);
+        n.max(0) as usize
+    }
+
+    /// Answers the first `n` packets received, at time `t`, noting which
+    /// have a reply to send.
+    fn serve(&mut self, n: usize, w: &UdpWorker, t: Instant) {
+        self.replies.clear();
+        for i in 0..n {
+            let len = (self.hdrs[i].msg_len as usize).min(RBUF);
+            let msg = &self.bufs[i * RBUF..i * RBUF + len];
+            if self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                Stats::bump(&w.st.malformed);
                 continue;
             }
-            let Some(peer) = to_socket_addr(&addrs[i]) else {
+            let Some(peer) = to_socket_addr(&self.addrs[i]) else {
                 continue;
             };
-            match h.fast(msg, &mut outs[i], true, peer.ip(), &st, t) {
-                Fast::Reply => replies.push(i),
-                Fast::Drop => {}
-                Fast::Slow => {
-                    if h.inflight.fetch_add(1, Ordering::Relaxed) >= MAX_INFLIGHT {
-                        h.inflight.fetch_sub(1, Ordering::Relaxed);
-                        Stats::bump(&st.shed);
-                        if let Ok(q) = wire::parse_query(msg) {
-                            crate::zone::simple_reply(&q, wire::SERVFAIL, &mut outs[i]);
-                            st.answered(q.qtype, &outs[i], t);
-                            replies.push(i);
-                        }
-                        continue;
-                    }
-                    let msg = msg.to_vec();
-                    let (h, sock) = (h.clone(), sock.clone());
-                    rt.spawn(async move {
-                        if let Some(resp) = h.slow(&msg, true, peer.ip(), t).await {
-                            let _ = sock.send_to(&resp, peer);
-                        }
-                        h.inflight.fetch_sub(1, Ordering::Relaxed);
-                    });
-                }
+            if w.serve(msg, peer, &mut self.outs[i], t) {
+                self.replies.push(i);
             }
         }
-        for (k, &i) in replies.iter().enumerate() {
-            out_iovs[k].iov_base = outs[i].as_mut_ptr() as *mut libc::c_void;
-            out_iovs[k].iov_len = outs[i].len();
-            let m = &mut out_hdrs[k].msg_hdr;
-            m.msg_name = &mut addrs[i] as *mut _ as *mut libc::c_void;
-            m.msg_namelen = hdrs[i].msg_hdr.msg_namelen;
-            m.msg_iov = &mut out_iovs[k];
+    }
+
+    /// Sends the replies, each to the address its query came from.
+    fn send(&mut self, fd: std::os::fd::RawFd) {
+        for (k, &i) in self.replies.iter().enumerate() {
+            self.out_iovs[k].iov_base = self.outs[i].as_mut_ptr() as *mut libc::c_void;
+            self.out_iovs[k].iov_len = self.outs[i].len();
+            let m = &mut self.out_hdrs[k].msg_hdr;
+            m.msg_name = &mut self.addrs[i] as *mut _ as *mut libc::c_void;
+            m.msg_namelen = self.hdrs[i].msg_hdr.msg_namelen;
+            m.msg_iov = &mut self.out_iovs[k];
             m.msg_iovlen = 1;
             m.msg_control = std::ptr::null_mut();
             m.msg_controllen = 0;
             m.msg_flags = 0;
         }
         let mut sent = 0;
-        while sent < replies.len() {
+        while sent < self.replies.len() {
             // SAFETY: headers point at live reply buffers and addresses.
             let r = unsafe {
                 libc::sendmmsg(
                     fd,
-                    out_hdrs[sent..].as_mut_ptr(),
-                    (replies.len() - sent) as u32,
+                    self.out_hdrs[sent..].as_mut_ptr(),
+                    (self.replies.len() - sent) as u32,
                     0,
                 )
             };
