@@ -166,7 +166,12 @@ impl Lab {
     /// Starts a forwarder into `netns` when its daemons need this machine's
     /// loopback: the store's etcd there, or the lab's kube-apiserver
     /// (recorded as role `role`).
-    pub(crate) fn ensure_forwarder(&self, st: &LabState, role: &str, netns: &str) -> Result<(), LabError> {
+    pub(crate) fn ensure_forwarder(
+        &self,
+        st: &LabState,
+        role: &str,
+        netns: &str,
+    ) -> Result<(), LabError> {
         let mut eps = if st.kube {
             vec![]
         } else {

@@ -867,7 +867,9 @@ impl ControlPlane {
         // SAFETY: plain kill(2) of the pid our pid file names.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while crate::process::alive(pid) || std::net::TcpStream::connect(self.apiserver_addr()).is_ok() {
+        while crate::process::alive(pid)
+            || std::net::TcpStream::connect(self.apiserver_addr()).is_ok()
+        {
             if Instant::now() > deadline {
                 return Err(KubeError::Start(format!(
                     "kube-apiserver (pid {pid}) did not go away"

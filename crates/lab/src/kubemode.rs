@@ -127,7 +127,10 @@ impl Lab {
 
     /// The `kubernetes` Service's endpoint, and where real kubelets find
     /// the API: the gateway, forwarding to the apiserver here.
-    pub(crate) fn forward_apiserver_at_gateway(&self, cp: &kube::ControlPlane) -> Result<(), LabError> {
+    pub(crate) fn forward_apiserver_at_gateway(
+        &self,
+        cp: &kube::ControlPlane,
+    ) -> Result<(), LabError> {
         let api = cp.advertised_addr();
         let args = [
             "lab".to_string(),

@@ -33,9 +33,9 @@ use podnet_kernel::Netns;
 use podnet_nft::model::Family;
 use podnet_nft::netlink::Conn;
 
-use crate::upgrade::http_get;
 use crate::error::{io, msg, LabError};
 use crate::process::spawn_logged;
+use crate::upgrade::http_get;
 use crate::{kube, Lab, NodeInfo, AGENT_CAPS};
 
 /// kube-proxy's nftables table (in both families).

@@ -28,7 +28,11 @@ impl Lab {
     }
 
     /// Adds one node: its namespace, its underlay link, its agent.
-    pub(crate) fn add_node_ns(&self, st: &mut LabState, index: usize) -> Result<NodeInfo, LabError> {
+    pub(crate) fn add_node_ns(
+        &self,
+        st: &mut LabState,
+        index: usize,
+    ) -> Result<NodeInfo, LabError> {
         let name = format!("node{index}");
         let netns = self.ns_name(&name);
         let ip = gateway::node_ip(index)?;
@@ -107,7 +111,11 @@ impl Lab {
 
     /// What a node's agent writes for the CNI side (subnet.env and the
     /// conflist), written by the lab for a node that runs no agent.
-    pub(crate) fn write_cni_files(&self, node: &NodeInfo, subnet: ipnet::Ipv4Net) -> Result<(), LabError> {
+    pub(crate) fn write_cni_files(
+        &self,
+        node: &NodeInfo,
+        subnet: ipnet::Ipv4Net,
+    ) -> Result<(), LabError> {
         use podnet_overlay::files;
         let d = self.node_dir(&node.name);
         let network: ipnet::Ipv4Net = kube::CLUSTER_CIDR.parse().expect("cluster CIDR");

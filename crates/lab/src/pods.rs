@@ -104,43 +104,13 @@ impl Lab {
         let netns = format!("pn-{}-p{}", self.name, short_hash(&format!("{ns}/{pod}")));
         let pns = Netns::create_named(&netns)?;
         let container_id = format!("lab-{}-{ns}-{pod}", self.name);
-        let list_path = self
-            .node_dir(&n.name)
-            .join("net.d")
-            .join("10-podnet.conflist");
-        let list: serde_json::Value = match std::fs::read(&list_path)
-            .map_err(|e| io(format!("reading {}", list_path.display()), e))
-            .and_then(|b| {
-                serde_json::from_slice(&b).map_err(|e| msg(format!("{}: {e}", list_path.display())))
-            }) {
-            Ok(l) => l,
+        let ip = match self.cni_add(ns, pod, n, &pns, &container_id) {
+            Ok(ip) => ip,
             Err(e) => {
                 let _ = Netns::delete_named(&netns);
                 return Err(e);
             }
         };
-        let rt = Runtime::new(self.bin_dir()).in_netns(Path::new("/run/netns").join(&n.netns));
-        let attach = Attach {
-            container_id: container_id.clone(),
-            netns: pns.path().display().to_string(),
-            ifname: "eth0".into(),
-            args: format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}"),
-            ..Default::default()
-        };
-        let res = match rt.add_list(&list, &attach) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = Netns::delete_named(&netns);
-                return Err(e.into());
-            }
-        };
-        let ip = res["ips"][0]["address"]
-            .as_str()
-            .unwrap_or_default()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
         let info = PodInfo {
             namespace: ns.into(),
             name: pod.into(),
@@ -156,67 +126,10 @@ impl Lab {
         .map_err(|e| io("writing pod record", e))?;
 
         // Cluster DNS for `lab exec` (ip netns exec bind-mounts this file).
-        let config = match api {
-            PodApi::Store(objs) => {
-                objs.get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
-                    .await?
-            }
-            PodApi::Kube(_) => None,
-        };
-        let (dns_ip, zone) = match config {
-            Some(Object::NetworkConfig(c)) => c
-                .resolve()
-                .map(|r| (r.dns_service_ip.to_string(), r.cluster_domain))
-                .unwrap_or_default(),
-            _ => (
-                netconfig::DEFAULT_DNS_IP.into(),
-                netconfig::DEFAULT_ZONE.into(),
-            ),
-        };
-        let etc = Path::new("/etc/netns").join(&netns);
-        std::fs::create_dir_all(&etc).map_err(|e| io("creating /etc/netns", e))?;
-        std::fs::write(
-            etc.join("resolv.conf"),
-            format!(
-                "nameserver {dns_ip}\nsearch {ns}.svc.{zone} svc.{zone} {zone}\noptions ndots:5\n"
-            ),
-        )
-        .map_err(|e| io("writing resolv.conf", e))?;
+        write_resolv_conf(api, ns, &netns).await?;
 
         if !ports.is_empty() {
-            let spec = ports
-                .iter()
-                .map(serve::PortSpec::number_and_protocol)
-                .collect::<Vec<_>>()
-                .join(",");
-            self.spawn(
-                &format!("pod-{ns}_{pod}"),
-                Some(&netns),
-                &[
-                    "serve".into(),
-                    "--namespace".into(),
-                    ns.into(),
-                    "--name".into(),
-                    pod.into(),
-                    "--ports".into(),
-                    spec,
-                ],
-                &[],
-            )?;
-            // Ready when the first TCP port answers (bounded).
-            if let Some(p) = ports.iter().find(|p| !p.udp) {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let addr: SocketAddr = format!("127.0.0.1:{}", p.port).parse().expect("addr");
-                while pns
-                    .run(|| serve::ask(addr, false, "hostname", Duration::from_millis(200)))?
-                    .is_err()
-                {
-                    if Instant::now() > deadline {
-                        return Err(msg(format!("pod {ns}/{pod}: server did not start")));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
+            self.start_server(ns, pod, &netns, &pns, ports)?;
         }
 
         // The kubelet's part: the sandbox runs, so the status says so.
@@ -225,6 +138,93 @@ impl Lab {
             PodApi::Store(objs) => set_store_pod_running(objs, ns, pod, &ip, n.ip).await?,
         }
         Ok(info)
+    }
+
+    /// The conflist the agent on `node` writes, which pods there are
+    /// wired with.
+    fn conflist_path(&self, node: &str) -> PathBuf {
+        self.node_dir(node).join("net.d").join("10-podnet.conflist")
+    }
+
+    /// CNI ADD of the sandbox `pns` through node `n`'s conflist, run with
+    /// the node as host, as its kubelet would; returns the pod's IP.
+    fn cni_add(
+        &self,
+        ns: &str,
+        pod: &str,
+        n: &NodeInfo,
+        pns: &Netns,
+        container_id: &str,
+    ) -> Result<String, LabError> {
+        let list_path = self.conflist_path(&n.name);
+        let list: serde_json::Value = std::fs::read(&list_path)
+            .map_err(|e| io(format!("reading {}", list_path.display()), e))
+            .and_then(|b| {
+                serde_json::from_slice(&b).map_err(|e| msg(format!("{}: {e}", list_path.display())))
+            })?;
+        let rt = Runtime::new(self.bin_dir()).in_netns(Path::new("/run/netns").join(&n.netns));
+        let attach = Attach {
+            container_id: container_id.to_string(),
+            netns: pns.path().display().to_string(),
+            ifname: "eth0".into(),
+            args: format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}"),
+            ..Default::default()
+        };
+        let res = rt.add_list(&list, &attach)?;
+        Ok(res["ips"][0]["address"]
+            .as_str()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// `podnet serve` on `ports` in the pod's namespace `netns` (open as
+    /// `pns`; role `pod-<ns>_<pod>`), so probes have something that says
+    /// who answered.
+    fn start_server(
+        &self,
+        ns: &str,
+        pod: &str,
+        netns: &str,
+        pns: &Netns,
+        ports: &[serve::PortSpec],
+    ) -> Result<(), LabError> {
+        let spec = ports
+            .iter()
+            .map(serve::PortSpec::number_and_protocol)
+            .collect::<Vec<_>>()
+            .join(",");
+        self.spawn(
+            &format!("pod-{ns}_{pod}"),
+            Some(netns),
+            &[
+                "serve".into(),
+                "--namespace".into(),
+                ns.into(),
+                "--name".into(),
+                pod.into(),
+                "--ports".into(),
+                spec,
+            ],
+            &[],
+        )?;
+        // Ready when the first TCP port answers (bounded).
+        if let Some(p) = ports.iter().find(|p| !p.udp) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let addr: SocketAddr = format!("127.0.0.1:{}", p.port).parse().expect("addr");
+            while pns
+                .run(|| serve::ask(addr, false, "hostname", Duration::from_millis(200)))?
+                .is_err()
+            {
+                if Instant::now() > deadline {
+                    return Err(msg(format!("pod {ns}/{pod}: server did not start")));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
     }
 
     /// Removes one pod (CNI DEL, namespace, record, Pod object).
@@ -243,10 +243,7 @@ impl Lab {
     fn remove_sandbox(&self, st: &LabState, ns: &str, pod: &str) -> Result<(), LabError> {
         let p = self.pod(ns, pod)?;
         self.kill_role(&format!("pod-{ns}_{pod}"));
-        let list_path = self
-            .node_dir(&p.node)
-            .join("net.d")
-            .join("10-podnet.conflist");
+        let list_path = self.conflist_path(&p.node);
         if let Ok(b) = std::fs::read(&list_path) {
             if let Ok(list) = serde_json::from_slice::<serde_json::Value>(&b) {
                 if let Some(n) = st.nodes.iter().find(|n| n.name == p.node) {
@@ -288,6 +285,37 @@ impl PodApi {
             }
         }
     }
+}
+
+/// The pod's resolv.conf, as a kubelet writes it (cluster DNS, the search
+/// path of namespace `ns`, ndots 5), where `ip netns exec` bind-mounts it:
+/// `/etc/netns/<netns>/resolv.conf`.
+async fn write_resolv_conf(api: &PodApi, ns: &str, netns: &str) -> Result<(), LabError> {
+    let config = match api {
+        PodApi::Store(objs) => {
+            objs.get(Kind::NetworkConfig, None, netconfig::DEFAULT_NAME)
+                .await?
+        }
+        PodApi::Kube(_) => None,
+    };
+    let (dns_ip, zone) = match config {
+        Some(Object::NetworkConfig(c)) => c
+            .resolve()
+            .map(|r| (r.dns_service_ip.to_string(), r.cluster_domain))
+            .unwrap_or_default(),
+        _ => (
+            netconfig::DEFAULT_DNS_IP.into(),
+            netconfig::DEFAULT_ZONE.into(),
+        ),
+    };
+    let etc = Path::new("/etc/netns").join(netns);
+    std::fs::create_dir_all(&etc).map_err(|e| io("creating /etc/netns", e))?;
+    std::fs::write(
+        etc.join("resolv.conf"),
+        format!("nameserver {dns_ip}\nsearch {ns}.svc.{zone} svc.{zone} {zone}\noptions ndots:5\n"),
+    )
+    .map_err(|e| io("writing resolv.conf", e))?;
+    Ok(())
 }
 
 fn short_hash(s: &str) -> String {

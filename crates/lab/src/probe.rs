@@ -9,9 +9,9 @@ use std::time::Duration;
 use podnet_kernel::Netns;
 
 use crate::error::{io, msg, LabError};
+use crate::gateway;
 use crate::serve::{self, Reach};
 use crate::state::Lab;
-use crate::gateway;
 
 impl Lab {
     /// Asks `target` from inside a pod; returns who answered.

@@ -13,8 +13,8 @@ use podnet_kernel::rtnl::Route;
 use podnet_kernel::{Handle, Netns};
 
 use super::{host, NodePeers, RealNode};
-use crate::kube::{self, KubeletPlan};
 use crate::error::{msg, LabError};
+use crate::kube::{self, KubeletPlan};
 use crate::{gateway, kubelet, Lab, LabState, UpOptions};
 
 impl Lab {
