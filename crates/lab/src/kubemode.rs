@@ -18,7 +18,7 @@ use crate::{kube, kubelet};
 impl Lab {
     /// The kubeconfig of node `node`'s daemons in Kubernetes mode:
     /// `<lab dir>/nodes/<node>/kubeconfig`. It names the apiserver at
-    /// 127.0.0.1:<port>, which a forwarder serves inside the node's (and
+    /// `127.0.0.1:<port>`, which a forwarder serves inside the node's (and
     /// the DNS pod's) namespace.
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
         self.node_dir(node).join("kubeconfig")

@@ -25,7 +25,7 @@ pub struct UpOptions {
     pub store: Option<String>,
     pub resync_secs: u64,
     /// Run a real etcd, kube-apiserver and kube-controller-manager, and
-    /// register nodes and pods through the API ([`kube`], [`kubelet`]).
+    /// register nodes and pods through the API ([`kube`], [`kubelet`](crate::kubelet)).
     pub kube: bool,
     /// In Kubernetes mode, start the agents and cluster DNS. Without them
     /// the lab writes each node's CNI files from its podCIDR itself, so

@@ -16,7 +16,8 @@ use podnet_kernel::Netns;
 
 use crate::error::{io, LabError};
 
-/// Starts each run's section of a role's log (see [`Lab::log_path`]).
+/// Starts each run's section of a role's log (see
+/// [`Lab::log_path`](crate::Lab::log_path)).
 pub const SPAWN_MARK: &str = "=== podnet lab:";
 
 /// Starts a detached process (optionally inside a namespace), logging to

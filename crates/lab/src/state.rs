@@ -41,7 +41,7 @@ pub struct LabState {
     /// controller (state files from before it load as standalone).
     #[serde(default)]
     pub kube: bool,
-    /// Real nodes: containerd and a kubelet per node ([`realnode`]).
+    /// Real nodes: containerd and a kubelet per node ([`realnode`](crate::realnode)).
     #[serde(default)]
     pub kubelet: bool,
 }
@@ -77,7 +77,7 @@ impl Lab {
         format!("pn-{}-{what}", self.name)
     }
 
-    /// The namespace of the nodes' default gateway ([`gateway`]).
+    /// The namespace of the nodes' default gateway ([`gateway`](crate::gateway)).
     pub fn gateway_ns(&self) -> String {
         self.ns_name("gw")
     }
