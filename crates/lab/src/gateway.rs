@@ -35,7 +35,7 @@ use podnet_nft::model::{
 };
 use podnet_nft::netlink::Conn;
 
-use crate::{msg, LabError};
+use crate::error::{msg, LabError};
 
 /// The underlay bridge in the underlay namespace.
 pub const BRIDGE: &str = "br0";

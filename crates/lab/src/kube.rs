@@ -867,7 +867,9 @@ impl ControlPlane {
         // SAFETY: plain kill(2) of the pid our pid file names.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while crate::alive(pid) || std::net::TcpStream::connect(self.apiserver_addr()).is_ok() {
+        while crate::process::alive(pid)
+            || std::net::TcpStream::connect(self.apiserver_addr()).is_ok()
+        {
             if Instant::now() > deadline {
                 return Err(KubeError::Start(format!(
                     "kube-apiserver (pid {pid}) did not go away"
@@ -891,7 +893,7 @@ impl ControlPlane {
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok())
             {
-                crate::kill_wait(pid);
+                crate::process::kill_wait(pid);
             }
             let _ = std::fs::remove_file(p);
         }
@@ -907,7 +909,7 @@ impl ControlPlane {
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok())
             {
-                if crate::kill_wait(pid) {
+                if crate::process::kill_wait(pid) {
                     done.push(format!("stopped {role} (pid {pid})"));
                 }
             }
@@ -917,8 +919,8 @@ impl ControlPlane {
         // Whatever else still runs on our files (a pid file lost to a
         // crash mid-start): every process names a file under <dir>/kube.
         let marker = self.dir.join("kube").display().to_string();
-        for pid in crate::processes_mentioning(&marker) {
-            if crate::kill_wait(pid) {
+        for pid in crate::process::processes_mentioning(&marker) {
+            if crate::process::kill_wait(pid) {
                 done.push(format!("stopped stray pid {pid}"));
             }
         }
@@ -1020,14 +1022,14 @@ fn write_file(path: &Path, text: &str) -> Result<(), KubeError> {
 }
 
 fn spawn(dir: &Path, role: &str, program: &Path, args: &[String]) -> Result<u32, KubeError> {
-    crate::spawn_logged(dir, role, Command::new(program).args(args), None)
+    crate::process::spawn_logged(dir, role, Command::new(program).args(args), None)
         .map_err(|e| KubeError::Start(format!("starting {role}: {e}")))
 }
 
 /// Fails the attempt when `role` has exited; a lost port race (its log says
 /// the address is in use) is worth another attempt.
 fn check_alive(dir: &Path, role: &str, pid: u32) -> Result<(), Attempt> {
-    if crate::alive(pid as i32) {
+    if crate::process::alive(pid as i32) {
         return Ok(());
     }
     let log = dir.join("logs").join(format!("{role}.log"));

@@ -33,8 +33,10 @@ use podnet_kernel::Netns;
 use podnet_nft::model::Family;
 use podnet_nft::netlink::Conn;
 
+use crate::error::{io, msg, LabError};
+use crate::process::spawn_logged;
 use crate::upgrade::http_get;
-use crate::{io, kube, msg, spawn_logged, Lab, LabError, NodeInfo, AGENT_CAPS};
+use crate::{kube, Lab, NodeInfo, AGENT_CAPS};
 
 /// kube-proxy's nftables table (in both families).
 pub const TABLE: &str = "kube-proxy";

@@ -45,9 +45,10 @@ use kube::api::{Api, ListParams};
 use podnet_api::netconfig;
 use podnet_kernel::Netns;
 
+use crate::clusterdns::{dns_answers, dns_labels};
+use crate::error::{io, msg, LabError};
 use crate::{
-    dns_answers, dns_labels, io, kubelet, msg, Daemon, Lab, LabError, LabState, PodInfo, UpOptions,
-    DNS_NAMESPACE, DNS_POD, DNS_SERVICE,
+    kubelet, Daemon, Lab, LabState, PodInfo, UpOptions, DNS_NAMESPACE, DNS_POD, DNS_SERVICE,
 };
 
 /// Where the per-role binary links live, in the lab directory.

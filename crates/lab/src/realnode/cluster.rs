@@ -13,8 +13,9 @@ use podnet_kernel::rtnl::Route;
 use podnet_kernel::{Handle, Netns};
 
 use super::{host, NodePeers, RealNode};
+use crate::error::{msg, LabError};
 use crate::kube::{self, KubeletPlan};
-use crate::{gateway, kubelet, msg, Lab, LabError, LabState, UpOptions};
+use crate::{gateway, kubelet, Lab, LabState, UpOptions};
 
 impl Lab {
     pub(crate) async fn up_kubelets(
@@ -107,7 +108,7 @@ impl Lab {
         let pid = self.spawn("egress", None, &args, &[])?;
         let deadline = Instant::now() + Duration::from_secs(5);
         while !socket.exists() {
-            if !crate::alive(pid as i32) || Instant::now() > deadline {
+            if !crate::process::alive(pid as i32) || Instant::now() > deadline {
                 return Err(msg(format!(
                     "the egress proxy did not start; see {}",
                     self.log_path("egress").display()

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{io, msg, LabError};
+use crate::error::{io, msg, LabError};
 
 /// Host paths a node's pods (DaemonSet hostPath volumes), containerd and
 /// kubelet use, and the per-node directory (under the node's data dir)

@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{io, msg, LabError, NodeInfo};
+use crate::error::{io, msg, LabError};
+use crate::NodeInfo;
 
 /// Where real nodes keep what is too big for /run (images, kubelet data).
 pub const DATA_DIR: &str = "/var/lib/podnet-lab";
@@ -173,7 +174,7 @@ impl RealNode<'_> {
             .env("PATH", std::env::join_paths(path).expect("PATH"))
             .env("TMPDIR", &tmp);
         let role = format!("containerd-{}", self.node.name);
-        let pid = crate::spawn_logged(self.lab_dir, &role, &mut cmd, None)?;
+        let pid = crate::process::spawn_logged(self.lab_dir, &role, &mut cmd, None)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ok = Command::new(&peers.ctr)
@@ -187,7 +188,7 @@ impl RealNode<'_> {
             if ok {
                 return Ok(());
             }
-            if !crate::alive(pid as i32) || Instant::now() > deadline {
+            if !crate::process::alive(pid as i32) || Instant::now() > deadline {
                 return Err(msg(format!(
                     "{role} did not start; see {}",
                     self.lab_dir
@@ -265,7 +266,7 @@ impl RealNode<'_> {
                 zone_of(&self.node.name)
             ))
             .arg("--v=1");
-        crate::spawn_logged(
+        crate::process::spawn_logged(
             self.lab_dir,
             &format!("kubelet-{}", self.node.name),
             &mut cmd,
