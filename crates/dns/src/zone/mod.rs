@@ -53,7 +53,7 @@ use ipnet::IpNet;
 /// The spec version `dns-version.<zone>` reports.
 pub const SCHEMA_VERSION: &str = "1.1.0";
 /// The label EndpointSlices carry naming their Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub use podnet_api::endpoints::SERVICE_NAME_LABEL;
 
 /// What the zone serves.
 #[derive(Debug, Clone)]

@@ -4,17 +4,17 @@
 //! Everything else in the objects is dropped here, so the builder stores
 //! (and compares) only what changes records.
 //!
-//! Endpoint readiness is decided in one place, [`endpoint_ready`] (what
-//! an endpoint's conditions say) and [`SvcInfo::publishes`] (whether the
-//! Service publishes an endpoint in that state).
+//! Endpoint readiness is decided by `podnet_api::endpoints::Conditions`
+//! (what an endpoint's conditions say, with the API's defaults, as the
+//! proxy reads them) and [`SvcInfo::publishes`] (whether the Service
+//! publishes an endpoint in that state).
 
 use std::net::IpAddr;
 
 use podnet_api::k8s_openapi::api::core::v1::{Service, ServiceSpec};
-use podnet_api::k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::names::valid_label;
-use super::SERVICE_NAME_LABEL;
 use crate::wire;
 
 const TOLERATE_UNREADY: &str = "service.alpha.kubernetes.io/tolerate-unready-endpoints";
@@ -136,24 +136,13 @@ fn publishes_not_ready(svc: &Service, spec: &ServiceSpec) -> bool {
     spec.publish_not_ready_addresses.unwrap_or(false) || tolerate
 }
 
-/// Whether an endpoint's conditions say it is ready; unknown counts as
-/// ready, as the EndpointSlice API says consumers should assume.
-fn endpoint_ready(conditions: Option<&EndpointConditions>) -> bool {
-    conditions.and_then(|c| c.ready).unwrap_or(true)
-}
-
 impl SliceInfo {
     /// What DNS keeps of an EndpointSlice, under the slice's own key; None
     /// for a slice without a name. FQDN slices keep no endpoints.
     pub(super) fn from_slice(s: &EndpointSlice) -> Option<(SvcKey, SliceInfo)> {
         let ns = namespace_of(&s.metadata.namespace);
         let name = s.metadata.name.clone()?;
-        let service: Option<Box<str>> = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .map(|v| v.as_str().into());
+        let service: Option<Box<str>> = podnet_api::endpoints::service_name(s).map(Into::into);
         let fqdn = s.address_type.eq_ignore_ascii_case("FQDN");
         let endpoints = s
             .endpoints
@@ -166,7 +155,7 @@ impl SliceInfo {
                     .as_deref()
                     .filter(|h| valid_label(h))
                     .map(Into::into);
-                let ready = endpoint_ready(e.conditions.as_ref());
+                let ready = podnet_api::endpoints::Conditions::of(e).ready;
                 e.addresses
                     .iter()
                     .filter_map(|a| a.parse().ok())
