@@ -145,6 +145,23 @@ impl Recorder {
         }
     }
 
+    /// Runs the flow log until dropped: names from `sub` (read at once,
+    /// like every subscription), new connections from conntrack on a
+    /// thread that stops with this future.
+    pub async fn run(self, sub: Subscription) {
+        let stop = podnet_daemon::StopOnDrop::new();
+        let (r, flag) = (self.clone(), stop.flag());
+        if let Err(e) = std::thread::Builder::new()
+            .name("flow-log".into())
+            .spawn(move || r.conntrack(flag))
+        {
+            tracing::error!("starting the flow log: {e}");
+            self.metrics
+                .set_unhealthy_for("flows", Some(format!("starting the flow log: {e}")));
+        }
+        self.names(sub).await;
+    }
+
     /// Reads new connections from conntrack until `stop`; its own thread.
     pub fn conntrack(self, stop: Arc<AtomicBool>) {
         let mut ev = match Events::open(&[EventKind::New]) {

@@ -16,6 +16,10 @@
 //! and once its new watch runs ([`StoreWatch::watching`]) one info line says
 //! so and `/readyz` passes again.
 
+pub mod stop;
+
+pub use stop::StopOnDrop;
+
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::future::Future;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
-use podnet_reconcile::{Input, Scope, Subsystem, SyncError};
+use podnet_reconcile::{Feed, Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Resyncer, Subscription};
 
 use crate::zone::{Builder, Snapshot};
@@ -200,7 +200,7 @@ impl Subsystem for Zone {
 /// or API server fails `/readyz` through the source's health while answers
 /// keep coming from the last snapshot.
 pub async fn run(
-    mut sub: Subscription,
+    sub: Subscription,
     b: Builder,
     zone: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<Metrics>,
@@ -214,30 +214,12 @@ pub async fn run(
         rebuilt: false,
     };
     let (tx, rx) = podnet_reconcile::channel();
-    let forward = tokio::spawn(async move {
-        while let Some(batch) = sub.next_batch().await {
-            if let Some(objs) = batch.snapshot {
-                if tx
-                    .send(Input::Changes(ZoneInput::Snapshot(objs)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if !batch.deltas.is_empty()
-                && tx
-                    .send(Input::Changes(ZoneInput::Deltas(batch.deltas)))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-            if batch.ready && tx.send(Input::Ready).await.is_err() {
-                return;
-            }
-        }
-    });
+    let forward = tokio::spawn(podnet_reconcile::forward(sub, tx, |f| {
+        Some(match f {
+            Feed::Snapshot(objs) => ZoneInput::Snapshot(objs),
+            Feed::Deltas(d) => ZoneInput::Deltas(d),
+        })
+    }));
     // Resync period: DNS has nothing to repair; a long one.
     let opts = podnet_reconcile::Options::new(Duration::from_secs(3600));
     podnet_reconcile::run(z, rx, opts, metrics, shutdown).await;

@@ -10,7 +10,9 @@
 //!   routes carry their own protocol number);
 //! - [`tunnel`], [`gso`]: the udp backend's userspace data path;
 //! - [`masq`]: the masquerade table `ip podnet-masq`;
-//! - [`files`]: subnet.env and the CNI conflist.
+//! - [`files`]: subnet.env and the CNI conflist;
+//! - [`claim`]: the node's subnet claim kept while the loop runs, as the
+//!   node agent runs it.
 //!
 //! [`Overlay`] is a subsystem of the one reconcile loop
 //! (`podnet_reconcile`): watch the subnet map, plan (pure, by the backend),
@@ -18,6 +20,7 @@
 //! resync repairs anything deleted behind our back.
 
 pub mod backend;
+pub mod claim;
 pub mod files;
 pub mod gso;
 pub mod kernel;

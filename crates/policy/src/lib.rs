@@ -38,7 +38,6 @@ pub mod world;
 mod tests;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -70,14 +69,6 @@ pub struct Feed(mpsc::Sender<Input<PolicyInput>>);
 impl Feed {
     pub async fn subnets(&self, s: Vec<ipnet::IpNet>) {
         let _ = self.0.send(Input::Changes(PolicyInput::Subnets(s))).await;
-    }
-}
-
-struct StopOnDrop(Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -113,31 +104,18 @@ pub fn start_with(
     let (tx, rx) = podnet_reconcile::channel();
     let (guard_tx, guard_rx) = podnet_reconcile::channel();
     // The subscription, forwarded as deltas; it is always read.
-    let fwd = tx.clone();
-    let mut sub = sub;
-    let forward = async move {
-        while let Some(b) = sub.next_batch().await {
-            if !b.deltas.is_empty()
-                && fwd
-                    .send(Input::Changes(PolicyInput::Deltas(b.deltas)))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-            if b.ready && fwd.send(Input::Ready).await.is_err() {
-                return;
-            }
-        }
-    };
+    let forward = podnet_reconcile::forward(sub, tx.clone(), |f| match f {
+        podnet_reconcile::Feed::Deltas(d) => Some(PolicyInput::Deltas(d)),
+        podnet_reconcile::Feed::Snapshot(_) => None,
+    });
     let hint_tx = hint::Loops {
         policy: tx.clone(),
         guard: guard_tx.clone(),
     };
     let m = metrics.clone();
     let fut = async move {
-        let stop = Arc::new(AtomicBool::new(false));
-        let _stop = StopOnDrop(stop.clone());
+        let _stop = podnet_daemon::StopOnDrop::new();
+        let stop = _stop.flag();
         let (w, lm) = (world.clone(), m.clone());
         std::thread::Builder::new()
             .name("policy-log".into())
@@ -174,6 +152,31 @@ pub fn start_with(
         }
     };
     Ok((Feed(tx), fut))
+}
+
+/// NetworkPolicy off (`--no-policy`): removes the tables an enforcing
+/// agent left (they would go on judging with nobody updating them, and
+/// fail closed on every new pod; this is also the way down to a version
+/// without NetworkPolicy: roll out `--no-policy` first), then answers the
+/// CNI plugin's ADD, which still waits for an agent on `socket`, until
+/// dropped.
+pub async fn run_disabled(socket: PathBuf, metrics: Arc<Metrics>) {
+    match cleanup() {
+        Ok(gone) => {
+            for t in gone {
+                tracing::info!(
+                    "NetworkPolicy is off (--no-policy): removed the nft table {t} an earlier agent left"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            "NetworkPolicy is off (--no-policy), but the policy tables could not be checked: {e}"
+        ),
+    }
+    if let Err(e) = hint::serve_without_policy(socket.clone()).await {
+        tracing::error!("CNI socket {}: {e}", socket.display());
+        metrics.set_unhealthy_for("policy", Some(format!("CNI socket: {e}")));
+    }
 }
 
 /// Removes the policy tables and the port guard's (for --cleanup);

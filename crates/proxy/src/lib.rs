@@ -7,6 +7,8 @@
 //!   (`podnet_reconcile`), and [`ServiceProxy`], both families together;
 //! - [`healthcheck`]: the health-check node ports of
 //!   `externalTrafficPolicy: Local` Services;
+//! - [`node`]: the proxy as a node agent runs it (its kinds, NodePort
+//!   addresses, conntrack timeouts, `/healthz`);
 //! - [`healthz`]: the proxy's own `/healthz` and `/livez` (kube-proxy's
 //!   :10256), for load balancers and kube-proxy's tools;
 //! - [`stale`]: the UDP conntrack entries a sync leaves pointing at
@@ -20,6 +22,7 @@
 pub mod ct_timeouts;
 pub mod healthcheck;
 pub mod healthz;
+pub mod node;
 pub mod proxier;
 pub mod rules;
 pub mod stale;

@@ -172,23 +172,56 @@ pub fn sync<S: Subsystem>(s: &mut S, scope: &Scope<S::Key>) -> Result<usize, Syn
     s.apply(changes)
 }
 
-/// Feeds a loop from an object-source subscription: batches of deltas,
-/// then `Ready` once the source's first list is in.
-pub fn from_subscription(mut sub: Subscription) -> mpsc::Receiver<Input<Vec<Delta>>> {
-    let (tx, rx) = channel();
-    tokio::spawn(async move {
-        while let Some(b) = sub.next_batch().await {
-            if b.snapshot.is_some() {
-                tracing::warn!("a resync snapshot reached a reconcile loop; ignored");
-            }
-            if !b.deltas.is_empty() && tx.send(Input::Changes(b.deltas)).await.is_err() {
-                return;
-            }
-            if b.ready && tx.send(Input::Ready).await.is_err() {
-                return;
+/// What a subscription batch brings a loop, before the loop's own input
+/// type wraps it ([`forward`]).
+pub enum Feed {
+    /// A snapshot of every object, asked for with
+    /// `Subscription::resync`.
+    Snapshot(Vec<std::sync::Arc<podnet_api::Object>>),
+    /// Changes since the last batch.
+    Deltas(Vec<Delta>),
+}
+
+/// Forwards an object-source subscription into a loop's channel until
+/// either side ends: each batch's snapshot and deltas, mapped into the
+/// loop's input by `map` (None: dropped), then `Ready` once the source's
+/// first list is in. The one subscription-to-loop adapter; the caller
+/// spawns it, or runs it beside other inputs of the same loop.
+pub async fn forward<T>(
+    mut sub: Subscription,
+    tx: mpsc::Sender<Input<T>>,
+    map: impl Fn(Feed) -> Option<T>,
+) {
+    while let Some(b) = sub.next_batch().await {
+        let feeds = b
+            .snapshot
+            .map(Feed::Snapshot)
+            .into_iter()
+            .chain((!b.deltas.is_empty()).then_some(Feed::Deltas(b.deltas)));
+        for f in feeds {
+            if let Some(x) = map(f) {
+                if tx.send(Input::Changes(x)).await.is_err() {
+                    return;
+                }
             }
         }
-    });
+        if b.ready && tx.send(Input::Ready).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Feeds a loop from an object-source subscription: batches of deltas,
+/// then `Ready` once the source's first list is in.
+pub fn from_subscription(sub: Subscription) -> mpsc::Receiver<Input<Vec<Delta>>> {
+    let (tx, rx) = channel();
+    tokio::spawn(forward(sub, tx, |f| match f {
+        Feed::Deltas(d) => Some(d),
+        Feed::Snapshot(_) => {
+            tracing::warn!("a resync snapshot reached a reconcile loop; ignored");
+            None
+        }
+    }));
     rx
 }
 
@@ -218,6 +251,66 @@ where
     }
 }
 
+/// What a loop owes between syncs.
+struct Owed<K: Ord> {
+    /// The source's first list is in: syncs may run.
+    ready: bool,
+    dirty: BTreeSet<K>,
+    /// Work owed besides the dirty keys (a resync, a full sync).
+    extra: Option<Scope<K>>,
+    /// Since when syncs fail (then every sync is a full one).
+    failing_since: Option<Instant>,
+}
+
+impl<K: Ord + Clone> Owed<K> {
+    fn owe(&mut self, s: Scope<K>) {
+        self.extra = Some(match self.extra.take() {
+            Some(o) => o.merge(s),
+            None => s,
+        });
+    }
+
+    /// Takes one input and everything already queued behind it, so they
+    /// make one sync.
+    fn take<S>(
+        &mut self,
+        s: &mut S,
+        first: Input<S::Input>,
+        rest: &mut mpsc::Receiver<Input<S::Input>>,
+    ) where
+        S: Subsystem<Key = K>,
+    {
+        let mut next = Some(first);
+        while let Some(m) = next {
+            match m {
+                Input::Changes(c) => s.watch(c, &mut self.dirty),
+                Input::Ready if !self.ready => {
+                    self.ready = true;
+                    self.owe(Scope::Full);
+                }
+                Input::Ready => {}
+            }
+            next = rest.try_recv().ok();
+        }
+    }
+
+    /// The next sync's scope, if one is due.
+    fn next_scope(&mut self) -> Option<Scope<K>> {
+        if !self.ready {
+            return None;
+        }
+        let scope = match self.extra.take() {
+            Some(o) => o.merge(Scope::Only(std::mem::take(&mut self.dirty))),
+            None if self.dirty.is_empty() => return None,
+            None => Scope::Only(std::mem::take(&mut self.dirty)),
+        };
+        Some(match self.failing_since {
+            Some(_) => Scope::Full,
+            None => scope,
+        })
+    }
+}
+
 /// Drives `s` until `shutdown` resolves or the input ends; see the crate
 /// docs.
 pub async fn run<S>(
@@ -232,12 +325,12 @@ pub async fn run<S>(
 {
     tokio::pin!(shutdown);
     let name = s.name();
-    let labels = format!("subsystem=\"{name}\"");
-    let mut ready = false;
-    let mut dirty: BTreeSet<S::Key> = BTreeSet::new();
-    // Work owed besides the dirty keys (a resync, a full sync).
-    let mut owed: Option<Scope<S::Key>> = None;
-    let mut failing_since: Option<Instant> = None;
+    let mut owed = Owed {
+        ready: false,
+        dirty: BTreeSet::new(),
+        extra: None,
+        failing_since: None,
+    };
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + opts.resync, opts.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -245,10 +338,10 @@ pub async fn run<S>(
             _ = &mut shutdown => return,
             _ = tick.tick() => {
                 let r = s.resync();
-                owed = Some(match owed.take() { Some(o) => o.merge(r), None => r });
+                owed.owe(r);
             }
-            _ = tokio::time::sleep(opts.retry), if ready && failing_since.is_some() => {
-                owed = Some(Scope::Full);
+            _ = tokio::time::sleep(opts.retry), if owed.ready && owed.failing_since.is_some() => {
+                owed.owe(Scope::Full);
             }
             m = input.recv() => {
                 let Some(m) = m else {
@@ -256,94 +349,90 @@ pub async fn run<S>(
                     metrics.set_unhealthy_for(name, Some(format!("{name}: its input ended")));
                     return;
                 };
-                // Coalesce everything already queued into one sync.
-                let mut next = Some(m);
-                while let Some(m) = next {
-                    match m {
-                        Input::Changes(c) => s.watch(c, &mut dirty),
-                        Input::Ready if !ready => {
-                            ready = true;
-                            owed = Some(Scope::Full);
-                        }
-                        Input::Ready => {}
-                    }
-                    next = input.try_recv().ok();
-                }
+                owed.take(&mut s, m, &mut input);
             }
         }
-        if !ready {
+        let Some(scope) = owed.next_scope() else {
             continue;
-        }
-        let scope = match owed.take() {
-            Some(o) => o.merge(Scope::Only(std::mem::take(&mut dirty))),
-            None if dirty.is_empty() => continue,
-            None => Scope::Only(std::mem::take(&mut dirty)),
-        };
-        let scope = if failing_since.is_some() {
-            Scope::Full
-        } else {
-            scope
         };
         let t0 = Instant::now();
         let (back, scope, res) = sync_on_own_thread(s, scope).await;
         s = back;
         match res {
             Ok(n) => {
-                tracing::debug!(
-                    subsystem = name,
-                    scope = scope.label(),
-                    ops = n,
-                    ms = t0.elapsed().as_secs_f64() * 1e3,
-                    "synced"
-                );
-                if failing_since.take().is_some() {
+                if owed.failing_since.take().is_some() {
                     tracing::info!(subsystem = name, "in sync again");
                     metrics.set_unhealthy_for(name, None);
                 }
-                metrics.inc(
-                    "podnet_reconcile_syncs_total",
-                    "Syncs (plan, observe, diff, apply) per subsystem and scope.",
-                    &format!("{labels},scope=\"{}\"", scope.label()),
-                    1.0,
-                );
-                metrics.inc(
-                    "podnet_reconcile_operations_total",
-                    "Kernel operations applied per subsystem.",
-                    &labels,
-                    n as f64,
-                );
-                if n > 0 {
-                    metrics.observe(
-                        "podnet_reconcile_sync_seconds",
-                        "Time of syncs that changed something, per subsystem.",
-                        &labels,
-                        t0.elapsed().as_secs_f64(),
-                    );
-                }
+                record_sync(&metrics, name, &scope, n, t0);
             }
             Err(e) => {
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                tracing::warn!(
-                    subsystem = name,
-                    "sync failed: {e}; retrying with a full sync"
-                );
-                metrics.inc(
-                    "podnet_reconcile_failures_total",
-                    "Failed syncs per subsystem.",
-                    &labels,
-                    1.0,
-                );
-                if since.elapsed() > opts.stall {
-                    metrics.set_unhealthy_for(
-                        name,
-                        Some(format!(
-                            "{name} has not synced for {}s: {e}",
-                            since.elapsed().as_secs()
-                        )),
-                    );
-                }
+                let since = *owed.failing_since.get_or_insert_with(Instant::now);
+                record_failure(&metrics, name, &e, since, opts.stall);
             }
         }
+    }
+}
+
+/// A sync that went through: its log line and metrics.
+fn record_sync<K: Ord>(metrics: &Metrics, name: &str, scope: &Scope<K>, n: usize, t0: Instant) {
+    let labels = format!("subsystem=\"{name}\"");
+    tracing::debug!(
+        subsystem = name,
+        scope = scope.label(),
+        ops = n,
+        ms = t0.elapsed().as_secs_f64() * 1e3,
+        "synced"
+    );
+    metrics.inc(
+        "podnet_reconcile_syncs_total",
+        "Syncs (plan, observe, diff, apply) per subsystem and scope.",
+        &format!("{labels},scope=\"{}\"", scope.label()),
+        1.0,
+    );
+    metrics.inc(
+        "podnet_reconcile_operations_total",
+        "Kernel operations applied per subsystem.",
+        &labels,
+        n as f64,
+    );
+    if n > 0 {
+        metrics.observe(
+            "podnet_reconcile_sync_seconds",
+            "Time of syncs that changed something, per subsystem.",
+            &labels,
+            t0.elapsed().as_secs_f64(),
+        );
+    }
+}
+
+/// A sync that failed, failing since `since`: a warning, the failure
+/// count, and `/readyz` failing once that is longer than `stall`.
+fn record_failure(
+    metrics: &Metrics,
+    name: &'static str,
+    e: &SyncError,
+    since: Instant,
+    stall: Duration,
+) {
+    tracing::warn!(
+        subsystem = name,
+        "sync failed: {e}; retrying with a full sync"
+    );
+    metrics.inc(
+        "podnet_reconcile_failures_total",
+        "Failed syncs per subsystem.",
+        &format!("subsystem=\"{name}\""),
+        1.0,
+    );
+    if since.elapsed() > stall {
+        metrics.set_unhealthy_for(
+            name,
+            Some(format!(
+                "{name} has not synced for {}s: {e}",
+                since.elapsed().as_secs()
+            )),
+        );
     }
 }
 
