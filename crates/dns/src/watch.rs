@@ -24,7 +24,7 @@ use crate::zone::{Builder, Snapshot};
 
 /// Applies one delta from the object source to the builder; false if DNS
 /// does not care.
-pub fn observe(b: &mut Builder, d: &Delta) -> bool {
+pub fn apply_delta(b: &mut Builder, d: &Delta) -> bool {
     let key = d.key();
     let ns = key.namespace.as_deref().unwrap_or_default();
     match (key.kind, d.object()) {
@@ -121,7 +121,7 @@ impl Subsystem for Zone {
             ZoneInput::Snapshot(objs) => {
                 self.b.clear_objects();
                 for o in objs {
-                    observe(&mut self.b, &Delta::Updated(o));
+                    apply_delta(&mut self.b, &Delta::Updated(o));
                 }
                 self.rebuilt = true;
                 self.metrics.inc(
@@ -133,7 +133,7 @@ impl Subsystem for Zone {
             }
             ZoneInput::Deltas(ds) => {
                 for d in &ds {
-                    observe(&mut self.b, d);
+                    apply_delta(&mut self.b, d);
                 }
             }
         }
