@@ -72,6 +72,31 @@ fn node_of(p: &Pod) -> Option<&str> {
 }
 
 impl State {
+    /// The slices the Service `k` should have from the Pods in its
+    /// namespace; none once the Service is gone.
+    fn desired_slices(&self, k: &Key) -> Vec<EndpointSlice> {
+        let Some(svc) = self.services.get(k) else {
+            return vec![];
+        };
+        let pods: Vec<&Pod> = self
+            .pods
+            .range((k.0.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == k.0)
+            .map(|(_, p)| p)
+            .collect();
+        endpoints::desired(svc, &pods, &self.zones)
+    }
+
+    /// The cached slices we manage for the Service `k`.
+    fn existing_slices(&self, k: &Key) -> Vec<EndpointSlice> {
+        self.slices
+            .range((k.0.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == k.0)
+            .filter(|(_, s)| endpoints::managed_service(s) == Some(k.1.as_str()))
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
     fn index_pod(&mut self, p: &Pod, k: &Key) {
         if let Some(n) = node_of(p) {
             self.pods_on_node
@@ -448,27 +473,8 @@ impl Controller {
         {
             self.allocate(k).await?;
         }
-        let desired = match self.state.services.get(k) {
-            Some(svc) => {
-                let pods: Vec<&Pod> = self
-                    .state
-                    .pods
-                    .range((k.0.clone(), String::new())..)
-                    .take_while(|((ns, _), _)| *ns == k.0)
-                    .map(|(_, p)| p)
-                    .collect();
-                endpoints::desired(svc, &pods, &self.state.zones)
-            }
-            None => vec![],
-        };
-        let existing: Vec<EndpointSlice> = self
-            .state
-            .slices
-            .range((k.0.clone(), String::new())..)
-            .take_while(|((ns, _), _)| *ns == k.0)
-            .filter(|(_, s)| endpoints::managed_service(s) == Some(k.1.as_str()))
-            .map(|(_, s)| s.clone())
-            .collect();
+        let desired = self.state.desired_slices(k);
+        let existing = self.state.existing_slices(k);
         let names: HashSet<String> = desired
             .iter()
             .filter_map(|d| d.metadata.name.clone())
@@ -480,73 +486,94 @@ impl Controller {
                 .find(|e| e.metadata.name.as_deref() == Some(&name))
             {
                 Some(e) if endpoints::same(e, &d) => {}
-                Some(e) => {
-                    let mut upd = d.clone();
-                    upd.metadata.uid = e.metadata.uid.clone();
-                    upd.metadata.creation_timestamp = e.metadata.creation_timestamp.clone();
-                    upd.metadata.resource_version = e.metadata.resource_version.clone();
-                    let o = self
-                        .objs
-                        .update(Object::EndpointSlice(Box::new(upd)), vec![])
-                        .await?;
-                    self.metrics.inc(
-                        "podnet_controller_endpointslice_writes_total",
-                        "EndpointSlice writes.",
-                        "op=\"update\"",
-                        1.0,
-                    );
-                    self.cache_slice(o);
-                }
-                None => {
-                    let o = match self
-                        .objs
-                        .create(Object::EndpointSlice(Box::new(d)), vec![])
-                        .await
-                    {
-                        Err(StoreError::AlreadyExists(_)) => {
-                            // Exists but was not in our cache yet: take it over next pass.
-                            return Err(StoreError::Backend(format!(
-                                "slice {name} appeared concurrently"
-                            )));
-                        }
-                        r => r?,
-                    };
-                    self.metrics.inc(
-                        "podnet_controller_endpointslice_writes_total",
-                        "EndpointSlice writes.",
-                        "op=\"create\"",
-                        1.0,
-                    );
-                    self.cache_slice(o);
-                }
+                Some(e) => self.update_slice(d, e).await?,
+                None => self.create_slice(d, &name).await?,
             }
         }
         for e in existing {
             let name = e.metadata.name.clone().unwrap_or_default();
             if !names.contains(&name) {
-                let rev = e
-                    .metadata
-                    .resource_version
-                    .as_deref()
-                    .and_then(|r| r.parse().ok());
-                match self
-                    .objs
-                    .delete(Kind::EndpointSlice, Some(&k.0), &name, rev, vec![])
-                    .await
-                {
-                    Ok(_) | Err(StoreError::NotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
-                self.metrics.inc(
-                    "podnet_controller_endpointslice_writes_total",
-                    "EndpointSlice writes.",
-                    "op=\"delete\"",
-                    1.0,
-                );
-                self.state.slices.remove(&(k.0.clone(), name));
+                self.delete_slice(&k.0, name, &e).await?;
             }
         }
         Ok(())
+    }
+
+    /// Writes `d` over the slice `e` it replaces, keeping the server-owned
+    /// metadata so the update is conditional on `e`'s revision.
+    async fn update_slice(
+        &mut self,
+        d: EndpointSlice,
+        e: &EndpointSlice,
+    ) -> Result<(), StoreError> {
+        let mut upd = d;
+        upd.metadata.uid = e.metadata.uid.clone();
+        upd.metadata.creation_timestamp = e.metadata.creation_timestamp.clone();
+        upd.metadata.resource_version = e.metadata.resource_version.clone();
+        let o = self
+            .objs
+            .update(Object::EndpointSlice(Box::new(upd)), vec![])
+            .await?;
+        self.count_slice_write("op=\"update\"");
+        self.cache_slice(o);
+        Ok(())
+    }
+
+    /// Creates the slice `d` (named `name`). One that exists already but
+    /// was not in the cache yet is an error, so the Service is retried and
+    /// takes it over next pass.
+    async fn create_slice(&mut self, d: EndpointSlice, name: &str) -> Result<(), StoreError> {
+        let o = match self
+            .objs
+            .create(Object::EndpointSlice(Box::new(d)), vec![])
+            .await
+        {
+            Err(StoreError::AlreadyExists(_)) => {
+                // Exists but was not in our cache yet: take it over next pass.
+                return Err(StoreError::Backend(format!(
+                    "slice {name} appeared concurrently"
+                )));
+            }
+            r => r?,
+        };
+        self.count_slice_write("op=\"create\"");
+        self.cache_slice(o);
+        Ok(())
+    }
+
+    /// Deletes the slice `e` (named `name` in `ns`) no longer desired, at
+    /// its revision; one already gone counts as deleted.
+    async fn delete_slice(
+        &mut self,
+        ns: &str,
+        name: String,
+        e: &EndpointSlice,
+    ) -> Result<(), StoreError> {
+        let rev = e
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|r| r.parse().ok());
+        match self
+            .objs
+            .delete(Kind::EndpointSlice, Some(ns), &name, rev, vec![])
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        self.count_slice_write("op=\"delete\"");
+        self.state.slices.remove(&(ns.to_string(), name));
+        Ok(())
+    }
+
+    fn count_slice_write(&self, labels: &str) {
+        self.metrics.inc(
+            "podnet_controller_endpointslice_writes_total",
+            "EndpointSlice writes.",
+            labels,
+            1.0,
+        );
     }
 
     fn cache_slice(&mut self, o: Object) {

@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use podnet_api::k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
+use podnet_api::k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service, ServiceSpec};
 use podnet_api::k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
@@ -229,44 +229,86 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
     let name = svc.metadata.name.clone().unwrap_or_default();
     let publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
     let hints = hint_mode(svc);
-    let empty = BTreeMap::new();
     // (family, port set) -> endpoints
     let mut groups: BTreeMap<(String, PortSet), Vec<Endpoint>> = BTreeMap::new();
-    for pod in pods {
-        if pod.metadata.namespace.as_deref().unwrap_or("default") != ns
-            || !selector::matches_map(
-                &spec.selector,
-                pod.metadata.labels.as_ref().unwrap_or(&empty),
-            )
-        {
-            continue;
-        }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded") | Some("Failed")) {
-            continue;
-        }
-        let mut ports: PortSet = Vec::new();
-        for p in spec.ports.iter().flatten() {
-            let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
-            if let Some(n) = resolve(&p.target_port, p.port, &proto, pod) {
-                // As Kubernetes: the name always ("" for an unnamed port),
-                // the appProtocol copied.
-                let name = p.name.clone().unwrap_or_default();
-                ports.push((Some(name), proto, n, p.app_protocol.clone()));
-            }
-        }
+    for pod in pods.iter().filter(|p| selects(spec, &ns, p)) {
         // A pod that declares none of the Service's named targetPorts is
         // still an endpoint, in a slice without ports, as Kubernetes'
         // EndpointSlice controller publishes it (headless DNS names it;
         // proxies find no port to send to). Found by differential_kcm.
-        let conditions = conditions(pod, publish_not_ready);
-        let pspec = pod.spec.as_ref();
-        let hostname = pspec
-            .filter(|s| s.subdomain.as_deref() == Some(name.as_str()))
-            .and_then(|s| s.hostname.clone());
-        for ip in pod_ips(pod) {
+        let ports = pod_ports(spec, pod);
+        for (fam, mut ep) in pod_endpoints(pod, &ns, &name, publish_not_ready, zones) {
+            if let Some(mode) = hints {
+                add_hints(&mut ep, mode);
+            }
+            groups
+                .entry((fam.into(), ports.clone()))
+                .or_default()
+                .push(ep);
+        }
+    }
+    if groups.is_empty() {
+        // An empty slice says "selector matched nothing", as Kubernetes does.
+        groups.insert((cluster_ip_family(spec).into(), Vec::new()), Vec::new());
+    }
+    let meta = slice_meta(svc, &ns, &name);
+    groups
+        .into_iter()
+        .map(|((fam, ports), eps)| slice(&meta, &name, fam, ports, eps))
+        .collect()
+}
+
+/// Whether the Service's endpoints include `pod`: in its namespace,
+/// matched by its selector, and not finished (Succeeded or Failed).
+fn selects(spec: &ServiceSpec, ns: &str, pod: &Pod) -> bool {
+    let empty = BTreeMap::new();
+    if pod.metadata.namespace.as_deref().unwrap_or("default") != ns
+        || !selector::matches_map(
+            &spec.selector,
+            pod.metadata.labels.as_ref().unwrap_or(&empty),
+        )
+    {
+        return false;
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded") | Some("Failed"))
+}
+
+/// The Service's ports as they resolve on `pod`; a named targetPort the
+/// pod does not declare is left out.
+fn pod_ports(spec: &ServiceSpec, pod: &Pod) -> PortSet {
+    let mut ports: PortSet = Vec::new();
+    for p in spec.ports.iter().flatten() {
+        let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        if let Some(n) = resolve(&p.target_port, p.port, &proto, pod) {
+            // As Kubernetes: the name always ("" for an unnamed port),
+            // the appProtocol copied.
+            let name = p.name.clone().unwrap_or_default();
+            ports.push((Some(name), proto, n, p.app_protocol.clone()));
+        }
+    }
+    ports
+}
+
+/// One endpoint per pod IP, with its address family; the hostname is the
+/// pod's only when its subdomain is the Service (`svc_name`).
+fn pod_endpoints(
+    pod: &Pod,
+    ns: &str,
+    svc_name: &str,
+    publish_not_ready: bool,
+    zones: &Zones,
+) -> Vec<(&'static str, Endpoint)> {
+    let conditions = conditions(pod, publish_not_ready);
+    let pspec = pod.spec.as_ref();
+    let hostname = pspec
+        .filter(|s| s.subdomain.as_deref() == Some(svc_name))
+        .and_then(|s| s.hostname.clone());
+    pod_ips(pod)
+        .into_iter()
+        .map(|ip| {
             let fam = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
-            let mut ep = Endpoint {
+            let ep = Endpoint {
                 addresses: vec![ip.to_string()],
                 conditions: Some(conditions.clone()),
                 hostname: hostname.clone(),
@@ -277,77 +319,88 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
                     .cloned(),
                 target_ref: Some(ObjectReference {
                     kind: Some("Pod".into()),
-                    namespace: Some(ns.clone()),
+                    namespace: Some(ns.to_string()),
                     name: pod.metadata.name.clone(),
                     uid: pod.metadata.uid.clone(),
                     ..Default::default()
                 }),
                 ..Default::default()
             };
-            if let Some(mode) = hints {
-                add_hints(&mut ep, mode);
-            }
-            groups
-                .entry((fam.into(), ports.clone()))
-                .or_default()
-                .push(ep);
-        }
+            (fam, ep)
+        })
+        .collect()
+}
+
+/// The family of the empty slice a Service that selects nothing gets:
+/// its ClusterIP's.
+fn cluster_ip_family(spec: &ServiceSpec) -> &'static str {
+    if spec
+        .cluster_ip
+        .as_deref()
+        .map(|c| c.contains(':'))
+        .unwrap_or(false)
+    {
+        "IPv6"
+    } else {
+        "IPv4"
     }
+}
+
+/// The metadata every slice of the Service shares (all but its name): the
+/// namespace, the labels that tie it to the Service and to us, and the
+/// Service as its controlling owner.
+fn slice_meta(svc: &Service, ns: &str, name: &str) -> ObjectMeta {
     let labels: BTreeMap<String, String> = [
-        (SERVICE_NAME_LABEL.to_string(), name.clone()),
+        (SERVICE_NAME_LABEL.to_string(), name.to_string()),
         (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
     ]
     .into();
     let owner = OwnerReference {
         api_version: "v1".into(),
         kind: "Service".into(),
-        name: name.clone(),
+        name: name.to_string(),
         uid: svc.metadata.uid.clone().unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     };
-    let mut out = Vec::new();
-    if groups.is_empty() {
-        // An empty slice says "selector matched nothing", as Kubernetes does.
-        let fam = if spec
-            .cluster_ip
-            .as_deref()
-            .map(|c| c.contains(':'))
-            .unwrap_or(false)
-        {
-            "IPv6"
-        } else {
-            "IPv4"
-        };
-        groups.insert((fam.into(), Vec::new()), Vec::new());
+    ObjectMeta {
+        namespace: Some(ns.to_string()),
+        labels: Some(labels),
+        owner_references: Some(vec![owner]),
+        ..Default::default()
     }
-    for ((fam, ports), mut eps) in groups {
-        eps.sort_by(|a, b| a.addresses.cmp(&b.addresses));
-        let key = format!("{fam}|{ports:?}");
-        out.push(EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(format!("{name}-{}", short_hash(&key))),
-                namespace: Some(ns.clone()),
-                labels: Some(labels.clone()),
-                owner_references: Some(vec![owner.clone()]),
-                ..Default::default()
-            },
-            address_type: fam,
-            endpoints: Some(eps),
-            ports: Some(
-                ports
-                    .into_iter()
-                    .map(|(n, proto, port, app_protocol)| EndpointPort {
-                        name: n,
-                        protocol: Some(proto),
-                        port: Some(port),
-                        app_protocol,
-                    })
-                    .collect(),
-            ),
-        });
+}
+
+/// One slice: its endpoints sorted by address, its name the Service's
+/// plus a hash of its family and port set, so it is stable across syncs.
+fn slice(
+    meta: &ObjectMeta,
+    svc_name: &str,
+    fam: String,
+    ports: PortSet,
+    mut eps: Vec<Endpoint>,
+) -> EndpointSlice {
+    eps.sort_by(|a, b| a.addresses.cmp(&b.addresses));
+    let key = format!("{fam}|{ports:?}");
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{svc_name}-{}", short_hash(&key))),
+            ..meta.clone()
+        },
+        address_type: fam,
+        endpoints: Some(eps),
+        ports: Some(
+            ports
+                .into_iter()
+                .map(|(n, proto, port, app_protocol)| EndpointPort {
+                    name: n,
+                    protocol: Some(proto),
+                    port: Some(port),
+                    app_protocol,
+                })
+                .collect(),
+        ),
     }
-    out
 }
 
 /// Whether two slices carry the same data (ignoring server-owned metadata).

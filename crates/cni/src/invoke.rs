@@ -9,26 +9,22 @@
 //! Two guards keep a configuration from calling itself forever (a `bridge`
 //! whose `ipam.type` is `bridge` would otherwise recurse until the stack
 //! overflows): [`check_ipam_type`] refuses types that are no IPAM plugin,
-//! and every delegation counts its depth, in-process in a thread-local and
-//! across exec in the `PODNET_CNI_DELEGATION` variable, up to
+//! and every delegation counts its depth (see [`crate::chain`]), up to
 //! [`MAX_DEPTH`].
 
-use std::cell::RefCell;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Proc, Stdio};
 
+use crate::chain::Depth;
 use crate::error::CniError;
 use crate::skel::{CmdArgs, Command};
 use crate::types::CniResult;
 
-/// How many delegations may nest (podnet → bridge → host-local is 2).
-pub const MAX_DEPTH: usize = 4;
-
-/// The environment variable that carries the delegation chain to a plugin
-/// that is executed rather than called in-process.
-pub const CHAIN_ENV: &str = "PODNET_CNI_DELEGATION";
+/// The chain-depth guard lives in [`crate::chain`]; these stay reachable
+/// here, where callers have always found them.
+pub use crate::chain::{inherit_chain, CHAIN_ENV, MAX_DEPTH};
 
 /// Plugin types that attach interfaces or act on a chain's result: none of
 /// them answers as IPAM. Our own non-IPAM plugins are refused as well (see
@@ -66,54 +62,6 @@ pub fn check_ipam_type(t: &str) -> Result<(), CniError> {
         )));
     }
     Ok(())
-}
-
-thread_local! {
-    /// The plugins delegated to and not yet returned, outermost first.
-    static CHAIN: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Takes over the chain an executing parent passed in [`CHAIN_ENV`].
-pub fn inherit_chain(v: Option<&str>) {
-    let chain: Vec<String> = v
-        .unwrap_or_default()
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect();
-    CHAIN.with(|c| *c.borrow_mut() = chain);
-}
-
-/// One level of delegation, left when dropped.
-struct Depth;
-
-impl Depth {
-    fn enter(name: &str) -> Result<Depth, CniError> {
-        CHAIN.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.len() >= MAX_DEPTH {
-                return Err(CniError::config(format!(
-                    "plugin delegation nested more than {MAX_DEPTH} deep ({} -> {name}): \
-                     does a configuration delegate to itself?",
-                    c.join(" -> ")
-                )));
-            }
-            c.push(name.to_string());
-            Ok(Depth)
-        })
-    }
-
-    fn chain() -> String {
-        CHAIN.with(|c| c.borrow().join(","))
-    }
-}
-
-impl Drop for Depth {
-    fn drop(&mut self) {
-        CHAIN.with(|c| {
-            c.borrow_mut().pop();
-        });
-    }
 }
 
 /// Finds a plugin executable in the CNI_PATH directories.

@@ -7,12 +7,14 @@
 //! - [`error`]: the spec's error codes and JSON;
 //! - [`skel`]: environment parsing and command dispatch;
 //! - [`invoke`]: calling another plugin (in-process when it is us);
+//! - [`chain`]: the delegation chain and its depth limit;
 //! - [`ipam`]: host-local (config, pure allocator, on-disk store);
 //! - [`plugins`]: the plugins themselves.
 //!
 //! The plugins never write logs to stdout: stdout carries the result or the
 //! error JSON and nothing else.
 
+pub mod chain;
 pub mod error;
 pub mod invoke;
 pub mod ipam;

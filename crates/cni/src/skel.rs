@@ -248,7 +248,7 @@ pub fn main_with(plugin: &dyn Plugin) -> i32 {
     let env: HashMap<String, String> = std::env::vars().collect();
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
-    crate::invoke::inherit_chain(env.get(crate::invoke::CHAIN_ENV).map(String::as_str));
+    crate::chain::inherit_chain(env.get(crate::chain::CHAIN_ENV).map(String::as_str));
     let out = CmdArgs::from_env(&env, stdin)
         .map_err(|e| (CURRENT_VERSION.to_string(), e))
         .and_then(|a| {

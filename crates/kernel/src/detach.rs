@@ -262,23 +262,7 @@ fn wait(
     let mut trust_notifications = true;
     let deadline = Instant::now() + NOTIFY_TIMEOUT;
     loop {
-        let mut fds: Vec<libc::pollfd> = watches
-            .iter()
-            .filter(|w| !w.2)
-            .map(|w| libc::pollfd {
-                fd: w.0.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        if !trust_notifications {
-            fds.clear();
-        }
-        fds.push(libc::pollfd {
-            fd: report.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
+        let mut fds = poll_set(watches, report, trust_notifications);
         let timeout = if trust_notifications {
             deadline
                 .saturating_duration_since(Instant::now())
@@ -303,56 +287,93 @@ fn wait(
         }
         let report_ready = fds.last().map(|f| f.revents != 0).unwrap_or(false);
         if report_ready {
-            let mut b = [0u8; 4];
-            // SAFETY: reading into a 4-byte buffer from our pipe.
-            let n =
-                unsafe { libc::read(report.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 4) };
-            if n != 4 {
-                return Ok(Outcome::HelperLost);
-            }
-            let errno = i32::from_ne_bytes(b);
-            if errno == 0 {
-                return Ok(Outcome::Gone);
-            }
-            return Err(KernelError::Netlink {
-                op: op(),
-                source: io::Error::from_raw_os_error(errno),
-                detail: None,
-            });
+            return read_report(report, op);
         }
         if trust_notifications {
             for w in watches.iter_mut().filter(|w| !w.2) {
-                loop {
-                    // SAFETY: valid buffer; the socket is non-blocking.
-                    let n = unsafe {
-                        libc::recv(
-                            w.0.as_raw_fd(),
-                            buf.as_mut_ptr() as *mut libc::c_void,
-                            buf.len(),
-                            0,
-                        )
-                    };
-                    if n < 0 {
-                        let e = io::Error::last_os_error();
-                        match e.raw_os_error() {
-                            Some(libc::EAGAIN) => break,
-                            Some(libc::EINTR) => continue,
-                            // ENOBUFS: notifications were dropped; ours may be among them.
-                            _ => {
-                                trust_notifications = false;
-                                break;
-                            }
-                        }
-                    }
-                    if parse_dellinks(&buf[..n as usize]).contains(&w.1) {
-                        w.2 = true;
-                        break;
-                    }
+                if !drain_watch(w, &mut buf) {
+                    trust_notifications = false;
                 }
             }
             if trust_notifications && watches.iter().all(|w| w.2) {
                 return Ok(Outcome::Gone);
             }
+        }
+    }
+}
+
+/// What to poll: the listeners of links not yet seen gone (none once
+/// notifications are no longer trusted), and the helper's report pipe,
+/// always last.
+fn poll_set(
+    watches: &[(OwnedFd, u32, bool)],
+    report: &OwnedFd,
+    trust_notifications: bool,
+) -> Vec<libc::pollfd> {
+    let mut fds: Vec<libc::pollfd> = watches
+        .iter()
+        .filter(|w| !w.2 && trust_notifications)
+        .map(|w| libc::pollfd {
+            fd: w.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    fds.push(libc::pollfd {
+        fd: report.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    fds
+}
+
+/// Reads the helper's result: the errno of its request (0: deleted), or
+/// nothing if it died before writing one.
+fn read_report(report: &OwnedFd, op: &dyn Fn() -> String) -> Result<Outcome, KernelError> {
+    let mut b = [0u8; 4];
+    // SAFETY: reading into a 4-byte buffer from our pipe.
+    let n = unsafe { libc::read(report.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 4) };
+    if n != 4 {
+        return Ok(Outcome::HelperLost);
+    }
+    let errno = i32::from_ne_bytes(b);
+    if errno == 0 {
+        return Ok(Outcome::Gone);
+    }
+    Err(KernelError::Netlink {
+        op: op(),
+        source: io::Error::from_raw_os_error(errno),
+        detail: None,
+    })
+}
+
+/// Reads the notifications queued on one watch's listener, marking the
+/// watch done when its link's RTM_DELLINK is among them. `false`:
+/// notifications were dropped (ENOBUFS or another error), so ours may be
+/// lost and they can no longer be trusted.
+fn drain_watch(w: &mut (OwnedFd, u32, bool), buf: &mut [u8]) -> bool {
+    loop {
+        // SAFETY: valid buffer; the socket is non-blocking.
+        let n = unsafe {
+            libc::recv(
+                w.0.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => return true,
+                Some(libc::EINTR) => continue,
+                // ENOBUFS: notifications were dropped; ours may be among them.
+                _ => return false,
+            }
+        }
+        if parse_dellinks(&buf[..n as usize]).contains(&w.1) {
+            w.2 = true;
+            return true;
         }
     }
 }

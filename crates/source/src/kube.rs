@@ -26,7 +26,7 @@ use podnet_daemon::StoreWatch;
 
 use crate::cache::Cache;
 use crate::retry::{Failure, Retry};
-use crate::{Hub, ObjectKey, CHUNK};
+use crate::{Delta, Hub, ObjectKey, CHUNK};
 
 pub struct KubeSource {
     client: Client,
@@ -187,6 +187,77 @@ async fn list(client: &Client, kinds: &BTreeSet<Kind>) -> Result<Vec<Object>, ku
     Ok(out)
 }
 
+/// Where the watchers stand, folded from their messages.
+struct Progress {
+    /// What the consumers have.
+    cache: Cache,
+    /// Kinds between Init and InitDone.
+    relisting: BTreeSet<Kind>,
+    /// Kinds whose first list has not completed.
+    waiting: BTreeSet<Kind>,
+    /// Kinds whose watcher last reported an error (it retries by itself).
+    failing: BTreeSet<Kind>,
+}
+
+impl Progress {
+    /// Folds one watcher message in; the deltas it yields go to `out`.
+    fn absorb(
+        &mut self,
+        kind: Kind,
+        m: Result<Msg, watcher::Error>,
+        health: &StoreWatch,
+        out: &mut Vec<Delta>,
+    ) {
+        // `Init` comes before the list: it proves nothing yet.
+        if m.is_ok() && !matches!(m, Ok(Msg::Init)) {
+            self.failing.remove(&kind);
+        }
+        match m {
+            Ok(Msg::Init) => {
+                self.relisting.insert(kind);
+                self.cache.begin_relist(kind);
+            }
+            Ok(Msg::InitApply(o)) => out.extend(self.cache.relisted(o)),
+            Ok(Msg::InitDone) => {
+                self.relisting.remove(&kind);
+                out.extend(self.cache.end_relist(kind));
+                if self.waiting.remove(&kind) && self.waiting.is_empty() {
+                    health.watching();
+                }
+            }
+            Ok(Msg::Apply(o)) => out.extend(self.cache.put(o)),
+            Ok(Msg::Delete(o)) => out.extend(self.cache.delete(ObjectKey::of(&o))),
+            Err(e) => {
+                report_watch_error(kind, &e, self.failing.contains(&kind));
+                health.broken(&format!("{kind} watch: {e}"));
+                self.failing.insert(kind);
+            }
+        }
+    }
+
+    /// Every kind listed at least once and none mid-relist: what consumers
+    /// have is a complete picture.
+    fn settled(&self) -> bool {
+        self.relisting.is_empty() && self.waiting.is_empty()
+    }
+}
+
+/// Logs a watch error. A denial is the operator's to fix (RBAC), not a
+/// blip: say so at once, once per failing spell (`already_failing`).
+fn report_watch_error(kind: Kind, e: &watcher::Error, already_failing: bool) {
+    match denied(e) {
+        Some(code) if !already_failing => tracing::warn!(
+            kind = %kind,
+            code,
+            "the API server denies list/watch of {kind}: {e} \
+             (retrying; a starting API server does this for a few seconds, \
+             but if it lasts, the ClusterRole of this ServiceAccount needs it; \
+             see deploy/parts)"
+        ),
+        _ => tracing::debug!(kind = %kind, "watch: {e}"),
+    }
+}
+
 impl KubeSource {
     pub fn new(client: Client, health: StoreWatch) -> Self {
         KubeSource {
@@ -202,7 +273,7 @@ impl KubeSource {
             .iter()
             .filter_map(|&k| stream_for(&self.client, k))
             .collect();
-        let mut waiting: BTreeSet<Kind> = kinds
+        let waiting: BTreeSet<Kind> = kinds
             .iter()
             .copied()
             .filter(|k| *k != Kind::NetworkConfig)
@@ -218,25 +289,18 @@ impl KubeSource {
                 async move { client.apiserver_version().await }
             }
         });
-        let mut cache = Cache::default();
-        // Kinds between Init and InitDone.
-        let mut relisting: BTreeSet<Kind> = BTreeSet::new();
+        let mut progress = Progress {
+            cache: Cache::default(),
+            relisting: BTreeSet::new(),
+            waiting,
+            failing: BTreeSet::new(),
+        };
         let mut ready = false;
-        // Kinds whose watcher last reported an error (it retries by itself).
-        let mut failing: BTreeSet<Kind> = BTreeSet::new();
         let mut all = stream::select_all(streams).ready_chunks(1024);
         loop {
             let chunk = tokio::select! {
                 Some(id) = self.hub.resync_rx.recv() => {
-                    let kinds = self.hub.kinds_of(id);
-                    match list(&self.client, &kinds).await {
-                        Ok(objs) => self.hub.snapshot(id, objs).await,
-                        Err(e) => {
-                            self.health.broken(&format!("listing for a resync: {e}"));
-                            let _ = self.hub.resync_tx.send(id);
-                            self.health.backoff().await;
-                        }
-                    }
+                    self.resync(id).await;
                     continue;
                 }
                 c = all.next() => c,
@@ -244,47 +308,11 @@ impl KubeSource {
             let Some(chunk) = chunk else { break };
             self.health.event();
             let mut out = Vec::new();
-            let was_failing = !failing.is_empty();
+            let was_failing = !progress.failing.is_empty();
             for (kind, m) in chunk {
-                // `Init` comes before the list: it proves nothing yet.
-                if m.is_ok() && !matches!(m, Ok(Msg::Init)) {
-                    failing.remove(&kind);
-                }
-                match m {
-                    Ok(Msg::Init) => {
-                        relisting.insert(kind);
-                        cache.begin_relist(kind);
-                    }
-                    Ok(Msg::InitApply(o)) => out.extend(cache.relisted(o)),
-                    Ok(Msg::InitDone) => {
-                        relisting.remove(&kind);
-                        out.extend(cache.end_relist(kind));
-                        if waiting.remove(&kind) && waiting.is_empty() {
-                            self.health.watching();
-                        }
-                    }
-                    Ok(Msg::Apply(o)) => out.extend(cache.put(o)),
-                    Ok(Msg::Delete(o)) => out.extend(cache.delete(ObjectKey::of(&o))),
-                    Err(e) => {
-                        // A denial is the operator's to fix (RBAC), not a
-                        // blip: say so at once, once per failing spell.
-                        match denied(&e) {
-                            Some(code) if !failing.contains(&kind) => tracing::warn!(
-                                kind = %kind,
-                                code,
-                                "the API server denies list/watch of {kind}: {e} \
-                                 (retrying; a starting API server does this for a few seconds, \
-                                 but if it lasts, the ClusterRole of this ServiceAccount needs it; \
-                                 see deploy/parts)"
-                            ),
-                            _ => tracing::debug!(kind = %kind, "watch: {e}"),
-                        }
-                        self.health.broken(&format!("{kind} watch: {e}"));
-                        failing.insert(kind);
-                    }
-                }
+                progress.absorb(kind, m, &self.health, &mut out);
             }
-            if relisting.is_empty() && !out.is_empty() {
+            if progress.relisting.is_empty() && !out.is_empty() {
                 tracing::debug!(
                     n = out.len(),
                     first = ?out[0].key(),
@@ -294,12 +322,26 @@ impl KubeSource {
             for chunk in out.chunks(CHUNK) {
                 self.hub.send(chunk).await;
             }
-            if was_failing && failing.is_empty() && waiting.is_empty() {
+            if was_failing && progress.failing.is_empty() && progress.waiting.is_empty() {
                 self.health.watching();
             }
-            if !ready && relisting.is_empty() && waiting.is_empty() {
+            if !ready && progress.settled() {
                 ready = true;
                 self.hub.ready().await;
+            }
+        }
+    }
+
+    /// Answers subscriber `id`'s resync with a fresh list of its kinds;
+    /// a failed list is asked for again after the health's backoff.
+    async fn resync(&mut self, id: usize) {
+        let kinds = self.hub.kinds_of(id);
+        match list(&self.client, &kinds).await {
+            Ok(objs) => self.hub.snapshot(id, objs).await,
+            Err(e) => {
+                self.health.broken(&format!("listing for a resync: {e}"));
+                let _ = self.hub.resync_tx.send(id);
+                self.health.backoff().await;
             }
         }
     }

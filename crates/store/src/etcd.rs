@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType as EtcdEventType,
-    GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+    GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp, WatchOptions, WatchResponse,
+    WatchStream,
 };
 
 use crate::{Event, EventType, KeyValue, Op, Result, Rev, Store, StoreError, Watch, WatchMsg};
@@ -139,6 +140,129 @@ fn watch_opts(from: Rev) -> WatchOptions {
         .with_prev_key()
 }
 
+type WatchTx = tokio::sync::mpsc::Sender<Result<WatchMsg>>;
+type StopRx = tokio::sync::oneshot::Receiver<()>;
+
+/// The task behind a [`Watch`]: forwards etcd's responses until the Watch
+/// is dropped or history is compacted past it, and outlives etcd restarts
+/// by resuming from the next unseen revision.
+async fn pump_watch(
+    client: Client,
+    prefix: String,
+    from: Rev,
+    mut stream: WatchStream,
+    tx: WatchTx,
+    mut stop_rx: StopRx,
+) {
+    let mut next = from;
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stop_rx => return,
+            m = stream.message() => m,
+        };
+        if let Ok(Some(resp)) = msg {
+            if resp.compact_revision() > 0 {
+                let _ = tx
+                    .send(Ok(WatchMsg::Compacted(resp.compact_revision())))
+                    .await;
+                return;
+            }
+            // A cancelled watch is treated like a dropped connection: resume.
+            if !resp.canceled() {
+                if !forward_events(&resp, &tx, &mut next).await {
+                    return;
+                }
+                continue;
+            }
+        }
+        // The stream ended (etcd restarted or the connection broke):
+        // reconnect and resume from the next unseen revision.
+        match reconnect(&client, &prefix, next, &tx, &mut stop_rx).await {
+            Some(s) => stream = s,
+            None => return,
+        }
+    }
+}
+
+/// Sends a response's events, one [`WatchMsg::Events`] per revision, and
+/// moves `next` past each. `false`: the Watch was dropped.
+async fn forward_events(resp: &WatchResponse, tx: &WatchTx, next: &mut Rev) -> bool {
+    let mut batch: Vec<Event> = Vec::new();
+    let mut batch_rev = 0;
+    for ev in resp.events() {
+        let Some(event) = store_event(ev) else {
+            continue;
+        };
+        let rev = event.kv.mod_rev;
+        if rev != batch_rev
+            && !batch.is_empty()
+            && tx
+                .send(Ok(WatchMsg::Events(batch_rev, std::mem::take(&mut batch))))
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        batch_rev = rev;
+        batch.push(event);
+        *next = rev + 1;
+    }
+    batch.is_empty()
+        || tx
+            .send(Ok(WatchMsg::Events(batch_rev, batch)))
+            .await
+            .is_ok()
+}
+
+/// One etcd event as the store reports it; a delete carries the value it
+/// deleted (etcd's previous kv), as the sqlite backend's log does.
+fn store_event(ev: &etcd_client::Event) -> Option<Event> {
+    let mut item = kv(ev.kv()?);
+    let typ = match ev.event_type() {
+        EtcdEventType::Put => EventType::Put,
+        EtcdEventType::Delete => {
+            if let Some(p) = ev.prev_kv() {
+                item.value = p.value().to_vec();
+                item.create_rev = p.create_revision();
+                item.lease = p.lease();
+            }
+            EventType::Delete
+        }
+    };
+    Some(Event { typ, kv: item })
+}
+
+/// Opens the watch again from revision `next`, retrying every 100 ms.
+/// `None`: the Watch was dropped meanwhile.
+async fn reconnect(
+    client: &Client,
+    prefix: &str,
+    next: Rev,
+    tx: &WatchTx,
+    stop_rx: &mut StopRx,
+) -> Option<WatchStream> {
+    loop {
+        if tx.is_closed() {
+            return None;
+        }
+        tokio::select! {
+            _ = &mut *stop_rx => return None,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        // While etcd is down the attempt may wait for it: a
+        // dropped Watch must still end this task.
+        let mut c = client.clone();
+        let attempt = tokio::select! {
+            _ = &mut *stop_rx => return None,
+            a = c.watch(prefix, Some(watch_opts(next))) => a,
+        };
+        match attempt {
+            Ok(s) => return Some(s),
+            Err(e) => tracing::debug!("etcd watch reconnect: {e}"),
+        }
+    }
+}
+
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let r = self.client.clone().get(key, None).await.map_err(be)?;
@@ -232,102 +356,16 @@ impl Store for EtcdStore {
 
     async fn watch(&self, prefix: &str, from: Rev) -> Result<Watch> {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let client = self.client.clone();
         let prefix = prefix.to_string();
         // Fail fast on a bad connection, like the sqlite backend.
-        let mut stream = client
+        let stream = client
             .clone()
             .watch(prefix.as_str(), Some(watch_opts(from)))
             .await
             .map_err(be)?;
-        tokio::spawn(async move {
-            let mut next = from;
-            loop {
-                let msg = tokio::select! {
-                    _ = &mut stop_rx => return,
-                    m = stream.message() => m,
-                };
-                if let Ok(Some(resp)) = msg {
-                    if resp.compact_revision() > 0 {
-                        let _ = tx
-                            .send(Ok(WatchMsg::Compacted(resp.compact_revision())))
-                            .await;
-                        return;
-                    }
-                    // A cancelled watch is treated like a dropped connection: resume.
-                    if !resp.canceled() {
-                        let mut batch: Vec<Event> = Vec::new();
-                        let mut batch_rev = 0;
-                        for ev in resp.events() {
-                            let Some(k) = ev.kv() else { continue };
-                            let rev = k.mod_revision();
-                            if rev != batch_rev
-                                && !batch.is_empty()
-                                && tx
-                                    .send(Ok(WatchMsg::Events(
-                                        batch_rev,
-                                        std::mem::take(&mut batch),
-                                    )))
-                                    .await
-                                    .is_err()
-                            {
-                                return;
-                            }
-                            batch_rev = rev;
-                            let mut item = kv(k);
-                            let typ = match ev.event_type() {
-                                EtcdEventType::Put => EventType::Put,
-                                EtcdEventType::Delete => {
-                                    if let Some(p) = ev.prev_kv() {
-                                        item.value = p.value().to_vec();
-                                        item.create_rev = p.create_revision();
-                                        item.lease = p.lease();
-                                    }
-                                    EventType::Delete
-                                }
-                            };
-                            batch.push(Event { typ, kv: item });
-                            next = rev + 1;
-                        }
-                        if !batch.is_empty()
-                            && tx
-                                .send(Ok(WatchMsg::Events(batch_rev, batch)))
-                                .await
-                                .is_err()
-                        {
-                            return;
-                        }
-                        continue;
-                    }
-                }
-                // The stream ended (etcd restarted or the connection broke):
-                // reconnect and resume from the next unseen revision.
-                loop {
-                    if tx.is_closed() {
-                        return;
-                    }
-                    tokio::select! {
-                        _ = &mut stop_rx => return,
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    }
-                    // While etcd is down the attempt may wait for it: a
-                    // dropped Watch must still end this task.
-                    let mut c = client.clone();
-                    let attempt = tokio::select! {
-                        _ = &mut stop_rx => return,
-                        a = c.watch(prefix.as_str(), Some(watch_opts(next))) => a,
-                    };
-                    match attempt {
-                        Ok(s) => {
-                            stream = s;
-                            break;
-                        }
-                        Err(e) => tracing::debug!("etcd watch reconnect: {e}"),
-                    }
-                }
-            }
-        });
+        tokio::spawn(pump_watch(client, prefix, from, stream, tx, stop_rx));
         Ok(Watch::new(rx, stop_tx))
     }
 

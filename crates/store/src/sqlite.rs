@@ -228,92 +228,105 @@ fn apply_txn(c: &mut Connection, ops: &[Op]) -> Result<Rev> {
             )));
         }
         let cur = get_row(&tx, op.key())?;
-        match op {
-            Op::Create { key, .. } if cur.is_some() => {
-                return Err(StoreError::AlreadyExists(key.clone()))
-            }
-            Op::Update { key, rev, .. } => match &cur {
-                None => return Err(StoreError::NotFound(key.clone())),
-                Some(r) if r.mod_rev != *rev => {
-                    return Err(StoreError::Conflict {
-                        key: key.clone(),
-                        want: *rev,
-                        have: r.mod_rev,
-                    })
-                }
-                _ => {}
-            },
-            Op::Delete {
-                key,
-                rev: Some(rev),
-            } => match &cur {
-                None => return Err(StoreError::NotFound(key.clone())),
-                Some(r) if r.mod_rev != *rev => {
-                    return Err(StoreError::Conflict {
-                        key: key.clone(),
-                        want: *rev,
-                        have: r.mod_rev,
-                    })
-                }
-                _ => {}
-            },
-            Op::Delete { rev: None, .. } if cur.is_none() => continue,
-            _ => {}
+        if check_op(&tx, op, cur.as_ref())? {
+            effective.push((op, cur));
         }
-        if let Op::Create { lease, .. } | Op::Update { lease, .. } | Op::Put { lease, .. } = op {
-            if *lease != 0 && !lease_alive(&tx, *lease)? {
-                return Err(StoreError::LeaseNotFound(*lease));
-            }
-        }
-        effective.push((op, cur));
     }
     let mut rev = current_rev(&tx)?;
     if !effective.is_empty() {
         rev += 1;
         for (seq, (op, cur)) in effective.into_iter().enumerate() {
-            match op {
-                Op::Create { key, value, lease }
-                | Op::Update {
-                    key, value, lease, ..
-                }
-                | Op::Put { key, value, lease } => {
-                    let create_rev = cur.as_ref().map(|r| r.create_rev).unwrap_or(rev);
-                    tx.execute(
-                        "INSERT INTO kv VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT(key) DO UPDATE SET value = ?2, mod_rev = ?4, lease = ?5",
-                        params![key, value, create_rev, rev, lease],
-                    )
-                    .map_err(be)?;
-                    tx.execute(
-                        "INSERT INTO log VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6)",
-                        params![rev, seq as i64, key, value, create_rev, lease],
-                    )
-                    .map_err(be)?;
-                }
-                Op::Delete { key, .. } => {
-                    let r = cur.expect("checked above");
-                    tx.execute("DELETE FROM kv WHERE key = ?1", [key])
-                        .map_err(be)?;
-                    tx.execute(
-                        "INSERT INTO log VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
-                        params![rev, seq as i64, key, r.value, r.create_rev, r.lease],
-                    )
-                    .map_err(be)?;
-                }
-            }
+            write_op(&tx, rev, seq as i64, op, cur)?;
         }
         tx.execute("UPDATE meta SET rev = ?1 WHERE id = 0", [rev])
             .map_err(be)?;
-        if rev % COMPACT_EVERY == 0 && rev > RETAIN_REVISIONS {
-            let upto = rev - RETAIN_REVISIONS;
-            tx.execute("DELETE FROM log WHERE rev <= ?1", [upto])
-                .map_err(be)?;
-            tx.execute("UPDATE meta SET compact = ?1 WHERE id = 0", [upto])
-                .map_err(be)?;
-        }
+        compact_if_due(&tx, rev)?;
     }
     tx.commit().map_err(be)?;
     Ok(rev)
+}
+
+/// Checks `op`'s condition against the key's current row `cur` (existence,
+/// expected revision, live lease). `Ok(false)`: the op changes nothing (a
+/// delete of a missing key without a revision) and is left out.
+fn check_op(c: &Connection, op: &Op, cur: Option<&Row>) -> Result<bool> {
+    match op {
+        Op::Create { key, .. } if cur.is_some() => {
+            return Err(StoreError::AlreadyExists(key.clone()))
+        }
+        Op::Update { key, rev, .. }
+        | Op::Delete {
+            key,
+            rev: Some(rev),
+        } => match cur {
+            None => return Err(StoreError::NotFound(key.clone())),
+            Some(r) if r.mod_rev != *rev => {
+                return Err(StoreError::Conflict {
+                    key: key.clone(),
+                    want: *rev,
+                    have: r.mod_rev,
+                })
+            }
+            _ => {}
+        },
+        Op::Delete { rev: None, .. } if cur.is_none() => return Ok(false),
+        _ => {}
+    }
+    if let Op::Create { lease, .. } | Op::Update { lease, .. } | Op::Put { lease, .. } = op {
+        if *lease != 0 && !lease_alive(c, *lease)? {
+            return Err(StoreError::LeaseNotFound(*lease));
+        }
+    }
+    Ok(true)
+}
+
+/// Applies one checked op at revision `rev`: the live row in `kv` and its
+/// event, number `seq` of the revision, in `log`.
+fn write_op(c: &Connection, rev: Rev, seq: i64, op: &Op, cur: Option<Row>) -> Result<()> {
+    match op {
+        Op::Create { key, value, lease }
+        | Op::Update {
+            key, value, lease, ..
+        }
+        | Op::Put { key, value, lease } => {
+            let create_rev = cur.as_ref().map(|r| r.create_rev).unwrap_or(rev);
+            c.execute(
+                "INSERT INTO kv VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(key) DO UPDATE SET value = ?2, mod_rev = ?4, lease = ?5",
+                params![key, value, create_rev, rev, lease],
+            )
+            .map_err(be)?;
+            c.execute(
+                "INSERT INTO log VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6)",
+                params![rev, seq, key, value, create_rev, lease],
+            )
+            .map_err(be)?;
+        }
+        Op::Delete { key, .. } => {
+            let r = cur.expect("checked above");
+            c.execute("DELETE FROM kv WHERE key = ?1", [key])
+                .map_err(be)?;
+            c.execute(
+                "INSERT INTO log VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+                params![rev, seq, key, r.value, r.create_rev, r.lease],
+            )
+            .map_err(be)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every [`COMPACT_EVERY`] revisions, drops the log older than
+/// [`RETAIN_REVISIONS`] and records where history now starts.
+fn compact_if_due(c: &Connection, rev: Rev) -> Result<()> {
+    if rev % COMPACT_EVERY == 0 && rev > RETAIN_REVISIONS {
+        let upto = rev - RETAIN_REVISIONS;
+        c.execute("DELETE FROM log WHERE rev <= ?1", [upto])
+            .map_err(be)?;
+        c.execute("UPDATE meta SET compact = ?1 WHERE id = 0", [upto])
+            .map_err(be)?;
+    }
+    Ok(())
 }
 
 impl SqliteStore {

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::error::{CniError, Code};
 use crate::skel::{CmdArgs, Plugin};
 use crate::types::{self, runtime_key, Attachment, CniResult, Dns, IpConfig};
-use config::{IpamConf, RawIpam};
+use config::{IpamConf, RangeSet, RawIpam};
 use store::{Reserved, Store};
 
 #[derive(Deserialize)]
@@ -146,6 +146,132 @@ pub fn rollback(r: Rollback) -> Result<(), CniError> {
     }
 }
 
+/// One ADD's reservations while they are made: what the attachment held
+/// before this ADD, and what this ADD newly reserved (taken back if a later
+/// range set fails, so a failed ADD leaves the store as it found it).
+struct Reserving<'a> {
+    store: &'a Store,
+    id: &'a str,
+    ifname: &'a str,
+    held: HashSet<IpAddr>,
+    fresh: Vec<Reserved>,
+}
+
+impl Reserving<'_> {
+    /// One address from each range set, in order; then any requested
+    /// address no range set claimed is an error.
+    fn all(
+        &mut self,
+        sets: &[RangeSet],
+        mut requested: Vec<IpAddr>,
+    ) -> Result<Vec<IpConfig>, CniError> {
+        let mut ips = Vec::new();
+        for (si, set) in sets.iter().enumerate() {
+            ips.push(self.one(si, set, &mut requested)?);
+        }
+        if let Some(ip) = requested.first() {
+            return Err(CniError::config(format!(
+                "host-local: requested IP address {ip} is not in any configured range"
+            )));
+        }
+        Ok(ips)
+    }
+
+    /// The address for range set `si`: the one requested in it, else the
+    /// one the attachment already holds there (ADD again hands it back),
+    /// else the next free one.
+    fn one(
+        &mut self,
+        si: usize,
+        set: &RangeSet,
+        requested: &mut Vec<IpAddr>,
+    ) -> Result<IpConfig, CniError> {
+        let (ip, ri) = if let Some(pos) = requested
+            .iter()
+            .position(|ip| set.iter().any(|r| r.contains(*ip)))
+        {
+            let ip = requested.remove(pos);
+            self.requested(si, set, ip)?
+        } else if let Some(ip) = self
+            .held
+            .iter()
+            .copied()
+            .find(|ip| set.iter().any(|r| r.contains(*ip)))
+        {
+            let ri = set
+                .iter()
+                .position(|r| r.contains(ip))
+                .expect("held ip in set");
+            (ip, ri)
+        } else {
+            self.next_free(si, set)?
+        };
+        let r = &set[ri];
+        Ok(IpConfig {
+            version: None,
+            interface: None,
+            address: IpNet::new(ip, r.subnet.prefix_len()).expect("prefix from subnet"),
+            gateway: r.gateway,
+        })
+    }
+
+    /// Reserves the requested `ip` (unless the attachment holds it already);
+    /// a range's gateway is never handed out.
+    fn requested(
+        &mut self,
+        si: usize,
+        set: &RangeSet,
+        ip: IpAddr,
+    ) -> Result<(IpAddr, usize), CniError> {
+        let ri = set
+            .iter()
+            .position(|r| r.contains(ip))
+            .expect("checked above");
+        if !self.held.contains(&ip) {
+            let r = if set[ri].gateway == Some(ip) {
+                None
+            } else {
+                self.store.reserve(self.id, self.ifname, ip, si)?
+            };
+            let Some(r) = r else {
+                return Err(CniError::internal(format!(
+                    "host-local: requested IP address {ip} is not available in range set {}",
+                    describe(set)
+                )));
+            };
+            self.fresh.push(r);
+        }
+        Ok((ip, ri))
+    }
+
+    /// Reserves the next free address after the set's round-robin cursor,
+    /// drawing again when another ADD took it first.
+    fn next_free(&mut self, si: usize, set: &RangeSet) -> Result<(IpAddr, usize), CniError> {
+        let store = self.store;
+        let mut last = store.last_reserved(si);
+        loop {
+            let Some((ip, ri)) = alloc::next_free(set, last, |ip| store.is_reserved(ip)) else {
+                return Err(CniError::internal(format!(
+                    "host-local: no IP addresses available in range set: {}",
+                    describe(set)
+                )));
+            };
+            if let Some(r) = store.reserve(self.id, self.ifname, ip, si)? {
+                self.fresh.push(r);
+                return Ok((ip, ri));
+            }
+            last = Some(ip);
+        }
+    }
+
+    /// Releases what this ADD reserved, newest first.
+    fn undo(&self) {
+        for r in self.fresh.iter().rev() {
+            let _ = self.store.unreserve(r, self.id, self.ifname);
+        }
+    }
+}
+
 pub struct HostLocal;
 
 impl HostLocal {
@@ -153,7 +279,7 @@ impl HostLocal {
     /// can [`rollback`] it exactly.
     pub fn add_undoable(&self, args: &CmdArgs) -> Result<(CniResult, Rollback), CniError> {
         let (c, ipam) = load(args)?;
-        let mut requested = requested_ips(args, &c)?;
+        let requested = requested_ips(args, &c)?;
         // Read before anything is reserved, as the reference does: a bad
         // resolvConf must fail the ADD with nothing allocated.
         let dns = match &ipam.resolv_conf {
@@ -165,86 +291,25 @@ impl HostLocal {
             .by_id(&args.container_id, &args.ifname)?
             .into_iter()
             .collect();
-        let mut result = CniResult::default();
-        let mut fresh = Vec::new();
-        let outcome = (|| -> Result<(), CniError> {
-            for (si, set) in ipam.range_sets.iter().enumerate() {
-                let pick = if let Some(pos) = requested
-                    .iter()
-                    .position(|ip| set.iter().any(|r| r.contains(*ip)))
-                {
-                    let ip = requested.remove(pos);
-                    let ri = set
-                        .iter()
-                        .position(|r| r.contains(ip))
-                        .expect("checked above");
-                    if !held.contains(&ip) {
-                        let r = if set[ri].gateway == Some(ip) {
-                            None
-                        } else {
-                            store.reserve(&args.container_id, &args.ifname, ip, si)?
-                        };
-                        let Some(r) = r else {
-                            return Err(CniError::internal(format!(
-                                "host-local: requested IP address {ip} is not available in range set {}",
-                                describe(set)
-                            )));
-                        };
-                        fresh.push(r);
-                    }
-                    (ip, ri)
-                } else if let Some(ip) = held
-                    .iter()
-                    .copied()
-                    .find(|ip| set.iter().any(|r| r.contains(*ip)))
-                {
-                    // ADD again for the same attachment: hand back what it holds.
-                    (
-                        ip,
-                        set.iter()
-                            .position(|r| r.contains(ip))
-                            .expect("held ip in set"),
-                    )
-                } else {
-                    let mut last = store.last_reserved(si);
-                    loop {
-                        let Some((ip, ri)) =
-                            alloc::next_free(set, last, |ip| store.is_reserved(ip))
-                        else {
-                            return Err(CniError::internal(format!(
-                                "host-local: no IP addresses available in range set: {}",
-                                describe(set)
-                            )));
-                        };
-                        if let Some(r) = store.reserve(&args.container_id, &args.ifname, ip, si)? {
-                            fresh.push(r);
-                            break (ip, ri);
-                        }
-                        last = Some(ip);
-                    }
-                };
-                let r = &set[pick.1];
-                result.ips.push(IpConfig {
-                    version: None,
-                    interface: None,
-                    address: IpNet::new(pick.0, r.subnet.prefix_len()).expect("prefix from subnet"),
-                    gateway: r.gateway,
-                });
+        let mut reserving = Reserving {
+            store: &store,
+            id: &args.container_id,
+            ifname: &args.ifname,
+            held,
+            fresh: Vec::new(),
+        };
+        let ips = match reserving.all(&ipam.range_sets, requested) {
+            Ok(ips) => ips,
+            Err(e) => {
+                reserving.undo();
+                return Err(e);
             }
-            if let Some(ip) = requested.first() {
-                return Err(CniError::config(format!(
-                    "host-local: requested IP address {ip} is not in any configured range"
-                )));
-            }
-            Ok(())
-        })();
-        if let Err(e) = outcome {
-            for r in fresh.iter().rev() {
-                let _ = store.unreserve(r, &args.container_id, &args.ifname);
-            }
-            return Err(e);
-        }
-        result.routes = ipam.routes.clone();
+        };
+        let mut result = CniResult {
+            ips,
+            routes: ipam.routes.clone(),
+            ..Default::default()
+        };
         if let Some(d) = dns {
             result.dns = d;
         }
@@ -252,7 +317,7 @@ impl HostLocal {
             data_dir: ipam.data_dir,
             container_id: args.container_id.clone(),
             ifname: args.ifname.clone(),
-            reserved: fresh,
+            reserved: reserving.fresh,
         };
         Ok((result, undo))
     }

@@ -383,19 +383,10 @@ impl Drop for Undo<'_> {
     }
 }
 
-impl Plugin for Bridge {
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let c = BridgeConf::parse(&args.stdin)?;
-        let mac = runtime_key(&c.runtime_config, "mac")
-            .and_then(|m| m.as_str())
-            .map(|s| {
-                parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}")))
-            })
-            .transpose()?;
-        let ns = open_netns(&args.netns)?;
-        let mut host = Handle::new()?;
-        let mut pod = Handle::in_netns(&ns)?;
-        let mut undo = Undo {
+impl<'a> Undo<'a> {
+    /// Armed and empty: each ADD step records what it made as it goes.
+    fn new(args: &'a CmdArgs) -> Undo<'a> {
+        Undo {
             args,
             ipam: None,
             bridge: None,
@@ -403,7 +394,235 @@ impl Plugin for Bridge {
             masq: None,
             spoof: None,
             armed: true,
+        }
+    }
+}
+
+/// The MAC asked for through the `mac` capability, if any.
+fn requested_mac(c: &BridgeConf) -> Result<Option<[u8; 6]>, CniError> {
+    runtime_key(&c.runtime_config, "mac")
+        .and_then(|m| m.as_str())
+        .map(|s| parse_mac(s).ok_or_else(|| CniError::config(format!("bridge: invalid mac {s:?}"))))
+        .transpose()
+}
+
+/// Creates the veth pair, its pod end born as `ifname` inside `ns` and its
+/// host end on the bridge; returns the host end's name. A random host name
+/// that is taken is drawn again (a few times); a pod name that is taken is
+/// the caller's error.
+fn create_veth_pair(
+    host: &mut Handle,
+    pod: &mut Handle,
+    ns: &Netns,
+    ifname: &str,
+    br: &Link,
+    mtu: Option<u32>,
+    mac: Option<[u8; 6]>,
+) -> Result<String, CniError> {
+    let mut host_name = random_veth_name();
+    let mut attempts = 0;
+    loop {
+        match host.create_veth_port(&host_name, ifname, Some(ns.fd()), mtu, mac, Some(br.index)) {
+            Ok(()) => return Ok(host_name),
+            Err(e) if e.is_exists() && host.link(&host_name)?.is_some() && attempts < 4 => {
+                attempts += 1;
+                host_name = random_veth_name()
+            }
+            Err(e) if e.is_exists() && pod.link(ifname)?.is_some() => {
+                return Err(CniError::internal(format!(
+                    "bridge: container veth name {ifname:?} already exists"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Makes sure the host end is enslaved to the bridge, up, and has the
+/// hairpin and port-group settings asked for. It is born enslaved and up
+/// (one round trip); that is checked, not assumed.
+fn attach_host_veth(
+    host: &mut Handle,
+    c: &BridgeConf,
+    host_name: &str,
+    br: &Link,
+) -> Result<Link, CniError> {
+    let hv = host.require_link(host_name)?;
+    if hv.master != Some(br.index) {
+        host.set_master(hv.index, br.index)?;
+    }
+    if c.hairpin_mode {
+        host.set_hairpin(hv.index, true)?;
+    }
+    if let Some(g) = c.port_group {
+        host.set_group(hv.index, g)?;
+    }
+    if !hv.is_up() {
+        host.set_up(hv.index)?;
+    }
+    Ok(hv)
+}
+
+/// ADD through the configured IPAM plugin (none: an empty result, layer 2
+/// only). The lease goes on the undo list before the result is judged, so
+/// an unusable answer is rolled back too.
+fn run_ipam(c: &BridgeConf, args: &CmdArgs, undo: &mut Undo<'_>) -> Result<CniResult, CniError> {
+    let Some(t) = c.ipam_type() else {
+        return Ok(CniResult::default());
+    };
+    let (r, lease) = ipam_add(&t, args, &args.stdin)?;
+    undo.ipam = Some(lease);
+    if r.ips.is_empty() {
+        return Err(CniError::internal(
+            "bridge: IPAM plugin returned missing IP config",
+        ));
+    }
+    Ok(r)
+}
+
+/// For `isGateway`: every address gets a gateway (the subnet's first
+/// address unless IPAM named one), and with `isDefaultGateway` each family
+/// gets a default route through it unless IPAM gave one.
+fn fill_gateways(result: &mut CniResult, default_route: bool) {
+    for ip in &mut result.ips {
+        if ip.gateway.is_none() {
+            ip.gateway = Some(calc_gateway(&ip.address));
+        }
+    }
+    if !default_route {
+        return;
+    }
+    for ip in &result.ips {
+        let v4 = ip.address.addr().is_ipv4();
+        let dflt: IpNet = if v4 {
+            "0.0.0.0/0".parse().unwrap()
+        } else {
+            "::/0".parse().unwrap()
         };
+        if !result.routes.iter().any(|r| r.dst == dflt) {
+            result.routes.push(RouteConf::new(dflt, ip.gateway));
+        }
+    }
+}
+
+/// Puts each gateway on the bridge (with its address's prefix) and turns
+/// on forwarding for its family.
+fn ensure_gateway_addrs(
+    host: &mut Handle,
+    br: &Link,
+    result: &CniResult,
+    force: bool,
+) -> Result<(), CniError> {
+    for ip in &result.ips {
+        if let Some(gw) = ip.gateway {
+            let gnet = IpNet::new(gw, ip.address.prefix_len()).expect("same family prefix");
+            ensure_bridge_addr(host, br, gnet, force)?;
+            enable_forwarding(gw.is_ipv6())?;
+        }
+    }
+    Ok(())
+}
+
+/// What DEL knows of the attachment it takes down: from prevResult first,
+/// then from the pod's interface while it still exists.
+#[derive(Default)]
+struct KnownAttachment {
+    /// The pod's addresses, which name the masquerade elements.
+    addrs: Vec<IpNet>,
+    host_veth: Option<String>,
+    pod_mac: Option<String>,
+}
+
+/// The addresses and host veth that prevResult recorded, if it is usable.
+fn prev_attachment(c: &BridgeConf) -> KnownAttachment {
+    let prev = c
+        .prev_result
+        .as_ref()
+        .and_then(|v| CniResult::from_value(v).ok());
+    let addrs = prev
+        .as_ref()
+        .map(|r| r.ips.iter().map(|i| i.address).collect())
+        .unwrap_or_default();
+    let host_veth = prev
+        .as_ref()
+        .and_then(|r| {
+            r.interfaces
+                .iter()
+                .find(|i| i.sandbox.is_empty() && i.name != c.bridge)
+        })
+        .map(|i| i.name.clone());
+    KnownAttachment {
+        addrs,
+        host_veth,
+        pod_mac: None,
+    }
+}
+
+/// Removes the pod's `ifname` with its host end, if it is a veth whose
+/// host end sits on `bridge`: DEL must never take away an interface it did
+/// not make. What the interface shows (addresses, MAC, host end) is added
+/// to `found` first.
+fn remove_pod_veth(
+    ns: &Netns,
+    ifname: &str,
+    bridge: &str,
+    found: &mut KnownAttachment,
+) -> Result<(), KernelError> {
+    let mut pod = Handle::in_netns(ns)?;
+    let Some(l) = pod.link(ifname)? else {
+        return Ok(());
+    };
+    let mut host = Handle::new()?;
+    let br = host.link(bridge)?.map(|b| b.index);
+    let ours = match (&l.kind, l.peer) {
+        (LinkKind::Veth, Some(p)) => host
+            .link_by_index(p)?
+            .filter(|h| h.kind == LinkKind::Veth && h.master.is_some() && h.master == br),
+        _ => None,
+    };
+    let Some(hv) = ours else {
+        return Ok(());
+    };
+    for a in pod.addrs(l.index)? {
+        if a.scope == 0 && !found.addrs.contains(&a.net) {
+            found.addrs.push(a.net);
+        }
+    }
+    found.pod_mac = Some(l.mac_string());
+    found.host_veth.get_or_insert(hv.name);
+    // Returns once both ends are gone from view.
+    remove_link(Some(ns), l.index, Some(hv.index))
+}
+
+/// Removes the host veth `name` if it is still there and on `bridge`.
+/// Failing to look is not an error (there is nothing DEL could do);
+/// failing to remove it is, unless it vanished meanwhile.
+fn remove_host_veth(name: &str, bridge: &str) -> Result<(), KernelError> {
+    let Ok(mut host) = Handle::new() else {
+        return Ok(());
+    };
+    let Ok(Some(l)) = host.link(name) else {
+        return Ok(());
+    };
+    let br = host.link(bridge).ok().flatten().map(|b| b.index);
+    if l.kind == LinkKind::Veth && l.master.is_some() && l.master == br {
+        if let Err(e) = remove_link(None, l.index, None) {
+            if !e.is_not_found() {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Plugin for Bridge {
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let c = BridgeConf::parse(&args.stdin)?;
+        let mac = requested_mac(&c)?;
+        let ns = open_netns(&args.netns)?;
+        let mut host = Handle::new()?;
+        let mut pod = Handle::in_netns(&ns)?;
+        let mut undo = Undo::new(args);
 
         let (br, created) = ensure_bridge(&mut host, &c)?;
         if created {
@@ -413,82 +632,14 @@ impl Plugin for Bridge {
         // The veth pair, peer born inside the pod's namespace. A name taken
         // inside the pod fails here (EEXIST), before IPAM has allocated.
         let mtu = c.mtu.or(Some(br.mtu)).filter(|m| *m > 0);
-        let mut host_name = random_veth_name();
-        let mut attempts = 0;
-        loop {
-            match host.create_veth_port(
-                &host_name,
-                &args.ifname,
-                Some(ns.fd()),
-                mtu,
-                mac,
-                Some(br.index),
-            ) {
-                Ok(()) => break,
-                Err(e) if e.is_exists() && host.link(&host_name)?.is_some() && attempts < 4 => {
-                    attempts += 1;
-                    host_name = random_veth_name()
-                }
-                Err(e) if e.is_exists() && pod.link(&args.ifname)?.is_some() => {
-                    return Err(CniError::internal(format!(
-                        "bridge: container veth name {:?} already exists",
-                        args.ifname
-                    )))
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let host_name = create_veth_pair(&mut host, &mut pod, &ns, &args.ifname, &br, mtu, mac)?;
         undo.host_veth = Some(host_name.clone());
-        // Born enslaved and up (one round trip); checked, not assumed.
-        let hv = host.require_link(&host_name)?;
-        if hv.master != Some(br.index) {
-            host.set_master(hv.index, br.index)?;
-        }
-        if c.hairpin_mode {
-            host.set_hairpin(hv.index, true)?;
-        }
-        if let Some(g) = c.port_group {
-            host.set_group(hv.index, g)?;
-        }
-        if !hv.is_up() {
-            host.set_up(hv.index)?;
-        }
+        let hv = attach_host_veth(&mut host, &c, &host_name, &br)?;
         let cv = pod.require_link(&args.ifname)?;
 
-        let mut result = match c.ipam_type() {
-            Some(t) => {
-                let (r, lease) = ipam_add(&t, args, &args.stdin)?;
-                undo.ipam = Some(lease);
-                if r.ips.is_empty() {
-                    return Err(CniError::internal(
-                        "bridge: IPAM plugin returned missing IP config",
-                    ));
-                }
-                r
-            }
-            None => CniResult::default(),
-        };
-
-        // Gateways and the default route.
+        let mut result = run_ipam(&c, args, &mut undo)?;
         if c.is_gateway {
-            for ip in &mut result.ips {
-                if ip.gateway.is_none() {
-                    ip.gateway = Some(calc_gateway(&ip.address));
-                }
-            }
-            if c.is_default_gateway {
-                for ip in &result.ips {
-                    let v4 = ip.address.addr().is_ipv4();
-                    let dflt: IpNet = if v4 {
-                        "0.0.0.0/0".parse().unwrap()
-                    } else {
-                        "::/0".parse().unwrap()
-                    };
-                    if !result.routes.iter().any(|r| r.dst == dflt) {
-                        result.routes.push(RouteConf::new(dflt, ip.gateway));
-                    }
-                }
-            }
+            fill_gateways(&mut result, c.is_default_gateway);
         }
         for ip in &mut result.ips {
             ip.interface = Some(2);
@@ -496,13 +647,7 @@ impl Plugin for Bridge {
         configure_pod_iface(&mut pod, cv.index, &result, !c.enable_dad)?;
 
         if c.is_gateway {
-            for ip in &result.ips {
-                if let Some(gw) = ip.gateway {
-                    let gnet = IpNet::new(gw, ip.address.prefix_len()).expect("same family prefix");
-                    ensure_bridge_addr(&mut host, &br, gnet, c.force_address)?;
-                    enable_forwarding(gw.is_ipv6())?;
-                }
-            }
+            ensure_gateway_addrs(&mut host, &br, &result, c.force_address)?;
         }
         if c.ip_masq && !result.ips.is_empty() {
             let nets: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
@@ -549,54 +694,11 @@ impl Plugin for Bridge {
                 errors.push(e.to_string());
             }
         }
-        let prev = c
-            .prev_result
-            .as_ref()
-            .and_then(|v| CniResult::from_value(v).ok());
-        let mut addrs: Vec<IpNet> = prev
-            .as_ref()
-            .map(|r| r.ips.iter().map(|i| i.address).collect())
-            .unwrap_or_default();
-        let mut host_veth: Option<String> = prev
-            .as_ref()
-            .and_then(|r| {
-                r.interfaces
-                    .iter()
-                    .find(|i| i.sandbox.is_empty() && i.name != c.bridge)
-            })
-            .map(|i| i.name.clone());
-        let mut pod_mac = None;
+        let mut found = prev_attachment(&c);
         if !args.netns.is_empty() {
             match Netns::open(&args.netns) {
                 Ok(ns) => {
-                    let r = (|| -> Result<(), KernelError> {
-                        let mut pod = Handle::in_netns(&ns)?;
-                        if let Some(l) = pod.link(&args.ifname)? {
-                            // Only remove a veth whose host end sits on our bridge:
-                            // DEL must never take away an interface it did not make.
-                            let mut host = Handle::new()?;
-                            let br = host.link(&c.bridge)?.map(|b| b.index);
-                            let ours = match (&l.kind, l.peer) {
-                                (LinkKind::Veth, Some(p)) => host.link_by_index(p)?.filter(|h| {
-                                    h.kind == LinkKind::Veth && h.master.is_some() && h.master == br
-                                }),
-                                _ => None,
-                            };
-                            if let Some(hv) = ours {
-                                for a in pod.addrs(l.index)? {
-                                    if a.scope == 0 && !addrs.contains(&a.net) {
-                                        addrs.push(a.net);
-                                    }
-                                }
-                                pod_mac = Some(l.mac_string());
-                                host_veth.get_or_insert(hv.name);
-                                // Returns once both ends are gone from view.
-                                remove_link(Some(&ns), l.index, Some(hv.index))?;
-                            }
-                        }
-                        Ok(())
-                    })();
-                    if let Err(e) = r {
+                    if let Err(e) = remove_pod_veth(&ns, &args.ifname, &c.bridge, &mut found) {
                         if !e.is_not_found() {
                             errors.push(e.to_string());
                         }
@@ -609,30 +711,21 @@ impl Plugin for Bridge {
         }
         // With the pod namespace gone, the kernel reaps the pair lazily;
         // remove our end now so DEL leaves nothing behind when it returns.
-        if let Some(v) = &host_veth {
-            if let Ok(mut host) = Handle::new() {
-                if let Ok(Some(l)) = host.link(v) {
-                    let br = host.link(&c.bridge).ok().flatten().map(|b| b.index);
-                    if l.kind == LinkKind::Veth && l.master.is_some() && l.master == br {
-                        if let Err(e) = remove_link(None, l.index, None) {
-                            if !e.is_not_found() {
-                                errors.push(e.to_string());
-                            }
-                        }
-                    }
-                }
+        if let Some(v) = &found.host_veth {
+            if let Err(e) = remove_host_veth(v, &c.bridge) {
+                errors.push(e.to_string());
             }
         }
         if c.ip_masq {
             // Found by owner: with the namespace gone and no prevResult,
             // `addrs` is empty and only the owner names the elements.
-            if let Err(e) = netfilter::masq_del(&c.masq_owner(&args.container_id), &addrs) {
+            if let Err(e) = netfilter::masq_del(&c.masq_owner(&args.container_id), &found.addrs) {
                 errors.push(e.to_string());
             }
         }
         if c.macspoofchk {
-            if let Some(v) = &host_veth {
-                if let Err(e) = netfilter::macspoof_del(v, pod_mac.as_deref()) {
+            if let Some(v) = &found.host_veth {
+                if let Err(e) = netfilter::macspoof_del(v, found.pod_mac.as_deref()) {
                     errors.push(e.to_string());
                 }
             }
