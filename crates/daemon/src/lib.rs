@@ -332,26 +332,47 @@ pub async fn serve_with(listener: TcpListener, metrics: Arc<Metrics>, pages: Opt
     serve_pages(listener, all).await
 }
 
+/// Most connections a page server holds at once. The proxy's `/healthz`
+/// listens on every address (kube-proxy's :10256), so a pod can open
+/// connections and send nothing: each is held at most [`ANSWER_TIME`], and
+/// past this many a new one is closed at once, so a flood costs a bounded
+/// number of sockets and tasks while probes keep being answered as the
+/// flood's connections time out.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long one connection may take to send its request and read the
+/// answer.
+pub const ANSWER_TIME: Duration = Duration::from_secs(5);
+
 /// Answers every request on `listener` with `pages` (404 for a path it
 /// does not serve), one request per connection, until the listener is
 /// dropped: the HTTP of the metrics endpoint and of any other small status
 /// endpoint (the proxy's `/healthz` on :10256).
 pub async fn serve_pages(listener: TcpListener, pages: Pages) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((s, _)) = listener.accept().await else {
             continue;
         };
-        tokio::spawn(answer(s, pages.clone()));
+        // Full: the connection is dropped (closed) unanswered.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let pages = pages.clone();
+        tokio::spawn(async move {
+            answer(s, pages).await;
+            drop(slot);
+        });
     }
 }
 
-/// Reads one request's head and writes the page's answer.
+/// Reads one request's head and writes the page's answer, all within
+/// [`ANSWER_TIME`].
 async fn answer(mut s: tokio::net::TcpStream, pages: Pages) {
     // The request line may arrive in pieces: read up to the end of the
     // headers (or 2 KiB).
     let mut buf = vec![0u8; 2048];
     let mut n = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + ANSWER_TIME;
     while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
         match tokio::time::timeout_at(deadline, s.read(&mut buf[n..])).await {
             Ok(Ok(0)) => break,
@@ -373,7 +394,7 @@ async fn answer(mut s: tokio::net::TcpStream, pages: Pages) {
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = s.write_all(resp.as_bytes()).await;
+    let _ = tokio::time::timeout_at(deadline, s.write_all(resp.as_bytes())).await;
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -704,6 +725,53 @@ impl Drop for Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One GET on a fresh connection: the bytes that came back (empty: the
+    /// server closed it unanswered).
+    async fn get(addr: SocketAddr, path: &str) -> Vec<u8> {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = c
+            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .await;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "the server neither answered nor closed");
+        out
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_idle_connections_is_capped_and_answers_resume_after_it() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pages: Pages =
+            Arc::new(|p: &str| (p == "/healthz").then(|| (200, "text/plain", "ok\n".to_string())));
+        tokio::spawn(serve_pages(l, pages));
+        assert!(get(addr, "/healthz").await.starts_with(b"HTTP/1.1 200"));
+        // Connections that send nothing take every slot (the server
+        // accepts in order, so they are in before the next one).
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        assert!(
+            get(addr, "/healthz").await.is_empty(),
+            "a connection past the cap was answered"
+        );
+        // The flood goes: answers come again (once the server has seen
+        // the idle connections close).
+        drop(idle);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = get(addr, "/healthz").await;
+            if got.starts_with(b"HTTP/1.1 200") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no answer after the flood"
+            );
+        }
+    }
 
     #[test]
     fn prometheus_text() {
