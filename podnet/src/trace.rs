@@ -13,6 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::{Kind, Object};
+use podnet_daemon::HttpGet;
 use podnet_nft::model::Proto;
 use podnet_policy::{evaluate, Flow, World};
 use podnet_trace::collect::{Node, Oracles, Pod, PolicyAnswer, Request};
@@ -800,26 +801,12 @@ struct FlowSource {
     lost: u64,
 }
 
-/// A GET on plain HTTP/1.1 (the agent closes the connection after its
-/// answer); the status and the body.
-pub(crate) fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, body.to_string()))
+/// How `podnet flows` and the UI read an agent's flow log, from inside
+/// `ns` when the agent runs in a lab node: 2 s to connect, 5 s per read.
+pub(crate) fn agent_get(ns: Option<&podnet_kernel::Netns>) -> HttpGet<'_> {
+    HttpGet::new(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(2))
+        .netns(ns)
 }
 
 /// `podnet flows`.
@@ -866,20 +853,20 @@ pub fn flows(a: FlowArgs) -> Result<()> {
         let mut batch: Vec<podnet_trace::flows::FlowRecord> = Vec::new();
         for s in &mut sources {
             let path = format!("/flows?after={}", s.after);
-            let got = match &s.netns {
-                Some(ns) => ns.run(|| http_get(s.addr, &path))?,
-                None => http_get(s.addr, &path),
-            }
-            .with_context(|| format!("{}: reading the agent's flow log at {}", s.label, s.addr))?;
-            if got.0 != 200 {
+            let got = agent_get(s.netns.as_ref())
+                .get(s.addr, &path)
+                .with_context(|| {
+                    format!("{}: reading the agent's flow log at {}", s.label, s.addr)
+                })?;
+            if got.status != 200 {
                 bail!(
                     "{}: the agent answered {} for /flows: {} (is it running without --no-flows?)",
                     s.label,
-                    got.0,
-                    got.1.trim()
+                    got.status,
+                    got.body.trim()
                 );
             }
-            let page: podnet_trace::flows::Page = serde_json::from_str(&got.1)
+            let page: podnet_trace::flows::Page = serde_json::from_str(&got.body)
                 .with_context(|| format!("{}: not a flow page", s.label))?;
             if page.missed > 0 {
                 eprintln!(

@@ -258,11 +258,8 @@ fn flows_after(src: &FlowSource, from: u64, keep: usize) -> Option<(Vec<FlowReco
     // that grows faster than it is read.
     for _ in 0..16 {
         let path = format!("/flows?after={after}");
-        let got = match ns {
-            Some(ns) => ns.run(|| crate::trace::http_get(*addr, &path)).ok()?,
-            None => crate::trace::http_get(*addr, &path),
-        };
-        let Ok((200, body)) = got else {
+        let got = crate::trace::agent_get(ns.as_ref()).get(*addr, &path);
+        let Ok(podnet_daemon::Response { status: 200, body }) = got else {
             return None;
         };
         let page: Page = serde_json::from_str(&body).ok()?;

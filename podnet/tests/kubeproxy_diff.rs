@@ -36,11 +36,11 @@
 //! `PODNET_KPDIFF_SHOW=1` prints them on success too.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use podnet_daemon::{HttpError, HttpGet};
 use podnet_kernel::Netns;
 use podnet_lab::serve::{self, Reach};
 use podnet_testkit::{eventually, try_sh_in};
@@ -464,29 +464,25 @@ impl Diff {
 
     fn health(&self, addr: &str) -> String {
         let (ns, _) = self.source(Src::Outside);
+        let ns = Netns::named(ns).unwrap();
         let addr: SocketAddr = addr.parse().unwrap();
-        let r = Netns::named(ns)
-            .unwrap()
-            .run(|| -> std::io::Result<String> {
-                let mut s = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
-                s.set_read_timeout(Some(PROBE_TIMEOUT))?;
-                s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n")?;
-                let mut out = String::new();
-                s.read_to_string(&mut out)?;
-                Ok(out)
-            });
-        match r.unwrap() {
-            Ok(out) => {
-                let code = out.split_whitespace().nth(1).unwrap_or("?").to_string();
-                let local = out
+        match HttpGet::new(PROBE_TIMEOUT)
+            .netns(Some(&ns))
+            .get(addr, "/healthz")
+        {
+            Ok(r) => {
+                let local = r
+                    .body
                     .split("\"localEndpoints\":")
                     .nth(1)
                     .and_then(|r| r.trim_start().split(|c: char| !c.is_ascii_digit()).next())
                     .unwrap_or("?")
                     .to_string();
-                format!("HTTP {code}, localEndpoints {local}")
+                format!("HTTP {}, localEndpoints {local}", r.status)
             }
-            Err(e) => format!("{:?}", Reach::of(Err(e), false)),
+            Err(HttpError::Io { source, .. }) => format!("{:?}", Reach::of(Err(source), false)),
+            Err(e @ HttpError::Malformed { .. }) => format!("{:?}", Reach::Other(e.to_string())),
+            Err(e) => panic!("{e}"),
         }
     }
 

@@ -18,13 +18,13 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::Plugins;
+use podnet_daemon::HttpGet;
 use podnet_testkit::{eventually, nft, nft_list_json, require_root, try_eventually, unique};
 use serde_json::Value;
 
@@ -123,19 +123,13 @@ fn run(cmd: &str, args: &[&str]) -> Output {
 
 /// An HTTP/1.0 GET of /id from the machine's namespace; returns the body.
 fn http_get(addr: SocketAddr) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .map_err(|e| format!("{addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    s.write_all(b"GET /id HTTP/1.0\r\nHost: podnet\r\n\r\n")
+    let r = HttpGet::new(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(2))
+        .get(addr, "/id")
         .map_err(|e| e.to_string())?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)
-        .map_err(|e| format!("{addr}: {e}"))?;
-    match resp.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
-            Ok(body.to_string())
-        }
-        _ => Err(format!("{addr}: unexpected response {resp:?}")),
+    match r.status {
+        200 => Ok(r.body),
+        code => Err(format!("{addr}: unexpected response {code} {:?}", r.body)),
     }
 }
 

@@ -27,8 +27,8 @@
 //! `podnet/tests/coredns_diff.rs`, which runs CoreDNS the same way
 //! ([`podnet_lab::coredns`]).
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,6 +40,7 @@ use kube::api::{Api, PostParams};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec};
 use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use podnet_bench::objects::cluster_ip;
+use podnet_daemon::HttpGet;
 use podnet_dns::client::Client as DnsClient;
 use podnet_dns::wire::{self, RData};
 
@@ -204,18 +205,10 @@ fn free_port() -> Result<u16> {
 /// The status line of `GET path` on 127.0.0.1:port says 200.
 fn http_ok(port: u16, path: &str) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.lines()
-        .next()
-        .is_some_and(|l| l.split_whitespace().nth(1) == Some("200"))
+    HttpGet::new(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(200))
+        .get(addr, path)
+        .is_ok_and(|r| r.status == 200)
 }
 
 /// One server under test: its DNS port, readiness endpoint and process.

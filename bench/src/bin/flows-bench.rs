@@ -82,22 +82,15 @@ fn metric(netns: &str, prefix: &str) -> Result<f64> {
 /// (`inet flows-bench`, gone with the lab). The flood's tuples are all
 /// different, so each first packet is one new connection.
 fn count_new_flows(netns: &str) -> Result<()> {
-    use podnet_nft::model::{BaseChain, Chain, ChainType, Expr, Family, Hook, Rule, Table};
+    use podnet_nft::model::{Chain, ChainType, Expr, Family, Hook, Rule, Table};
     let mut t = Table::new(Family::Inet, "flows-bench");
     t.counters.insert("new".into());
     t.chains.insert(
         "fwd".into(),
-        Chain {
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Forward,
-                priority: 0,
-            }),
-            rules: vec![Rule::new(vec![
-                Expr::CtStateNew,
-                Expr::CounterRef("new".into()),
-            ])],
-        },
+        Chain::base(ChainType::Filter, Hook::Forward, 0).with_rules(vec![Rule::new(vec![
+            Expr::CtStateNew,
+            Expr::CounterRef("new".into()),
+        ])]),
     );
     Netns::named(netns)?.run(|| -> Result<()> {
         let mut c = podnet_nft::netlink::Conn::open()?;

@@ -15,6 +15,9 @@
 //! When the store answers again the loop relists ([`StoreWatch::recovered`]),
 //! and once its new watch runs ([`StoreWatch::watching`]) one info line says
 //! so and `/readyz` passes again.
+//!
+//! The other end, a blocking GET of such endpoints for tools and tests,
+//! is [`client`] ([`HttpGet`]).
 
 pub mod stop;
 
@@ -30,6 +33,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+pub mod client;
+pub use client::{HttpError, HttpGet, Response};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum MetricType {

@@ -30,8 +30,7 @@ use podnet_kernel::rtnl::Route;
 use podnet_kernel::{Handle, KernelError, Netns};
 use podnet_nft::diff::Change;
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value,
-    Verdict,
+    Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value, Verdict,
 };
 use podnet_nft::netlink::Conn;
 
@@ -93,19 +92,13 @@ pub fn table() -> Table {
     };
     t.chains.insert(
         "prerouting".into(),
-        Chain {
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Prerouting,
-                priority: -300, // raw
-            }),
-            rules: vec![Rule::new(vec![
-                cmp(Field::IifName, Value::Name(IFACE.into())),
-                cmp(Field::PktType, Value::U8(0)), // host
-                Expr::FibDaddrNotLocal,
-                Expr::Verdict(Verdict::Goto("leaked".into())),
-            ])],
-        },
+        // Priority -300: raw.
+        Chain::base(ChainType::Filter, Hook::Prerouting, -300).with_rules(vec![Rule::new(vec![
+            cmp(Field::IifName, Value::Name(IFACE.into())),
+            cmp(Field::PktType, Value::U8(0)), // host
+            Expr::FibDaddrNotLocal,
+            Expr::Verdict(Verdict::Goto("leaked".into())),
+        ])]),
     );
     let mut leaked = vec![Rule::new(vec![Expr::CounterRef(COUNTER.into())])];
     for (set, nfproto, (s, d)) in [

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use podnet_daemon::HttpGet;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -1049,20 +1050,11 @@ fn check_alive(dir: &Path, role: &str, pid: u32) -> Result<(), Attempt> {
 
 /// etcd's `/health` over plain HTTP/1.0.
 fn etcd_healthy(port: u16) -> bool {
-    use std::io::{Read, Write};
     let addr = (IpAddr::V4(Ipv4Addr::LOCALHOST), port).into();
-    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body.contains("\"health\":\"true\"")
+    HttpGet::new(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(200))
+        .get(addr, "/health")
+        .is_ok_and(|r| r.body.contains("\"health\":\"true\""))
 }
 
 #[cfg(test)]

@@ -34,8 +34,7 @@
 //!   these states: each is polled until it holds, within a deadline.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -43,6 +42,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use podnet_api::netconfig;
+use podnet_daemon::HttpGet;
 use podnet_kernel::Netns;
 
 use crate::clusterdns::{dns_answers, dns_labels};
@@ -108,19 +108,13 @@ fn is_daemon_role(role: &str) -> bool {
 /// and body, or `None` when nothing answers (a daemon starting or gone).
 pub(crate) fn http_get(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     let addr: SocketAddr = addr.parse().ok()?;
-    let mut s = Netns::named(netns)
-        .ok()?
-        .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(2)))
-        .ok()?
+    let ns = Netns::named(netns).ok()?;
+    let r = HttpGet::new(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(2))
+        .netns(Some(&ns))
+        .get(addr, path)
         .ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((code, body))
+    Some((r.status, r.body))
 }
 
 /// Whether the policy table in `netns` fails closed on the node's pod

@@ -472,6 +472,29 @@ pub struct Chain {
     pub rules: Vec<Rule>,
 }
 
+impl Chain {
+    /// A base chain (attached to a netfilter hook) with no rules yet. Every
+    /// table podnet plans has a few; with this a plan names only what sets
+    /// the chain apart: its type, hook and priority (then its rules, with
+    /// [`Chain::with_rules`]).
+    pub fn base(kind: ChainType, hook: Hook, priority: i32) -> Chain {
+        Chain {
+            base: Some(BaseChain {
+                kind,
+                hook,
+                priority,
+            }),
+            rules: vec![],
+        }
+    }
+
+    /// The chain with these rules in place of its own, so a plan can build
+    /// a chain in one expression.
+    pub fn with_rules(self, rules: Vec<Rule>) -> Chain {
+        Chain { rules, ..self }
+    }
+}
+
 /// What a map maps to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MapData {

@@ -578,7 +578,7 @@ impl<'a> Tracer<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{BaseChain, Chain, KeyType, Rule, Set};
+    use crate::model::{Chain, KeyType, Rule, Set};
 
     fn v(s: &str) -> Value {
         match s.parse::<ipnet::IpNet>() {
@@ -640,61 +640,54 @@ mod tests {
         let accept = Expr::Verdict(Verdict::Accept);
         t.chains.insert(
             "forward".into(),
-            Chain {
-                base: Some(BaseChain {
-                    kind: ChainType::Filter,
-                    hook: Hook::Forward,
-                    priority: 0,
-                }),
-                rules: vec![
-                    Rule::new(vec![
-                        Expr::Limit {
-                            rate: 1000,
-                            burst: 100,
-                            over: true,
-                        },
-                        Expr::Verdict(Verdict::Drop),
-                    ]),
-                    Rule::new(vec![
-                        lookup(
-                            vec![Field::IpDaddr, Field::IpSaddr, Field::L4Proto, Field::Dport],
-                            "allow4",
-                        ),
-                        log("np allow"),
-                        accept.clone(),
-                    ]),
-                    Rule::new(vec![
-                        lookup(
-                            vec![
-                                Field::Ip6Daddr,
-                                Field::Ip6Saddr,
-                                Field::L4Proto,
-                                Field::Dport,
-                            ],
-                            "allow6",
-                        ),
-                        log("np allow"),
-                        accept.clone(),
-                    ]),
-                    Rule::new(vec![
-                        Expr::Cmp {
-                            field: Field::Dport,
-                            neg: false,
-                            value: Value::PortRange(9000, 9100),
-                        },
-                        accept,
-                    ]),
-                    Rule::new(vec![
-                        Expr::Limit {
-                            rate: 10,
-                            burst: 5,
-                            over: false,
-                        },
-                        log("np deny"),
-                    ]),
-                    Rule::new(vec![Expr::Verdict(Verdict::Drop)]),
-                ],
-            },
+            Chain::base(ChainType::Filter, Hook::Forward, 0).with_rules(vec![
+                Rule::new(vec![
+                    Expr::Limit {
+                        rate: 1000,
+                        burst: 100,
+                        over: true,
+                    },
+                    Expr::Verdict(Verdict::Drop),
+                ]),
+                Rule::new(vec![
+                    lookup(
+                        vec![Field::IpDaddr, Field::IpSaddr, Field::L4Proto, Field::Dport],
+                        "allow4",
+                    ),
+                    log("np allow"),
+                    accept.clone(),
+                ]),
+                Rule::new(vec![
+                    lookup(
+                        vec![
+                            Field::Ip6Daddr,
+                            Field::Ip6Saddr,
+                            Field::L4Proto,
+                            Field::Dport,
+                        ],
+                        "allow6",
+                    ),
+                    log("np allow"),
+                    accept.clone(),
+                ]),
+                Rule::new(vec![
+                    Expr::Cmp {
+                        field: Field::Dport,
+                        neg: false,
+                        value: Value::PortRange(9000, 9100),
+                    },
+                    accept,
+                ]),
+                Rule::new(vec![
+                    Expr::Limit {
+                        rate: 10,
+                        burst: 5,
+                        over: false,
+                    },
+                    log("np deny"),
+                ]),
+                Rule::new(vec![Expr::Verdict(Verdict::Drop)]),
+            ]),
         );
         t
     }

@@ -22,7 +22,7 @@ use ipnet::{IpNet, Ipv4Net};
 use podnet_kernel::KernelError;
 use podnet_nft::diff::Change;
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, Proto, Rule, Table, Value, Verdict,
+    Chain, ChainType, Expr, Family, Field, Hook, Proto, Rule, Table, Value, Verdict,
 };
 use podnet_nft::netlink::Conn;
 
@@ -58,47 +58,40 @@ impl MasqTable {
         let rule = |exprs| Rule::new(exprs);
         t.chains.insert(
             "postrouting".into(),
-            Chain {
-                base: Some(BaseChain {
-                    kind: ChainType::Nat,
-                    hook: Hook::Postrouting,
-                    priority: SRCNAT,
-                }),
-                rules: vec![
-                    // pod to pod: as it is
-                    rule(vec![
-                        cmp(Field::IpSaddr, false, net(network)),
-                        cmp(Field::IpDaddr, false, net(network)),
-                        Expr::Verdict(Verdict::Return),
-                    ]),
-                    // pod to the world (not multicast): masquerade
-                    rule(vec![
-                        cmp(Field::IpSaddr, false, net(network)),
-                        cmp(
-                            Field::IpDaddr,
-                            true,
-                            Value::Net("224.0.0.0/4".parse().expect("prefix")),
-                        ),
-                        Expr::Masquerade {
-                            fully_random: false,
-                        },
-                    ]),
-                    // the world to this node's pods: as it is
-                    rule(vec![
-                        cmp(Field::IpSaddr, true, net(network)),
-                        cmp(Field::IpDaddr, false, net(subnet)),
-                        Expr::Verdict(Verdict::Return),
-                    ]),
-                    // the world (this host) to other nodes' pods: masquerade
-                    rule(vec![
-                        cmp(Field::IpSaddr, true, net(network)),
-                        cmp(Field::IpDaddr, false, net(network)),
-                        Expr::Masquerade {
-                            fully_random: false,
-                        },
-                    ]),
-                ],
-            },
+            Chain::base(ChainType::Nat, Hook::Postrouting, SRCNAT).with_rules(vec![
+                // pod to pod: as it is
+                rule(vec![
+                    cmp(Field::IpSaddr, false, net(network)),
+                    cmp(Field::IpDaddr, false, net(network)),
+                    Expr::Verdict(Verdict::Return),
+                ]),
+                // pod to the world (not multicast): masquerade
+                rule(vec![
+                    cmp(Field::IpSaddr, false, net(network)),
+                    cmp(
+                        Field::IpDaddr,
+                        true,
+                        Value::Net("224.0.0.0/4".parse().expect("prefix")),
+                    ),
+                    Expr::Masquerade {
+                        fully_random: false,
+                    },
+                ]),
+                // the world to this node's pods: as it is
+                rule(vec![
+                    cmp(Field::IpSaddr, true, net(network)),
+                    cmp(Field::IpDaddr, false, net(subnet)),
+                    Expr::Verdict(Verdict::Return),
+                ]),
+                // the world (this host) to other nodes' pods: masquerade
+                rule(vec![
+                    cmp(Field::IpSaddr, true, net(network)),
+                    cmp(Field::IpDaddr, false, net(network)),
+                    Expr::Masquerade {
+                        fully_random: false,
+                    },
+                ]),
+            ]),
         );
         if let Some((ip, port)) = self.tunnel {
             for (chain, hook, field) in [
@@ -107,19 +100,12 @@ impl MasqTable {
             ] {
                 t.chains.insert(
                     chain.into(),
-                    Chain {
-                        base: Some(BaseChain {
-                            kind: ChainType::Filter,
-                            hook,
-                            priority: RAW,
-                        }),
-                        rules: vec![rule(vec![
-                            cmp(field, false, Value::Addr(IpAddr::V4(ip))),
-                            cmp(Field::L4Proto, false, Value::Proto(Proto::Udp)),
-                            cmp(Field::Dport, false, Value::Port(port)),
-                            Expr::Notrack,
-                        ])],
-                    },
+                    Chain::base(ChainType::Filter, hook, RAW).with_rules(vec![rule(vec![
+                        cmp(field, false, Value::Addr(IpAddr::V4(ip))),
+                        cmp(Field::L4Proto, false, Value::Proto(Proto::Udp)),
+                        cmp(Field::Dport, false, Value::Port(port)),
+                        Expr::Notrack,
+                    ])]),
                 );
             }
         }

@@ -40,8 +40,7 @@
 use std::net::IpAddr;
 
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value,
-    Verdict,
+    Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value, Verdict,
 };
 
 /// The table's name (family `bridge`).
@@ -155,32 +154,25 @@ pub fn skeleton(ipv6: bool) -> Table {
     let goto = |c: &str| verdict(Verdict::Goto(c.into()));
     t.chains.insert(
         "prerouting".into(),
-        Chain {
-            // Before anything else on the bridge looks at the frame.
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Prerouting,
-                priority: -300,
-            }),
-            rules: vec![
-                Rule::new(vec![
-                    Expr::Cmp {
-                        field: Field::IifGroup,
-                        neg: true,
-                        value: Value::U32(PORT_GROUP),
-                    },
-                    verdict(Verdict::Accept),
-                ]),
-                Rule::new(vec![
-                    in_set(vec![Field::IifName, Field::EtherSaddr], SET_MAC, true),
-                    deny(),
-                ]),
-                Rule::new(vec![cmp(Field::EtherType, Value::U16(0x0800)), goto("ip4")]),
-                Rule::new(vec![cmp(Field::EtherType, Value::U16(0x0806)), goto("arp")]),
-                Rule::new(vec![cmp(Field::EtherType, Value::U16(0x86dd)), goto("ip6")]),
-                Rule::new(vec![deny()]),
-            ],
-        },
+        // Before anything else on the bridge looks at the frame.
+        Chain::base(ChainType::Filter, Hook::Prerouting, -300).with_rules(vec![
+            Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::IifGroup,
+                    neg: true,
+                    value: Value::U32(PORT_GROUP),
+                },
+                verdict(Verdict::Accept),
+            ]),
+            Rule::new(vec![
+                in_set(vec![Field::IifName, Field::EtherSaddr], SET_MAC, true),
+                deny(),
+            ]),
+            Rule::new(vec![cmp(Field::EtherType, Value::U16(0x0800)), goto("ip4")]),
+            Rule::new(vec![cmp(Field::EtherType, Value::U16(0x0806)), goto("arp")]),
+            Rule::new(vec![cmp(Field::EtherType, Value::U16(0x86dd)), goto("ip6")]),
+            Rule::new(vec![deny()]),
+        ]),
     );
     let own = |keys: Vec<Field>, set: &str| {
         vec![

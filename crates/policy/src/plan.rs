@@ -45,8 +45,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
-    Table, Value, Verdict,
+    Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set, Table, Value,
+    Verdict,
 };
 
 use crate::world::{in_block, Dir, Key, Peer, PodView, PortMatch, World};
@@ -670,6 +670,11 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
     } else {
         (Field::IpSaddr, Field::IpDaddr)
     };
+    let subnets: Vec<IpNet> = subnets
+        .iter()
+        .filter(|n| matches!(n, IpNet::V6(_)) == v6)
+        .copied()
+        .collect();
     let mut t = Table::new(fam, TABLE);
     for s in SetId::all() {
         t.sets.insert(s.name(), s.decl(v6));
@@ -683,63 +688,88 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
     ] {
         t.counters.insert(c.into());
     }
+    hook_chains(&mut t);
+    invalid_chains(&mut t, saddr, daddr);
+    judge_chains(&mut t, saddr, daddr, &subnets);
+    direction_chains(&mut t, v6, "egress", saddr, daddr);
+    direction_chains(&mut t, v6, "ingress", daddr, saddr);
+    t.chains.insert(
+        "deny-egress".into(),
+        deny_chain(COUNTER_EGRESS, PREFIX_EGRESS, limit),
+    );
+    t.chains.insert(
+        "deny-ingress".into(),
+        deny_chain(COUNTER_INGRESS, PREFIX_INGRESS, limit),
+    );
+    t.chains.insert(
+        "deny-unknown".into(),
+        deny_chain(COUNTER_UNKNOWN, PREFIX_UNKNOWN, limit),
+    );
+    t
+}
+
+/// The two base chains: new connections (and invalid packets) that are
+/// forwarded or reach this node go to be judged.
+fn hook_chains(t: &mut Table) {
+    let jump = |c: &str| Expr::Verdict(Verdict::Jump(c.into()));
+    // After the service proxy's filter chains (priority 0): the
+    // destination is the endpoint, after DNAT.
     t.chains.insert(
         "forward".into(),
-        Chain {
-            // After the service proxy's filter chains (priority 0): the
-            // destination is the endpoint, after DNAT.
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Forward,
-                priority: 10,
-            }),
-            rules: vec![
-                Rule::new(vec![
-                    Expr::CtStateInvalid,
-                    Expr::Verdict(Verdict::Jump("judge-invalid".into())),
-                ]),
-                Rule::new(vec![
-                    Expr::CtStateNew,
-                    Expr::Verdict(Verdict::Jump("judge".into())),
-                ]),
-            ],
-        },
+        Chain::base(ChainType::Filter, Hook::Forward, 10).with_rules(vec![
+            Rule::new(vec![Expr::CtStateInvalid, jump("judge-invalid")]),
+            Rule::new(vec![Expr::CtStateNew, jump("judge")]),
+        ]),
     );
-    invalid_chains(&mut t, saddr, daddr);
+    t.chains.insert(
+        "input".into(),
+        Chain::base(ChainType::Filter, Hook::Input, 10)
+            .with_rules(vec![Rule::new(vec![Expr::CtStateNew, jump("judge-input")])]),
+    );
+}
+
+/// Fail closed: an address of field `f` in the pod subnet `n` that is not
+/// a programmed pod goes to `deny-unknown`.
+fn unknown_pod(f: Field, n: IpNet) -> Rule {
+    Rule::new(vec![
+        Expr::Cmp {
+            field: f,
+            neg: false,
+            value: Value::Net(n),
+        },
+        Expr::InSet {
+            keys: vec![f],
+            set: SetId::Pods.name(),
+            neg: true,
+        },
+        Expr::Verdict(Verdict::Goto("deny-unknown".into())),
+    ])
+}
+
+/// An isolated pod (field `f` in `set`) is judged in chain `dir`.
+fn isolated(f: Field, set: SetId, dir: &str) -> Rule {
+    Rule::new(vec![
+        Expr::InSet {
+            keys: vec![f],
+            set: set.name(),
+            neg: false,
+        },
+        Expr::Verdict(Verdict::Jump(dir.into())),
+    ])
+}
+
+/// `judge` (forwarded connections: both ends' pods) and `judge-input`
+/// (connections to this node: the source pod's egress only). `subnets` are
+/// this node's pod subnets of the table's family.
+fn judge_chains(t: &mut Table, saddr: Field, daddr: Field, subnets: &[IpNet]) {
     let mut judge = Vec::new();
-    for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
+    for n in subnets {
         for f in [saddr, daddr] {
-            judge.push(Rule::new(vec![
-                Expr::Cmp {
-                    field: f,
-                    neg: false,
-                    value: Value::Net(*n),
-                },
-                Expr::InSet {
-                    keys: vec![f],
-                    set: SetId::Pods.name(),
-                    neg: true,
-                },
-                Expr::Verdict(Verdict::Goto("deny-unknown".into())),
-            ]));
+            judge.push(unknown_pod(f, *n));
         }
     }
-    judge.push(Rule::new(vec![
-        Expr::InSet {
-            keys: vec![saddr],
-            set: SetId::EgIsolated.name(),
-            neg: false,
-        },
-        Expr::Verdict(Verdict::Jump("egress".into())),
-    ]));
-    judge.push(Rule::new(vec![
-        Expr::InSet {
-            keys: vec![daddr],
-            set: SetId::InIsolated.name(),
-            neg: false,
-        },
-        Expr::Verdict(Verdict::Jump("ingress".into())),
-    ]));
+    judge.push(isolated(saddr, SetId::EgIsolated, "egress"));
+    judge.push(isolated(daddr, SetId::InIsolated, "ingress"));
     // Pods' traffic to this node's own addresses meets the input hook, not
     // forward: judged for the pod's egress (and failing closed) there too.
     // What the node sends itself is never judged.
@@ -747,29 +777,10 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
         Expr::FibSaddrLocal,
         Expr::Verdict(Verdict::Return),
     ])];
-    for n in subnets.iter().filter(|n| matches!(n, IpNet::V6(_)) == v6) {
-        judge_input.push(Rule::new(vec![
-            Expr::Cmp {
-                field: saddr,
-                neg: false,
-                value: Value::Net(*n),
-            },
-            Expr::InSet {
-                keys: vec![saddr],
-                set: SetId::Pods.name(),
-                neg: true,
-            },
-            Expr::Verdict(Verdict::Goto("deny-unknown".into())),
-        ]));
+    for n in subnets {
+        judge_input.push(unknown_pod(saddr, *n));
     }
-    judge_input.push(Rule::new(vec![
-        Expr::InSet {
-            keys: vec![saddr],
-            set: SetId::EgIsolated.name(),
-            neg: false,
-        },
-        Expr::Verdict(Verdict::Jump("egress".into())),
-    ]));
+    judge_input.push(isolated(saddr, SetId::EgIsolated, "egress"));
     t.chains.insert(
         "judge".into(),
         Chain {
@@ -784,103 +795,70 @@ pub fn skeleton(v6: bool, subnets: &[IpNet], limit: LogLimit) -> Table {
             rules: judge_input,
         },
     );
+}
+
+/// One lookup rule: allowed, so back to `judge`.
+fn lookup(v6: bool, local: Field, remote: Field, set: SetId) -> Rule {
+    let keys = match set.decl(v6).key.len() {
+        2 => vec![local, remote],
+        _ => vec![local, remote, Field::L4Proto, Field::Dport],
+    };
+    Rule::new(vec![
+        Expr::InSet {
+            keys,
+            set: set.name(),
+            neg: false,
+        },
+        Expr::Verdict(Verdict::Return),
+    ])
+}
+
+/// One direction's chains (`dir` is "egress" or "ingress"; `local` is the
+/// field that holds this node's pod): the exact pod peers, then the pod's
+/// shard of ranges, each ending in `deny-{dir}`.
+fn direction_chains(t: &mut Table, v6: bool, dir: &str, local: Field, remote: Field) {
+    let ingress = dir == "ingress";
+    let (pod_all, pod_port, to_shard) = if ingress {
+        (SetId::InPodAll, SetId::InPodPort, SetId::InShard)
+    } else {
+        (SetId::EgPodAll, SetId::EgPodPort, SetId::EgShard)
+    };
+    let deny = Rule::new(vec![Expr::Verdict(Verdict::Goto(format!("deny-{dir}")))]);
+    // Exact pod peers in hash sets, then the pod's shard of ranges.
     t.chains.insert(
-        "input".into(),
+        dir.into(),
         Chain {
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Input,
-                priority: 10,
-            }),
-            rules: vec![Rule::new(vec![
-                Expr::CtStateNew,
-                Expr::Verdict(Verdict::Jump("judge-input".into())),
-            ])],
+            base: None,
+            rules: vec![
+                lookup(v6, local, remote, pod_all),
+                lookup(v6, local, remote, pod_port),
+                Rule::new(vec![Expr::VMap {
+                    keys: vec![local],
+                    map: to_shard.name(),
+                }]),
+                deny.clone(),
+            ],
         },
     );
-    // One lookup rule: allowed, so back to `judge`.
-    let lookup = |local: Field, remote: Field, set: SetId| {
-        let keys = match set.decl(v6).key.len() {
-            2 => vec![local, remote],
-            _ => vec![local, remote, Field::L4Proto, Field::Dport],
+    // Reached by `goto`: a `return` goes back to `judge`.
+    for k in 0..SHARDS {
+        let (all, port) = if ingress {
+            (SetId::InNetAll(k), SetId::InNetPort(k))
+        } else {
+            (SetId::EgNetAll(k), SetId::EgNetPort(k))
         };
-        Rule::new(vec![
-            Expr::InSet {
-                keys,
-                set: set.name(),
-                neg: false,
-            },
-            Expr::Verdict(Verdict::Return),
-        ])
-    };
-    let goto = |c: &str| Rule::new(vec![Expr::Verdict(Verdict::Goto(c.into()))]);
-    for (dir, local, remote, pod_all, pod_port, to_shard) in [
-        (
-            "egress",
-            saddr,
-            daddr,
-            SetId::EgPodAll,
-            SetId::EgPodPort,
-            SetId::EgShard,
-        ),
-        (
-            "ingress",
-            daddr,
-            saddr,
-            SetId::InPodAll,
-            SetId::InPodPort,
-            SetId::InShard,
-        ),
-    ] {
-        let deny = format!("deny-{dir}");
-        // Exact pod peers in hash sets, then the pod's shard of ranges.
         t.chains.insert(
-            dir.into(),
+            format!("{}-net-{k}", &dir[..2]),
             Chain {
                 base: None,
                 rules: vec![
-                    lookup(local, remote, pod_all),
-                    lookup(local, remote, pod_port),
-                    Rule::new(vec![Expr::VMap {
-                        keys: vec![local],
-                        map: to_shard.name(),
-                    }]),
-                    goto(&deny),
+                    lookup(v6, local, remote, all),
+                    lookup(v6, local, remote, port),
+                    deny.clone(),
                 ],
             },
         );
-        // Reached by `goto`: a `return` goes back to `judge`.
-        for k in 0..SHARDS {
-            let (all, port) = match dir {
-                "ingress" => (SetId::InNetAll(k), SetId::InNetPort(k)),
-                _ => (SetId::EgNetAll(k), SetId::EgNetPort(k)),
-            };
-            t.chains.insert(
-                format!("{}-net-{k}", &dir[..2]),
-                Chain {
-                    base: None,
-                    rules: vec![
-                        lookup(local, remote, all),
-                        lookup(local, remote, port),
-                        goto(&deny),
-                    ],
-                },
-            );
-        }
     }
-    t.chains.insert(
-        "deny-egress".into(),
-        deny_chain(COUNTER_EGRESS, PREFIX_EGRESS, limit),
-    );
-    t.chains.insert(
-        "deny-ingress".into(),
-        deny_chain(COUNTER_INGRESS, PREFIX_INGRESS, limit),
-    );
-    t.chains.insert(
-        "deny-unknown".into(),
-        deny_chain(COUNTER_UNKNOWN, PREFIX_UNKNOWN, limit),
-    );
-    t
 }
 
 /// Adds elements to their sets in `t` (those of `t`'s family).

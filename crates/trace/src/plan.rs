@@ -8,9 +8,7 @@
 //! (packets the node sends itself) at priority -350, before conntrack
 //! (-200) and every raw table (-300), so every table's rules are reported.
 
-use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, Proto, Rule, Table, Value,
-};
+use podnet_nft::model::{Chain, ChainType, Expr, Family, Field, Hook, Proto, Rule, Table, Value};
 
 /// The table's name, in family `inet` in each node's namespace.
 pub const TABLE: &str = "podnet-trace";
@@ -23,26 +21,19 @@ pub fn marker(proto: Proto, sport: u16) -> Table {
     for (name, hook) in [("pre", Hook::Prerouting), ("out", Hook::Output)] {
         t.chains.insert(
             name.into(),
-            Chain {
-                base: Some(BaseChain {
-                    kind: ChainType::Filter,
-                    hook,
-                    priority: PRIORITY,
-                }),
-                rules: vec![Rule::new(vec![
-                    Expr::Cmp {
-                        field: Field::L4Proto,
-                        neg: false,
-                        value: Value::Proto(proto),
-                    },
-                    Expr::Cmp {
-                        field: Field::Sport,
-                        neg: false,
-                        value: Value::Port(sport),
-                    },
-                    Expr::SetNftrace,
-                ])],
-            },
+            Chain::base(ChainType::Filter, hook, PRIORITY).with_rules(vec![Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::L4Proto,
+                    neg: false,
+                    value: Value::Proto(proto),
+                },
+                Expr::Cmp {
+                    field: Field::Sport,
+                    neg: false,
+                    value: Value::Port(sport),
+                },
+                Expr::SetNftrace,
+            ])]),
         );
     }
     t

@@ -30,8 +30,8 @@ use ipnet::IpNet;
 use podnet_kernel::KernelError;
 use podnet_nft::diff::{self, Change};
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table,
-    Value as NftValue, Verdict,
+    Chain, ChainType, Expr, Family, Field, Hook, KeyType, Rule, Set, Table, Value as NftValue,
+    Verdict,
 };
 use podnet_nft::netlink::Conn;
 use serde_json::Value;
@@ -97,14 +97,7 @@ pub fn masq_table() -> Table {
     }
     t.chains.insert(
         "postrouting".into(),
-        Chain {
-            base: Some(BaseChain {
-                kind: ChainType::Nat,
-                hook: Hook::Postrouting,
-                priority: 100,
-            }),
-            rules,
-        },
+        Chain::base(ChainType::Nat, Hook::Postrouting, 100).with_rules(rules),
     );
     t
 }
@@ -400,26 +393,19 @@ pub fn spoof_table() -> Table {
     );
     t.chains.insert(
         "prerouting".into(),
-        Chain {
-            base: Some(BaseChain {
-                kind: ChainType::Filter,
-                hook: Hook::Prerouting,
-                priority: -300,
-            }),
-            rules: vec![Rule::new(vec![
-                Expr::InSet {
-                    keys: vec![Field::IifName],
-                    set: "spoofports".into(),
-                    neg: false,
-                },
-                Expr::InSet {
-                    keys: vec![Field::IifName, Field::EtherSaddr],
-                    set: "spoofok".into(),
-                    neg: true,
-                },
-                Expr::Verdict(Verdict::Drop),
-            ])],
-        },
+        Chain::base(ChainType::Filter, Hook::Prerouting, -300).with_rules(vec![Rule::new(vec![
+            Expr::InSet {
+                keys: vec![Field::IifName],
+                set: "spoofports".into(),
+                neg: false,
+            },
+            Expr::InSet {
+                keys: vec![Field::IifName, Field::EtherSaddr],
+                set: "spoofok".into(),
+                neg: true,
+            },
+            Expr::Verdict(Verdict::Drop),
+        ])]),
     );
     t
 }

@@ -24,8 +24,8 @@ use podnet_kernel::Handle;
 use podnet_kernel::KernelError;
 use podnet_nft::diff::{self, Change};
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set,
-    Table, Value as NftValue, Verdict,
+    Chain, ChainType, ElemData, Expr, Family, Field, Hook, KeyType, Proto, Rule, Set, Table,
+    Value as NftValue, Verdict,
 };
 use podnet_nft::netlink::Conn;
 use serde::{Deserialize, Serialize};
@@ -182,14 +182,7 @@ pub fn plan(maps: &[PortMapping], pod_ips: &[IpNet], snat: bool) -> Vec<Element>
 /// localhost and hairpin connections.
 pub fn table() -> Table {
     let mut t = Table::new(Family::Inet, TABLE);
-    let nat = |hook, priority, rules| Chain {
-        base: Some(BaseChain {
-            kind: ChainType::Nat,
-            hook,
-            priority,
-        }),
-        rules,
-    };
+    let nat = |hook, priority| Chain::base(ChainType::Nat, hook, priority);
     let to_hostports = || {
         vec![Rule::new(vec![
             Expr::FibDaddrLocal,
@@ -198,31 +191,78 @@ pub fn table() -> Table {
     };
     t.chains.insert(
         "prerouting".into(),
-        nat(Hook::Prerouting, -100, to_hostports()),
+        nat(Hook::Prerouting, -100).with_rules(to_hostports()),
     );
-    t.chains
-        .insert("output".into(), nat(Hook::Output, -100, to_hostports()));
+    t.chains.insert(
+        "output".into(),
+        nat(Hook::Output, -100).with_rules(to_hostports()),
+    );
     let (mut hostports, mut post) = (Vec::new(), Vec::new());
     for v6 in [false, true] {
-        let (f, addr, saddr, daddr, lo, nfproto) = if v6 {
-            (
-                "6",
-                KeyType::Ipv6Addr,
-                Field::Ip6Saddr,
-                Field::Ip6Daddr,
-                "::1/128",
-                10,
-            )
+        let fam = IpFamily::of(v6);
+        fam.declare_sets(&mut t);
+        hostports.extend(fam.dnat_rules());
+        post.extend(fam.masquerade_rules());
+    }
+    t.chains.insert(
+        "hostports".into(),
+        Chain {
+            base: None,
+            rules: hostports,
+        },
+    );
+    t.chains.insert(
+        "postrouting".into(),
+        nat(Hook::Postrouting, 100).with_rules(post),
+    );
+    t
+}
+
+/// One IP family's part of the table: its sets are suffixed `4` or `6`,
+/// and its rules read that family's fields.
+struct IpFamily {
+    v6: bool,
+    /// The sets' suffix.
+    f: &'static str,
+    addr: KeyType,
+    saddr: Field,
+    daddr: Field,
+    /// The loopback prefix (connections from localhost are masqueraded).
+    lo: &'static str,
+    /// `meta nfproto` for this family.
+    nfproto: u8,
+}
+
+impl IpFamily {
+    fn of(v6: bool) -> IpFamily {
+        if v6 {
+            IpFamily {
+                v6,
+                f: "6",
+                addr: KeyType::Ipv6Addr,
+                saddr: Field::Ip6Saddr,
+                daddr: Field::Ip6Daddr,
+                lo: "::1/128",
+                nfproto: 10,
+            }
         } else {
-            (
-                "4",
-                KeyType::Ipv4Addr,
-                Field::IpSaddr,
-                Field::IpDaddr,
-                "127.0.0.0/8",
-                2,
-            )
-        };
+            IpFamily {
+                v6,
+                f: "4",
+                addr: KeyType::Ipv4Addr,
+                saddr: Field::IpSaddr,
+                daddr: Field::IpDaddr,
+                lo: "127.0.0.0/8",
+                nfproto: 2,
+            }
+        }
+    }
+
+    /// The host port maps (`hp`: with a host IP, `hpany`: any address) and
+    /// the masquerade sets (`snat`: pods with host ports, `hairpin`: pod
+    /// subnet . pod pairs).
+    fn declare_sets(&self, t: &mut Table) {
+        let (f, addr) = (self.f, self.addr);
         let svc = vec![KeyType::InetProto, KeyType::InetService];
         let target = vec![addr, KeyType::InetService];
         t.sets.insert(
@@ -238,67 +278,73 @@ pub fn table() -> Table {
         let mut hairpin = Set::new(vec![addr, addr]);
         hairpin.interval = true;
         t.sets.insert(format!("hairpin{f}"), hairpin);
-        hostports.push(Rule::new(vec![Expr::MapDnat {
-            keys: vec![daddr, Field::L4Proto, Field::Dport],
-            map: format!("hp{f}"),
-            v6,
-        }]));
-        hostports.push(Rule::new(vec![
-            Expr::Cmp {
-                field: Field::NfProto,
-                neg: false,
-                value: NftValue::U8(nfproto),
-            },
-            Expr::MapDnat {
-                keys: vec![Field::L4Proto, Field::Dport],
-                map: format!("hp{f}any"),
+    }
+
+    /// `hostports`' rules: DNAT by the host IP map, then by the any-address
+    /// map.
+    fn dnat_rules(&self) -> [Rule; 2] {
+        let (f, v6) = (self.f, self.v6);
+        [
+            Rule::new(vec![Expr::MapDnat {
+                keys: vec![self.daddr, Field::L4Proto, Field::Dport],
+                map: format!("hp{f}"),
                 v6,
-            },
-        ]));
-        let lo: ipnet::IpNet = lo.parse().expect("prefix");
+            }]),
+            Rule::new(vec![
+                Expr::Cmp {
+                    field: Field::NfProto,
+                    neg: false,
+                    value: NftValue::U8(self.nfproto),
+                },
+                Expr::MapDnat {
+                    keys: vec![Field::L4Proto, Field::Dport],
+                    map: format!("hp{f}any"),
+                    v6,
+                },
+            ]),
+        ]
+    }
+
+    /// `postrouting`'s rules: masquerade DNATed connections from localhost
+    /// and hairpin connections.
+    fn masquerade_rules(&self) -> [Rule; 2] {
+        let (f, saddr, daddr) = (self.f, self.saddr, self.daddr);
+        let lo: IpNet = self.lo.parse().expect("prefix");
         let lo = if lo.prefix_len() == lo.max_prefix_len() {
             NftValue::Addr(lo.addr())
         } else {
             NftValue::Net(lo)
         };
-        post.push(Rule::new(vec![
-            Expr::CtDnat,
-            Expr::Cmp {
-                field: saddr,
-                neg: false,
-                value: lo,
-            },
-            Expr::InSet {
-                keys: vec![daddr],
-                set: format!("snat{f}"),
-                neg: false,
-            },
-            Expr::Masquerade {
-                fully_random: false,
-            },
-        ]));
-        post.push(Rule::new(vec![
-            Expr::CtDnat,
-            Expr::InSet {
-                keys: vec![saddr, daddr],
-                set: format!("hairpin{f}"),
-                neg: false,
-            },
-            Expr::Masquerade {
-                fully_random: false,
-            },
-        ]));
+        [
+            Rule::new(vec![
+                Expr::CtDnat,
+                Expr::Cmp {
+                    field: saddr,
+                    neg: false,
+                    value: lo,
+                },
+                Expr::InSet {
+                    keys: vec![daddr],
+                    set: format!("snat{f}"),
+                    neg: false,
+                },
+                Expr::Masquerade {
+                    fully_random: false,
+                },
+            ]),
+            Rule::new(vec![
+                Expr::CtDnat,
+                Expr::InSet {
+                    keys: vec![saddr, daddr],
+                    set: format!("hairpin{f}"),
+                    neg: false,
+                },
+                Expr::Masquerade {
+                    fully_random: false,
+                },
+            ]),
+        ]
     }
-    t.chains.insert(
-        "hostports".into(),
-        Chain {
-            base: None,
-            rules: hostports,
-        },
-    );
-    t.chains
-        .insert("postrouting".into(), nat(Hook::Postrouting, 100, post));
-    t
 }
 
 /// One value of an element in nft syntax: a protocol, a prefix, an
