@@ -398,75 +398,15 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     daemon_exe: None,
                 })
                 .await?;
-            let objects = if st.kube {
-                "a real kube-apiserver".to_string()
-            } else {
-                format!("store {}", st.store)
-            };
-            println!(
-                "lab {:?} is up: {} nodes, backend {}, {objects}",
-                st.name,
-                st.nodes.len(),
-                st.backend,
-            );
-            for n in &st.nodes {
-                println!("  {}  netns {}  underlay {}", n.name, n.netns, n.ip);
-            }
-            if st.kube {
-                println!(
-                    "kubectl: --kubeconfig {} (podnet lab kubeconfig --name {})",
-                    lab.kubeconfig()?.display(),
-                    st.name
-                );
-            }
-            if st.kubelet {
-                let api = podnet_lab::kube::ControlPlane::open(&lab.dir)?.advertised_addr();
-                let (host, port) = api.rsplit_once(':').unwrap_or((&api, "443"));
-                println!(
-                    "real kubelets: install podnet with kubectl apply -f deploy/podnet.yaml, its \
-                     ConfigMap set to kubernetesServiceHost: {host} kubernetesServicePort: {port} \
-                     (no kube-proxy runs); scripts/e2e.sh does it all"
-                );
-                return Ok(());
-            }
-            println!("try: podnet lab run default/web --node node1 --ports 80/tcp; podnet lab probe default/web2 IP:80");
+            print_lab_up(&lab, &st)?;
         }
         LabCmd::Run {
             pod,
             node,
             labels,
             ports,
-        } => {
-            let (ns, p) = split_pod(&pod)?;
-            let mut l = std::collections::BTreeMap::new();
-            for kv in labels
-                .iter()
-                .flat_map(|s| s.split(','))
-                .filter(|s| !s.is_empty())
-            {
-                let (k, v) = kv
-                    .split_once('=')
-                    .ok_or_else(|| anyhow::anyhow!("label {kv:?}: want key=value"))?;
-                l.insert(k.to_string(), v.to_string());
-            }
-            l.entry("app".to_string()).or_insert_with(|| p.clone());
-            let ports = podnet_lab::serve::parse_ports(&ports).map_err(anyhow::Error::msg)?;
-            let info = lab.run_pod(&ns, &p, node.as_deref(), l, &ports).await?;
-            println!(
-                "pod {}/{} on {}: {} (netns {})",
-                info.namespace, info.name, info.node, info.ip, info.netns
-            );
-        }
-        LabCmd::Exec { pod, cmd } => {
-            let (ns, p) = split_pod(&pod)?;
-            let info = lab.pod(&ns, &p)?;
-            let err = std::os::unix::process::CommandExt::exec(
-                std::process::Command::new("ip")
-                    .args(["netns", "exec", &info.netns])
-                    .args(&cmd),
-            );
-            bail!("exec ip netns exec: {err}");
-        }
+        } => lab_run(&lab, &pod, node.as_deref(), labels.as_deref(), &ports).await?,
+        LabCmd::Exec { pod, cmd } => exec_in_pod(&lab, &pod, &cmd)?,
         LabCmd::Probe { pod, target, ask } => {
             let (ns, p) = split_pod(&pod)?;
             let who = lab.probe(&ns, &p, &target, &ask)?;
@@ -520,4 +460,94 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
         }
     }
     Ok(())
+}
+
+/// What `podnet lab up` prints: the nodes, and how to go on.
+fn print_lab_up(lab: &podnet_lab::Lab, st: &podnet_lab::LabState) -> Result<()> {
+    let objects = if st.kube {
+        "a real kube-apiserver".to_string()
+    } else {
+        format!("store {}", st.store)
+    };
+    println!(
+        "lab {:?} is up: {} nodes, backend {}, {objects}",
+        st.name,
+        st.nodes.len(),
+        st.backend,
+    );
+    for n in &st.nodes {
+        println!("  {}  netns {}  underlay {}", n.name, n.netns, n.ip);
+    }
+    if st.kube {
+        println!(
+            "kubectl: --kubeconfig {} (podnet lab kubeconfig --name {})",
+            lab.kubeconfig()?.display(),
+            st.name
+        );
+    }
+    if st.kubelet {
+        let api = podnet_lab::kube::ControlPlane::open(&lab.dir)?.advertised_addr();
+        let (host, port) = api.rsplit_once(':').unwrap_or((&api, "443"));
+        println!(
+            "real kubelets: install podnet with kubectl apply -f deploy/podnet.yaml, its \
+             ConfigMap set to kubernetesServiceHost: {host} kubernetesServicePort: {port} \
+             (no kube-proxy runs); scripts/e2e.sh does it all"
+        );
+        return Ok(());
+    }
+    println!("try: podnet lab run default/web --node node1 --ports 80/tcp; podnet lab probe default/web2 IP:80");
+    Ok(())
+}
+
+/// `lab run --labels`: `k=v,k=v`, with `app` defaulting to the pod's name.
+fn pod_labels(
+    labels: Option<&str>,
+    pod: &str,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut l = std::collections::BTreeMap::new();
+    for kv in labels
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("label {kv:?}: want key=value"))?;
+        l.insert(k.to_string(), v.to_string());
+    }
+    l.entry("app".to_string())
+        .or_insert_with(|| pod.to_string());
+    Ok(l)
+}
+
+/// `podnet lab run`: a pod through the real CNI plugins, registered.
+async fn lab_run(
+    lab: &podnet_lab::Lab,
+    pod: &str,
+    node: Option<&str>,
+    labels: Option<&str>,
+    ports: &str,
+) -> Result<()> {
+    let (ns, p) = split_pod(pod)?;
+    let l = pod_labels(labels, &p)?;
+    let ports = podnet_lab::serve::parse_ports(ports).map_err(anyhow::Error::msg)?;
+    let info = lab.run_pod(&ns, &p, node, l, &ports).await?;
+    println!(
+        "pod {}/{} on {}: {} (netns {})",
+        info.namespace, info.name, info.node, info.ip, info.netns
+    );
+    Ok(())
+}
+
+/// `podnet lab exec`: replaces this process with the command in the pod's
+/// network namespace, so it returns only on failure.
+fn exec_in_pod(lab: &podnet_lab::Lab, pod: &str, cmd: &[String]) -> Result<()> {
+    let (ns, p) = split_pod(pod)?;
+    let info = lab.pod(&ns, &p)?;
+    let err = std::os::unix::process::CommandExt::exec(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &info.netns])
+            .args(cmd),
+    );
+    bail!("exec ip netns exec: {err}");
 }

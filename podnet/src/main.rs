@@ -84,105 +84,10 @@ enum Cmd {
         #[arg(long)]
         down: bool,
     },
-    /// Create or update objects from YAML/JSON manifests (like kubectl apply).
-    #[command(after_long_help = kubectl::APPLY_HELP)]
-    Apply {
-        /// FILE, DIR (every .yaml/.yml/.json in it) or - for stdin; repeatable.
-        #[arg(short = 'f', long = "filename", required = true)]
-        files: Vec<std::path::PathBuf>,
-    },
-    /// Show objects (like kubectl get).
-    Get {
-        /// Kind: ns, no, po, svc, ep (EndpointSlices), netpol, networkconfig, or full names.
-        kind: String,
-        /// One object's name.
-        name: Option<String>,
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        /// Every namespace.
-        #[arg(short = 'A', long)]
-        all_namespaces: bool,
-        /// Output: yaml, json, wide or name.
-        #[arg(short = 'o', long)]
-        output: Option<String>,
-        /// Label selector, e.g. app=web,tier!=db.
-        #[arg(short = 'l', long)]
-        selector: Option<String>,
-    },
-    /// Delete objects by manifest or by kind and name (like kubectl delete).
-    Delete {
-        #[arg(short = 'f', long = "filename")]
-        files: Vec<std::path::PathBuf>,
-        kind: Option<String>,
-        names: Vec<String>,
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        /// Treat "not found" as success.
-        #[arg(long)]
-        ignore_not_found: bool,
-    },
+    #[command(flatten)]
+    Kubectl(KubectlCmd),
     /// The node agent: subnet lease, backend, masquerade, CNI files.
-    Agent {
-        /// This node's name.
-        #[arg(long)]
-        node: String,
-        /// Underlay interface (default: the default route's).
-        #[arg(long)]
-        iface: Option<String>,
-        #[arg(long, default_value = "/run/podnet/subnet.env")]
-        subnet_file: std::path::PathBuf,
-        #[arg(long, default_value = "/etc/cni/net.d")]
-        cni_conf_dir: std::path::PathBuf,
-        /// Where the node's CNI state lives (default: the plugins' defaults).
-        #[arg(long)]
-        cni_data_dir: Option<std::path::PathBuf>,
-        /// Subnet lease TTL in seconds (renewed at a third of it).
-        #[arg(long, default_value_t = 86400)]
-        lease_ttl: i64,
-        /// Resync period in seconds: how fast a deleted route is repaired.
-        #[arg(long, default_value_t = 10)]
-        resync: u64,
-        /// Pod MTU (default: underlay MTU minus the backend's overhead).
-        #[arg(long)]
-        mtu: Option<u32>,
-        #[arg(long, default_value = "127.0.0.1:10249")]
-        metrics_addr: String,
-        /// Remove everything the agent installed on this node, then exit.
-        #[arg(long)]
-        cleanup: bool,
-        /// Do not run the service proxy.
-        #[arg(long)]
-        no_proxy: bool,
-        /// Where the service proxy serves its `/healthz` and `/livez`, as
-        /// kube-proxy's `--healthz-bind-address` (load balancers probe it);
-        /// `off` for nowhere.
-        #[arg(long, default_value = podnet_proxy::healthz::DEFAULT_ADDR, value_parser = healthz_addr)]
-        healthz_addr: HealthzAddr,
-        #[command(flatten)]
-        ct: CtTimeouts,
-        /// Where NodePorts are accepted, as kube-proxy's flag: `primary`
-        /// (the default: the node's underlay address), or comma-separated
-        /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
-        /// local addresses). Never on loopback.
-        #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_cidr)]
-        nodeport_addresses: Vec<Option<ipnet::IpNet>>,
-        /// Do not enforce NetworkPolicy.
-        #[arg(long)]
-        no_policy: bool,
-        /// Also cut established connections that a NetworkPolicy change no
-        /// longer allows (conntrack entries removed in the same sync).
-        #[arg(long, env = "PODNET_POLICY_STRICT")]
-        policy_strict: bool,
-        /// Keep no flow log (`podnet flows`, `/flows`).
-        #[arg(long)]
-        no_flows: bool,
-        /// Records the flow log holds (the newest; a reader is told how
-        /// many it missed).
-        #[arg(long, default_value_t = 4096)]
-        flow_buffer: usize,
-        #[command(flatten)]
-        kube: cmd::KubeArgs,
-    },
+    Agent(AgentArgs),
     /// Prepare a node for the agent, once per start (the DaemonSet's
     /// privileged init container): copy this binary and the CNI plugin
     /// links into the runtime's plugin dir, write the conflist, turn on IP
@@ -274,6 +179,113 @@ enum Cmd {
     },
     /// Cluster DNS: Services and endpoints from the store, other names forwarded.
     Dns(dns::DnsArgs),
+}
+
+/// kubectl's verbs against the store (they show among the top-level
+/// commands, kept together here because they share one dispatch).
+#[derive(Subcommand)]
+enum KubectlCmd {
+    /// Create or update objects from YAML/JSON manifests (like kubectl apply).
+    #[command(after_long_help = kubectl::APPLY_HELP)]
+    Apply {
+        /// FILE, DIR (every .yaml/.yml/.json in it) or - for stdin; repeatable.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Show objects (like kubectl get).
+    Get {
+        /// Kind: ns, no, po, svc, ep (EndpointSlices), netpol, networkconfig, or full names.
+        kind: String,
+        /// One object's name.
+        name: Option<String>,
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Output: yaml, json, wide or name.
+        #[arg(short = 'o', long)]
+        output: Option<String>,
+        /// Label selector, e.g. app=web,tier!=db.
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+    },
+    /// Delete objects by manifest or by kind and name (like kubectl delete).
+    Delete {
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<std::path::PathBuf>,
+        kind: Option<String>,
+        names: Vec<String>,
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Treat "not found" as success.
+        #[arg(long)]
+        ignore_not_found: bool,
+    },
+}
+
+/// Flags of `podnet agent`.
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// This node's name.
+    #[arg(long)]
+    node: String,
+    /// Underlay interface (default: the default route's).
+    #[arg(long)]
+    iface: Option<String>,
+    #[arg(long, default_value = "/run/podnet/subnet.env")]
+    subnet_file: std::path::PathBuf,
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: std::path::PathBuf,
+    /// Where the node's CNI state lives (default: the plugins' defaults).
+    #[arg(long)]
+    cni_data_dir: Option<std::path::PathBuf>,
+    /// Subnet lease TTL in seconds (renewed at a third of it).
+    #[arg(long, default_value_t = 86400)]
+    lease_ttl: i64,
+    /// Resync period in seconds: how fast a deleted route is repaired.
+    #[arg(long, default_value_t = 10)]
+    resync: u64,
+    /// Pod MTU (default: underlay MTU minus the backend's overhead).
+    #[arg(long)]
+    mtu: Option<u32>,
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    metrics_addr: String,
+    /// Remove everything the agent installed on this node, then exit.
+    #[arg(long)]
+    cleanup: bool,
+    /// Do not run the service proxy.
+    #[arg(long)]
+    no_proxy: bool,
+    /// Where the service proxy serves its `/healthz` and `/livez`, as
+    /// kube-proxy's `--healthz-bind-address` (load balancers probe it);
+    /// `off` for nowhere.
+    #[arg(long, default_value = podnet_proxy::healthz::DEFAULT_ADDR, value_parser = healthz_addr)]
+    healthz_addr: HealthzAddr,
+    #[command(flatten)]
+    ct: CtTimeouts,
+    /// Where NodePorts are accepted, as kube-proxy's flag: `primary`
+    /// (the default: the node's underlay address), or comma-separated
+    /// CIDRs selecting this node's addresses (`0.0.0.0/0` means all
+    /// local addresses). Never on loopback.
+    #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_cidr)]
+    nodeport_addresses: Vec<Option<ipnet::IpNet>>,
+    /// Do not enforce NetworkPolicy.
+    #[arg(long)]
+    no_policy: bool,
+    /// Also cut established connections that a NetworkPolicy change no
+    /// longer allows (conntrack entries removed in the same sync).
+    #[arg(long, env = "PODNET_POLICY_STRICT")]
+    policy_strict: bool,
+    /// Keep no flow log (`podnet flows`, `/flows`).
+    #[arg(long)]
+    no_flows: bool,
+    /// Records the flow log holds (the newest; a reader is told how
+    /// many it missed).
+    #[arg(long, default_value_t = 4096)]
+    flow_buffer: usize,
+    #[command(flatten)]
+    kube: cmd::KubeArgs,
 }
 
 #[derive(Subcommand)]
@@ -491,6 +503,23 @@ fn healthz_addr(s: &str) -> Result<HealthzAddr, String> {
 }
 
 fn main() {
+    run_as_plugin_if_called();
+    let cli = Cli::parse();
+    podnet_daemon::set_watch_timeout(cli.watch_timeout);
+    let daemon = matches!(
+        cli.command,
+        Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_)
+    );
+    init_logs(if daemon { "info" } else { "warn" });
+    if let Err(e) = run(cli.command, &cli.store) {
+        eprintln!("podnet: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Multi-call: called by a plugin's name (or as the meta-plugin), run that
+/// plugin and exit; otherwise return, to parse subcommands.
+fn run_as_plugin_if_called() {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let called_as = std::path::Path::new(&argv0)
         .file_name()
@@ -510,26 +539,12 @@ fn main() {
         }
         std::process::exit(podnet_cni::run_plugin(&called_as).unwrap_or(1));
     }
-    let cli = Cli::parse();
-    podnet_daemon::set_watch_timeout(cli.watch_timeout);
-    let daemon = matches!(
-        cli.command,
-        Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_)
-    );
-    init_logs(if daemon { "info" } else { "warn" });
-    let res = match cli.command {
-        Cmd::Cni {
-            command: CniCmd::Install { dir },
-        } => cmd::cni_install(&dir),
-        Cmd::Cni {
-            command: CniCmd::Run { name },
-        } => match podnet_cni::run_plugin(&name) {
-            Some(code) => std::process::exit(code),
-            None => Err(anyhow::anyhow!(
-                "unknown plugin {name:?}; known: {:?}",
-                podnet_cni::plugins::NAMES
-            )),
-        },
+}
+
+/// One function per command; `store` is the global --store.
+fn run(command: Cmd, store: &str) -> anyhow::Result<()> {
+    match command {
+        Cmd::Cni { command } => cni(command),
         Cmd::NodeSetup {
             cni_bin_dir,
             cni_conf_dir,
@@ -544,84 +559,8 @@ fn main() {
             &ct.timeouts(),
         ),
         Cmd::Demo { keep, down } => cmd::demo(keep, down),
-        Cmd::Apply { files } => block_on(async {
-            let objs = cmd::objects(&cli.store).await?;
-            kubectl::apply(&objs, &files).await
-        }),
-        Cmd::Get {
-            kind,
-            name,
-            namespace,
-            all_namespaces,
-            output,
-            selector,
-        } => block_on(async {
-            let objs = cmd::objects(&cli.store).await?;
-            kubectl::get(
-                &objs,
-                &kind,
-                name,
-                namespace,
-                all_namespaces,
-                output,
-                selector,
-            )
-            .await
-        }),
-        Cmd::Delete {
-            files,
-            kind,
-            names,
-            namespace,
-            ignore_not_found,
-        } => block_on(async {
-            let objs = cmd::objects(&cli.store).await?;
-            kubectl::delete(&objs, &files, kind, names, namespace, ignore_not_found).await
-        }),
-        Cmd::Agent {
-            node,
-            iface,
-            subnet_file,
-            cni_conf_dir,
-            cni_data_dir,
-            lease_ttl,
-            resync,
-            mtu,
-            metrics_addr,
-            cleanup,
-            no_proxy,
-            healthz_addr,
-            ct,
-            nodeport_addresses,
-            no_policy,
-            policy_strict,
-            no_flows,
-            flow_buffer,
-            kube,
-        } => {
-            let opts = podnet_agent::Options {
-                node,
-                iface,
-                subnet_file,
-                cni_conf_dir,
-                cni_data_dir,
-                lease_ttl,
-                resync: std::time::Duration::from_secs(resync.max(1)),
-                mtu,
-                proxy: !no_proxy,
-                nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
-                healthz_addr: healthz_addr.0,
-                ct_timeouts: ct.timeouts(),
-                policy: !no_policy,
-                policy_strict,
-                flows: (!no_flows).then(|| {
-                    std::sync::Arc::new(std::sync::Mutex::new(podnet_trace::flows::FlowLog::new(
-                        flow_buffer,
-                    )))
-                }),
-            };
-            block_on(cmd::agent(&cli.store, &kube, opts, &metrics_addr, cleanup))
-        }
+        Cmd::Kubectl(verb) => block_on(kubectl(verb, store)),
+        Cmd::Agent(args) => agent(args, store),
         Cmd::Serve {
             name,
             namespace,
@@ -632,9 +571,9 @@ fn main() {
             dst,
             at,
             output,
-        } => block_on(trace::run(&at.target(&cli.store), &src, &dst, &output)),
+        } => block_on(trace::run(&at.target(store), &src, &dst, &output)),
         Cmd::Flows(a) => trace::flows(a),
-        Cmd::Ui { at, listen } => block_on(ui::run(&at.target(&cli.store), &listen)),
+        Cmd::Ui { at, listen } => block_on(ui::run(&at.target(store), &listen)),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {
@@ -643,22 +582,104 @@ fn main() {
                     lab,
                     kube,
                 },
-        } => block_on(policy::explain(
-            &cli.store,
-            &kube,
-            lab.as_deref(),
-            &src,
-            &dst,
-        )),
-        Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, &cli.store)),
+        } => block_on(policy::explain(store, &kube, lab.as_deref(), &src, &dst)),
+        Cmd::Lab { name, command } => block_on(cmd::lab(&name, command, store)),
         Cmd::Controller {
             metrics_addr,
             resync,
-        } => block_on(cmd::controller(&cli.store, &metrics_addr, resync)),
-        Cmd::Dns(args) => block_on(dns::run(&cli.store, args)),
-    };
-    if let Err(e) = res {
-        eprintln!("podnet: {e:#}");
-        std::process::exit(1);
+        } => block_on(cmd::controller(store, &metrics_addr, resync)),
+        Cmd::Dns(args) => block_on(dns::run(store, args)),
     }
+}
+
+fn cni(command: CniCmd) -> anyhow::Result<()> {
+    match command {
+        CniCmd::Install { dir } => cmd::cni_install(&dir),
+        CniCmd::Run { name } => match podnet_cni::run_plugin(&name) {
+            Some(code) => std::process::exit(code),
+            None => Err(anyhow::anyhow!(
+                "unknown plugin {name:?}; known: {:?}",
+                podnet_cni::plugins::NAMES
+            )),
+        },
+    }
+}
+
+async fn kubectl(verb: KubectlCmd, store: &str) -> anyhow::Result<()> {
+    let objs = cmd::objects(store).await?;
+    match verb {
+        KubectlCmd::Apply { files } => kubectl::apply(&objs, &files).await,
+        KubectlCmd::Get {
+            kind,
+            name,
+            namespace,
+            all_namespaces,
+            output,
+            selector,
+        } => {
+            kubectl::get(
+                &objs,
+                &kind,
+                name,
+                namespace,
+                all_namespaces,
+                output,
+                selector,
+            )
+            .await
+        }
+        KubectlCmd::Delete {
+            files,
+            kind,
+            names,
+            namespace,
+            ignore_not_found,
+        } => kubectl::delete(&objs, &files, kind, names, namespace, ignore_not_found).await,
+    }
+}
+
+fn agent(args: AgentArgs, store: &str) -> anyhow::Result<()> {
+    let AgentArgs {
+        node,
+        iface,
+        subnet_file,
+        cni_conf_dir,
+        cni_data_dir,
+        lease_ttl,
+        resync,
+        mtu,
+        metrics_addr,
+        cleanup,
+        no_proxy,
+        healthz_addr,
+        ct,
+        nodeport_addresses,
+        no_policy,
+        policy_strict,
+        no_flows,
+        flow_buffer,
+        kube,
+    } = args;
+    let opts = podnet_agent::Options {
+        node,
+        iface,
+        subnet_file,
+        cni_conf_dir,
+        cni_data_dir,
+        lease_ttl,
+        resync: std::time::Duration::from_secs(resync.max(1)),
+        mtu,
+        proxy: !no_proxy,
+        nodeport_addresses: nodeport_addresses.into_iter().flatten().collect(),
+        healthz_addr: healthz_addr.0,
+        ct_timeouts: ct.timeouts(),
+        policy: !no_policy,
+        policy_strict,
+        flows: (!no_flows).then(|| {
+            std::sync::Arc::new(std::sync::Mutex::new(podnet_trace::flows::FlowLog::new(
+                flow_buffer,
+            )))
+        }),
+    };
+    block_on(cmd::agent(store, &kube, opts, &metrics_addr, cleanup))
 }

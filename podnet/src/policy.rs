@@ -84,15 +84,41 @@ pub async fn explain(
     let metrics = podnet_daemon::Metrics::new();
     let watch = metrics.store_watch("explain");
     let lab = match lab {
-        Some(name) => {
-            let exe = std::fs::canonicalize("/proc/self/exe")?;
-            let l = podnet_lab::Lab::new(name, exe)?;
-            let st = l.state()?;
-            Some((l, st))
-        }
+        Some(name) => Some(open_lab(name)?),
         None => None,
     };
-    let source = match &lab {
+    let w = load(source(store, kube, lab.as_ref(), watch).await?).await?;
+    let (host, port, proto) = target(dst)?;
+    let flow = Flow {
+        src: endpoint(&w, src)?,
+        dst: endpoint(&w, &host)?,
+        proto,
+        port,
+    };
+    print_verdict(&w, &flow, &evaluate(&w, &flow));
+    if let Some((l, st)) = &lab {
+        print_kernel_traces(&w, &flow, l, st)?;
+    }
+    Ok(())
+}
+
+/// The lab named by `--lab`, with its recorded state.
+fn open_lab(name: &str) -> Result<(podnet_lab::Lab, podnet_lab::LabState)> {
+    let exe = std::fs::canonicalize("/proc/self/exe")?;
+    let l = podnet_lab::Lab::new(name, exe)?;
+    let st = l.state()?;
+    Ok((l, st))
+}
+
+/// Where the objects come from: the lab's store or API server, else the
+/// Kubernetes API when asked for, else the store.
+async fn source(
+    store: &str,
+    kube: &KubeArgs,
+    lab: Option<&(podnet_lab::Lab, podnet_lab::LabState)>,
+    watch: podnet_daemon::StoreWatch,
+) -> Result<podnet_source::Source> {
+    Ok(match lab {
         Some((l, st)) if st.kube => podnet_source::Source::kube(
             podnet_source::kube_client(Some(&l.kubeconfig()?)).await?,
             watch,
@@ -110,16 +136,12 @@ pub async fn explain(
                 .with_context(|| format!("opening store {store}"))?,
             watch,
         ),
-    };
-    let w = load(source).await?;
-    let (host, port, proto) = target(dst)?;
-    let flow = Flow {
-        src: endpoint(&w, src)?,
-        dst: endpoint(&w, &host)?,
-        proto,
-        port,
-    };
-    let v = evaluate(&w, &flow);
+    })
+}
+
+/// The API's answer: the verdict, then for each direction who isolates
+/// the pod and which rules allowed the flow or why they did not.
+fn print_verdict(w: &World, flow: &Flow, v: &podnet_policy::Verdict) {
     let name = |ip: IpAddr| match w.pod_at(ip) {
         Some((k, _)) => format!("{k} ({ip})"),
         None => ip.to_string(),
@@ -128,8 +150,8 @@ pub async fn explain(
         "{} -> {} {}/{}: {}",
         name(flow.src),
         name(flow.dst),
-        proto.name(),
-        port,
+        flow.proto.name(),
+        flow.port,
         if v.allowed() { "ALLOWED" } else { "DENIED" }
     );
     for (dir, s) in [("egress", &v.egress), ("ingress", &v.ingress)] {
@@ -154,39 +176,51 @@ pub async fn explain(
             println!("    {r}: {why}");
         }
     }
-    if let Some((l, st)) = &lab {
-        let node_of = |ip: IpAddr| {
-            w.pod_at(ip)
-                .and_then(|(_, v)| v.node.clone())
-                .and_then(|n| st.nodes.iter().find(|x| x.name == n).cloned())
-        };
-        let mut seen = Vec::new();
-        for n in [node_of(flow.src), node_of(flow.dst)].into_iter().flatten() {
-            if seen.contains(&n.name) {
-                continue;
-            }
-            seen.push(n.name.clone());
-            // The node's subnet, as its table fails closed on it.
-            let env_path = l.dir.join("nodes").join(&n.name).join("subnet.env");
-            let subnets: Vec<ipnet::IpNet> = std::fs::read_to_string(&env_path)
-                .ok()
-                .and_then(|t| {
-                    podnet_cni::plugins::meta::SubnetEnv::parse(&t, &env_path.display().to_string())
-                        .ok()
-                })
-                .map(|e| vec![e.subnet.trunc()])
-                .unwrap_or_default();
-            let ns = podnet_kernel::Netns::named(&n.netns)?;
-            let (fate, counters) = ns.run(|| kernel_trace(&flow, &subnets))??;
-            println!(
-                "  kernel on {} (table {} {}): {fate}; {counters}",
-                n.name,
-                if flow.src.is_ipv6() { "ip6" } else { "ip" },
-                podnet_policy::plan::TABLE
-            );
+}
+
+/// What the kernel does: the flow traced through the policy table of the
+/// source's and the destination's lab nodes (each node once).
+fn print_kernel_traces(
+    w: &World,
+    flow: &Flow,
+    l: &podnet_lab::Lab,
+    st: &podnet_lab::LabState,
+) -> Result<()> {
+    let node_of = |ip: IpAddr| {
+        w.pod_at(ip)
+            .and_then(|(_, v)| v.node.clone())
+            .and_then(|n| st.nodes.iter().find(|x| x.name == n).cloned())
+    };
+    let mut seen = Vec::new();
+    for n in [node_of(flow.src), node_of(flow.dst)].into_iter().flatten() {
+        if seen.contains(&n.name) {
+            continue;
         }
+        seen.push(n.name.clone());
+        let subnets = node_subnets(l, &n.name);
+        let ns = podnet_kernel::Netns::named(&n.netns)?;
+        let (fate, counters) = ns.run(|| kernel_trace(flow, &subnets))??;
+        println!(
+            "  kernel on {} (table {} {}): {fate}; {counters}",
+            n.name,
+            if flow.src.is_ipv6() { "ip6" } else { "ip" },
+            podnet_policy::plan::TABLE
+        );
     }
     Ok(())
+}
+
+/// The node's subnet, as its table fails closed on it (none if the node
+/// has not written its subnet.env).
+fn node_subnets(l: &podnet_lab::Lab, node: &str) -> Vec<ipnet::IpNet> {
+    let env_path = l.dir.join("nodes").join(node).join("subnet.env");
+    std::fs::read_to_string(&env_path)
+        .ok()
+        .and_then(|t| {
+            podnet_cni::plugins::meta::SubnetEnv::parse(&t, &env_path.display().to_string()).ok()
+        })
+        .map(|e| vec![e.subnet.trunc()])
+        .unwrap_or_default()
 }
 
 /// The evaluator's reasons in one line: who isolates each end and which

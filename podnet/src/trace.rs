@@ -666,78 +666,9 @@ pub fn trace_in(
     let net = &ctx.net;
     let nodes = ctx.nodes(view);
     let (host, port, proto) = crate::policy::target(dst)?;
-    let mut names: Names = BTreeMap::new();
-    for (k, v) in &view.world.pods {
-        for ip in &v.ips {
-            names.insert(*ip, k.to_string());
-        }
-    }
-    for n in &nodes {
-        names.insert(n.ip, n.name.clone());
-    }
-    let mut services = Vec::new();
-    for s in view.services.values() {
-        let (ns, name) = (
-            s.metadata.namespace.clone().unwrap_or_default(),
-            s.metadata.name.clone().unwrap_or_default(),
-        );
-        let spec = s.spec.clone().unwrap_or_default();
-        for ip in spec.cluster_ips.clone().unwrap_or_default() {
-            let Ok(ip) = ip.parse::<IpAddr>() else {
-                continue;
-            };
-            names.insert(ip, format!("Service {ns}/{name}"));
-            for sp in spec.ports.clone().unwrap_or_default() {
-                let pname = sp.name.clone().map(|n| format!(":{n}")).unwrap_or_default();
-                let proto = sp
-                    .protocol
-                    .clone()
-                    .unwrap_or("TCP".into())
-                    .to_ascii_lowercase();
-                services.push(ServicePort {
-                    name: format!("{ns}/{name}{pname}"),
-                    ip,
-                    port: sp.port as u16,
-                    proto: proto.clone(),
-                });
-                // Its NodePort, on every node.
-                if let Some(np) = sp.node_port {
-                    for n in &nodes {
-                        services.push(ServicePort {
-                            name: format!("{ns}/{name}{pname} (NodePort)"),
-                            ip: n.ip,
-                            port: np as u16,
-                            proto: proto.clone(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    // DST: an address, a node (for a NodePort), a pod, or a Service.
-    let dst_ip: IpAddr = if let Ok(ip) = host.parse() {
-        ip
-    } else if let Some(n) = nodes.iter().find(|n| n.name == host) {
-        n.ip
-    } else {
-        let (ns, name) = host.split_once('/').unwrap_or(("default", host.as_str()));
-        let key = podnet_policy::Key::new(ns, name);
-        if let Some(v) = view.world.pods.get(&key) {
-            *v.ips
-                .first()
-                .ok_or_else(|| anyhow!("pod {ns}/{name} has no address yet"))?
-        } else if let Some(s) = view.services.values().find(|s| {
-            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
-        }) {
-            s.spec
-                .as_ref()
-                .and_then(|sp| sp.cluster_ip.as_deref())
-                .and_then(|ip| ip.parse().ok())
-                .ok_or_else(|| anyhow!("Service {ns}/{name} has no ClusterIP"))?
-        } else {
-            bail!("DST {host:?}: no pod, Service or node of that name, and not an address");
-        }
-    };
+    let names = address_names(view, &nodes);
+    let services = service_ports(view, &nodes);
+    let dst_ip = resolve_dst(view, &nodes, &host)?;
     let stack = podnet_proxy::Stack::v4(net.network).with_service_cidr(Some(net.service_cidr));
     let oracles = ClusterOracles {
         view,
@@ -767,6 +698,110 @@ pub fn trace_in(
         oracles: &oracles,
     };
     Ok(podnet_trace::collect::run(&req)?)
+}
+
+/// A name for every address the view knows: pods, nodes and Services'
+/// ClusterIPs.
+fn address_names(view: &View, nodes: &[ClusterNode]) -> Names {
+    let mut names: Names = BTreeMap::new();
+    for (k, v) in &view.world.pods {
+        for ip in &v.ips {
+            names.insert(*ip, k.to_string());
+        }
+    }
+    for n in nodes {
+        names.insert(n.ip, n.name.clone());
+    }
+    for s in view.services.values() {
+        let (ns, name) = service_name(s);
+        for ip in cluster_ips(s) {
+            names.insert(ip, format!("Service {ns}/{name}"));
+        }
+    }
+    names
+}
+
+fn service_name(s: &Service) -> (String, String) {
+    (
+        s.metadata.namespace.clone().unwrap_or_default(),
+        s.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A Service's ClusterIPs that parse as addresses.
+fn cluster_ips(s: &Service) -> Vec<IpAddr> {
+    s.spec
+        .iter()
+        .flat_map(|spec| spec.cluster_ips.iter().flatten())
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .collect()
+}
+
+/// Every Service port the trace may meet: each port on each ClusterIP,
+/// and its NodePort on every node.
+fn service_ports(view: &View, nodes: &[ClusterNode]) -> Vec<ServicePort> {
+    let mut services = Vec::new();
+    for s in view.services.values() {
+        let (ns, name) = service_name(s);
+        let spec = s.spec.clone().unwrap_or_default();
+        for ip in cluster_ips(s) {
+            for sp in spec.ports.clone().unwrap_or_default() {
+                let pname = sp.name.clone().map(|n| format!(":{n}")).unwrap_or_default();
+                let proto = sp
+                    .protocol
+                    .clone()
+                    .unwrap_or("TCP".into())
+                    .to_ascii_lowercase();
+                services.push(ServicePort {
+                    name: format!("{ns}/{name}{pname}"),
+                    ip,
+                    port: sp.port as u16,
+                    proto: proto.clone(),
+                });
+                // Its NodePort, on every node.
+                if let Some(np) = sp.node_port {
+                    for n in nodes {
+                        services.push(ServicePort {
+                            name: format!("{ns}/{name}{pname} (NodePort)"),
+                            ip: n.ip,
+                            port: np as u16,
+                            proto: proto.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    services
+}
+
+/// DST: an address, a node (for a NodePort), a pod, or a Service.
+fn resolve_dst(view: &View, nodes: &[ClusterNode], host: &str) -> Result<IpAddr> {
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    if let Some(n) = nodes.iter().find(|n| n.name == host) {
+        return Ok(n.ip);
+    }
+    let (ns, name) = host.split_once('/').unwrap_or(("default", host));
+    let key = podnet_policy::Key::new(ns, name);
+    if let Some(v) = view.world.pods.get(&key) {
+        return v
+            .ips
+            .first()
+            .copied()
+            .ok_or_else(|| anyhow!("pod {ns}/{name} has no address yet"));
+    }
+    let Some(s) = view.services.values().find(|s| {
+        s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+    }) else {
+        bail!("DST {host:?}: no pod, Service or node of that name, and not an address");
+    };
+    s.spec
+        .as_ref()
+        .and_then(|sp| sp.cluster_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| anyhow!("Service {ns}/{name} has no ClusterIP"))
 }
 
 /// `podnet flows`' arguments.

@@ -129,162 +129,21 @@ pub struct Resolved {
     pub direct_routing: bool,
 }
 
+/// A resolution error: the field's path and what is wrong with it.
+type FieldErr = (String, String);
+
 impl NetworkConfig {
     /// Applies defaults (flannel's) and checks every field; errors name it.
     pub fn resolve(&self) -> Result<Resolved, (String, String)> {
         let s = &self.spec;
-        let net_s = s
-            .network
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NETWORK.to_string());
-        let network: IpNet = net_s.parse().map_err(|_| {
-            (
-                "spec.Network".to_string(),
-                format!("{net_s:?} is not a CIDR"),
-            )
-        })?;
-        let IpNet::V4(network) = network.trunc() else {
-            return Err((
-                "spec.Network".into(),
-                "only IPv4 cluster networks are supported".into(),
-            ));
-        };
-        let subnet_len = s.subnet_len.unwrap_or(if network.prefix_len() < 24 {
-            DEFAULT_SUBNET_LEN
-        } else {
-            network.prefix_len() + 4
-        });
-        if subnet_len <= network.prefix_len() || subnet_len > 30 {
-            return Err((
-                "spec.SubnetLen".into(),
-                format!(
-                    "{subnet_len} must be longer than the network's /{} and at most 30",
-                    network.prefix_len()
-                ),
-            ));
-        }
-        let all: Vec<Ipv4Net> = network
-            .subnets(subnet_len)
-            .map(|i| i.collect())
-            .unwrap_or_default();
-        let parse_sub =
-            |field: &str, v: &Option<String>, dflt: Ipv4Net| -> Result<Ipv4Net, (String, String)> {
-                match v {
-                    None => Ok(dflt),
-                    Some(t) => {
-                        let ip: std::net::Ipv4Addr = t
-                            .split('/')
-                            .next()
-                            .unwrap_or_default()
-                            .parse()
-                            .map_err(|_| {
-                                (field.to_string(), format!("{t:?} is not an IPv4 address"))
-                            })?;
-                        let n = Ipv4Net::new(ip, subnet_len).expect("valid prefix").trunc();
-                        if !network.contains(&n) {
-                            return Err((
-                                field.to_string(),
-                                format!("{t} is outside Network {network}"),
-                            ));
-                        }
-                        Ok(n)
-                    }
-                }
-            };
-        // flannel skips the network's first subnet by default.
-        let first = *all.get(1).or(all.first()).expect("at least one subnet");
-        let last = *all.last().expect("at least one subnet");
-        let subnet_min = parse_sub("spec.SubnetMin", &s.subnet_min, first)?;
-        let subnet_max = parse_sub("spec.SubnetMax", &s.subnet_max, last)?;
-        if subnet_min.network() > subnet_max.network() {
-            return Err((
-                "spec.SubnetMin".into(),
-                format!("{subnet_min} is after SubnetMax {subnet_max}"),
-            ));
-        }
-        let bt = s
-            .backend
-            .backend_type
-            .clone()
-            .unwrap_or_else(|| "vxlan".into());
-        let backend = BackendType::parse(&bt).ok_or_else(|| {
-            (
-                "spec.Backend.Type".to_string(),
-                format!("unknown backend {bt:?} (vxlan, host-gw, udp)"),
-            )
-        })?;
-        let vni = s.backend.vni.unwrap_or(1);
-        if vni == 0 || vni > 0xff_ffff {
-            return Err((
-                "spec.Backend.VNI".into(),
-                format!("{vni} out of range 1-16777215"),
-            ));
-        }
-        let port = s.backend.port.unwrap_or(match backend {
-            BackendType::Udp => 8285,
-            _ => 8472,
-        });
-        if port == 0 {
-            return Err(("spec.Backend.Port".into(), "0 is not a port".into()));
-        }
-        let sc = s
-            .service_cidr
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.to_string());
-        let service_cidr: IpNet = sc.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
-            (
-                "spec.ServiceCIDR".to_string(),
-                format!("{sc:?} is not a CIDR"),
-            )
-        })?;
-        let node_port_range = match &s.node_port_range {
-            None => DEFAULT_NODE_PORT_RANGE,
-            Some(r) => {
-                let bad = || {
-                    (
-                        "spec.NodePortRange".to_string(),
-                        format!("{r:?} is not a range like 30000-32767"),
-                    )
-                };
-                let (a, b) = r.split_once('-').ok_or_else(bad)?;
-                let (a, b): (u16, u16) = (
-                    a.trim().parse().map_err(|_| bad())?,
-                    b.trim().parse().map_err(|_| bad())?,
-                );
-                if a == 0 || a > b {
-                    return Err(bad());
-                }
-                (a, b)
-            }
-        };
-        let dns_s = s
-            .dns_service_ip
-            .clone()
-            .unwrap_or_else(|| DEFAULT_DNS_IP.to_string());
-        let dns_service_ip: std::net::IpAddr = dns_s.parse().map_err(|_| {
-            (
-                "spec.DNSServiceIP".to_string(),
-                format!("{dns_s:?} is not an IP address"),
-            )
-        })?;
-        if !service_cidr.contains(&dns_service_ip) {
-            return Err((
-                "spec.DNSServiceIP".into(),
-                format!("{dns_service_ip} is outside ServiceCIDR {service_cidr}"),
-            ));
-        }
-        let ipv6_network = match &s.ipv6_network {
-            None => None,
-            Some(t) => match t.parse::<IpNet>() {
-                Ok(IpNet::V6(n)) => Some(n.trunc()),
-                _ => {
-                    return Err((
-                        "spec.IPv6Network".into(),
-                        format!("{t:?} is not an IPv6 CIDR"),
-                    ))
-                }
-            },
-        };
+        let network = network(s)?;
+        let subnet_len = subnet_len(s, network)?;
+        let (subnet_min, subnet_max) = subnet_range(s, network, subnet_len)?;
+        let (backend, vni, port) = backend(&s.backend)?;
+        let service_cidr = service_cidr(s)?;
+        let node_port_range = node_port_range(s)?;
+        let dns_service_ip = dns_service_ip(s, service_cidr)?;
+        let ipv6_network = ipv6_network(s)?;
         Ok(Resolved {
             service_cidr,
             node_port_range,
@@ -303,6 +162,200 @@ impl NetworkConfig {
             port,
             direct_routing: s.backend.direct_routing.unwrap_or(false),
         })
+    }
+}
+
+/// `Network`: the IPv4 cluster network, truncated to its prefix.
+fn network(s: &NetworkSpec) -> Result<Ipv4Net, FieldErr> {
+    let net_s = s
+        .network
+        .clone()
+        .unwrap_or_else(|| DEFAULT_NETWORK.to_string());
+    let network: IpNet = net_s.parse().map_err(|_| {
+        (
+            "spec.Network".to_string(),
+            format!("{net_s:?} is not a CIDR"),
+        )
+    })?;
+    let IpNet::V4(network) = network.trunc() else {
+        return Err((
+            "spec.Network".into(),
+            "only IPv4 cluster networks are supported".into(),
+        ));
+    };
+    Ok(network)
+}
+
+/// `SubnetLen`: each node's subnet, /24 by default (or 4 bits longer than
+/// a network already that small).
+fn subnet_len(s: &NetworkSpec, network: Ipv4Net) -> Result<u8, FieldErr> {
+    let subnet_len = s.subnet_len.unwrap_or(if network.prefix_len() < 24 {
+        DEFAULT_SUBNET_LEN
+    } else {
+        network.prefix_len() + 4
+    });
+    if subnet_len <= network.prefix_len() || subnet_len > 30 {
+        return Err((
+            "spec.SubnetLen".into(),
+            format!(
+                "{subnet_len} must be longer than the network's /{} and at most 30",
+                network.prefix_len()
+            ),
+        ));
+    }
+    Ok(subnet_len)
+}
+
+/// `SubnetMin` and `SubnetMax`: the node subnets leases come from, by
+/// default all but the network's first (as flannel skips it).
+fn subnet_range(
+    s: &NetworkSpec,
+    network: Ipv4Net,
+    subnet_len: u8,
+) -> Result<(Ipv4Net, Ipv4Net), FieldErr> {
+    let all: Vec<Ipv4Net> = network
+        .subnets(subnet_len)
+        .map(|i| i.collect())
+        .unwrap_or_default();
+    // flannel skips the network's first subnet by default.
+    let first = *all.get(1).or(all.first()).expect("at least one subnet");
+    let last = *all.last().expect("at least one subnet");
+    let subnet_min = subnet_bound("spec.SubnetMin", &s.subnet_min, first, network, subnet_len)?;
+    let subnet_max = subnet_bound("spec.SubnetMax", &s.subnet_max, last, network, subnet_len)?;
+    if subnet_min.network() > subnet_max.network() {
+        return Err((
+            "spec.SubnetMin".into(),
+            format!("{subnet_min} is after SubnetMax {subnet_max}"),
+        ));
+    }
+    Ok((subnet_min, subnet_max))
+}
+
+/// One end of the subnet range: the subnet holding the given address,
+/// which must lie in the network.
+fn subnet_bound(
+    field: &str,
+    v: &Option<String>,
+    dflt: Ipv4Net,
+    network: Ipv4Net,
+    subnet_len: u8,
+) -> Result<Ipv4Net, FieldErr> {
+    match v {
+        None => Ok(dflt),
+        Some(t) => {
+            let ip: std::net::Ipv4Addr = t
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|_| (field.to_string(), format!("{t:?} is not an IPv4 address")))?;
+            let n = Ipv4Net::new(ip, subnet_len).expect("valid prefix").trunc();
+            if !network.contains(&n) {
+                return Err((
+                    field.to_string(),
+                    format!("{t} is outside Network {network}"),
+                ));
+            }
+            Ok(n)
+        }
+    }
+}
+
+/// `Backend`: its type (vxlan by default), VNI and port (the type's
+/// default: 8472 for VXLAN, 8285 for the UDP tunnel).
+fn backend(b: &Backend) -> Result<(BackendType, u32, u16), FieldErr> {
+    let bt = b.backend_type.clone().unwrap_or_else(|| "vxlan".into());
+    let backend = BackendType::parse(&bt).ok_or_else(|| {
+        (
+            "spec.Backend.Type".to_string(),
+            format!("unknown backend {bt:?} (vxlan, host-gw, udp)"),
+        )
+    })?;
+    let vni = b.vni.unwrap_or(1);
+    if vni == 0 || vni > 0xff_ffff {
+        return Err((
+            "spec.Backend.VNI".into(),
+            format!("{vni} out of range 1-16777215"),
+        ));
+    }
+    let port = b.port.unwrap_or(match backend {
+        BackendType::Udp => 8285,
+        _ => 8472,
+    });
+    if port == 0 {
+        return Err(("spec.Backend.Port".into(), "0 is not a port".into()));
+    }
+    Ok((backend, vni, port))
+}
+
+/// `ServiceCIDR`, truncated to its prefix.
+fn service_cidr(s: &NetworkSpec) -> Result<IpNet, FieldErr> {
+    let sc = s
+        .service_cidr
+        .clone()
+        .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.to_string());
+    sc.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+        (
+            "spec.ServiceCIDR".to_string(),
+            format!("{sc:?} is not a CIDR"),
+        )
+    })
+}
+
+/// `NodePortRange`: `FIRST-LAST`, not starting at 0.
+fn node_port_range(s: &NetworkSpec) -> Result<(u16, u16), FieldErr> {
+    let Some(r) = &s.node_port_range else {
+        return Ok(DEFAULT_NODE_PORT_RANGE);
+    };
+    let bad = || {
+        (
+            "spec.NodePortRange".to_string(),
+            format!("{r:?} is not a range like 30000-32767"),
+        )
+    };
+    let (a, b) = r.split_once('-').ok_or_else(bad)?;
+    let (a, b): (u16, u16) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a == 0 || a > b {
+        return Err(bad());
+    }
+    Ok((a, b))
+}
+
+/// `DNSServiceIP`: the cluster DNS Service's address, in the service CIDR.
+fn dns_service_ip(s: &NetworkSpec, service_cidr: IpNet) -> Result<std::net::IpAddr, FieldErr> {
+    let dns_s = s
+        .dns_service_ip
+        .clone()
+        .unwrap_or_else(|| DEFAULT_DNS_IP.to_string());
+    let dns_service_ip: std::net::IpAddr = dns_s.parse().map_err(|_| {
+        (
+            "spec.DNSServiceIP".to_string(),
+            format!("{dns_s:?} is not an IP address"),
+        )
+    })?;
+    if !service_cidr.contains(&dns_service_ip) {
+        return Err((
+            "spec.DNSServiceIP".into(),
+            format!("{dns_service_ip} is outside ServiceCIDR {service_cidr}"),
+        ));
+    }
+    Ok(dns_service_ip)
+}
+
+/// `IPv6Network`, for dual-stack pods (none by default).
+fn ipv6_network(s: &NetworkSpec) -> Result<Option<ipnet::Ipv6Net>, FieldErr> {
+    match &s.ipv6_network {
+        None => Ok(None),
+        Some(t) => match t.parse::<IpNet>() {
+            Ok(IpNet::V6(n)) => Ok(Some(n.trunc())),
+            _ => Err((
+                "spec.IPv6Network".into(),
+                format!("{t:?} is not an IPv6 CIDR"),
+            )),
+        },
     }
 }
 

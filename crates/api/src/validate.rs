@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -256,6 +256,40 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
         e.add("spec.type", format!("unsupported type {ty:?}"));
         return;
     }
+    service_kind(e, spec, ty);
+    service_cluster_ips(e, spec, ty, ctx);
+    service_ports(e, spec, ty, ctx);
+    labels(e, "spec.selector", &spec.selector);
+    for (i, x) in spec.external_ips.iter().flatten().enumerate() {
+        ip(e, &format!("spec.externalIPs[{i}]"), x);
+    }
+    for (i, x) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        cidr(e, &format!("spec.loadBalancerSourceRanges[{i}]"), x);
+    }
+    session_affinity(e, spec);
+    traffic_policies(e, spec, ty);
+    if let Some(st) = &s.status {
+        for (i, ing) in st
+            .load_balancer
+            .iter()
+            .flat_map(|l| l.ingress.iter().flatten())
+            .enumerate()
+        {
+            if let Some(x) = &ing.ip {
+                ip(e, &format!("status.loadBalancer.ingress[{i}].ip"), x);
+            }
+        }
+    }
+}
+
+/// What the type asks for: an ExternalName Service a DNS name and no
+/// ClusterIP; any other, ports unless it is headless.
+fn service_kind(e: &mut Errs, spec: &ServiceSpec, ty: &str) {
     let cip = spec.cluster_ip.as_deref().unwrap_or("");
     if ty == "ExternalName" {
         match spec.external_name.as_deref() {
@@ -272,6 +306,12 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
     } else if spec.ports.as_ref().map(|p| p.is_empty()).unwrap_or(true) && cip != "None" {
         e.add("spec.ports", "required");
     }
+}
+
+/// `clusterIP` (headless only for types without node ports, else in the
+/// service CIDR) and `clusterIPs`, whose first must match it.
+fn service_cluster_ips(e: &mut Errs, spec: &ServiceSpec, ty: &str, ctx: &Context) {
+    let cip = spec.cluster_ip.as_deref().unwrap_or("");
     if cip == "None" {
         if matches!(ty, "NodePort" | "LoadBalancer") {
             e.add(
@@ -297,6 +337,11 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
             ip(e, &format!("spec.clusterIPs[{i}]"), c);
         }
     }
+}
+
+/// Each port: number, protocol, a unique name (required when there are
+/// several), unique port and protocol, target port and node port.
+fn service_ports(e: &mut Errs, spec: &ServiceSpec, ty: &str, ctx: &Context) {
     let ports = spec.ports.as_deref().unwrap_or_default();
     let mut names = HashSet::new();
     let mut seen = HashSet::new();
@@ -333,34 +378,31 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
             int_or_name(e, &format!("{path}.targetPort"), t);
         }
         if let Some(np) = p.node_port {
-            if !matches!(ty, "NodePort" | "LoadBalancer") {
-                e.add(
-                    format!("{path}.nodePort"),
-                    format!("may not be set for type {ty}"),
-                );
-            } else if np < ctx.node_port_range.0 as i32 || np > ctx.node_port_range.1 as i32 {
-                e.add(
-                    format!("{path}.nodePort"),
-                    format!(
-                        "{np} is outside the node port range {}-{}",
-                        ctx.node_port_range.0, ctx.node_port_range.1
-                    ),
-                );
-            }
+            node_port(e, &path, np, ty, ctx);
         }
     }
-    labels(e, "spec.selector", &spec.selector);
-    for (i, x) in spec.external_ips.iter().flatten().enumerate() {
-        ip(e, &format!("spec.externalIPs[{i}]"), x);
+}
+
+/// A port's `nodePort`: only for types with node ports, in the range.
+fn node_port(e: &mut Errs, path: &str, np: i32, ty: &str, ctx: &Context) {
+    if !matches!(ty, "NodePort" | "LoadBalancer") {
+        e.add(
+            format!("{path}.nodePort"),
+            format!("may not be set for type {ty}"),
+        );
+    } else if np < ctx.node_port_range.0 as i32 || np > ctx.node_port_range.1 as i32 {
+        e.add(
+            format!("{path}.nodePort"),
+            format!(
+                "{np} is outside the node port range {}-{}",
+                ctx.node_port_range.0, ctx.node_port_range.1
+            ),
+        );
     }
-    for (i, x) in spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        cidr(e, &format!("spec.loadBalancerSourceRanges[{i}]"), x);
-    }
+}
+
+/// `sessionAffinity` and, for ClientIP, its timeout.
+fn session_affinity(e: &mut Errs, spec: &ServiceSpec) {
     match spec.session_affinity.as_deref() {
         None | Some("None") => {}
         Some("ClientIP") => {
@@ -383,6 +425,11 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
             format!("unsupported value {o:?} (None, ClientIP)"),
         ),
     }
+}
+
+/// `externalTrafficPolicy` (Local only where traffic comes from outside)
+/// and `internalTrafficPolicy`.
+fn traffic_policies(e: &mut Errs, spec: &ServiceSpec, ty: &str) {
     if let Some(p) = spec.external_traffic_policy.as_deref() {
         if !matches!(p, "Cluster" | "Local") {
             e.add(
@@ -405,18 +452,6 @@ fn service(e: &mut Errs, s: &Service, ctx: &Context) {
                 "spec.internalTrafficPolicy",
                 format!("unsupported value {p:?}"),
             );
-        }
-    }
-    if let Some(st) = &s.status {
-        for (i, ing) in st
-            .load_balancer
-            .iter()
-            .flat_map(|l| l.ingress.iter().flatten())
-            .enumerate()
-        {
-            if let Some(x) = &ing.ip {
-                ip(e, &format!("status.loadBalancer.ingress[{i}].ip"), x);
-            }
         }
     }
 }
