@@ -21,6 +21,15 @@ use podnet_source::{Delta, Subscription};
 use podnet_trace::flows::{self, FlowLog, FlowRecord, Page};
 use podnet_trace::hops::Names;
 
+const FLOWS_LOST_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_flows_lost_total",
+    "Conntrack event batches the kernel dropped before the flow log read them.",
+);
+const FLOWS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_flows_total",
+    "Flows in this node's flow log, per verdict.",
+);
+
 /// The kinds whose addresses name flows.
 pub const KINDS: &[Kind] = &[Kind::Pod, Kind::Service, Kind::Node];
 
@@ -47,12 +56,8 @@ impl Recorder {
     }
 
     fn push(&self, r: FlowRecord) {
-        self.metrics.inc(
-            "podnet_flows_total",
-            "Flows in this node's flow log, per verdict.",
-            &format!("verdict=\"{}\"", r.verdict),
-            1.0,
-        );
+        self.metrics
+            .count(&FLOWS_TOTAL, &format!("verdict=\"{}\"", r.verdict), 1.0);
         self.log.lock().expect("flow log").push(r);
     }
 
@@ -188,12 +193,7 @@ impl Recorder {
             if ev.lost() > lost {
                 let n = ev.lost() - lost;
                 lost = ev.lost();
-                self.metrics.inc(
-                    "podnet_flows_lost_total",
-                    "Conntrack event batches the kernel dropped before the flow log read them.",
-                    "",
-                    n as f64,
-                );
+                self.metrics.count(&FLOWS_LOST_TOTAL, "", n as f64);
                 self.log.lock().expect("flow log").add_lost(n);
             }
             if got.is_empty() {

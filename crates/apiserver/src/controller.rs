@@ -38,6 +38,29 @@ use podnet_store::{Objects, Op, Store, StoreError};
 
 use crate::{alloc, endpoints};
 
+const CONTROLLER_ALLOCATIONS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_controller_allocations_total",
+    "Services given addresses or ports.",
+);
+const CONTROLLER_ENDPOINTSLICE_WRITES_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_controller_endpointslice_writes_total",
+    "EndpointSlice writes.",
+);
+const CONTROLLER_ERRORS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_controller_errors_total",
+    "Reconcile errors (retried).",
+);
+const CONTROLLER_PODS: podnet_daemon::Gauge =
+    podnet_daemon::Gauge::new("podnet_controller_pods", "Pods known to the controller.");
+const CONTROLLER_SERVICES: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_controller_services",
+    "Services known to the controller.",
+);
+const CONTROLLER_SNAPSHOTS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_controller_snapshots_total",
+    "Full passes over every Service and reservation.",
+);
+
 type Key = (String, String);
 
 /// What the controller subscribes to.
@@ -275,12 +298,7 @@ impl Controller {
                 self.remember_alloc(&kv.key);
             }
         }
-        self.metrics.inc(
-            "podnet_controller_snapshots_total",
-            "Full passes over every Service and reservation.",
-            "",
-            1.0,
-        );
+        self.metrics.count(&CONTROLLER_SNAPSHOTS_TOTAL, "", 1.0);
     }
 
     fn remember_alloc(&mut self, key: &str) {
@@ -439,27 +457,14 @@ impl Controller {
         for k in dirty {
             if let Err(e) = self.reconcile_one(&k).await {
                 tracing::debug!(service = %format!("{}/{}", k.0, k.1), "reconcile: {e}; will retry");
-                self.metrics.inc(
-                    "podnet_controller_errors_total",
-                    "Reconcile errors (retried).",
-                    "",
-                    1.0,
-                );
+                self.metrics.count(&CONTROLLER_ERRORS_TOTAL, "", 1.0);
                 retry.insert(k);
             }
         }
-        self.metrics.set(
-            "podnet_controller_services",
-            "Services known to the controller.",
-            "",
-            self.state.services.len() as f64,
-        );
-        self.metrics.set(
-            "podnet_controller_pods",
-            "Pods known to the controller.",
-            "",
-            self.state.pods.len() as f64,
-        );
+        self.metrics
+            .gauge(&CONTROLLER_SERVICES, "", self.state.services.len() as f64);
+        self.metrics
+            .gauge(&CONTROLLER_PODS, "", self.state.pods.len() as f64);
         retry
     }
 
@@ -568,12 +573,8 @@ impl Controller {
     }
 
     fn count_slice_write(&self, labels: &str) {
-        self.metrics.inc(
-            "podnet_controller_endpointslice_writes_total",
-            "EndpointSlice writes.",
-            labels,
-            1.0,
-        );
+        self.metrics
+            .count(&CONTROLLER_ENDPOINTSLICE_WRITES_TOTAL, labels, 1.0);
     }
 
     fn cache_slice(&mut self, o: Object) {
@@ -626,12 +627,7 @@ impl Controller {
                     for key in alloc::keys(&s) {
                         self.remember_alloc(&key);
                     }
-                    self.metrics.inc(
-                        "podnet_controller_allocations_total",
-                        "Services given addresses or ports.",
-                        "",
-                        1.0,
-                    );
+                    self.metrics.count(&CONTROLLER_ALLOCATIONS_TOTAL, "", 1.0);
                     self.state.services.insert(k.clone(), *s);
                     return Ok(());
                 }

@@ -65,6 +65,55 @@ struct Family {
     hists: BTreeMap<String, Hist>,
 }
 
+/// A counter family, declared once (name and help) beside the code that
+/// counts: a call site names the family, never its text, and can only add.
+#[derive(Debug, Clone, Copy)]
+pub struct Counter {
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+/// A gauge family: a value that is set.
+#[derive(Debug, Clone, Copy)]
+pub struct Gauge {
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+/// A histogram family of durations in seconds ([`BUCKETS`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Histogram {
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+impl Counter {
+    pub const fn new(name: &'static str, help: &'static str) -> Counter {
+        Counter { name, help }
+    }
+}
+
+impl Gauge {
+    pub const fn new(name: &'static str, help: &'static str) -> Gauge {
+        Gauge { name, help }
+    }
+}
+
+impl Histogram {
+    pub const fn new(name: &'static str, help: &'static str) -> Histogram {
+        Histogram { name, help }
+    }
+}
+
+const STORE_WATCH_UP: Gauge = Gauge::new(
+    "podnet_store_watch_up",
+    "1 while the component's store watch follows the store; 0 before its first list and after it lost the store for the watch timeout.",
+);
+const STORE_WATCH_LOST_SECONDS: Gauge = Gauge::new(
+    "podnet_store_watch_lost_seconds",
+    "Seconds since a lost store watch last reached the store (0 while up).",
+);
+
 /// A small metrics registry: families of counters, gauges and histograms
 /// with labels.
 #[derive(Default)]
@@ -99,43 +148,36 @@ impl Metrics {
         f(fam.values.entry(labels.to_string()).or_insert(0.0));
     }
 
-    /// Records one observation (in seconds) in a histogram.
-    pub fn observe(&self, name: &'static str, help: &'static str, labels: &str, secs: f64) {
+    /// Records one sample (in seconds) in a histogram.
+    pub fn sample(&self, h: &Histogram, labels: &str, secs: f64) {
         let mut counts = [0u64; BUCKETS.len() + 1];
         counts[BUCKETS
             .iter()
             .position(|b| secs <= *b)
             .unwrap_or(BUCKETS.len())] = 1;
-        self.observe_buckets(name, help, labels, &counts, secs);
+        self.sample_buckets(h, labels, &counts, secs);
     }
 
-    /// Adds pre-aggregated observations to a histogram: `counts[i]` values
-    /// fell in bucket `i` (`counts[BUCKETS.len()]`, if given, above the last),
+    /// Adds pre-aggregated samples to a histogram: `counts[i]` values fell
+    /// in bucket `i` (`counts[BUCKETS.len()]`, if given, above the last),
     /// summing to `sum` seconds. For hot paths that count locally (DNS) and
-    /// cannot take a lock per observation.
-    pub fn observe_buckets(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        labels: &str,
-        counts: &[u64],
-        sum: f64,
-    ) {
+    /// cannot take a lock per sample.
+    pub fn sample_buckets(&self, h: &Histogram, labels: &str, counts: &[u64], sum: f64) {
         let mut fams = self.families.lock().unwrap_or_else(|p| p.into_inner());
-        let fam = fams.entry(name).or_insert_with(|| Family {
-            help,
+        let fam = fams.entry(h.name).or_insert_with(|| Family {
+            help: h.help,
             typ: MetricType::Histogram,
             values: BTreeMap::new(),
             hists: BTreeMap::new(),
         });
-        let h = fam.hists.entry(labels.to_string()).or_default();
+        let hist = fam.hists.entry(labels.to_string()).or_default();
         for (i, c) in counts.iter().enumerate() {
-            if let Some(slot) = h.counts.get_mut(i) {
+            if let Some(slot) = hist.counts.get_mut(i) {
                 *slot += c;
             }
-            h.count += c;
+            hist.count += c;
         }
-        h.sum += sum;
+        hist.sum += sum;
     }
 
     /// Marks the daemon unhealthy (with the reason `/healthz` shows) or
@@ -164,12 +206,13 @@ impl Metrics {
     }
 
     /// Adds to a counter; `labels` is Prometheus label text like `kind="svc"`.
-    pub fn inc(&self, name: &'static str, help: &'static str, labels: &str, by: f64) {
-        self.with(name, help, MetricType::Counter, labels, |v| *v += by);
+    pub fn count(&self, c: &Counter, labels: &str, by: f64) {
+        self.with(c.name, c.help, MetricType::Counter, labels, |v| *v += by);
     }
 
-    pub fn set(&self, name: &'static str, help: &'static str, labels: &str, to: f64) {
-        self.with(name, help, MetricType::Gauge, labels, |v| *v = to);
+    /// Sets a gauge.
+    pub fn gauge(&self, g: &Gauge, labels: &str, to: f64) {
+        self.with(g.name, g.help, MetricType::Gauge, labels, |v| *v = to);
     }
 
     pub fn set_ready(&self, r: bool) {
@@ -229,18 +272,8 @@ impl Metrics {
         for w in self.watch_states() {
             let labels = format!("component=\"{}\"", w.component);
             let (up, lost_secs, losses) = w.gauges();
-            self.set(
-                "podnet_store_watch_up",
-                "1 while the component's store watch follows the store; 0 before its first list and after it lost the store for the watch timeout.",
-                &labels,
-                up,
-            );
-            self.set(
-                "podnet_store_watch_lost_seconds",
-                "Seconds since a lost store watch last reached the store (0 while up).",
-                &labels,
-                lost_secs,
-            );
+            self.gauge(&STORE_WATCH_UP, &labels, up);
+            self.gauge(&STORE_WATCH_LOST_SECONDS, &labels, lost_secs);
             self.with(
                 "podnet_store_watch_losses_total",
                 "Times the component's store watch was declared lost.",
@@ -782,22 +815,20 @@ mod tests {
     #[test]
     fn prometheus_text() {
         let m = Metrics::new();
-        m.inc("podnet_syncs_total", "Syncs run.", "", 1.0);
-        m.inc("podnet_syncs_total", "Syncs run.", "", 2.0);
-        m.set(
-            "podnet_services",
-            "Services known.",
-            "type=\"ClusterIP\"",
-            5.0,
-        );
+        const SYNCS: Counter = Counter::new("podnet_syncs_total", "Syncs run.");
+        const SERVICES: Gauge = Gauge::new("podnet_services", "Services known.");
+        const SYNC_SECONDS: Histogram = Histogram::new("podnet_sync_seconds", "Sync time.");
+        m.count(&SYNCS, "", 1.0);
+        m.count(&SYNCS, "", 2.0);
+        m.gauge(&SERVICES, "type=\"ClusterIP\"", 5.0);
         let t = m.render();
         assert!(
             t.contains("# TYPE podnet_syncs_total counter\npodnet_syncs_total 3\n"),
             "{t}"
         );
         assert!(t.contains("podnet_services{type=\"ClusterIP\"} 5"), "{t}");
-        m.observe("podnet_sync_seconds", "Sync time.", "mode=\"full\"", 0.003);
-        m.observe("podnet_sync_seconds", "Sync time.", "mode=\"full\"", 20.0);
+        m.sample(&SYNC_SECONDS, "mode=\"full\"", 0.003);
+        m.sample(&SYNC_SECONDS, "mode=\"full\"", 20.0);
         let t = m.render();
         assert!(t.contains("# TYPE podnet_sync_seconds histogram"), "{t}");
         assert!(

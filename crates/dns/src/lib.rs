@@ -38,6 +38,11 @@ use podnet_source::Source;
 pub use forward::AllowList;
 pub use zone::ZoneConfig;
 
+const DNS_CACHE_ENTRIES: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_dns_cache_entries",
+    "Answers in the forwarding cache.",
+);
+
 /// Everything `podnet dns` can be told.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -246,10 +251,5 @@ fn export_metrics(exporter: &mut stats::Exporter, fwd: &forward::Forwarder, metr
         .map(|e| e.load(Ordering::Relaxed))
         .collect();
     exporter.export(metrics, &errs);
-    metrics.set(
-        "podnet_dns_cache_entries",
-        "Answers in the forwarding cache.",
-        "",
-        fwd.cache.len() as f64,
-    );
+    metrics.gauge(&DNS_CACHE_ENTRIES, "", fwd.cache.len() as f64);
 }

@@ -10,9 +10,46 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use podnet_daemon::{Metrics, BUCKETS};
+use podnet_daemon::{Counter, Metrics, BUCKETS};
 
 use crate::wire;
+
+const DNS_MALFORMED_TOTAL: Counter = Counter::new(
+    "podnet_dns_malformed_total",
+    "Packets dropped or refused because they did not parse.",
+);
+const DNS_TRUNCATED_TOTAL: Counter = Counter::new(
+    "podnet_dns_truncated_total",
+    "UDP answers sent truncated (TC) for the client to retry over TCP.",
+);
+const DNS_CACHE_HITS_TOTAL: Counter = Counter::new(
+    "podnet_dns_cache_hits_total",
+    "Forwarded names answered from the cache.",
+);
+const DNS_CACHE_MISSES_TOTAL: Counter = Counter::new(
+    "podnet_dns_cache_misses_total",
+    "Forwarded names not in the cache.",
+);
+const DNS_SHED_TOTAL: Counter = Counter::new(
+    "podnet_dns_shed_total",
+    "Forwarded UDP queries answered SERVFAIL because too many were waiting.",
+);
+const DNS_RECURSION_REFUSED_TOTAL: Counter = Counter::new(
+    "podnet_dns_recursion_refused_total",
+    "Queries for names outside the cluster zone answered REFUSED: the client is not allowed recursion.",
+);
+const DNS_REQUEST_DURATION_SECONDS: podnet_daemon::Histogram = podnet_daemon::Histogram::new(
+    "podnet_dns_request_duration_seconds",
+    "Time from receiving a query to sending its answer.",
+);
+const DNS_RESPONSES_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_dns_responses_total",
+    "DNS responses sent, by query type and rcode.",
+);
+const DNS_UPSTREAM_ERRORS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_dns_upstream_errors_total",
+    "Upstream attempts that failed (timeout, refused, SERVFAIL, garbage).",
+);
 
 /// Query types we label separately; everything else is "other".
 const TYPES: [(u16, &str); 10] = [
@@ -175,9 +212,8 @@ impl Exporter {
                 let d = now.answers[i] - last.answers[i];
                 if d > 0 {
                     let t = TYPES.get(ti).map(|(_, n)| *n).unwrap_or("other");
-                    m.inc(
-                        "podnet_dns_responses_total",
-                        "DNS responses sent, by query type and rcode.",
+                    m.count(
+                        &DNS_RESPONSES_TOTAL,
                         &format!("qtype=\"{t}\",rcode=\"{rcode}\""),
                         d as f64,
                     );
@@ -191,53 +227,25 @@ impl Exporter {
             .map(|(a, b)| a - b)
             .collect();
         if counts.iter().any(|c| *c > 0) {
-            m.observe_buckets(
-                "podnet_dns_request_duration_seconds",
-                "Time from receiving a query to sending its answer.",
+            m.sample_buckets(
+                &DNS_REQUEST_DURATION_SECONDS,
                 "",
                 &counts,
                 (now.latency_ns - last.latency_ns) as f64 / 1e9,
             );
         }
-        let counter = |name: &'static str, help: &'static str, d: u64| {
-            m.inc(name, help, "", d as f64);
-        };
-        counter(
-            "podnet_dns_malformed_total",
-            "Packets dropped or refused because they did not parse.",
-            now.malformed - last.malformed,
-        );
-        counter(
-            "podnet_dns_truncated_total",
-            "UDP answers sent truncated (TC) for the client to retry over TCP.",
-            now.truncated - last.truncated,
-        );
-        counter(
-            "podnet_dns_cache_hits_total",
-            "Forwarded names answered from the cache.",
-            now.hits - last.hits,
-        );
-        counter(
-            "podnet_dns_cache_misses_total",
-            "Forwarded names not in the cache.",
-            now.misses - last.misses,
-        );
-        counter(
-            "podnet_dns_shed_total",
-            "Forwarded UDP queries answered SERVFAIL because too many were waiting.",
-            now.shed - last.shed,
-        );
-        counter(
-            "podnet_dns_recursion_refused_total",
-            "Queries for names outside the cluster zone answered REFUSED: the client is not allowed recursion.",
-            now.refused - last.refused,
-        );
+        let counter = |c: &Counter, d: u64| m.count(c, "", d as f64);
+        counter(&DNS_MALFORMED_TOTAL, now.malformed - last.malformed);
+        counter(&DNS_TRUNCATED_TOTAL, now.truncated - last.truncated);
+        counter(&DNS_CACHE_HITS_TOTAL, now.hits - last.hits);
+        counter(&DNS_CACHE_MISSES_TOTAL, now.misses - last.misses);
+        counter(&DNS_SHED_TOTAL, now.shed - last.shed);
+        counter(&DNS_RECURSION_REFUSED_TOTAL, now.refused - last.refused);
         for (i, u) in self.upstreams.iter().enumerate() {
             let d = now.upstream.get(i).copied().unwrap_or(0)
                 - last.upstream.get(i).copied().unwrap_or(0);
-            m.inc(
-                "podnet_dns_upstream_errors_total",
-                "Upstream attempts that failed (timeout, refused, SERVFAIL, garbage).",
+            m.count(
+                &DNS_UPSTREAM_ERRORS_TOTAL,
                 &format!("upstream=\"{u}\""),
                 d as f64,
             );

@@ -22,6 +22,19 @@ use podnet_source::{Delta, Resyncer, Subscription};
 
 use crate::zone::{Builder, Snapshot};
 
+const DNS_RELISTS_TOTAL: podnet_daemon::Counter =
+    podnet_daemon::Counter::new("podnet_dns_relists_total", "Full relists of the store.");
+const DNS_SERVICES: podnet_daemon::Gauge =
+    podnet_daemon::Gauge::new("podnet_dns_services", "Services known to DNS.");
+const DNS_ZONE_NAMES: podnet_daemon::Gauge =
+    podnet_daemon::Gauge::new("podnet_dns_zone_names", "Names in the cluster zone.");
+const DNS_ZONE_UPDATES_TOTAL: podnet_daemon::Counter =
+    podnet_daemon::Counter::new("podnet_dns_zone_updates_total", "Zone snapshots published.");
+const DNS_ZONE_UPDATE_SECONDS: podnet_daemon::Histogram = podnet_daemon::Histogram::new(
+    "podnet_dns_zone_update_seconds",
+    "Time to rebuild and publish the zone after a change.",
+);
+
 /// Applies one delta from the object source to the builder; false if DNS
 /// does not care.
 pub fn apply_delta(b: &mut Builder, d: &Delta) -> bool {
@@ -49,30 +62,10 @@ fn publish(b: &mut Builder, zone: &ArcSwap<Snapshot>, metrics: &Metrics, full: b
     } else {
         "mode=\"incremental\""
     };
-    metrics.observe(
-        "podnet_dns_zone_update_seconds",
-        "Time to rebuild and publish the zone after a change.",
-        mode,
-        t.elapsed().as_secs_f64(),
-    );
-    metrics.inc(
-        "podnet_dns_zone_updates_total",
-        "Zone snapshots published.",
-        mode,
-        1.0,
-    );
-    metrics.set(
-        "podnet_dns_zone_names",
-        "Names in the cluster zone.",
-        "",
-        names as f64,
-    );
-    metrics.set(
-        "podnet_dns_services",
-        "Services known to DNS.",
-        "",
-        b.service_count() as f64,
-    );
+    metrics.sample(&DNS_ZONE_UPDATE_SECONDS, mode, t.elapsed().as_secs_f64());
+    metrics.count(&DNS_ZONE_UPDATES_TOTAL, mode, 1.0);
+    metrics.gauge(&DNS_ZONE_NAMES, "", names as f64);
+    metrics.gauge(&DNS_SERVICES, "", b.service_count() as f64);
 }
 
 /// The kinds DNS subscribes to.
@@ -124,12 +117,7 @@ impl Subsystem for Zone {
                     apply_delta(&mut self.b, &Delta::Updated(o));
                 }
                 self.rebuilt = true;
-                self.metrics.inc(
-                    "podnet_dns_relists_total",
-                    "Full relists of the store.",
-                    "",
-                    1.0,
-                );
+                self.metrics.count(&DNS_RELISTS_TOTAL, "", 1.0);
             }
             ZoneInput::Deltas(ds) => {
                 for d in &ds {

@@ -43,6 +43,13 @@ use podnet_source::subnets::{Attrs, SubnetLease, SubnetMap};
 pub use backend::Backend;
 pub use masq::{MasqTable, MASQ_TABLE};
 
+const AGENT_SYNCS_TOTAL: podnet_daemon::Counter =
+    podnet_daemon::Counter::new("podnet_agent_syncs_total", "Syncs run.");
+const AGENT_LEASES: podnet_daemon::Gauge =
+    podnet_daemon::Gauge::new("podnet_agent_leases", "Subnet leases known.");
+const AGENT_SYNC_OPS_TOTAL: podnet_daemon::Counter =
+    podnet_daemon::Counter::new("podnet_agent_sync_ops_total", "Kernel operations applied.");
+
 #[derive(Debug, thiserror::Error)]
 pub enum OverlayError {
     #[error("kernel: {0}")]
@@ -302,12 +309,7 @@ impl Subsystem for Overlay {
             let (done, errs) =
                 kernel::apply(&mut h, &c.diff, self.device.map(|o| o.0), &self.underlay);
             tracing::info!(ops = n, done, "applied network changes");
-            self.metrics.inc(
-                "podnet_agent_sync_ops_total",
-                "Kernel operations applied.",
-                "",
-                done as f64,
-            );
+            self.metrics.count(&AGENT_SYNC_OPS_TOTAL, "", done as f64);
             if !errs.is_empty() {
                 return Err(SyncError(errs.join("; ")));
             }
@@ -317,14 +319,9 @@ impl Subsystem for Overlay {
         self.write_files().map_err(|e| SyncError(e.to_string()))?;
         self.masq_table().repair();
         ensure_bridge_netfilter(false);
+        self.metrics.count(&AGENT_SYNCS_TOTAL, "", 1.0);
         self.metrics
-            .inc("podnet_agent_syncs_total", "Syncs run.", "", 1.0);
-        self.metrics.set(
-            "podnet_agent_leases",
-            "Subnet leases known.",
-            "",
-            self.nodes.len() as f64,
-        );
+            .gauge(&AGENT_LEASES, "", self.nodes.len() as f64);
         Ok(n)
     }
 

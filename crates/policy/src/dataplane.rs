@@ -33,6 +33,15 @@ use tokio::sync::oneshot;
 use crate::plan::{self, Elem, LogLimit, SetId};
 use crate::world::{Key, Peer, PodView, Policy, PortMatch, World};
 
+const POLICY_CONNECTIONS_CUT_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_policy_connections_cut_total",
+    "Established connections removed by --policy-strict.",
+);
+const POLICY_ELEMENTS: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_policy_elements",
+    "Set elements the policy table holds, per set.",
+);
+
 /// An acknowledgement the CNI plugin waits for.
 pub type Ack = oneshot::Sender<Result<(), String>>;
 
@@ -587,12 +596,8 @@ impl PolicyPlane {
                     connections = n,
                     "policy-strict: cut connections no longer allowed"
                 );
-                self.metrics.inc(
-                    "podnet_policy_connections_cut_total",
-                    "Established connections removed by --policy-strict.",
-                    "",
-                    n as f64,
-                );
+                self.metrics
+                    .count(&POLICY_CONNECTIONS_CUT_TOTAL, "", n as f64);
             }
             Err(e) => tracing::warn!("policy-strict: {e}"),
         }
@@ -968,12 +973,8 @@ impl Subsystem for PolicyPlane {
         }
         if ok {
             for (set, n) in self.element_counts() {
-                self.metrics.set(
-                    "podnet_policy_elements",
-                    "Set elements the policy table holds, per set.",
-                    &format!("set=\"{set}\""),
-                    n as f64,
-                );
+                self.metrics
+                    .gauge(&POLICY_ELEMENTS, &format!("set=\"{set}\""), n as f64);
             }
         }
     }

@@ -21,6 +21,35 @@ use crate::eval::{evaluate, Flow};
 use crate::plan::{LOG_GROUP, PREFIX_EGRESS, PREFIX_INGRESS};
 use crate::world::World;
 
+const GUARD_DROPPED_TOTAL: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_guard_dropped_total",
+    "Frames from pods' ports the anti-spoofing guard dropped (not their own MAC or addresses).",
+);
+const POLICY_DENIED_BY_POLICY_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_policy_denied_by_policy_total",
+    "Logged denials per isolating policy.",
+);
+const POLICY_DENIED_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_policy_denied_total",
+    "New connections denied (logged ones), per cause.",
+);
+const POLICY_KERNEL_DENIED_TOTAL: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_policy_kernel_denied_total",
+    "New connections the policy table dropped, logged or not, per cause.",
+);
+const POLICY_KERNEL_INVALID_TOTAL: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_policy_kernel_invalid_total",
+    "Packets conntrack found invalid, to or from isolated pods, dropped (not logged).",
+);
+const POLICY_LOG_LOST_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_policy_log_lost_total",
+    "Denial log lines lost on the NFLOG socket.",
+);
+const POLICY_LOG_SUPPRESSED_TOTAL: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_policy_log_suppressed_total",
+    "Denials the kernel's log rate limit kept out of the log (counted, not explained).",
+);
+
 /// One explained denial.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denial {
@@ -110,34 +139,18 @@ fn kernel_counters(c: &mut podnet_nft::netlink::Conn, metrics: &Metrics) {
         }
     }
     for (i, cause) in ["ingress", "egress", "unknown"].iter().enumerate() {
-        metrics.set(
-            "podnet_policy_kernel_denied_total",
-            "New connections the policy table dropped, logged or not, per cause.",
+        metrics.gauge(
+            &POLICY_KERNEL_DENIED_TOTAL,
             &format!("cause=\"{cause}\""),
             sums[i] as f64,
         );
     }
     if let Ok(Some((pk, _))) = c.counter(Family::Bridge, crate::guard::TABLE, crate::guard::COUNTER)
     {
-        metrics.set(
-            "podnet_guard_dropped_total",
-            "Frames from pods' ports the anti-spoofing guard dropped (not their own MAC or addresses).",
-            "",
-            pk as f64,
-        );
+        metrics.gauge(&GUARD_DROPPED_TOTAL, "", pk as f64);
     }
-    metrics.set(
-        "podnet_policy_kernel_invalid_total",
-        "Packets conntrack found invalid, to or from isolated pods, dropped (not logged).",
-        "",
-        sums[4] as f64,
-    );
-    metrics.set(
-        "podnet_policy_log_suppressed_total",
-        "Denials the kernel's log rate limit kept out of the log (counted, not explained).",
-        "",
-        sums[3] as f64,
-    );
+    metrics.gauge(&POLICY_KERNEL_INVALID_TOTAL, "", sums[4] as f64);
+    metrics.gauge(&POLICY_LOG_SUPPRESSED_TOTAL, "", sums[3] as f64);
 }
 
 /// Who else hears of each denial (the node's flow log).
@@ -178,12 +191,7 @@ pub fn read(
         };
         let now_lost = l.lost();
         if now_lost > lost {
-            metrics.inc(
-                "podnet_policy_log_lost_total",
-                "Denial log lines lost on the NFLOG socket.",
-                "",
-                (now_lost - lost) as f64,
-            );
+            metrics.count(&POLICY_LOG_LOST_TOTAL, "", (now_lost - lost) as f64);
             lost = now_lost;
         }
         for p in pkts {
@@ -211,19 +219,13 @@ pub fn read(
                 "denied: {}",
                 d.reason
             );
-            metrics.inc(
-                "podnet_policy_denied_total",
-                "New connections denied (logged ones), per cause.",
-                &format!("cause=\"{}\"", d.cause),
-                1.0,
-            );
+            metrics.count(&POLICY_DENIED_TOTAL, &format!("cause=\"{}\"", d.cause), 1.0);
             if let Some(s) = &sink {
                 s(&d);
             }
             for pol in &d.policies {
-                metrics.inc(
-                    "podnet_policy_denied_by_policy_total",
-                    "Logged denials per isolating policy.",
+                metrics.count(
+                    &POLICY_DENIED_BY_POLICY_TOTAL,
                     &format!("direction=\"{}\",policy=\"{pol}\"", d.cause),
                     1.0,
                 );

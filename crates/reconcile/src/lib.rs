@@ -38,6 +38,23 @@ use podnet_daemon::Metrics;
 use podnet_source::{Delta, Subscription};
 use tokio::sync::mpsc;
 
+const RECONCILE_FAILURES_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_reconcile_failures_total",
+    "Failed syncs per subsystem.",
+);
+const RECONCILE_OPERATIONS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_reconcile_operations_total",
+    "Kernel operations applied per subsystem.",
+);
+const RECONCILE_SYNCS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_reconcile_syncs_total",
+    "Syncs (plan, observe, diff, apply) per subsystem and scope.",
+);
+const RECONCILE_SYNC_SECONDS: podnet_daemon::Histogram = podnet_daemon::Histogram::new(
+    "podnet_reconcile_sync_seconds",
+    "Time of syncs that changed something, per subsystem.",
+);
+
 /// What a loop is fed.
 #[derive(Debug)]
 pub enum Input<T> {
@@ -384,25 +401,14 @@ fn record_sync<K: Ord>(metrics: &Metrics, name: &str, scope: &Scope<K>, n: usize
         ms = t0.elapsed().as_secs_f64() * 1e3,
         "synced"
     );
-    metrics.inc(
-        "podnet_reconcile_syncs_total",
-        "Syncs (plan, observe, diff, apply) per subsystem and scope.",
+    metrics.count(
+        &RECONCILE_SYNCS_TOTAL,
         &format!("{labels},scope=\"{}\"", scope.label()),
         1.0,
     );
-    metrics.inc(
-        "podnet_reconcile_operations_total",
-        "Kernel operations applied per subsystem.",
-        &labels,
-        n as f64,
-    );
+    metrics.count(&RECONCILE_OPERATIONS_TOTAL, &labels, n as f64);
     if n > 0 {
-        metrics.observe(
-            "podnet_reconcile_sync_seconds",
-            "Time of syncs that changed something, per subsystem.",
-            &labels,
-            t0.elapsed().as_secs_f64(),
-        );
+        metrics.sample(&RECONCILE_SYNC_SECONDS, &labels, t0.elapsed().as_secs_f64());
     }
 }
 
@@ -419,9 +425,8 @@ fn record_failure(
         subsystem = name,
         "sync failed: {e}; retrying with a full sync"
     );
-    metrics.inc(
-        "podnet_reconcile_failures_total",
-        "Failed syncs per subsystem.",
+    metrics.count(
+        &RECONCILE_FAILURES_TOTAL,
         &format!("subsystem=\"{name}\""),
         1.0,
     );
