@@ -9,6 +9,8 @@ use podnet_nft::model::{Chain, ElemData, Expr, Proto, Rule, Table, Value, Verdic
 
 use super::Stack;
 
+/// A short name for a Service port's or endpoint's chain: FNV-1a folded
+/// to 32 bits, so the name is the same on every sync and every node.
 pub(super) fn hash8(s: &str) -> String {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in s.bytes() {
@@ -18,14 +20,17 @@ pub(super) fn hash8(s: &str) -> String {
     format!("{:08x}", (h ^ (h >> 32)) as u32)
 }
 
+/// The verdict `goto c`.
 pub(super) fn goto(c: &str) -> Expr {
     Expr::Verdict(Verdict::Goto(c.to_string()))
 }
 
+/// The verdict `jump c`.
 pub(super) fn jump(c: &str) -> Expr {
     Expr::Verdict(Verdict::Jump(c.into()))
 }
 
+/// The key of an `address . protocol . port` (Service address) map.
 pub(super) fn svc_key(ip: IpAddr, proto: Proto, port: u16) -> Vec<Value> {
     vec![Value::Addr(ip), Value::Proto(proto), Value::Port(port)]
 }
