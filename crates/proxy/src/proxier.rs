@@ -601,84 +601,18 @@ impl Proxier {
         flush: Flush,
     ) -> Result<usize, ProxyError> {
         let fam = self.stack.label();
-        let kind = if full { "full" } else { "partial" };
         match res {
             Ok(()) => {
                 if n > 0 {
                     crate::stale::flush(&flush);
                     self.record_use();
                 }
-                match &mut self.applied {
-                    Some(a) => {
-                        for (id, p) in planned {
-                            let before = a.get(&id).map(|x| x.endpoints).unwrap_or(0);
-                            let live = !p.inputs.is_empty();
-                            let after = if live { p.endpoints } else { 0 };
-                            self.endpoints = (self.endpoints + after).saturating_sub(before);
-                            if live {
-                                a.insert(id, p);
-                            } else {
-                                a.remove(&id);
-                            }
-                        }
-                    }
-                    None => {
-                        self.endpoints = planned.values().map(|a| a.endpoints).sum();
-                        self.applied = Some(planned);
-                    }
-                }
+                self.remember(planned);
                 self.last_ok = Some(Instant::now());
                 if n == 0 {
                     return Ok(0);
                 }
-                let secs = t0.elapsed().as_secs_f64();
-                let labels = format!("kind=\"{kind}\",family=\"{fam}\"");
-                let fam_label = format!("family=\"{fam}\"");
-                self.metrics.observe(
-                    "podnet_proxy_sync_duration_seconds",
-                    "Time to plan, diff and apply one sync (full or partial).",
-                    &labels,
-                    secs,
-                );
-                self.metrics.observe(
-                    "podnet_proxy_sync_operations",
-                    "nf_tables operations per applied sync (as a histogram of counts).",
-                    &labels,
-                    n as f64,
-                );
-                self.metrics.inc(
-                    "podnet_proxy_sync_operations_total",
-                    "nf_tables operations applied.",
-                    &fam_label,
-                    n as f64,
-                );
-                self.metrics.set(
-                    "podnet_proxy_last_sync_timestamp_seconds",
-                    "When the last sync succeeded.",
-                    &fam_label,
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64()),
-                );
-                self.metrics.set(
-                    "podnet_proxy_services",
-                    "Services known to the proxy.",
-                    &fam_label,
-                    self.services.len() as f64,
-                );
-                self.metrics.set(
-                    "podnet_proxy_endpoints",
-                    "Endpoints programmed (DNAT targets).",
-                    &fam_label,
-                    self.endpoints as f64,
-                );
-                tracing::debug!(
-                    kind,
-                    family = fam,
-                    ops = n,
-                    ms = secs * 1000.0,
-                    "service sync"
-                );
+                self.record_sync(t0, full, n);
                 Ok(n)
             }
             Err(e) => {
@@ -693,6 +627,86 @@ impl Proxier {
                 Err(ProxyError::Other(format!("service sync ({fam}): {e}")))
             }
         }
+    }
+
+    /// Takes what a successful sync applied as the kernel's state: the
+    /// fragments it planned (a full sync's replace everything; a partial
+    /// sync's replace or drop theirs), and the endpoint count with them.
+    fn remember(&mut self, planned: BTreeMap<String, Applied>) {
+        match &mut self.applied {
+            Some(a) => {
+                for (id, p) in planned {
+                    let before = a.get(&id).map(|x| x.endpoints).unwrap_or(0);
+                    let live = !p.inputs.is_empty();
+                    let after = if live { p.endpoints } else { 0 };
+                    self.endpoints = (self.endpoints + after).saturating_sub(before);
+                    if live {
+                        a.insert(id, p);
+                    } else {
+                        a.remove(&id);
+                    }
+                }
+            }
+            None => {
+                self.endpoints = planned.values().map(|a| a.endpoints).sum();
+                self.applied = Some(planned);
+            }
+        }
+    }
+
+    /// The metrics and log line of a sync that applied `n` operations,
+    /// started at `t0`.
+    fn record_sync(&self, t0: Instant, full: bool, n: usize) {
+        let fam = self.stack.label();
+        let kind = if full { "full" } else { "partial" };
+        let secs = t0.elapsed().as_secs_f64();
+        let labels = format!("kind=\"{kind}\",family=\"{fam}\"");
+        let fam_label = format!("family=\"{fam}\"");
+        self.metrics.observe(
+            "podnet_proxy_sync_duration_seconds",
+            "Time to plan, diff and apply one sync (full or partial).",
+            &labels,
+            secs,
+        );
+        self.metrics.observe(
+            "podnet_proxy_sync_operations",
+            "nf_tables operations per applied sync (as a histogram of counts).",
+            &labels,
+            n as f64,
+        );
+        self.metrics.inc(
+            "podnet_proxy_sync_operations_total",
+            "nf_tables operations applied.",
+            &fam_label,
+            n as f64,
+        );
+        self.metrics.set(
+            "podnet_proxy_last_sync_timestamp_seconds",
+            "When the last sync succeeded.",
+            &fam_label,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        self.metrics.set(
+            "podnet_proxy_services",
+            "Services known to the proxy.",
+            &fam_label,
+            self.services.len() as f64,
+        );
+        self.metrics.set(
+            "podnet_proxy_endpoints",
+            "Endpoints programmed (DNAT targets).",
+            &fam_label,
+            self.endpoints as f64,
+        );
+        tracing::debug!(
+            kind,
+            family = fam,
+            ops = n,
+            ms = secs * 1000.0,
+            "service sync"
+        );
     }
 }
 
