@@ -49,6 +49,31 @@ use crate::rules::{
 use crate::stale::{udp_endpoints, Flush, UdpView};
 use crate::ProxyError;
 
+const PROXY_ENDPOINTS: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_proxy_endpoints",
+    "Endpoints programmed (DNAT targets).",
+);
+const PROXY_LAST_SYNC_TIMESTAMP_SECONDS: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_proxy_last_sync_timestamp_seconds",
+    "When the last sync succeeded.",
+);
+const PROXY_SERVICES: podnet_daemon::Gauge =
+    podnet_daemon::Gauge::new("podnet_proxy_services", "Services known to the proxy.");
+const PROXY_SYNC_DURATION_SECONDS: podnet_daemon::Histogram = podnet_daemon::Histogram::new(
+    "podnet_proxy_sync_duration_seconds",
+    "Time to plan, diff and apply one sync (full or partial).",
+);
+const PROXY_SYNC_FAILURES_TOTAL: podnet_daemon::Counter =
+    podnet_daemon::Counter::new("podnet_proxy_sync_failures_total", "Syncs that failed.");
+const PROXY_SYNC_OPERATIONS: podnet_daemon::Histogram = podnet_daemon::Histogram::new(
+    "podnet_proxy_sync_operations",
+    "nf_tables operations per applied sync (as a histogram of counts).",
+);
+const PROXY_SYNC_OPERATIONS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
+    "podnet_proxy_sync_operations_total",
+    "nf_tables operations applied.",
+);
+
 /// "ns/name" of the Service an object belongs to.
 fn service_id(o: &Object) -> Option<String> {
     let ns = o.namespace().unwrap_or("default");
@@ -618,9 +643,8 @@ impl Proxier {
             Err(e) => {
                 self.applied = None;
                 self.conn = Conn::open().ok();
-                self.metrics.inc(
-                    "podnet_proxy_sync_failures_total",
-                    "Syncs that failed.",
+                self.metrics.count(
+                    &PROXY_SYNC_FAILURES_TOTAL,
                     &format!("family=\"{fam}\""),
                     1.0,
                 );
@@ -662,44 +686,23 @@ impl Proxier {
         let secs = t0.elapsed().as_secs_f64();
         let labels = format!("kind=\"{kind}\",family=\"{fam}\"");
         let fam_label = format!("family=\"{fam}\"");
-        self.metrics.observe(
-            "podnet_proxy_sync_duration_seconds",
-            "Time to plan, diff and apply one sync (full or partial).",
-            &labels,
-            secs,
-        );
-        self.metrics.observe(
-            "podnet_proxy_sync_operations",
-            "nf_tables operations per applied sync (as a histogram of counts).",
-            &labels,
-            n as f64,
-        );
-        self.metrics.inc(
-            "podnet_proxy_sync_operations_total",
-            "nf_tables operations applied.",
-            &fam_label,
-            n as f64,
-        );
-        self.metrics.set(
-            "podnet_proxy_last_sync_timestamp_seconds",
-            "When the last sync succeeded.",
+        self.metrics
+            .sample(&PROXY_SYNC_DURATION_SECONDS, &labels, secs);
+        self.metrics
+            .sample(&PROXY_SYNC_OPERATIONS, &labels, n as f64);
+        self.metrics
+            .count(&PROXY_SYNC_OPERATIONS_TOTAL, &fam_label, n as f64);
+        self.metrics.gauge(
+            &PROXY_LAST_SYNC_TIMESTAMP_SECONDS,
             &fam_label,
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
         );
-        self.metrics.set(
-            "podnet_proxy_services",
-            "Services known to the proxy.",
-            &fam_label,
-            self.services.len() as f64,
-        );
-        self.metrics.set(
-            "podnet_proxy_endpoints",
-            "Endpoints programmed (DNAT targets).",
-            &fam_label,
-            self.endpoints as f64,
-        );
+        self.metrics
+            .gauge(&PROXY_SERVICES, &fam_label, self.services.len() as f64);
+        self.metrics
+            .gauge(&PROXY_ENDPOINTS, &fam_label, self.endpoints as f64);
         tracing::debug!(
             kind,
             family = fam,
