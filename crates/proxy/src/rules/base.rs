@@ -6,7 +6,7 @@
 //! never touches these chains.
 
 use podnet_nft::model::{
-    BaseChain, Chain, ChainType, Expr, Field, Hook, KeyType, Rule, Set, Table, Value, Verdict,
+    Chain, ChainType, Expr, Field, Hook, KeyType, Rule, Set, Table, Value, Verdict,
 };
 
 use super::blocks::{chain, jump};
@@ -63,18 +63,6 @@ pub fn shell(stack: &Stack) -> Table {
         ]),
     );
     t
-}
-
-/// A base chain on `hook`, empty.
-fn hook_chain(kind: ChainType, hook: Hook, priority: i32) -> Chain {
-    Chain {
-        base: Some(BaseChain {
-            kind,
-            hook,
-            priority,
-        }),
-        rules: vec![],
-    }
 }
 
 /// The `nodeport-ips` set, when NodePorts are accepted on listed addresses
@@ -154,13 +142,13 @@ fn add_services_chain(t: &mut Table, stack: &Stack, node: &NodeInfo) {
 /// The nat hooks: prerouting and output dispatch to `services`;
 /// postrouting masquerades hairpin fast-path traffic and what was marked.
 fn add_nat_hooks(t: &mut Table, stack: &Stack) {
-    let mut nat_pre = hook_chain(ChainType::Nat, Hook::Prerouting, -100);
+    let mut nat_pre = Chain::base(ChainType::Nat, Hook::Prerouting, -100);
     nat_pre.rules.push(Rule::new(vec![jump("services")]));
     t.chains.insert("nat-prerouting".into(), nat_pre);
-    let mut nat_out = hook_chain(ChainType::Nat, Hook::Output, -100);
+    let mut nat_out = Chain::base(ChainType::Nat, Hook::Output, -100);
     nat_out.rules.push(Rule::new(vec![jump("services")]));
     t.chains.insert("nat-output".into(), nat_out);
-    let mut nat_post = hook_chain(ChainType::Nat, Hook::Postrouting, 100);
+    let mut nat_post = Chain::base(ChainType::Nat, Hook::Postrouting, 100);
     // Hairpin on the fast path: the endpoint is the client.
     nat_post.rules.push(Rule::new(vec![
         Expr::CtDnat,
@@ -250,7 +238,7 @@ fn add_filter_hooks(t: &mut Table) {
         ("filter-input", Hook::Input),
         ("filter-forward", Hook::Forward),
     ] {
-        let mut c = hook_chain(ChainType::Filter, hook, -110);
+        let mut c = Chain::base(ChainType::Filter, hook, -110);
         if hook == Hook::Input {
             c.rules.push(jump_new("nodeport-endpoints-check"));
         }
@@ -264,7 +252,7 @@ fn add_filter_hooks(t: &mut Table) {
     // after that, as upstream does, so what nat output short-circuited (an
     // external address or NodePort of a Local Service with no endpoint
     // here, reached from the node) is not dropped as "no local endpoints".
-    let mut post_dnat = hook_chain(ChainType::Filter, Hook::Output, -90);
+    let mut post_dnat = Chain::base(ChainType::Filter, Hook::Output, -90);
     post_dnat.rules.push(jump_new("service-endpoints-check"));
     post_dnat.rules.push(jump_new("cluster-ips-check"));
     t.chains.insert("filter-output-post-dnat".into(), post_dnat);
