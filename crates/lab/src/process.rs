@@ -116,25 +116,24 @@ pub(crate) fn wait_gone(pid: i32) {
     }
 }
 
-pub(crate) fn processes_mentioning(marker: &str) -> Vec<i32> {
+/// Every process but this one, by pid.
+fn other_pids() -> impl Iterator<Item = i32> {
     let me = std::process::id() as i32;
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
-            if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-                if String::from_utf8_lossy(&c).contains(marker) {
-                    out.push(pid);
-                }
-            }
-        }
-    }
-    out
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(move |pid| *pid != me)
+}
+
+pub(crate) fn processes_mentioning(marker: &str) -> Vec<i32> {
+    other_pids()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .collect()
 }
 
 pub(crate) fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
@@ -142,22 +141,10 @@ pub(crate) fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
     let Ok(target) = std::fs::metadata(ns_path) else {
         return vec![];
     };
-    let me = std::process::id() as i32;
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
-            if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {
-                if m.ino() == target.ino() && m.dev() == target.dev() {
-                    out.push(pid);
-                }
-            }
-        }
-    }
-    out
+    other_pids()
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| m.ino() == target.ino() && m.dev() == target.dev())
+        })
+        .collect()
 }
