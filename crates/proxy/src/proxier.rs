@@ -410,6 +410,11 @@ impl Proxier {
             .into_iter()
             .collect();
         let empty = shell(&self.stack);
+        // A restarted agent does not know what the last one removed
+        // without flushing (it may have stopped in between): it reconciles
+        // UDP conntrack entries against the new table's front ends, if
+        // there are any such entries.
+        let reconcile = crate::stale::any_udp_nat();
         type Chunk = (Vec<Change>, Vec<(String, Applied)>, UdpView);
         let chunk_of = |k: usize, this: &Proxier| -> Option<Chunk> {
             if k == 0 {
@@ -430,7 +435,9 @@ impl Proxier {
                 let inputs = this.inputs(id);
                 let f = this.plan(&inputs);
                 let endpoints = endpoint_count(&f);
-                udp.merge(UdpView::of(&f));
+                if reconcile {
+                    udp.merge(UdpView::of(&f));
+                }
                 changes.extend(fragment_diff(empty.clone(), f));
                 applied.push((id.clone(), Applied { inputs, endpoints }));
             }
@@ -460,9 +467,10 @@ impl Proxier {
             r.map_err(|e| e.to_string())
         };
         self.conn = Some(conn);
-        // A restarted agent does not know what the last one removed
-        // without flushing (it may have stopped in between): reconcile.
-        let flush = Flush::Reconcile(udp, self.stack.service_cidr);
+        let flush = match reconcile {
+            true => Flush::Reconcile(udp, self.stack.service_cidr),
+            false => Flush::Gone(BTreeSet::new()),
+        };
         self.finish(t0, true, n, res, planned, flush)
     }
 

@@ -102,25 +102,32 @@ impl UdpView {
     /// endpoints (a Service's ports are not told apart: an entry through
     /// one port to another port's endpoint does not happen).
     pub fn of(fragment: &Table) -> UdpView {
-        let eps = udp_endpoints(fragment);
-        let keys = |maps: &[&str]| -> Vec<Vec<Value>> {
+        let keys = |maps: &'static [&'static str]| {
             maps.iter()
                 .filter_map(|m| fragment.sets.get(*m))
-                .flat_map(|s| s.elements.keys().cloned())
-                .collect()
+                .flat_map(|s| s.elements.keys())
         };
-        let mut v = UdpView::default();
-        for k in keys(&ADDR_MAPS) {
-            if let [Value::Addr(a), Value::Proto(Proto::Udp), Value::Port(p)] = k.as_slice() {
-                v.addrs.entry((*a, *p)).or_default().extend(&eps);
-            }
+        let addrs: Vec<Port> = keys(&ADDR_MAPS)
+            .filter_map(|k| match k.as_slice() {
+                [Value::Addr(a), Value::Proto(Proto::Udp), Value::Port(p)] => Some((*a, *p)),
+                _ => None,
+            })
+            .collect();
+        let node_ports: Vec<u16> = keys(&NODE_PORT_MAPS)
+            .filter_map(|k| match k.as_slice() {
+                [Value::Proto(Proto::Udp), Value::Port(p)] => Some(*p),
+                _ => None,
+            })
+            .collect();
+        // Most Services are TCP only: their fragments' rules are not read.
+        if addrs.is_empty() && node_ports.is_empty() {
+            return UdpView::default();
         }
-        for k in keys(&NODE_PORT_MAPS) {
-            if let [Value::Proto(Proto::Udp), Value::Port(p)] = k.as_slice() {
-                v.node_ports.entry(*p).or_default().extend(&eps);
-            }
+        let eps = udp_endpoints(fragment);
+        UdpView {
+            addrs: addrs.into_iter().map(|a| (a, eps.clone())).collect(),
+            node_ports: node_ports.into_iter().map(|p| (p, eps.clone())).collect(),
         }
-        v
     }
 
     /// Adds another fragment's front ends.
@@ -166,6 +173,29 @@ pub fn stale_in_view<'a>(
             front != ep && view.is_stale(front, ep, service_cidr)
         })
         .collect()
+}
+
+/// Whether the calling thread's namespace holds any UDP entry that was
+/// NATed: only then can a full sync find stale ones, so a node without
+/// UDP Service traffic pays one conntrack dump instead of a view of every
+/// Service, and a namespace with no entries at all not even that (a dump
+/// walks the kernel's whole conntrack hash, shared by every namespace:
+/// about 9 ms here however few entries are ours). When the table cannot
+/// be read, assume there are.
+pub fn any_udp_nat() -> bool {
+    let count = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count");
+    if count.is_ok_and(|c| c.trim() == "0") {
+        return false;
+    }
+    conntrack::Table::new()
+        .and_then(|mut t| t.list(None))
+        .map(|entries| {
+            entries.iter().any(|e| {
+                e.proto == libc::IPPROTO_UDP as u8
+                    && (e.orig.dst, e.orig.dport) != (e.reply.src, e.reply.sport)
+            })
+        })
+        .unwrap_or(true)
 }
 
 /// What a sync flushes once its batch is in the kernel.
