@@ -123,18 +123,7 @@ impl Handle {
 
     /// Adds or replaces a permanent entry.
     pub fn set_neighbour(&mut self, n: &Neigh) -> Result<(), KernelError> {
-        let (fam, flags) = if n.fdb {
-            (AF_BRIDGE, NTF_SELF)
-        } else {
-            (
-                if n.dst.map(|d| d.is_ipv6()).unwrap_or(false) {
-                    libc::AF_INET6 as u8
-                } else {
-                    libc::AF_INET as u8
-                },
-                0,
-            )
-        };
+        let (fam, flags) = family_and_flags(n);
         let mut m = Msg::new(
             RTM_NEWNEIGH,
             nl::NLM_F_CREATE | nl::NLM_F_REPLACE | nl::NLM_F_ACK,
@@ -150,18 +139,7 @@ impl Handle {
     }
 
     pub fn del_neighbour(&mut self, n: &Neigh) -> Result<(), KernelError> {
-        let (fam, flags) = if n.fdb {
-            (AF_BRIDGE, NTF_SELF)
-        } else {
-            (
-                if n.dst.map(|d| d.is_ipv6()).unwrap_or(false) {
-                    libc::AF_INET6 as u8
-                } else {
-                    libc::AF_INET as u8
-                },
-                0,
-            )
-        };
+        let (fam, flags) = family_and_flags(n);
         let mut m = Msg::new(RTM_DELNEIGH, nl::NLM_F_ACK);
         m.raw(&ndmsg(fam, n.ifindex, 0, flags));
         m.attr(NDA_LLADDR, &n.mac);
@@ -171,5 +149,15 @@ impl Handle {
         let d = n.describe();
         self.request(m, &|| format!("deleting {d}"))?;
         Ok(())
+    }
+}
+
+/// An entry's `ndmsg` family and flags: an FDB entry is the bridge's own
+/// (`NTF_SELF`), a neighbour is its address's family.
+fn family_and_flags(n: &Neigh) -> (u8, u8) {
+    match (n.fdb, n.dst) {
+        (true, _) => (AF_BRIDGE, NTF_SELF),
+        (false, Some(d)) if d.is_ipv6() => (libc::AF_INET6 as u8, 0),
+        (false, _) => (libc::AF_INET as u8, 0),
     }
 }
