@@ -241,9 +241,15 @@ impl Lab {
                 }
             }
         }
-        // With the slash: lab "a1" must not match lab "a12"'s files.
-        let marker = format!("{}/", self.dir.display());
-        for pid in processes_mentioning(&marker) {
+        // With the slash: lab "a1" must not match lab "a12"'s files. And
+        // this lab's own `podnet lab --name NAME ...` helpers (a forwarder
+        // in the host's namespace names neither our files nor our
+        // namespaces), matched whole between the NULs of their cmdline.
+        let markers = [
+            format!("{}/", self.dir.display()),
+            format!("--name\0{}\0", self.name),
+        ];
+        for pid in markers.iter().flat_map(|m| processes_mentioning(m)) {
             if kill_wait(pid) {
                 done.push(format!("stopped stray pid {pid}"));
             }

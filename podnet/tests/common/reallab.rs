@@ -90,18 +90,22 @@ impl Drop for RealLab {
 }
 
 /// What of lab `name` is left on the machine: processes naming its
-/// directories, mounts under them, its cgroups, its data.
+/// directories or the lab itself (`podnet lab --name NAME ...`, such as the
+/// API server's forwarder in the host's namespace), mounts under them, its
+/// cgroups, its data.
 pub fn leftovers(name: &str) -> Vec<String> {
     let run = format!("{}/{name}/", podnet_lab::RUN_DIR);
     let data = format!("{}/{name}", podnet_lab::realnode::DATA_DIR);
+    let helper = format!("--name {name} ");
+    let me = std::process::id().to_string();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if e.file_name().to_string_lossy().parse::<u32>().is_err() {
+        if e.file_name().to_string_lossy().parse::<u32>().is_err() || e.file_name() == *me {
             continue;
         }
         if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
             let c = String::from_utf8_lossy(&c).replace('\0', " ");
-            if c.contains(&run) || c.contains(&data) {
+            if c.contains(&run) || c.contains(&data) || c.contains(&helper) {
                 out.push(format!("process: {c}"));
             }
         }
