@@ -89,17 +89,7 @@ impl Lab {
         }
         self.save(&st)?;
         for n in &st.nodes {
-            kubelet::register_node(&c, &n.name, n.ip).await?;
-            // The node's kubeconfig works inside its namespace from now on,
-            // agent or not.
-            cp.write_service_account_kubeconfig(
-                &c,
-                kube::AGENT_ACCOUNT,
-                Some(&n.name),
-                &self.node_kubeconfig(&n.name),
-            )
-            .await?;
-            self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
+            self.join_kube_node(&c, &cp, &st, n).await?;
         }
         self.forward_apiserver_at_gateway(&cp)?;
         let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();

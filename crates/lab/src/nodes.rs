@@ -15,6 +15,35 @@ use crate::state::{Lab, LabState, NodeInfo};
 use crate::{gateway, kube, kubelet};
 
 impl Lab {
+    /// Node `node` of state `st`, or an error naming it.
+    pub(crate) fn node_in(&self, st: &LabState, node: &str) -> Result<NodeInfo, LabError> {
+        st.nodes
+            .iter()
+            .find(|n| n.name == node)
+            .cloned()
+            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))
+    }
+
+    /// A kube lab's new node joins the cluster: its Node object, the
+    /// agent's kubeconfig that works inside its namespace (agent or not),
+    /// and the API server's forwarder into it.
+    pub(crate) async fn join_kube_node(
+        &self,
+        c: &::kube::Client,
+        cp: &kube::ControlPlane,
+        st: &LabState,
+        n: &NodeInfo,
+    ) -> Result<(), LabError> {
+        kubelet::register_node(c, &n.name, n.ip).await?;
+        cp.write_service_account_kubeconfig(
+            c,
+            kube::AGENT_ACCOUNT,
+            Some(&n.name),
+            &self.node_kubeconfig(&n.name),
+        )
+        .await?;
+        self.ensure_forwarder(st, &format!("forward-{}", n.name), &n.netns)
+    }
     pub(crate) fn start_agent(&self, st: &LabState, node: &NodeInfo) -> Result<(), LabError> {
         // An etcd on this machine's loopback is reached through a forwarder.
         self.ensure_forwarder(st, &format!("forward-{}", node.name), &node.netns)?;
@@ -166,15 +195,7 @@ impl Lab {
         self.save(&st)?;
         let cp = kube::ControlPlane::open(&self.dir)?;
         let c = cp.client().await?;
-        kubelet::register_node(&c, &n.name, n.ip).await?;
-        cp.write_service_account_kubeconfig(
-            &c,
-            kube::AGENT_ACCOUNT,
-            Some(&n.name),
-            &self.node_kubeconfig(&n.name),
-        )
-        .await?;
-        self.ensure_forwarder(&st, &format!("forward-{}", n.name), &n.netns)?;
+        self.join_kube_node(&c, &cp, &st, &n).await?;
         let cidrs = kubelet::wait_pod_cidrs(
             &c,
             std::slice::from_ref(&n.name),
@@ -193,12 +214,7 @@ impl Lab {
         }
         self.stop_agent(node, true)?;
         let mut st = self.state()?;
-        let n = st
-            .nodes
-            .iter()
-            .find(|n| n.name == node)
-            .cloned()
-            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))?;
+        let n = self.node_in(&st, node)?;
         self.kill_role(&format!("forward-{node}"));
         Netns::delete_named(&n.netns)?;
         if let Ok(u) = Netns::named(&st.underlay_ns) {
@@ -216,12 +232,7 @@ impl Lab {
     /// namespace stays, so what is left can be inspected.
     pub fn stop_agent(&self, node: &str, cleanup: bool) -> Result<Vec<String>, LabError> {
         let st = self.state()?;
-        let n = st
-            .nodes
-            .iter()
-            .find(|n| n.name == node)
-            .cloned()
-            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))?;
+        let n = self.node_in(&st, node)?;
         self.kill_role(&format!("agent-{node}"));
         if !cleanup {
             return Ok(vec![]);

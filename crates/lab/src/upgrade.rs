@@ -240,11 +240,7 @@ impl Lab {
     }
 
     pub(crate) fn node_info(&self, node: &str) -> Result<crate::NodeInfo, LabError> {
-        self.state()?
-            .nodes
-            .into_iter()
-            .find(|n| n.name == node)
-            .ok_or_else(|| msg(format!("no node {node:?} in lab {}", self.name)))
+        self.node_in(&self.state()?, node)
     }
 
     /// Waits until node `node`'s agent passes `/readyz` and its overlay,
