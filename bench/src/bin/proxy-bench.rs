@@ -101,7 +101,9 @@ fn podnet(n: usize, repeats: usize) -> Result<(f64, f64, f64)> {
         let metrics = podnet_daemon::Metrics::new();
         let mut p = Proxier::new(
             "n1",
-            podnet_proxy::rules::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            vec![podnet_proxy::rules::Stack::v4(
+                "10.244.0.0/16".parse().unwrap(),
+            )],
             metrics,
         )?;
         for i in 0..n {
@@ -279,7 +281,7 @@ fn connection_rate(n: usize, secs: f64) -> Result<(f64, f64, f64, f64)> {
     Netns::named(&node)?.run(|| -> Result<()> {
         let mut p = Proxier::new(
             "n1",
-            podnet_proxy::rules::Stack::v4("10.244.0.0/16".parse().unwrap()),
+            vec![podnet_proxy::rules::Stack::v4("10.244.0.0/16".parse().unwrap())],
             podnet_daemon::Metrics::new(),
         )?;
         for i in 0..n {

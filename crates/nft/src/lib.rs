@@ -13,6 +13,9 @@
 //! - [`netlink`]: the change list as one nf_tables batch (one transaction),
 //!   and the kernel's table read back into the model (observe, elements
 //!   with their comments, counters);
+//! - [`sync`]: one table kept by one owner across syncs (drift by use
+//!   count, partial and chunked full syncs, element owners, cleanup): the
+//!   layer the proxy and the policy reconcile through;
 //! - [`trace`]: a packet tracer over the model, for tests without root.
 //!
 //! The tables: the service proxy's `ip podnet`/`ip6 podnet`, the agent's
@@ -23,4 +26,5 @@
 pub mod diff;
 pub mod model;
 pub mod netlink;
+pub mod sync;
 pub mod trace;

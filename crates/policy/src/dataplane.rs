@@ -25,7 +25,7 @@ use podnet_api::{Kind, Object};
 use podnet_daemon::Metrics;
 use podnet_nft::diff::{self, Change};
 use podnet_nft::model::{Family, Table};
-use podnet_nft::netlink::Conn;
+use podnet_nft::sync::{Held, Owners, TableSync};
 use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::Delta;
 use tokio::sync::oneshot;
@@ -106,21 +106,19 @@ pub struct PolicyPlane {
     hints: BTreeMap<Key, Vec<IpAddr>>,
     /// Pods known only from the CNI plugin (no Pod object).
     bare: BTreeSet<Key>,
-    /// Elements as applied, per owning pod, and how many owners each has.
-    applied: HashMap<Key, Vec<Elem>>,
-    refs: HashMap<Elem, u32>,
+    /// Elements as applied, per owning pod.
+    owners: Owners<Key, Elem>,
     /// Elements per set (kept with `refs`, for the metrics).
     counts: BTreeMap<SetId, usize>,
     /// The interval sets' elements per family and set (kept with `refs`):
     /// what a rebuilt set keeps, without reading every element applied.
     ranges: HashMap<(bool, SetId), HashSet<Elem>>,
-    /// The tables' use counts after the last full sync.
-    expected_use: Vec<Option<u32>>,
     resyncs: std::cell::Cell<u32>,
     /// The tables without elements (what a partial sync's batches are
     /// encoded against), made again only when the subnets change.
     skeletons: Vec<Table>,
-    conn: Option<Conn>,
+    /// The kernel's tables, one per family (as the skeletons).
+    tables: Vec<TableSync>,
     waiters: Vec<(Key, Ack)>,
     metrics: Arc<Metrics>,
     /// Whether the last sync changed any element (for strict mode).
@@ -227,58 +225,6 @@ impl BatchReport {
     }
 }
 
-/// Elements per chunk of a fresh table's batch.
-const CHUNK: usize = 8192;
-
-/// Sends one table's batch as one transaction; a fresh table's elements
-/// are turned into changes a chunk at a time as they are encoded.
-fn send(conn: &mut Conn, t: &Table, b: Batch) -> Result<(), podnet_kernel::KernelError> {
-    if b.ops() == 0 {
-        return Ok(());
-    }
-    let (mut head, elems) = match b {
-        // Small, or the size of the difference: copied once, and a failure
-        // names the change the kernel refused.
-        Batch::Diff(c) => return conn.apply(t, &c),
-        Batch::Fresh { head, elems } => (Some(head), elems),
-    };
-    let mut pos = 0;
-    conn.apply_chunks(
-        t,
-        &mut |k| {
-            if k == 0 {
-                return head.take();
-            }
-            if pos >= elems.len() {
-                return None;
-            }
-            let end = (pos + CHUNK).min(elems.len());
-            let c = add_changes(&elems[pos..end]);
-            pos = end;
-            Some(c)
-        },
-        &|_| Vec::new(),
-    )
-}
-
-/// The changes adding `elems` (sorted by set).
-fn add_changes(elems: &[Elem]) -> Vec<Change> {
-    let mut out: Vec<Change> = Vec::new();
-    for e in elems {
-        let name = e.set.name();
-        match out.last_mut() {
-            Some(Change::AddElems { set, elems }) if *set == name => {
-                elems.push((e.key(), e.data()))
-            }
-            _ => out.push(Change::AddElems {
-                set: name,
-                elems: vec![(e.key(), e.data())],
-            }),
-        }
-    }
-    out
-}
-
 /// The family's elements of `owned`, sorted (by set first) and without
 /// duplicates.
 fn family_elems(owned: &[(Key, Vec<Elem>)], v6: bool) -> Vec<Elem> {
@@ -300,7 +246,11 @@ impl PolicyPlane {
         metrics: Arc<Metrics>,
     ) -> Result<PolicyPlane, SyncError> {
         let mut p = PolicyPlane::detached(opts, world, metrics);
-        p.conn = Some(Conn::open()?);
+        p.tables = p
+            .families()
+            .into_iter()
+            .map(|v6| TableSync::open(family(v6), plan::TABLE))
+            .collect::<Result<_, _>>()?;
         Ok(p)
     }
 
@@ -313,14 +263,12 @@ impl PolicyPlane {
             subnets: Vec::new(),
             hints: BTreeMap::new(),
             bare: BTreeSet::new(),
-            applied: HashMap::new(),
-            refs: HashMap::new(),
+            owners: Owners::default(),
             counts: BTreeMap::new(),
             ranges: HashMap::new(),
-            expected_use: Vec::new(),
             resyncs: std::cell::Cell::new(0),
             skeletons: Vec::new(),
-            conn: None,
+            tables: Vec::new(),
             waiters: Vec::new(),
             metrics,
             changed: false,
@@ -328,6 +276,11 @@ impl PolicyPlane {
             whole_done: false,
         };
         p.skeletons = p.make_skeletons();
+        p.tables = p
+            .families()
+            .into_iter()
+            .map(|v6| TableSync::detached(family(v6), plan::TABLE))
+            .collect();
         p
     }
 
@@ -515,35 +468,21 @@ impl PolicyPlane {
     }
 
     fn record(&mut self, owned: Vec<(Key, Vec<Elem>)>) {
-        for (k, new) in owned {
-            if let Some(old) = self.applied.remove(&k) {
-                for e in old {
-                    if let Some(n) = self.refs.get_mut(&e) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.refs.remove(&e);
-                            *self.counts.entry(e.set).or_insert(1) -= 1;
-                            if let Some(r) = self.ranges.get_mut(&(e.v6(), e.set)) {
-                                r.remove(&e);
-                            }
-                        }
-                    }
+        let (counts, ranges) = (&mut self.counts, &mut self.ranges);
+        self.owners.record(owned, &mut |e, held| match held {
+            Held::Gained => {
+                *counts.entry(e.set).or_insert(0) += 1;
+                if e.set.interval() {
+                    ranges.entry((e.v6(), e.set)).or_default().insert(*e);
                 }
             }
-            for e in &new {
-                let n = self.refs.entry(*e).or_insert(0);
-                if *n == 0 {
-                    *self.counts.entry(e.set).or_insert(0) += 1;
-                    if e.set.interval() {
-                        self.ranges.entry((e.v6(), e.set)).or_default().insert(*e);
-                    }
+            Held::Lost => {
+                *counts.entry(e.set).or_insert(1) -= 1;
+                if let Some(r) = ranges.get_mut(&(e.v6(), e.set)) {
+                    r.remove(e);
                 }
-                *n += 1;
             }
-            if !new.is_empty() {
-                self.applied.insert(k, new);
-            }
-        }
+        });
     }
 
     /// Pending CNI acks, answered after a sync.
@@ -561,7 +500,7 @@ impl PolicyPlane {
     /// Every element as applied (for tests: after partial syncs it must
     /// equal what a full plan holds).
     pub fn applied_elements(&self) -> BTreeSet<Elem> {
-        self.refs.keys().copied().collect()
+        self.owners.elements().copied().collect()
     }
 
     /// What a full plan holds now.
@@ -608,7 +547,7 @@ impl PolicyPlane {
 /// plane's skeletons) the changes, before and after the plane's state.
 struct ElemState<'a> {
     tables: &'a [Table],
-    refs: &'a HashMap<Elem, u32>,
+    owners: &'a Owners<Key, Elem>,
     /// Elements per set (both families), before the change.
     counts: &'a BTreeMap<SetId, usize>,
     /// The interval sets' elements, before the change.
@@ -622,31 +561,15 @@ struct ElemState<'a> {
 /// [`diff::delete_one_by_one`] allows is rebuilt in the batch instead
 /// (a chain change, on this rare path only: a policy with many ipBlocks
 /// going away, or a pod leaving a crowded shard).
-fn elem_changes(
-    st: &ElemState<'_>,
-    owned: &HashMap<Key, Vec<Elem>>,
-    new: &[(Key, Vec<Elem>)],
-) -> Vec<(usize, Vec<Change>)> {
-    // Owner counts after the change.
-    let mut delta: HashMap<&Elem, i64> = HashMap::new();
-    for (k, n) in new {
-        for e in owned.get(k).into_iter().flatten() {
-            *delta.entry(e).or_insert(0) -= 1;
-        }
-        for e in n {
-            *delta.entry(e).or_insert(0) += 1;
-        }
+fn elem_changes(st: &ElemState<'_>, new: &[(Key, Vec<Elem>)]) -> Vec<(usize, Vec<Change>)> {
+    let (added, removed) = st.owners.changes(new);
+    let mut adds: BTreeMap<(bool, SetId), Vec<Elem>> = BTreeMap::new();
+    let mut dels: BTreeMap<(bool, SetId), Vec<Elem>> = BTreeMap::new();
+    for e in added {
+        adds.entry((e.v6(), e.set)).or_default().push(e);
     }
-    let mut adds: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
-    let mut dels: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
-    for (e, d) in delta {
-        let before = st.refs.get(e).copied().unwrap_or(0) as i64;
-        let after = before + d;
-        if before == 0 && after > 0 {
-            adds.entry((e.v6(), e.set)).or_default().push(e);
-        } else if before > 0 && after <= 0 {
-            dels.entry((e.v6(), e.set)).or_default().push(e);
-        }
+    for e in removed {
+        dels.entry((e.v6(), e.set)).or_default().push(e);
     }
     for v in adds.values_mut().chain(dels.values_mut()) {
         v.sort_unstable();
@@ -694,14 +617,14 @@ fn elem_changes(
             let Some(&sid) = ids.get(name) else {
                 return set;
             };
-            let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().copied().collect();
+            let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().collect();
             let kept = st
                 .ranges
                 .get(&(v6, sid))
                 .into_iter()
                 .flatten()
                 .filter(|e| !gone.contains(e));
-            let added = adds.get(&(v6, sid)).into_iter().flatten().copied();
+            let added = adds.get(&(v6, sid)).into_iter().flatten();
             for e in kept.chain(added) {
                 set.elements.insert(e.key(), e.data());
             }
@@ -808,23 +731,18 @@ impl Subsystem for PolicyPlane {
     }
 
     fn observe(&mut self, scope: &Scope<Dirty>) -> Result<Seen, SyncError> {
-        let fams = self.families();
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(Seen::Nothing);
-        };
         if whole(scope) {
             let mut out = Vec::new();
-            for v6 in fams {
-                let want = plan::skeleton(v6, &self.subnets, self.opts.limit);
-                out.push(conn.observe(&want)?);
+            for (t, want) in self.tables.iter_mut().zip(&self.skeletons) {
+                out.push(t.observe(want)?);
             }
             return Ok(Seen::Tables(out));
         }
         match scope {
             Scope::Only(k) if k.contains(&Dirty::Check) => {
                 let mut out = Vec::new();
-                for v6 in fams {
-                    out.push(conn.table_use(family(v6), plan::TABLE)?);
+                for t in &mut self.tables {
+                    out.push(t.observe_use()?);
                 }
                 Ok(Seen::Uses(out))
             }
@@ -865,14 +783,14 @@ impl Subsystem for PolicyPlane {
                 PolicyChanges::Full(ch, owned)
             }
             (PolicyPlan::Pods(_), Seen::Uses(u))
-                if !self.expected_use.is_empty() && u != self.expected_use =>
+                if self.tables.iter().zip(&u).any(|(t, u)| t.drifted(*u)) =>
             {
                 // Someone changed a table's chains or sets: replace it
                 // whole, in one batch (new connections only are judged, so
                 // nothing established notices).
                 tracing::warn!(
                     have = ?u,
-                    want = ?self.expected_use,
+                    want = ?self.tables.iter().map(TableSync::expected_use).collect::<Vec<_>>(),
                     "policy table changed behind the agent's back; rebuilding it"
                 );
                 let PolicyPlan::Full(want, owned) = self.full_plan() else {
@@ -894,11 +812,10 @@ impl Subsystem for PolicyPlane {
                 elem_changes(
                     &ElemState {
                         tables: &self.skeletons,
-                        refs: &self.refs,
+                        owners: &self.owners,
                         counts: &self.counts,
                         ranges: &self.ranges,
                     },
-                    &self.applied,
                     &new,
                 ),
                 new,
@@ -907,27 +824,21 @@ impl Subsystem for PolicyPlane {
     }
 
     fn apply(&mut self, changes: PolicyChanges) -> Result<usize, SyncError> {
-        let fams = self.families();
         let (n, owned, full) = match changes {
             PolicyChanges::Full(batches, owned) => {
-                self.applied.clear();
-                self.refs.clear();
+                self.owners.clear();
                 self.counts.clear();
                 self.ranges.clear();
-                self.expected_use.clear();
                 let n = batches.iter().map(|(_, b)| b.ops()).sum();
                 self.batches = batches
                     .iter()
                     .filter(|(_, b)| b.ops() > 0)
                     .map(|(t, b)| BatchReport::of(t, b))
                     .collect();
-                if let Some(conn) = self.conn.as_mut() {
-                    for (t, b) in batches {
-                        send(conn, &t, b)?;
-                    }
-                    for v6 in fams {
-                        self.expected_use
-                            .push(conn.table_use(family(v6), plan::TABLE)?);
+                for (kept, (t, b)) in self.tables.iter_mut().zip(batches) {
+                    match b {
+                        Batch::Diff(c) => kept.apply(&t, &c)?,
+                        Batch::Fresh { head, elems } => kept.load_fresh(&t, head, &elems)?,
                     }
                 }
                 (n, owned, true)
@@ -938,10 +849,8 @@ impl Subsystem for PolicyPlane {
                     .iter()
                     .map(|(i, c)| BatchReport::of_changes(&self.skeletons[*i], c))
                     .collect();
-                if let Some(conn) = self.conn.as_mut() {
-                    for (i, c) in batches {
-                        send(conn, &self.skeletons[i], Batch::Diff(c))?;
-                    }
+                for (i, c) in batches {
+                    self.tables[i].apply(&self.skeletons[i], &c)?;
                 }
                 (n, owned, false)
             }
@@ -968,7 +877,7 @@ impl Subsystem for PolicyPlane {
 
     fn synced(&mut self, _scope: &Scope<Dirty>, ok: bool) {
         self.answer(ok);
-        if ok && self.changed && self.opts.strict && self.conn.is_some() {
+        if ok && self.changed && self.opts.strict && self.tables.iter().any(TableSync::attached) {
             self.cut_established();
         }
         if ok {

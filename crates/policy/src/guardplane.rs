@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use podnet_nft::diff::{self, Change};
-use podnet_nft::model::Table;
-use podnet_nft::netlink::Conn;
+use podnet_nft::model::{Family, Table};
+use podnet_nft::sync::TableSync;
 use podnet_reconcile::{Scope, Subsystem, SyncError};
 use serde::{Deserialize, Serialize};
 
@@ -79,7 +79,7 @@ pub struct GuardInput {
 pub struct GuardPlane {
     ipv6: bool,
     ports: BTreeMap<Attachment, Port>,
-    conn: Option<Conn>,
+    table: TableSync,
     waiters: Vec<(Attachment, Ack)>,
 }
 
@@ -88,7 +88,7 @@ impl GuardPlane {
     /// records).
     pub fn new(ipv6: bool, ports: BTreeMap<Attachment, Port>) -> Result<GuardPlane, SyncError> {
         let mut g = GuardPlane::detached(ipv6, ports);
-        g.conn = Some(Conn::open()?);
+        g.table = TableSync::open(Family::Bridge, guard::TABLE)?;
         Ok(g)
     }
 
@@ -97,7 +97,7 @@ impl GuardPlane {
         GuardPlane {
             ipv6,
             ports,
-            conn: None,
+            table: TableSync::detached(Family::Bridge, guard::TABLE),
             waiters: Vec::new(),
         }
     }
@@ -131,10 +131,7 @@ impl Subsystem for GuardPlane {
     }
 
     fn observe(&mut self, _scope: &Scope<Attachment>) -> Result<Option<Table>, SyncError> {
-        match self.conn.as_mut() {
-            Some(c) => Ok(c.observe(&guard::skeleton(self.ipv6))?),
-            None => Ok(None),
-        }
+        Ok(self.table.observe(&guard::skeleton(self.ipv6))?)
     }
 
     fn diff(&self, plan: Table, observed: Option<Table>) -> (Table, Vec<Change>) {
@@ -143,13 +140,8 @@ impl Subsystem for GuardPlane {
     }
 
     fn apply(&mut self, (t, ch): (Table, Vec<Change>)) -> Result<usize, SyncError> {
-        let n = diff::ops(&ch);
-        if n > 0 {
-            if let Some(c) = self.conn.as_mut() {
-                c.apply(&t, &ch)?;
-            }
-        }
-        Ok(n)
+        self.table.apply(&t, &ch)?;
+        Ok(diff::ops(&ch))
     }
 
     fn synced(&mut self, _scope: &Scope<Attachment>, ok: bool) {
@@ -163,9 +155,9 @@ impl Subsystem for GuardPlane {
     }
 }
 
-/// Removes the guard's table (for `--cleanup`); whether it was there.
-pub fn cleanup(conn: &mut Conn) -> Result<bool, SyncError> {
-    Ok(conn.delete_table(podnet_nft::model::Family::Bridge, guard::TABLE)?)
+/// Removes the guard's table (for `--cleanup`); the one removed.
+pub fn cleanup() -> Result<Vec<String>, SyncError> {
+    Ok(podnet_nft::sync::remove(&[Family::Bridge], guard::TABLE)?)
 }
 
 #[cfg(test)]
@@ -239,10 +231,9 @@ mod tests {
                 let mut g = GuardPlane::new(ipv6, ports.clone().into_iter().collect()).unwrap();
                 assert!(sync(&mut g, &Scope::Full).unwrap() > 0);
                 assert_eq!(sync(&mut g, &Scope::Full).unwrap(), 0, "ipv6 {ipv6}");
-                let mut c = Conn::open().unwrap();
-                assert!(cleanup(&mut c).unwrap());
+                assert_eq!(cleanup().unwrap().len(), 1);
                 assert!(sync(&mut g, &Scope::Full).unwrap() > 0);
-                assert!(cleanup(&mut c).unwrap());
+                assert_eq!(cleanup().unwrap().len(), 1);
             }
         });
     }

@@ -182,20 +182,9 @@ pub async fn run_disabled(socket: PathBuf, metrics: Arc<Metrics>) {
 /// Removes the policy tables and the port guard's (for --cleanup);
 /// returns the ones removed.
 pub fn cleanup() -> Result<Vec<String>, PolicyError> {
-    let mut c = podnet_nft::netlink::Conn::open().map_err(|e| PolicyError::Sync(e.to_string()))?;
-    let mut gone = Vec::new();
-    for fam in [
-        podnet_nft::model::Family::Ip,
-        podnet_nft::model::Family::Ip6,
-    ] {
-        if c.delete_table(fam, plan::TABLE)
-            .map_err(|e| PolicyError::Sync(e.to_string()))?
-        {
-            gone.push(format!("{} {}", fam.name(), plan::TABLE));
-        }
-    }
-    if guardplane::cleanup(&mut c).map_err(|e| PolicyError::Sync(e.to_string()))? {
-        gone.push(format!("bridge {}", guard::TABLE));
-    }
+    use podnet_nft::model::Family;
+    let mut gone = podnet_nft::sync::remove(&[Family::Ip, Family::Ip6], plan::TABLE)
+        .map_err(|e| PolicyError::Sync(e.to_string()))?;
+    gone.extend(guardplane::cleanup().map_err(|e| PolicyError::Sync(e.to_string()))?);
     Ok(gone)
 }

@@ -204,6 +204,18 @@ pub struct Elem {
     pub ports: (u16, u16),
 }
 
+impl podnet_nft::sync::Element for Elem {
+    fn set_name(&self) -> String {
+        self.set.name()
+    }
+    fn key(&self) -> Vec<Value> {
+        Elem::key(self)
+    }
+    fn data(&self) -> Option<ElemData> {
+        Elem::data(self)
+    }
+}
+
 impl Elem {
     fn one(set: SetId, local: IpAddr) -> Elem {
         Elem {

@@ -2,9 +2,13 @@
 //!
 //! - [`rules`]: the pure core, Services and EndpointSlices in, one Service's
 //!   fragment of the `ip podnet`/`ip6 podnet` table out; traced in tests;
-//! - [`proxier`]: one address family's table kept equal to the plan over
-//!   nf_tables netlink, as a subsystem of the reconcile loop
-//!   (`podnet_reconcile`), and [`ServiceProxy`], both families together;
+//! - [`inputs`]: the one store of Services and EndpointSlices both
+//!   families plan from, kept as bytes and decoded once per sync;
+//! - [`family`]: one address family's table kept equal to the plan
+//!   through `podnet_nft::sync`, partial syncs costing what changed;
+//! - [`proxier`]: the proxy as a subsystem of the reconcile loop
+//!   (`podnet_reconcile`): the store, a table per family, the health-check
+//!   node ports;
 //! - [`healthcheck`]: the health-check node ports of
 //!   `externalTrafficPolicy: Local` Services;
 //! - [`node`]: the proxy as a node agent runs it (its kinds, NodePort
@@ -20,14 +24,16 @@
 //! handed (a `podnet_source::Subscription`), in either mode.
 
 pub mod ct_timeouts;
+pub mod family;
 pub mod healthcheck;
 pub mod healthz;
+pub mod inputs;
 pub mod node;
 pub mod proxier;
 pub mod rules;
 pub mod stale;
 
-pub use proxier::{cleanup, run, Proxier, ServiceProxy};
+pub use proxier::{cleanup, run, Proxier};
 pub use rules::{NodeInfo, Stack, TABLE};
 
 #[derive(Debug, thiserror::Error)]

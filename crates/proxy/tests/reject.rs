@@ -155,7 +155,7 @@ fn endpointless_services_are_refused_and_unheld_addresses_dropped_on_the_node() 
                 .with_service_cidr(Some("fd00:96::/108".parse().unwrap())),
         ];
         for stack in stacks {
-            let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
+            let mut p = Proxier::new("n1", vec![stack], podnet_daemon::Metrics::new()).unwrap();
             p.watch(&put(service("empty", &["10.96.0.50", "fd00:96::50"])));
             p.watch(&put(service("full", &["10.96.0.51", "fd00:96::51"])));
             p.watch(&put(slice("full", "IPv4", "10.244.1.2")));

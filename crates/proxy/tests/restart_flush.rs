@@ -59,7 +59,7 @@ fn a_restarted_proxy_flushes_entries_to_endpoints_it_no_longer_has() {
         }))
     };
     let agent = |ep: &str| {
-        let mut p = Proxier::new("n1", stack, podnet_daemon::Metrics::new()).unwrap();
+        let mut p = Proxier::new("n1", vec![stack], podnet_daemon::Metrics::new()).unwrap();
         p.watch(&put(service.clone()));
         p.watch(&put(slice(ep)));
         assert!(p.sync().unwrap() > 0);
