@@ -258,19 +258,7 @@ fn kernel_trace(flow: &Flow, subnets: &[ipnet::IpNet]) -> Result<(String, String
     let Some(t) = conn.observe(&want)? else {
         return Ok(("no policy table".into(), String::new()));
     };
-    let pkt = podnet_nft::trace::Packet {
-        src: flow.src,
-        dst: flow.dst,
-        proto: flow.proto,
-        dport: flow.port,
-        sport: 0,
-        mark: 0,
-        iif: None,
-        oif: None,
-        src_mac: None,
-        pkttype: 0,
-        extra: Default::default(),
-    };
+    let pkt = podnet_nft::trace::Packet::between(flow.src, flow.dst, flow.proto, flow.port);
     let out = podnet_nft::trace::Tracer::new(&t).incoming(&pkt, &mut |_| 0);
     let fate = match out.fate {
         podnet_nft::trace::Fate::Accept => "accept".to_string(),

@@ -279,18 +279,24 @@ fn parse_v4(p: &[u8]) -> Option<Flow> {
     let dst = Ipv4Addr::from(<[u8; 4]>::try_from(&p[16..20]).ok()?);
     // Only the first fragment (offset 0) carries the transport header.
     let first = u16::from_be_bytes([p[6], p[7]]) & 0x1fff == 0;
-    let (sport, dport) = if first {
-        ports(proto, &p[ihl..])
-    } else {
-        (0, 0)
-    };
-    Some(Flow {
-        src: src.into(),
-        dst: dst.into(),
+    Some(flow(
+        src.into(),
+        dst.into(),
+        proto,
+        first.then(|| &p[ihl..]),
+    ))
+}
+
+/// A flow whose transport header is `l4` (None: unknown, ports 0).
+fn flow(src: IpAddr, dst: IpAddr, proto: u8, l4: Option<&[u8]>) -> Flow {
+    let (sport, dport) = l4.map_or((0, 0), |l4| ports(proto, l4));
+    Flow {
+        src,
+        dst,
         proto,
         sport,
         dport,
-    })
+    }
 }
 
 const NEXTHDR_HOP: u8 = 0;
@@ -329,29 +335,15 @@ fn parse_v6(p: &[u8]) -> Option<Flow> {
                 proto = next;
                 off += len;
             }
-            _ => {
-                return Some(Flow {
-                    src: src.into(),
-                    dst: dst.into(),
-                    proto,
-                    sport: 0,
-                    dport: 0,
-                })
-            }
+            _ => return Some(flow(src.into(), dst.into(), proto, None)),
         }
     }
-    let (sport, dport) = if first {
-        ports(proto, &p[off..])
-    } else {
-        (0, 0)
-    };
-    Some(Flow {
-        src: src.into(),
-        dst: dst.into(),
+    Some(flow(
+        src.into(),
+        dst.into(),
         proto,
-        sport,
-        dport,
-    })
+        first.then(|| &p[off..]),
+    ))
 }
 
 fn ports(proto: u8, l4: &[u8]) -> (u16, u16) {

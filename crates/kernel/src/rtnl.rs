@@ -211,6 +211,21 @@ impl Route {
     }
 }
 
+/// The start of a request creating link `name` (no other of that name
+/// may exist), with its MTU if given; the caller adds the kind.
+fn new_link_msg(name: &str, mtu: Option<u32>) -> Msg {
+    let mut m = Msg::new(
+        RTM_NEWLINK,
+        nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
+    );
+    m.raw(&ifinfomsg(0, 0, 0, 0));
+    m.str(IFLA_IFNAME, name);
+    if let Some(mtu) = mtu {
+        m.u32(IFLA_MTU, mtu);
+    }
+    m
+}
+
 fn ifinfomsg(family: u8, index: u32, flags: u32, change: u32) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[0] = family;
@@ -352,15 +367,7 @@ impl Handle {
         mtu: Option<u32>,
         mac: Option<[u8; 6]>,
     ) -> Result<(), KernelError> {
-        let mut m = Msg::new(
-            RTM_NEWLINK,
-            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
-        );
-        m.raw(&ifinfomsg(0, 0, 0, 0));
-        m.str(IFLA_IFNAME, name);
-        if let Some(mtu) = mtu {
-            m.u32(IFLA_MTU, mtu);
-        }
+        let mut m = new_link_msg(name, mtu);
         if let Some(mac) = mac {
             m.attr(IFLA_ADDRESS, &mac);
         }
@@ -376,15 +383,7 @@ impl Handle {
         kind: &str,
         mtu: Option<u32>,
     ) -> Result<(), KernelError> {
-        let mut m = Msg::new(
-            RTM_NEWLINK,
-            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
-        );
-        m.raw(&ifinfomsg(0, 0, 0, 0));
-        m.str(IFLA_IFNAME, name);
-        if let Some(mtu) = mtu {
-            m.u32(IFLA_MTU, mtu);
-        }
+        let mut m = new_link_msg(name, mtu);
         m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, kind).end();
         self.req(m, &|| format!("creating {kind} link {name}"))
             .map_err(|e| unsupported_kind(e, kind))?;
@@ -400,15 +399,7 @@ impl Handle {
         const IFLA_VXLAN_LEARNING: u16 = 7;
         const IFLA_VXLAN_PORT: u16 = 15;
         const IFLA_VXLAN_UDP_CSUM: u16 = 18;
-        let mut m = Msg::new(
-            RTM_NEWLINK,
-            nl::NLM_F_CREATE | nl::NLM_F_EXCL | nl::NLM_F_ACK,
-        );
-        m.raw(&ifinfomsg(0, 0, 0, 0));
-        m.str(IFLA_IFNAME, &v.name);
-        if let Some(mtu) = v.mtu {
-            m.u32(IFLA_MTU, mtu);
-        }
+        let mut m = new_link_msg(&v.name, v.mtu);
         if let Some(mac) = v.mac {
             m.attr(IFLA_ADDRESS, &mac);
         }
@@ -583,18 +574,29 @@ impl Handle {
     /// Puts a link in netdev group `group` (what nftables' `meta iifgroup`
     /// reads).
     pub fn set_group(&mut self, index: u32, group: u32) -> Result<(), KernelError> {
-        let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
-        m.raw(&ifinfomsg(0, index, 0, 0));
-        m.u32(IFLA_GROUP, group);
-        self.req(m, &|| format!("putting link #{index} in group {group}"))?;
-        Ok(())
+        self.set_link_u32(index, IFLA_GROUP, group, &|| {
+            format!("putting link #{index} in group {group}")
+        })
     }
 
     pub fn set_mtu(&mut self, index: u32, mtu: u32) -> Result<(), KernelError> {
+        self.set_link_u32(index, IFLA_MTU, mtu, &|| {
+            format!("setting mtu {mtu} on link #{index}")
+        })
+    }
+
+    /// Sets one 32-bit attribute of a link.
+    fn set_link_u32(
+        &mut self,
+        index: u32,
+        attr: u16,
+        value: u32,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), KernelError> {
         let mut m = Msg::new(RTM_NEWLINK, nl::NLM_F_ACK);
         m.raw(&ifinfomsg(0, index, 0, 0));
-        m.u32(IFLA_MTU, mtu);
-        self.req(m, &|| format!("setting mtu {mtu} on link #{index}"))?;
+        m.u32(attr, value);
+        self.req(m, what)?;
         Ok(())
     }
 

@@ -75,10 +75,21 @@ pub const ETH_IP6: u16 = 0x86dd;
 pub const ETH_VLAN: u16 = 0x8100;
 
 impl Packet {
+    /// From address literals (tests).
     pub fn new(src: &str, dst: &str, proto: Proto, dport: u16) -> Packet {
+        Packet::between(
+            src.parse().expect("src ip"),
+            dst.parse().expect("dst ip"),
+            proto,
+            dport,
+        )
+    }
+
+    /// A routed packet of a new flow, with nothing else known.
+    pub fn between(src: IpAddr, dst: IpAddr, proto: Proto, dport: u16) -> Packet {
         Packet {
-            src: src.parse().expect("src ip"),
-            dst: dst.parse().expect("dst ip"),
+            src,
+            dst,
             proto,
             dport,
             sport: 0,

@@ -442,6 +442,11 @@ impl PolicyPlane {
         }
     }
 
+    /// The view's pod `k`, as it is now.
+    fn pod_view(&self, k: &Key) -> Option<PodView> {
+        self.world.read().expect("world lock").pods.get(k).cloned()
+    }
+
     fn pod_plan(&self, w: &World, k: &Key) -> Vec<Elem> {
         match w.pods.get(k) {
             Some(v) => plan::pod_elements(w, &self.opts.node, k, v),
@@ -662,14 +667,7 @@ impl Subsystem for PolicyPlane {
             }
             PolicyInput::Added { key, ips, ack } => {
                 self.hints.insert(key.clone(), ips.clone());
-                let cur = self
-                    .world
-                    .read()
-                    .expect("world lock")
-                    .pods
-                    .get(&key)
-                    .cloned();
-                let v = match cur {
+                let v = match self.pod_view(&key) {
                     Some(v) => v,
                     // No Pod object (a bare container): known, selected by
                     // nothing that needs labels.
@@ -696,14 +694,7 @@ impl Subsystem for PolicyPlane {
                     self.set_pod(key, None, dirty);
                 } else if self.hints.remove(&key).is_some() {
                     // The sandbox is gone before the status said anything.
-                    let cur = self
-                        .world
-                        .read()
-                        .expect("world lock")
-                        .pods
-                        .get(&key)
-                        .cloned();
-                    if let Some(mut v) = cur {
+                    if let Some(mut v) = self.pod_view(&key) {
                         v.ips.clear();
                         self.set_pod(key, Some(v), dirty);
                     }

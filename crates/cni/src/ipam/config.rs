@@ -29,14 +29,10 @@ pub struct RawIpam {
     pub ipam_type: String,
     #[serde(default)]
     pub ranges: Vec<Vec<RawRange>>,
-    #[serde(default)]
-    pub subnet: Option<String>,
-    #[serde(rename = "rangeStart", default)]
-    pub range_start: Option<IpAddr>,
-    #[serde(rename = "rangeEnd", default)]
-    pub range_end: Option<IpAddr>,
-    #[serde(default)]
-    pub gateway: Option<IpAddr>,
+    /// The old single-range form (`subnet`, `rangeStart`, `rangeEnd`,
+    /// `gateway` at the top), read as the first range set.
+    #[serde(flatten)]
+    pub single: RawRange,
     #[serde(default)]
     pub routes: Vec<RouteConf>,
     #[serde(rename = "dataDir", default)]
@@ -79,16 +75,8 @@ impl IpamConf {
             return Err(CniError::config(format!("invalid network name {name:?}")));
         }
         let mut sets = raw.ranges;
-        if let Some(subnet) = raw.subnet {
-            sets.insert(
-                0,
-                vec![RawRange {
-                    subnet: Some(subnet),
-                    range_start: raw.range_start,
-                    range_end: raw.range_end,
-                    gateway: raw.gateway,
-                }],
-            );
+        if raw.single.subnet.is_some() {
+            sets.insert(0, vec![raw.single]);
         }
         if sets.is_empty() {
             return Err(CniError::config(

@@ -318,15 +318,7 @@ impl PodCidr {
     }
 
     pub(crate) async fn release(&mut self) -> Result<(), SourceError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let gone: BTreeMap<&str, Option<String>> =
-            [BACKEND_TYPE, BACKEND_DATA, PUBLIC_IP, SUBNET_MANAGER]
-                .into_iter()
-                .map(|k| (k, None))
-                .collect();
-        let patch = serde_json::json!({"metadata": {"annotations": gone}});
-        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        release(&self.client, &self.node).await?;
         self.mine = None;
         self.published = None;
         self.repair_at = None;
