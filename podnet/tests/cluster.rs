@@ -394,6 +394,58 @@ fn controller_endpoints_follow_pods() {
     // Metrics and health are served.
 }
 
+/// Reservations nobody holds are released: one left by a Service deleted
+/// while no controller ran (found by the first full sync, which reads the
+/// store) and one of a Service deleted while the controller runs (released
+/// as the deletion is applied); a Service's own stay.
+#[test]
+fn controller_releases_reservations_no_service_holds() {
+    let mut c = Cluster::sqlite();
+    let orphan = "/registry/allocations/clusterips/10.96.200.200";
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use podnet_store::Store;
+        let s = podnet_store::open(&c.url).await.unwrap();
+        s.txn(vec![podnet_store::Op::Create {
+            key: orphan.into(),
+            value: b"default/gone".to_vec(),
+            lease: 0,
+        }])
+        .await
+        .unwrap();
+    });
+    let keys = |c: &Cluster| -> Vec<String> {
+        c.dump()
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.starts_with("/registry/allocations/"))
+            .collect()
+    };
+    assert_eq!(keys(&c), [orphan]);
+    let svc = |name: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{type: NodePort, ports: [{{port: 80}}]}}\n")
+    };
+    assert!(c.apply(&svc("kept")).status.success());
+    assert!(c.apply(&svc("dropped")).status.success());
+    c.start_controller();
+    c.eventually("the orphan released, the Services allocated", || {
+        let k = keys(&c);
+        !k.contains(&orphan.to_string()) && k.len() == 4
+    });
+    c.ok(&["delete", "svc", "dropped"]);
+    c.eventually("the deleted Service's reservations released", || {
+        keys(&c).len() == 2
+    });
+    let ip = c.json(&["get", "svc", "kept"])["spec"]["clusterIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(keys(&c).iter().any(|k| k.ends_with(&ip)), "{:?}", keys(&c));
+}
+
 #[test]
 fn fifty_concurrent_service_creates_get_distinct_ips() {
     let mut c = Cluster::sqlite();
