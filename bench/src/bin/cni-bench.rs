@@ -295,6 +295,167 @@ fn main() {
     }
 }
 
+/// Gives each implementation under test its `Side`: its own host
+/// namespace and host-local `dataDir` under `tmp`, podnet's first and the
+/// reference second (the ratios compare those two), then the optional ones.
+fn make_sides(args: &Args, tmp: &Path, ours_bin: &Path, alt_bin: &Path) -> Result<Vec<Side>> {
+    let mut sides = Vec::new();
+    let mut mk = |label, key: &'static str, bin: &Path, env: Vec<(String, String)>| -> Result<()> {
+        let data_dir = tmp.join(format!("ipam-{key}"));
+        std::fs::create_dir_all(&data_dir)?;
+        sides.push(Side {
+            label,
+            key,
+            bridge_exe: bin.join("bridge"),
+            cni_path: bin.to_path_buf(),
+            env,
+            data_dir,
+            host: TestNs::create(ns_name(&format!("host-{key}")))?,
+            add: Vec::new(),
+            del: Vec::new(),
+        });
+        Ok(())
+    };
+    mk("podnet", "ours", ours_bin, vec![])?;
+    mk("reference", "ref", &args.reference, vec![])?;
+    if args.sync_del_variant {
+        mk(
+            "podnet (sync DEL)",
+            "oursync",
+            ours_bin,
+            vec![("PODNET_CNI_SYNC_DEL".into(), "1".into())],
+        )?;
+    }
+    if let Some(p) = &args.also_podnet {
+        let alt = podnet_bench::locate_podnet(Some(p))?;
+        install_ours(&alt, alt_bin)?;
+        mk("podnet (--also-podnet)", "alt", alt_bin, vec![])?;
+    }
+    Ok(sides)
+}
+
+/// Says what is compared, how, and in which host namespaces, before the
+/// (long) run starts.
+fn print_setup(
+    args: &Args,
+    podnet: &Path,
+    ours_bin: &Path,
+    alt_bin: &Path,
+    ref_bridge: &Path,
+    sides: &[Side],
+) {
+    println!("cni-bench: bridge + host-local, cniVersion 1.0.0, ipMasq off, isGateway on, subnet {SUBNET}");
+    println!(
+        "  podnet:    {} (as {}/bridge)",
+        podnet.display(),
+        ours_bin.display()
+    );
+    if let Some(p) = &args.also_podnet {
+        println!(
+            "  also:      {} (as {}/bridge)",
+            p.display(),
+            alt_bin.display()
+        );
+    }
+    println!("  reference: {}", ref_bridge.display());
+    println!(
+        "  {} measured + {} warm-up cycles per implementation, fresh pod namespace per cycle, turns alternate",
+        args.cycles, args.warmup
+    );
+    println!(
+        "  host namespaces: {}",
+        sides
+            .iter()
+            .map(|s| s.host.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// The measurement loop: `total` rounds of one cycle per implementation,
+/// rotating who goes first; samples are kept after the warm-up. Returns
+/// the wall time of the whole loop.
+fn run_cycles(args: &Args, sides: &mut [Side], total: usize) -> Result<Duration> {
+    let started = Instant::now();
+    for i in 0..total {
+        // Rotate who goes first, so no implementation always follows another.
+        let n = sides.len();
+        for k in 0..n {
+            check_interrupted()?;
+            let side = &mut sides[(i + k) % n];
+            let (a, d) = cycle(side, i)?;
+            if i >= args.warmup {
+                side.add.push(a);
+                side.del.push(d);
+            }
+            if args.settle_ms > 0 {
+                std::thread::sleep(Duration::from_millis(args.settle_ms));
+            }
+        }
+        if (i + 1) % 25 == 0 && i + 1 < total {
+            eprintln!("  ... {}/{total} cycles", i + 1);
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// Every sample, for analysis beyond the summary (`--csv`).
+fn write_csv(path: &Path, sides: &[Side]) -> Result<()> {
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    writeln!(f, "impl,cycle,op,ms")?;
+    for s in sides {
+        for (op, v) in [("ADD", &s.add), ("DEL", &s.del)] {
+            for (i, d) in v.iter().enumerate() {
+                writeln!(f, "{},{},{op},{:.3}", s.key, i, ms(*d))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ADD and DEL tables and podnet's ratios to the reference against the
+/// target; returns whether both medians met it.
+fn print_stats(sides: &[Side]) -> bool {
+    println!();
+    let head = format!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "ms", "median", "p90", "mean", "min", "max"
+    );
+    let mut medians = Vec::new();
+    for (op, pick) in [("ADD", 0), ("DEL", 1)] {
+        println!("{op} (bridge + host-local)\n{head}");
+        let mut st = Vec::new();
+        for s in sides {
+            let v = if pick == 0 { &s.add } else { &s.del };
+            let stats = Stats::of(v).expect("at least one cycle");
+            println!("{}", row(s.label, &stats));
+            st.push(stats);
+        }
+        medians.push(st);
+        println!();
+    }
+    let mut pass = true;
+    println!("ratio podnet/reference (target <= {TARGET_RATIO}x):");
+    for (op, st) in ["ADD", "DEL"].iter().zip(&medians) {
+        let r = ms(st[0].median) / ms(st[1].median);
+        let r90 = ms(st[0].p90) / ms(st[1].p90);
+        let ok = r <= TARGET_RATIO;
+        pass &= ok;
+        let extra: String = sides
+            .iter()
+            .zip(st.iter())
+            .skip(2)
+            .map(|(side, x)| format!("; {} {:.2}x", side.label, ms(x.median) / ms(st[1].median)))
+            .collect();
+        println!(
+            "  {op}: median {r:.2}x, p90 {r90:.2}x  {}{extra}",
+            if ok { "PASS" } else { "MISS" }
+        );
+    }
+    pass
+}
+
 fn run() -> Result<()> {
     let args = Args::parse();
     podnet_bench::require_root()?;
@@ -322,139 +483,18 @@ fn run() -> Result<()> {
     let ours_bin = tmp.path().join("bin");
     install_ours(&podnet, &ours_bin)?;
 
-    let mut sides = Vec::new();
-    let mut mk = |label, key: &'static str, bin: &Path, env: Vec<(String, String)>| -> Result<()> {
-        let data_dir = tmp.path().join(format!("ipam-{key}"));
-        std::fs::create_dir_all(&data_dir)?;
-        sides.push(Side {
-            label,
-            key,
-            bridge_exe: bin.join("bridge"),
-            cni_path: bin.to_path_buf(),
-            env,
-            data_dir,
-            host: TestNs::create(ns_name(&format!("host-{key}")))?,
-            add: Vec::new(),
-            del: Vec::new(),
-        });
-        Ok(())
-    };
-    mk("podnet", "ours", &ours_bin, vec![])?;
-    mk("reference", "ref", &args.reference, vec![])?;
-    if args.sync_del_variant {
-        mk(
-            "podnet (sync DEL)",
-            "oursync",
-            &ours_bin,
-            vec![("PODNET_CNI_SYNC_DEL".into(), "1".into())],
-        )?;
-    }
     let alt_bin = tmp.path().join("bin-alt");
-    if let Some(p) = &args.also_podnet {
-        let alt = podnet_bench::locate_podnet(Some(p))?;
-        install_ours(&alt, &alt_bin)?;
-        mk("podnet (--also-podnet)", "alt", &alt_bin, vec![])?;
-    }
-
-    println!("cni-bench: bridge + host-local, cniVersion 1.0.0, ipMasq off, isGateway on, subnet {SUBNET}");
-    println!(
-        "  podnet:    {} (as {}/bridge)",
-        podnet.display(),
-        ours_bin.display()
-    );
-    if let Some(p) = &args.also_podnet {
-        println!(
-            "  also:      {} (as {}/bridge)",
-            p.display(),
-            alt_bin.display()
-        );
-    }
-    println!("  reference: {}", ref_bridge.display());
-    println!(
-        "  {} measured + {} warm-up cycles per implementation, fresh pod namespace per cycle, turns alternate",
-        args.cycles, args.warmup
-    );
-    println!(
-        "  host namespaces: {}",
-        sides
-            .iter()
-            .map(|s| s.host.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let mut sides = make_sides(&args, tmp.path(), &ours_bin, &alt_bin)?;
+    print_setup(&args, &podnet, &ours_bin, &alt_bin, &ref_bridge, &sides);
 
     let total = args.warmup + args.cycles;
-    let started = Instant::now();
-    for i in 0..total {
-        // Rotate who goes first, so no implementation always follows another.
-        let n = sides.len();
-        for k in 0..n {
-            check_interrupted()?;
-            let side = &mut sides[(i + k) % n];
-            let (a, d) = cycle(side, i)?;
-            if i >= args.warmup {
-                side.add.push(a);
-                side.del.push(d);
-            }
-            if args.settle_ms > 0 {
-                std::thread::sleep(Duration::from_millis(args.settle_ms));
-            }
-        }
-        if (i + 1) % 25 == 0 && i + 1 < total {
-            eprintln!("  ... {}/{total} cycles", i + 1);
-        }
-    }
-    let elapsed = started.elapsed();
+    let elapsed = run_cycles(&args, &mut sides, total)?;
 
     if let Some(path) = &args.csv {
-        let mut f =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        writeln!(f, "impl,cycle,op,ms")?;
-        for s in &sides {
-            for (op, v) in [("ADD", &s.add), ("DEL", &s.del)] {
-                for (i, d) in v.iter().enumerate() {
-                    writeln!(f, "{},{},{op},{:.3}", s.key, i, ms(*d))?;
-                }
-            }
-        }
+        write_csv(path, &sides)?;
     }
 
-    println!();
-    let head = format!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "ms", "median", "p90", "mean", "min", "max"
-    );
-    let mut medians = Vec::new();
-    for (op, pick) in [("ADD", 0), ("DEL", 1)] {
-        println!("{op} (bridge + host-local)\n{head}");
-        let mut st = Vec::new();
-        for s in &sides {
-            let v = if pick == 0 { &s.add } else { &s.del };
-            let stats = Stats::of(v).expect("at least one cycle");
-            println!("{}", row(s.label, &stats));
-            st.push(stats);
-        }
-        medians.push(st);
-        println!();
-    }
-    let mut pass = true;
-    println!("ratio podnet/reference (target <= {TARGET_RATIO}x):");
-    for (op, st) in ["ADD", "DEL"].iter().zip(&medians) {
-        let r = ms(st[0].median) / ms(st[1].median);
-        let r90 = ms(st[0].p90) / ms(st[1].p90);
-        let ok = r <= TARGET_RATIO;
-        pass &= ok;
-        let extra: String = sides
-            .iter()
-            .zip(st.iter())
-            .skip(2)
-            .map(|(side, x)| format!("; {} {:.2}x", side.label, ms(x.median) / ms(st[1].median)))
-            .collect();
-        println!(
-            "  {op}: median {r:.2}x, p90 {r90:.2}x  {}{extra}",
-            if ok { "PASS" } else { "MISS" }
-        );
-    }
+    let pass = print_stats(&sides);
     println!(
         "\n{} cycles in {:.1} s",
         total * sides.len(),

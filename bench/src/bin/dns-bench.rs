@@ -293,66 +293,93 @@ fn start_unbound(conf: &Path, dir: &Path, threads: usize) -> Result<Server> {
     Ok(Server { child })
 }
 
-fn main() -> Result<()> {
-    let a = Args::parse();
-    let all = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    let dir = tempfile::Builder::new().prefix("pn-dns-bench").tempdir()?;
-    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+/// One thread count's figures: podnet's saturation run and p50/p99, then
+/// unbound's, then unbound's RSS.
+type Row = (usize, Run, f64, f64, Run, f64, f64, f64);
+
+/// What podnet's memory looked like at one thread: (RSS after loading, peak,
+/// load seconds) and (RssAnon, RssFile after loading, RSS after the runs).
+type Memory = ((f64, f64, f64), (f64, f64, f64));
+
+/// Loads the Services and EndpointSlices into the sqlite store both
+/// servers' runs start from, and says how long that took.
+fn load_store(a: &Args, url: &str) -> Result<()> {
     let t = Instant::now();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(fill_store(&url, a.services, a.endpoints))?;
+        .block_on(fill_store(url, a.services, a.endpoints))?;
     println!(
         "store: {} Services, {} endpoints written in {:.1}s",
         a.services,
         a.services * a.endpoints,
         t.elapsed().as_secs_f64()
     );
-    let queries = dir.path().join("queries.txt");
-    query_file(&queries, a.services)?;
-    let last = svc_name(a.services - 1);
-    let mut rows = Vec::new();
-    let mut memory = (0.0, 0.0, 0.0);
-    let mut mem_split = (0.0, 0.0, 0.0);
-    for threads in [1, all] {
-        let port = free_port()?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        // podnet dns.
-        let t = Instant::now();
-        let mut p = start_podnet(&a, &url, port, threads, dir.path())?;
-        wait_answers(addr, &last, &mut p.child)?;
-        let load = t.elapsed().as_secs_f64();
-        let rss = rss_mb(p.child.id(), "VmRSS:");
-        let (anon, file) = (
-            rss_mb(p.child.id(), "RssAnon:"),
-            rss_mb(p.child.id(), "RssFile:"),
-        );
-        let ours = dnsperf(port, &queries, a.seconds, threads, a.outstanding)?;
-        let (p50, p99) = latency(port, &queries, a.seconds.min(5), threads, a.latency_qps)?;
-        let hwm = rss_mb(p.child.id(), "VmHWM:");
-        if threads == 1 {
-            memory = (rss, hwm, load);
-            mem_split = (anon, file, rss_mb(p.child.id(), "VmRSS:"));
-        }
-        drop(p);
-        // unbound, same records as local-data.
-        let port = free_port()?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        let conf = dir.path().join(format!("unbound-{threads}.conf"));
-        unbound_conf(&conf, port, threads, a.services)?;
-        let mut u = start_unbound(&conf, dir.path(), threads)?;
-        wait_answers(addr, &last, &mut u.child)?;
-        let uss = rss_mb(u.child.id(), "VmRSS:");
-        let theirs = dnsperf(port, &queries, a.seconds, threads, a.outstanding)?;
-        let (up50, up99) = latency(port, &queries, a.seconds.min(5), threads, a.latency_qps)?;
-        drop(u);
-        rows.push((threads, ours, p50, p99, theirs, up50, up99, uss));
-    }
+    Ok(())
+}
+
+/// podnet dns's turn at `threads` threads: started on a free port, loaded,
+/// then saturated and latency-measured; its memory is kept only for the
+/// one-thread turn, the one the targets are about.
+fn bench_podnet(
+    a: &Args,
+    url: &str,
+    dir: &Path,
+    queries: &Path,
+    last: &str,
+    threads: usize,
+) -> Result<(Run, f64, f64, Option<Memory>)> {
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let t = Instant::now();
+    let mut p = start_podnet(a, url, port, threads, dir)?;
+    wait_answers(addr, last, &mut p.child)?;
+    let load = t.elapsed().as_secs_f64();
+    let rss = rss_mb(p.child.id(), "VmRSS:");
+    let (anon, file) = (
+        rss_mb(p.child.id(), "RssAnon:"),
+        rss_mb(p.child.id(), "RssFile:"),
+    );
+    let ours = dnsperf(port, queries, a.seconds, threads, a.outstanding)?;
+    let (p50, p99) = latency(port, queries, a.seconds.min(5), threads, a.latency_qps)?;
+    let hwm = rss_mb(p.child.id(), "VmHWM:");
+    let memory = if threads == 1 {
+        Some((
+            (rss, hwm, load),
+            (anon, file, rss_mb(p.child.id(), "VmRSS:")),
+        ))
+    } else {
+        None
+    };
+    drop(p);
+    Ok((ours, p50, p99, memory))
+}
+
+/// unbound's turn at `threads` threads, serving the same records as
+/// local-data: the same runs as podnet's, plus its RSS once loaded.
+fn bench_unbound(
+    a: &Args,
+    dir: &Path,
+    queries: &Path,
+    last: &str,
+    threads: usize,
+) -> Result<(Run, f64, f64, f64)> {
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let conf = dir.join(format!("unbound-{threads}.conf"));
+    unbound_conf(&conf, port, threads, a.services)?;
+    let mut u = start_unbound(&conf, dir, threads)?;
+    wait_answers(addr, last, &mut u.child)?;
+    let uss = rss_mb(u.child.id(), "VmRSS:");
+    let theirs = dnsperf(port, queries, a.seconds, threads, a.outstanding)?;
+    let (up50, up99) = latency(port, queries, a.seconds.min(5), threads, a.latency_qps)?;
+    drop(u);
+    Ok((theirs, up50, up99, uss))
+}
+
+/// The comparison table, one row per thread count, then the one-thread
+/// figures against the targets and podnet's memory.
+fn print_report(a: &Args, rows: &[Row], memory: (f64, f64, f64), mem_split: (f64, f64, f64)) {
     println!(
         "\n{} Services ({} endpoints), {} s per run, random names; qps and avg latency at \
          saturation (dnsperf -q {}, closed loop); p50/p99 at {} queries/s offered",
@@ -371,7 +398,7 @@ fn main() -> Result<()> {
         "podnet avg | p50/p99 ms",
         "unbound avg | p50/p99 ms"
     );
-    for (threads, ours, p50, p99, theirs, up50, up99, _) in &rows {
+    for (threads, ours, p50, p99, theirs, up50, up99, _) in rows {
         println!(
             "{:<8} {:>12.0} {:>12.0} {:>6.2}× {:>24} {:>24}",
             threads,
@@ -408,5 +435,33 @@ fn main() -> Result<()> {
         "  of which after loading: {:.1} MB heap and stacks (RssAnon), {:.1} MB the binary's and libraries' pages (RssFile); RSS after the query runs {:.1} MB",
         mem_split.0, mem_split.1, mem_split.2
     );
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let all = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let dir = tempfile::Builder::new().prefix("pn-dns-bench").tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    load_store(&a, &url)?;
+    let queries = dir.path().join("queries.txt");
+    query_file(&queries, a.services)?;
+    let last = svc_name(a.services - 1);
+    let mut rows = Vec::new();
+    let mut memory = (0.0, 0.0, 0.0);
+    let mut mem_split = (0.0, 0.0, 0.0);
+    for threads in [1, all] {
+        let (ours, p50, p99, mem) = bench_podnet(&a, &url, dir.path(), &queries, &last, threads)?;
+        if let Some((m, split)) = mem {
+            memory = m;
+            mem_split = split;
+        }
+        let (theirs, up50, up99, uss) = bench_unbound(&a, dir.path(), &queries, &last, threads)?;
+        rows.push((threads, ours, p50, p99, theirs, up50, up99, uss));
+    }
+    print_report(&a, &rows, memory, mem_split);
     Ok(())
 }

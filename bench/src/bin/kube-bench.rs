@@ -138,23 +138,26 @@ fn memory(lab: &podnet_lab::Lab, role: &str) -> Option<(f64, f64)> {
     Some((kb("VmRSS:")? / 1024.0, kb("VmHWM:")? / 1024.0))
 }
 
-fn main() -> Result<()> {
-    let a = Args::parse();
-    if !a.podnet.exists() {
-        bail!(
-            "{} not found: build it first (cargo build --release)",
-            a.podnet.display()
-        );
-    }
-    let exe = std::fs::canonicalize(&a.podnet)?;
-    let name = format!("kb{}", std::process::id() % 100_000);
-    let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    eprintln!("kube-bench: lab {name} up (--kube, {} nodes)", a.nodes);
-    rt.block_on(lab.0.up(&podnet_lab::UpOptions {
+/// The measured creates' latencies, in ms.
+struct Samples {
+    /// POST sent -> every node holds the ClusterIP.
+    prog: Vec<f64>,
+    /// POST answered -> every node holds the ClusterIP.
+    prog_after_api: Vec<f64>,
+    /// The create request itself.
+    apis: Vec<f64>,
+    /// Create -> DNS answers (every `--dns-every`th create only).
+    names: Vec<f64>,
+}
+
+/// Brings the lab up in Kubernetes mode, with agents reading the API and
+/// one DNS replica, on the runtime the bench's API calls use.
+fn lab_up(a: &Args, lab: &podnet_lab::Lab, rt: &tokio::runtime::Runtime) -> Result<()> {
+    eprintln!(
+        "kube-bench: lab {} up (--kube, {} nodes)",
+        lab.name, a.nodes
+    );
+    rt.block_on(lab.up(&podnet_lab::UpOptions {
         nodes: a.nodes,
         backend: "vxlan".into(),
         store: None,
@@ -166,7 +169,16 @@ fn main() -> Result<()> {
         images: vec![],
         daemon_exe: None,
     }))?;
-    let client = rt.block_on(lab.0.kube_client())?;
+    Ok(())
+}
+
+/// Creates the bench's namespace and returns the Service and
+/// EndpointSlice APIs in it.
+fn bench_namespace(
+    lab: &podnet_lab::Lab,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Api<Service>, Api<EndpointSlice>)> {
+    let client = rt.block_on(lab.kube_client())?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
     let nss: Api<Namespace> = Api::all(client.clone());
@@ -180,9 +192,20 @@ fn main() -> Result<()> {
             ..Default::default()
         },
     ))?;
-    let mut nodes = Nodes::open(&lab.0)?;
+    Ok((svcs, slices))
+}
 
-    // Fill.
+/// Creates the `--services` Services and their slices concurrently, then
+/// waits until every node holds them all, so the measured creates start
+/// from a settled cluster. Returns the time through the API and the time
+/// until every node had them.
+fn fill(
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+    svcs: &Api<Service>,
+    slices: &Api<EndpointSlice>,
+    nodes: &mut Nodes,
+) -> Result<(Duration, Duration)> {
     let t0 = Instant::now();
     let last: Vec<IpAddr> = rt.block_on(async {
         stream::iter(0..a.services)
@@ -217,14 +240,25 @@ fn main() -> Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    let fill_all = t0.elapsed();
-    let node1 = Netns::named(&lab.0.state()?.nodes[0].netns)?;
+    Ok((fill_api, t0.elapsed()))
+}
+
+/// The measurement proper: `--creates` Services one at a time, each timed
+/// until every node programs it (and, every `--dns-every`th, until DNS
+/// answers for it), its slice written only after.
+fn measure_creates(
+    a: &Args,
+    lab: &podnet_lab::Lab,
+    rt: &tokio::runtime::Runtime,
+    svcs: &Api<Service>,
+    slices: &Api<EndpointSlice>,
+    nodes: &mut Nodes,
+) -> Result<Samples> {
+    let node1 = Netns::named(&lab.state()?.nodes[0].netns)?;
     let dns = DnsClient::new(SocketAddr::new(
         podnet_api::netconfig::DEFAULT_DNS_IP.parse()?,
         53,
     ));
-
-    // Measure.
     let mut prog = Vec::with_capacity(a.creates);
     let mut prog_after_api = Vec::with_capacity(a.creates);
     let mut apis = Vec::with_capacity(a.creates);
@@ -277,7 +311,23 @@ fn main() -> Result<()> {
         // from a quiet cluster).
         rt.block_on(slices.create(&PostParams::default(), &one_endpoint_slice(NS, i)))?;
     }
+    Ok(Samples {
+        prog,
+        prog_after_api,
+        apis,
+        names,
+    })
+}
 
+/// Prints the fill times, each latency's percentiles, the verdict on the
+/// p99 target and the agents' and DNS's memory with every Service present.
+fn print_results(
+    a: &Args,
+    lab: &podnet_lab::Lab,
+    fill_api: Duration,
+    fill_all: Duration,
+    m: &Samples,
+) {
     println!(
         "kube-bench: {} nodes, {} Services present, {} measured creates (one at a time), podnet {}",
         a.nodes,
@@ -291,20 +341,20 @@ fn main() -> Result<()> {
         fill_api.as_secs_f64(),
         fill_all.as_secs_f64()
     );
-    report("API create request (POST Service -> response)", &apis);
+    report("API create request (POST Service -> response)", &m.apis);
     report(
         "network programming latency (POST sent -> every node)",
-        &prog,
+        &m.prog,
     );
     report(
         "network programming latency (POST answered -> every node)",
-        &prog_after_api,
+        &m.prog_after_api,
     );
-    report("name resolution latency (create -> DNS answers)", &names);
+    report("name resolution latency (create -> DNS answers)", &m.names);
     let target = 100.0;
     println!(
         "target p99 <= {target} ms: {}",
-        if pct(&prog, 0.99) <= target {
+        if pct(&m.prog, 0.99) <= target {
             "met"
         } else {
             "MISSED"
@@ -313,11 +363,11 @@ fn main() -> Result<()> {
     let mut mem = BTreeMap::new();
     for n in 1..=a.nodes {
         let role = format!("agent-node{n}");
-        if let Some(m) = memory(&lab.0, &role) {
+        if let Some(m) = memory(lab, &role) {
             mem.insert(role, m);
         }
     }
-    if let Some(m) = memory(&lab.0, "dns") {
+    if let Some(m) = memory(lab, "dns") {
         mem.insert("dns".into(), m);
     }
     for (role, (rss, hwm)) in &mem {
@@ -326,5 +376,28 @@ fn main() -> Result<()> {
             a.services + a.creates
         );
     }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    if !a.podnet.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release)",
+            a.podnet.display()
+        );
+    }
+    let exe = std::fs::canonicalize(&a.podnet)?;
+    let name = format!("kb{}", std::process::id() % 100_000);
+    let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    lab_up(&a, &lab.0, &rt)?;
+    let (svcs, slices) = bench_namespace(&lab.0, &rt)?;
+    let mut nodes = Nodes::open(&lab.0)?;
+    let (fill_api, fill_all) = fill(&a, &rt, &svcs, &slices, &mut nodes)?;
+    let m = measure_creates(&a, &lab.0, &rt, &svcs, &slices, &mut nodes)?;
+    print_results(&a, &lab.0, fill_api, fill_all, &m);
     Ok(())
 }

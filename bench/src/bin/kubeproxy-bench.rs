@@ -802,14 +802,9 @@ fn conn_rate(e: &Echo, pairs: usize, secs: f64) -> Result<Paired> {
     connrate::paired(&e.client, fast, e.direct, &[e.server_tid], pairs, secs)
 }
 
-fn main() -> Result<()> {
-    let a = Args::parse();
-    if !a.podnet.exists() {
-        bail!(
-            "{} not found: build it first (cargo build --release)",
-            a.podnet.display()
-        );
-    }
+/// The contenders, in turn order: `--proxies`, or podnet and both
+/// kube-proxy modes (and nft-min when `--kp-min-sync-period` is given).
+fn choose_proxies(a: &Args) -> Result<Vec<Proxy>> {
     let mut proxies: Vec<Proxy> = if a.proxies.is_empty() {
         let mut v = vec![Proxy::Podnet, Proxy::KubeNft, Proxy::KubeIpt];
         if a.kp_min_sync_period.is_some() {
@@ -826,9 +821,13 @@ fn main() -> Result<()> {
     if proxies.contains(&Proxy::KubeNftMin) && a.kp_min_sync_period.is_none() {
         bail!("nft-min needs --kp-min-sync-period");
     }
-    let kube_proxy = kube_proxy_path(&a)?;
-    let version = Command::new(&kube_proxy).arg("--version").output()?;
-    let kp_version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    Ok(proxies)
+}
+
+/// Brings the kube lab up (podnet's agents proxying, as the lab starts
+/// them), makes the bench's namespace and opens every node's netlink
+/// connection: everything the turns share.
+fn open_bench(a: &Args, kube_proxy: PathBuf) -> Result<Bench> {
     let exe = std::fs::canonicalize(&a.podnet)?;
     let name = format!("kp{}", std::process::id() % 100_000);
     let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
@@ -865,7 +864,7 @@ fn main() -> Result<()> {
     ))?;
     let nodes = Nodes::open(&lab.0)?;
     let admin_kubeconfig = lab.0.kubeconfig()?;
-    let mut b = Bench {
+    Ok(Bench {
         lab,
         rt,
         svcs,
@@ -875,185 +874,287 @@ fn main() -> Result<()> {
         min_sync: a.kp_min_sync_period.clone(),
         admin_kubeconfig,
         active: Some(Proxy::Podnet),
-    };
-    let echo = if a.conn_secs > 0.0 {
-        Some(echo_setup(&b)?)
-    } else {
-        None
-    };
-    b.deactivate()?;
+    })
+}
 
-    // The filled Services' ClusterIPs, by index.
-    let mut ips: BTreeMap<usize, IpAddr> = BTreeMap::new();
-    let mut results: BTreeMap<(usize, Proxy), Figures> = BTreeMap::new();
-    let mut sizes = a.sizes.clone();
-    sizes.sort_unstable();
-    let mut turn = 0usize;
-    for &size in &sizes {
-        // Fill with no proxy running.
-        let t0 = Instant::now();
-        let from = ips.len();
-        let more: Vec<(usize, IpAddr)> = b.rt.block_on(async {
-            stream::iter(from..size)
-                .map(|i| {
-                    let (svcs, slices) = (b.svcs.clone(), b.slices.clone());
-                    async move {
-                        let s = svcs
-                            .create(&PostParams::default(), &http_service(NS, &format!("s{i}")))
-                            .await?;
-                        slices
-                            .create(&PostParams::default(), &one_endpoint_slice(NS, i))
-                            .await?;
-                        anyhow::Ok((i, cluster_ip(&s)?))
-                    }
-                })
-                .buffer_unordered(a.concurrency)
-                .try_collect()
-                .await
-        })?;
-        ips.extend(more);
-        let all_ips: Vec<IpAddr> = ips.values().copied().collect();
+/// Grows the filled Services (each with one ready endpoint) from those
+/// already there up to `size`, with no proxy running; `ips` keeps their
+/// ClusterIPs by index. Returns every filled ClusterIP.
+fn fill(
+    a: &Args,
+    b: &Bench,
+    ips: &mut BTreeMap<usize, IpAddr>,
+    size: usize,
+) -> Result<Vec<IpAddr>> {
+    let t0 = Instant::now();
+    let from = ips.len();
+    let more: Vec<(usize, IpAddr)> = b.rt.block_on(async {
+        stream::iter(from..size)
+            .map(|i| {
+                let (svcs, slices) = (b.svcs.clone(), b.slices.clone());
+                async move {
+                    let s = svcs
+                        .create(&PostParams::default(), &http_service(NS, &format!("s{i}")))
+                        .await?;
+                    slices
+                        .create(&PostParams::default(), &one_endpoint_slice(NS, i))
+                        .await?;
+                    anyhow::Ok((i, cluster_ip(&s)?))
+                }
+            })
+            .buffer_unordered(a.concurrency)
+            .try_collect()
+            .await
+    })?;
+    ips.extend(more);
+    let all_ips: Vec<IpAddr> = ips.values().copied().collect();
+    eprintln!(
+        "kubeproxy-bench: {size} Services with one endpoint each through the API ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(all_ips)
+}
+
+/// The filled Services one size's turns run against.
+struct Filled<'a> {
+    size: usize,
+    /// ClusterIPs by index.
+    ips: &'a BTreeMap<usize, IpAddr>,
+    /// Every one of them.
+    all: Vec<IpAddr>,
+}
+
+/// What one proxy's turn measured (see the module doc).
+struct Turn {
+    cold: f64,
+    /// Programming latency of each create, ms.
+    lat: Vec<f64>,
+    /// Each create's POST, ms.
+    post: Vec<f64>,
+    /// Endpoint changes, ms.
+    epc: Vec<f64>,
+    conn: Option<Paired>,
+    /// Each node's (CPU seconds, peak RSS MiB) before the restart.
+    use_: Vec<(f64, f64)>,
+    restart: f64,
+}
+
+/// Waits from `t` until every node holds every filled ClusterIP under
+/// `p` (cold start, restart), failing early if `p` exited on a node; the
+/// seconds since `t`.
+fn wait_filled(
+    b: &mut Bench,
+    p: Proxy,
+    filled: &Filled,
+    names: &[String],
+    t: Instant,
+    what: &str,
+) -> Result<f64> {
+    let size = filled.size;
+    let lab = &b.lab.0;
+    b.nodes
+        .wait_all(p, &filled.all, t + Duration::from_secs(600), &|| {
+            alive(lab, p, names)
+        })
+        .with_context(|| format!("{} {what} at {size}", p.name()))?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The programming latency samples: `--creates` Services without
+/// endpoints, one at a time, each timed from its POST until every node
+/// has its ClusterIP. Returns the latencies, the Services' names (to
+/// delete after the turn) and the POSTs' own times.
+fn measure_creates(
+    a: &Args,
+    b: &mut Bench,
+    p: Proxy,
+    turn: usize,
+) -> Result<(Vec<f64>, Vec<String>, Vec<f64>)> {
+    let mut lat = Vec::with_capacity(a.creates);
+    let mut made = Vec::with_capacity(a.creates);
+    let mut post = Vec::with_capacity(a.creates);
+    let mut sent_at = Vec::with_capacity(a.creates);
+    for k in 0..a.creates {
+        let name = format!("m{turn}-{k}");
+        sent_at.push(podnet_store::objects::now());
+        let t = Instant::now();
+        let s = b.rt.block_on(
+            b.svcs
+                .create(&PostParams::default(), &http_service(NS, &name)),
+        )?;
+        made.push(name);
+        post.push(t.elapsed().as_secs_f64() * 1000.0);
+        let ip = cluster_ip(&s)?;
+        lat.push(b.nodes.wait(
+            p,
+            Check::Programmed { endpoints: false },
+            ip,
+            true,
+            t,
+            a.timeout,
+        )?);
+    }
+    if std::env::var_os("KPB_SLOW").is_some() {
+        // Which creates were slow, in order (finding the cause).
+        let m = pct(&lat, 0.5);
+        let slow: Vec<(usize, u64, String)> = lat
+            .iter()
+            .enumerate()
+            .filter(|(_, &l)| l > 3.0 * m)
+            .map(|(k, &l)| (k, l as u64, sent_at[k].to_string()))
+            .collect();
         eprintln!(
-            "kubeproxy-bench: {size} Services with one endpoint each through the API ({:.1} s)",
-            t0.elapsed().as_secs_f64()
+            "kubeproxy-bench: {}: slow creates (index, ms, POST sent at): {slow:?}; POST p50 {:.1} ms max {:.1} ms",
+            p.name(),
+            pct(&post, 0.5),
+            pct(&post, 1.0)
         );
-        for round in 0..a.rounds {
-            let mut order = proxies.clone();
-            order.rotate_left(round % proxies.len());
-            for p in order {
-                turn += 1;
-                let t = Instant::now();
-                b.activate(p)?;
-                let names: Vec<String> = b.node_names().into_iter().map(|n| n.0).collect();
-                let lab = &b.lab.0;
-                b.nodes
-                    .wait_all(p, &all_ips, t + Duration::from_secs(600), &|| {
-                        alive(lab, p, &names)
-                    })
-                    .with_context(|| format!("{} cold start at {size}", p.name()))?;
-                let cold = t.elapsed().as_secs_f64();
-                let mut lat = Vec::with_capacity(a.creates);
-                let mut made = Vec::with_capacity(a.creates);
-                let mut post = Vec::with_capacity(a.creates);
-                let mut sent_at = Vec::with_capacity(a.creates);
-                for k in 0..a.creates {
-                    let name = format!("m{turn}-{k}");
-                    sent_at.push(podnet_store::objects::now());
-                    let t = Instant::now();
-                    let s = b.rt.block_on(
-                        b.svcs
-                            .create(&PostParams::default(), &http_service(NS, &name)),
-                    )?;
-                    made.push(name);
-                    post.push(t.elapsed().as_secs_f64() * 1000.0);
-                    let ip = cluster_ip(&s)?;
-                    lat.push(b.nodes.wait(
-                        p,
-                        Check::Programmed { endpoints: false },
-                        ip,
-                        true,
-                        t,
-                        a.timeout,
-                    )?);
-                }
-                if std::env::var_os("KPB_SLOW").is_some() {
-                    // Which creates were slow, in order (finding the cause).
-                    let m = pct(&lat, 0.5);
-                    let slow: Vec<(usize, u64, String)> = lat
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &l)| l > 3.0 * m)
-                        .map(|(k, &l)| (k, l as u64, sent_at[k].to_string()))
-                        .collect();
-                    eprintln!(
-                        "kubeproxy-bench: {}: slow creates (index, ms, POST sent at): {slow:?}; POST p50 {:.1} ms max {:.1} ms",
-                        p.name(),
-                        pct(&post, 0.5),
-                        pct(&post, 1.0)
-                    );
-                }
-                let mut epc = Vec::with_capacity(2 * a.endpoint_changes);
-                for k in 0..a.endpoint_changes {
-                    let i = k * size / a.endpoint_changes.max(1);
-                    let ip = ips[&i];
-                    for ready in [false, true] {
-                        let t = Instant::now();
-                        b.set_ready(i, ready)?;
-                        epc.push(b.nodes.wait(p, Check::Rejected, ip, !ready, t, a.timeout)?);
-                    }
-                }
-                let conn = match &echo {
-                    Some(e) => Some(conn_rate(e, a.conn_pairs, a.conn_secs)?),
-                    None => None,
-                };
-                let use_ = b.usage(p);
-                b.stop(p)?;
-                let t = Instant::now();
-                b.start(p)?;
-                let lab = &b.lab.0;
-                b.nodes
-                    .wait_all(p, &all_ips, t + Duration::from_secs(600), &|| {
-                        alive(lab, p, &names)
-                    })
-                    .with_context(|| format!("{} restart at {size}", p.name()))?;
-                let restart = t.elapsed().as_secs_f64();
-                b.deactivate()?;
-                // Back to `size` Services, with no proxy running.
-                b.rt.block_on(async {
-                    stream::iter(made)
-                        .map(|n| {
-                            let svcs = b.svcs.clone();
-                            async move {
-                                svcs.delete(&n, &DeleteParams::default()).await?;
-                                anyhow::Ok(())
-                            }
-                        })
-                        .buffer_unordered(a.concurrency)
-                        .try_collect::<Vec<()>>()
-                        .await
-                })?;
-                let f = results.entry((size, p)).or_default();
-                let cpu: f64 = use_.iter().map(|u| u.0).sum();
-                let rss = use_.iter().map(|u| u.1).fold(0.0, f64::max);
-                eprintln!(
-                    "kubeproxy-bench: {size} Services, round {}, {}: cold start {cold:.2} s, programming p50 {:.1} ms p99 {:.1} ms max {:.1} ms, endpoint change p50 {:.1} ms p99 {:.1} ms, {:.0} conn/s, restart {restart:.2} s, CPU {cpu:.1} s (all nodes), peak RSS {rss:.0} MiB",
-                    round + 1,
-                    p.name(),
-                    pct(&lat, 0.5),
-                    pct(&lat, 0.99),
-                    pct(&lat, 1.0),
-                    pct(&epc, 0.5),
-                    pct(&epc, 0.99),
-                    conn.as_ref().map_or(f64::NAN, Paired::service_rate),
-                );
-                if let Some(c) = &conn {
-                    eprintln!(
-                        "kubeproxy-bench: {size} Services, round {}, {}: conn/s per slice through the ClusterIP {:?}, direct {:?}; ClusterIP/direct {:.3}",
-                        round + 1,
-                        p.name(),
-                        c.service.iter().map(|x| x.round()).collect::<Vec<_>>(),
-                        c.direct.iter().map(|x| x.round()).collect::<Vec<_>>(),
-                        c.ratio(),
-                    );
-                }
-                f.after
-                    .extend(lat.iter().zip(&post).map(|(l, p)| (l - p).max(0.0)));
-                f.turn_p50.push(pct(&lat, 0.5));
-                f.prog.extend(lat);
-                f.epc.extend(epc);
-                f.cold.push(cold);
-                f.restart.push(restart);
-                if let Some(c) = conn {
-                    f.conn.push(c.service_rate());
-                    f.direct.push(c.direct_rate());
-                    f.conn_share.push(c.ratio());
-                }
-                f.cpu.push(cpu);
-                f.rss.push(rss);
-            }
+    }
+    Ok((lat, made, post))
+}
+
+/// The endpoint change samples: `--endpoint-changes` filled Services,
+/// spread over the size, each made not ready and then ready again, each
+/// direction timed until every node (no node) rejects it.
+fn measure_endpoint_changes(
+    a: &Args,
+    b: &mut Bench,
+    p: Proxy,
+    filled: &Filled,
+) -> Result<Vec<f64>> {
+    let size = filled.size;
+    let mut epc = Vec::with_capacity(2 * a.endpoint_changes);
+    for k in 0..a.endpoint_changes {
+        let i = k * size / a.endpoint_changes.max(1);
+        let ip = filled.ips[&i];
+        for ready in [false, true] {
+            let t = Instant::now();
+            b.set_ready(i, ready)?;
+            epc.push(b.nodes.wait(p, Check::Rejected, ip, !ready, t, a.timeout)?);
         }
     }
+    Ok(epc)
+}
 
+/// Deletes the turn's measured Services, so the next turn starts from the
+/// `size` filled ones.
+fn delete_services(a: &Args, b: &Bench, made: Vec<String>) -> Result<()> {
+    b.rt.block_on(async {
+        stream::iter(made)
+            .map(|n| {
+                let svcs = b.svcs.clone();
+                async move {
+                    svcs.delete(&n, &DeleteParams::default()).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(a.concurrency)
+            .try_collect::<Vec<()>>()
+            .await
+    })?;
+    Ok(())
+}
+
+/// One proxy's turn at one size: start it cold, measure creates, endpoint
+/// changes and the connection rate, restart it, then stop it and remove
+/// the turn's Services again.
+fn run_turn(
+    a: &Args,
+    b: &mut Bench,
+    echo: Option<&Echo>,
+    filled: &Filled,
+    p: Proxy,
+    turn: usize,
+) -> Result<Turn> {
+    let t = Instant::now();
+    b.activate(p)?;
+    let names: Vec<String> = b.node_names().into_iter().map(|n| n.0).collect();
+    let cold = wait_filled(b, p, filled, &names, t, "cold start")?;
+    let (lat, made, post) = measure_creates(a, b, p, turn)?;
+    let epc = measure_endpoint_changes(a, b, p, filled)?;
+    let conn = match echo {
+        Some(e) => Some(conn_rate(e, a.conn_pairs, a.conn_secs)?),
+        None => None,
+    };
+    let use_ = b.usage(p);
+    b.stop(p)?;
+    let t = Instant::now();
+    b.start(p)?;
+    let restart = wait_filled(b, p, filled, &names, t, "restart")?;
+    b.deactivate()?;
+    // Back to `size` Services, with no proxy running.
+    delete_services(a, b, made)?;
+    Ok(Turn {
+        cold,
+        lat,
+        post,
+        epc,
+        conn,
+        use_,
+        restart,
+    })
+}
+
+/// Prints a finished turn's summary (progress on stderr) and adds its
+/// samples to its size and proxy's figures.
+fn record(f: &mut Figures, size: usize, round: usize, p: Proxy, r: Turn) {
+    let Turn {
+        cold,
+        lat,
+        post,
+        epc,
+        conn,
+        use_,
+        restart,
+    } = r;
+    let cpu: f64 = use_.iter().map(|u| u.0).sum();
+    let rss = use_.iter().map(|u| u.1).fold(0.0, f64::max);
+    eprintln!(
+        "kubeproxy-bench: {size} Services, round {}, {}: cold start {cold:.2} s, programming p50 {:.1} ms p99 {:.1} ms max {:.1} ms, endpoint change p50 {:.1} ms p99 {:.1} ms, {:.0} conn/s, restart {restart:.2} s, CPU {cpu:.1} s (all nodes), peak RSS {rss:.0} MiB",
+        round + 1,
+        p.name(),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        pct(&lat, 1.0),
+        pct(&epc, 0.5),
+        pct(&epc, 0.99),
+        conn.as_ref().map_or(f64::NAN, Paired::service_rate),
+    );
+    if let Some(c) = &conn {
+        eprintln!(
+            "kubeproxy-bench: {size} Services, round {}, {}: conn/s per slice through the ClusterIP {:?}, direct {:?}; ClusterIP/direct {:.3}",
+            round + 1,
+            p.name(),
+            c.service.iter().map(|x| x.round()).collect::<Vec<_>>(),
+            c.direct.iter().map(|x| x.round()).collect::<Vec<_>>(),
+            c.ratio(),
+        );
+    }
+    f.after
+        .extend(lat.iter().zip(&post).map(|(l, p)| (l - p).max(0.0)));
+    f.turn_p50.push(pct(&lat, 0.5));
+    f.prog.extend(lat);
+    f.epc.extend(epc);
+    f.cold.push(cold);
+    f.restart.push(restart);
+    if let Some(c) = conn {
+        f.conn.push(c.service_rate());
+        f.direct.push(c.direct_rate());
+        f.conn_share.push(c.ratio());
+    }
+    f.cpu.push(cpu);
+    f.rss.push(rss);
+}
+
+/// The final table: per size and proxy the medians and percentiles over
+/// its turns, podnet's ratios to each kube-proxy, and the target's verdict.
+fn print_results(
+    a: &Args,
+    kp_version: &str,
+    sizes: &[usize],
+    proxies: &[Proxy],
+    results: &BTreeMap<(usize, Proxy), Figures>,
+) {
     println!(
         "kubeproxy-bench: {} nodes, {} rounds per size, {} creates and {} endpoint changes per turn, podnet {} against {kp_version} (defaults: min sync period 1s{})",
         a.nodes,
@@ -1066,8 +1167,8 @@ fn main() -> Result<()> {
             .map(|m| format!("; nft min: --iptables-min-sync-period={m}"))
             .unwrap_or_default()
     );
-    for &size in &sizes {
-        for &p in &proxies {
+    for &size in sizes {
+        for &p in proxies {
             let Some(f) = results.get(&(size, p)) else {
                 continue;
             };
@@ -1094,7 +1195,7 @@ fn main() -> Result<()> {
         let Some(pn) = results.get(&(size, Proxy::Podnet)) else {
             continue;
         };
-        for &kp in &proxies[..] {
+        for &kp in proxies {
             let Some(k) = results.get(&(size, kp)).filter(|_| kp != Proxy::Podnet) else {
                 continue;
             };
@@ -1129,5 +1230,52 @@ fn main() -> Result<()> {
             );
         }
     }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    if !a.podnet.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release)",
+            a.podnet.display()
+        );
+    }
+    let proxies = choose_proxies(&a)?;
+    let kube_proxy = kube_proxy_path(&a)?;
+    let version = Command::new(&kube_proxy).arg("--version").output()?;
+    let kp_version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let mut b = open_bench(&a, kube_proxy)?;
+    let echo = if a.conn_secs > 0.0 {
+        Some(echo_setup(&b)?)
+    } else {
+        None
+    };
+    b.deactivate()?;
+
+    // The filled Services' ClusterIPs, by index.
+    let mut ips: BTreeMap<usize, IpAddr> = BTreeMap::new();
+    let mut results: BTreeMap<(usize, Proxy), Figures> = BTreeMap::new();
+    let mut sizes = a.sizes.clone();
+    sizes.sort_unstable();
+    let mut turn = 0usize;
+    for &size in &sizes {
+        // Fill with no proxy running.
+        let all = fill(&a, &b, &mut ips, size)?;
+        let filled = Filled {
+            size,
+            ips: &ips,
+            all,
+        };
+        for round in 0..a.rounds {
+            let mut order = proxies.clone();
+            order.rotate_left(round % proxies.len());
+            for p in order {
+                turn += 1;
+                let r = run_turn(&a, &mut b, echo.as_ref(), &filled, p, turn)?;
+                record(results.entry((size, p)).or_default(), size, round, p, r);
+            }
+        }
+    }
+    print_results(&a, &kp_version, &sizes, &proxies, &results);
     Ok(())
 }
