@@ -141,11 +141,18 @@ impl TableSync {
         }
     }
 
-    /// A partial sync: `changes` (encoded against `t`, which must declare
-    /// the sets whose encoding depends on their flags) as one transaction.
+    /// `changes` (encoded against `t`, which must declare the sets whose
+    /// encoding depends on their flags) as one transaction: a partial
+    /// sync, or a full one that diffed against the table it read back.
+    /// No change sends nothing; but the first time, it still takes the
+    /// table's use count as the expected one (a restarted owner that found
+    /// its table as planned must notice later drift too).
     pub fn apply(&mut self, t: &Table, changes: &[Change]) -> Result<(), KernelError> {
         if ops(changes) == 0 {
-            return Ok(());
+            return match self.loaded() {
+                true => Ok(()),
+                false => self.settle(Ok(())),
+            };
         }
         let r = match self.conn() {
             Ok(Some(c)) => c.apply(t, changes),

@@ -108,9 +108,9 @@ pub struct PolicyPlane {
     bare: BTreeSet<Key>,
     /// Elements as applied, per owning pod.
     owners: Owners<Key, Elem>,
-    /// Elements per set (kept with `refs`, for the metrics).
+    /// Elements per set (kept with `owners`, for the metrics).
     counts: BTreeMap<SetId, usize>,
-    /// The interval sets' elements per family and set (kept with `refs`):
+    /// The interval sets' elements per family and set (kept with `owners`):
     /// what a rebuilt set keeps, without reading every element applied.
     ranges: HashMap<(bool, SetId), HashSet<Elem>>,
     resyncs: std::cell::Cell<u32>,

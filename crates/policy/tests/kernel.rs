@@ -175,6 +175,44 @@ fn changes_are_elements_and_a_repeated_sync_is_nothing() {
     assert_eq!(f.full(), 0);
 }
 
+/// A restarted agent whose first full sync finds its table as planned
+/// sends nothing, and still knows what to expect of it: its periodic check
+/// notices a set someone adds afterwards.
+#[test]
+fn a_restarted_plane_that_finds_its_table_intact_still_notices_drift() {
+    let mut f = Fixture::new("polr");
+    let world = |p: &mut PolicyPlane| {
+        let mut dirty = BTreeSet::new();
+        p.watch(
+            PolicyInput::Subnets(vec!["10.9.1.0/24".parse().unwrap()]),
+            &mut dirty,
+        );
+        p.watch(
+            PolicyInput::Deltas(vec![
+                ns("x"),
+                pod("x", "a", "10.9.1.2", json!({"pod": "a"})),
+                netpol("x", "deny", json!({"podSelector": {}})),
+            ]),
+            &mut dirty,
+        );
+    };
+    world(&mut f.plane);
+    assert!(f.full() > 0);
+    // The agent restarts: a new plane over the same kernel table.
+    f.plane = f.ns.run(plane).expect("plane");
+    world(&mut f.plane);
+    assert_eq!(f.full(), 0, "the table was already as planned");
+    let check = || Scope::Only([Dirty::Check].into_iter().collect());
+    assert_eq!(sync(&mut f.plane, &check()).unwrap(), 0);
+    f.ns.nft("'add set ip podnet-policy stray { type ipv4_addr; }'");
+    assert!(
+        sync(&mut f.plane, &check()).unwrap() > 0,
+        "the check noticed the stray set"
+    );
+    let t = f.ns.nft_list("table ip podnet-policy").unwrap();
+    assert!(!t.contains("stray"), "{t}");
+}
+
 #[test]
 fn a_cni_hint_programs_a_pod_before_its_status() {
     let mut f = Fixture::new("polh");
