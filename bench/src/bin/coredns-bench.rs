@@ -630,6 +630,286 @@ struct Config {
     threads: usize,
 }
 
+/// The name latencies of the pinned pair, per create as [`name_latency`]
+/// returns them: the POST's own time, then each server's until it
+/// answered for the new name (ms, podnet first).
+struct Names {
+    /// Polled with fresh query types: when each server knows the name.
+    known: Vec<(f64, Vec<f64>)>,
+    /// Polled with A: when each answers with the ClusterIP.
+    client: Vec<(f64, Vec<f64>)>,
+}
+
+/// Creates the bench namespace and `--services` ClusterIP Services through
+/// the API, `--concurrency` at a time; returns their API and the fill time
+/// in seconds.
+fn fill(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    a: &Args,
+) -> Result<(Api<Service>, f64)> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let o = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NS.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    rt.block_on(nss.create(&PostParams::default(), &o))?;
+    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    let t0 = Instant::now();
+    rt.block_on(async {
+        stream::iter(0..a.services)
+            .map(|i| {
+                let svcs = svcs.clone();
+                async move {
+                    let s =
+                        cluster_ip_service(&format!("svc-{i}"), NS, vec![port("http", 80, "TCP")]);
+                    svcs.create(&PostParams::default(), &s).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(a.concurrency)
+            .try_collect::<Vec<()>>()
+            .await
+    })?;
+    let fill = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "coredns-bench: {} Services created through the API in {fill:.1} s",
+        a.services
+    );
+    Ok((svcs, fill))
+}
+
+/// One CPU configuration: starts both servers side by side, times their
+/// load, runs the alternating rounds and, given the API (`api`), measures
+/// the name latencies on the same pair before both are stopped.
+fn measure_config(
+    setup: &Setup,
+    cfg: &Config,
+    queries: &Path,
+    last: &str,
+    api: Option<(&tokio::runtime::Runtime, &Api<Service>)>,
+) -> Result<(Figures, Figures, Option<Names>)> {
+    let a = setup.a;
+    let tag = format!("{}cpu", cfg.threads);
+    let t = Instant::now();
+    let mut pn = start_podnet(setup, cfg.server_cpus, cfg.threads, &tag)?;
+    let mut cd = start_coredns(setup, cfg.server_cpus, &tag)?;
+    let (mut fp, mut fc) = (Figures::default(), Figures::default());
+    fp.load_s = wait_ready(&mut pn, last, t)?.as_secs_f64();
+    fc.load_s = wait_ready(&mut cd, last, t)?.as_secs_f64();
+    fp.mem_loaded = pn.memory();
+    fc.mem_loaded = cd.memory();
+    eprintln!("coredns-bench: {}: both ready and answering", cfg.label);
+    for r in 0..a.rounds {
+        let order: [(&Server, &mut Figures); 2] = if r % 2 == 0 {
+            [(&pn, &mut fp), (&cd, &mut fc)]
+        } else {
+            [(&cd, &mut fc), (&pn, &mut fp)]
+        };
+        for (srv, f) in order {
+            measure_server(a, cfg, queries, r, srv, f)?;
+        }
+    }
+    fp.mem_after = pn.memory();
+    fc.mem_after = cd.memory();
+    let extra = match api {
+        Some((rt, svcs)) => Some(name_latencies(a, rt, svcs, &pn, &cd)?),
+        None => None,
+    };
+    drop(pn);
+    drop(cd);
+    Ok((fp, fc, extra))
+}
+
+/// One server's turn in round `r`: saturation, then the fixed load, with
+/// the server's CPU read around each, into its figures.
+fn measure_server(
+    a: &Args,
+    cfg: &Config,
+    queries: &Path,
+    r: usize,
+    srv: &Server,
+    f: &mut Figures,
+) -> Result<()> {
+    let c0 = cpu_secs(srv.proc.pid());
+    let (q, lost) = saturate(srv.port, queries, a, cfg.threads, cfg.perf_cpus)?;
+    let c1 = cpu_secs(srv.proc.pid());
+    let (p50, p99, _) = latency(srv.port, queries, a, cfg.threads, cfg.perf_cpus)?;
+    let c2 = cpu_secs(srv.proc.pid());
+    f.cpu_us.push((c1 - c0) * 1e6 / (q * a.seconds as f64));
+    f.cpu_at_load.push((c2 - c1) / a.latency_seconds as f64);
+    eprintln!(
+        "coredns-bench:   round {} {:<8} {q:>9.0} qps (lost {lost}%), p50 {p50:.3} ms p99 {p99:.3} ms at {} qps",
+        r + 1,
+        srv.name,
+        a.latency_qps
+    );
+    f.qps.push(q);
+    f.lost.push(lost);
+    f.p50.push(p50);
+    f.p99.push(p99);
+    Ok(())
+}
+
+/// The name latencies, once, on the pinned pair: `--creates` creates
+/// polled with fresh query types ("knows the name"), then
+/// `--client-creates` polled with A ("A answered").
+fn name_latencies(
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+    svcs: &Api<Service>,
+    pn: &Server,
+    cd: &Server,
+) -> Result<Names> {
+    let mut qtype = 1_000u16;
+    let (mut known, mut client) = (Vec::new(), Vec::new());
+    for k in 0..a.creates + a.client_creates {
+        let probe = k < a.creates;
+        let r = name_latency(rt, svcs, &[pn, cd], k, probe, &mut qtype)?;
+        if probe {
+            known.push(r);
+        } else {
+            eprintln!(
+                "coredns-bench:   A answered after create: podnet {:.1} ms, coredns {:.1} ms",
+                r.1[0], r.1[1]
+            );
+            client.push(r);
+        }
+    }
+    Ok(Names { known, client })
+}
+
+/// The report's opening: what was compared, and how.
+fn report_header(a: &Args, version: &str, fill: f64) {
+    println!(
+        "\ncoredns-bench: podnet {} vs {version} (default kubeadm Corefile), one real kube-apiserver, \
+         {} Services (+{} measured creates); {} alternating rounds per configuration, medians",
+        env!("CARGO_PKG_VERSION"),
+        a.services,
+        a.creates + a.client_creates,
+        a.rounds
+    );
+    println!(
+        "fill: {} Services through the API in {fill:.1} s",
+        a.services
+    );
+    println!(
+        "saturation: dnsperf -q {} for {} s over random names of the {} Services; latency: dnsperf -Q {} for {} s",
+        a.outstanding, a.seconds, a.services, a.latency_qps, a.latency_seconds
+    );
+}
+
+/// One CPU configuration's figures, podnet beside CoreDNS.
+fn report_config(a: &Args, cfg: &Config, fp: &Figures, fc: &Figures) {
+    let (qp, qc) = (median(&fp.qps), median(&fc.qps));
+    println!("\n{}:", cfg.label);
+    println!(
+        "  qps        podnet {qp:>9.0}   coredns {qc:>9.0}   ratio {:.2}×  (rounds: podnet {:?}, coredns {:?})",
+        qp / qc,
+        fp.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>(),
+        fc.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>()
+    );
+    println!(
+        "  p50 / p99  podnet {:.3} / {:.3} ms   coredns {:.3} / {:.3} ms   p99 ratio {:.2}× (at {} qps)",
+        median(&fp.p50),
+        median(&fp.p99),
+        median(&fc.p50),
+        median(&fc.p99),
+        median(&fp.p99) / median(&fc.p99),
+        a.latency_qps
+    );
+    println!(
+        "  server CPU per query at saturation: podnet {:.2} µs, coredns {:.2} µs ({:.2}× less); \
+         CPU used at {} qps: podnet {:.2} cores, coredns {:.2}",
+        median(&fp.cpu_us),
+        median(&fc.cpu_us),
+        median(&fc.cpu_us) / median(&fp.cpu_us),
+        a.latency_qps,
+        median(&fp.cpu_at_load),
+        median(&fc.cpu_at_load)
+    );
+    let lost = |f: &Figures| f.lost.iter().cloned().fold(0.0, f64::max);
+    if lost(fp) > 0.0 || lost(fc) > 0.0 {
+        println!(
+            "  most lost at saturation: podnet {}%, coredns {}%",
+            lost(fp),
+            lost(fc)
+        );
+    }
+    println!(
+        "  ready (process start -> /ready and the last name answered): podnet {:.2} s, coredns {:.2} s",
+        fp.load_s, fc.load_s
+    );
+    let m = |x: (f64, f64, f64)| format!("RSS {:.1} MiB (anon {:.1}), peak {:.1}", x.0, x.2, x.1);
+    println!(
+        "  memory loaded:    podnet {}   coredns {}",
+        m(fp.mem_loaded),
+        m(fc.mem_loaded)
+    );
+    println!(
+        "  memory after runs: podnet {}   coredns {}",
+        m(fp.mem_after),
+        m(fc.mem_after)
+    );
+    println!(
+        "  RSS ratio podnet/coredns: {:.2}× loaded, {:.2}× after the runs",
+        fp.mem_loaded.0 / fc.mem_loaded.0,
+        fp.mem_after.0 / fc.mem_after.0
+    );
+}
+
+/// The name latencies of the 1-CPU pair: percentiles of "knows the name",
+/// then each "A answered" create.
+fn report_names(Names { known, client }: &Names) {
+    let col = |v: &[(f64, Vec<f64>)], j: usize| v.iter().map(|r| r.1[j]).collect::<Vec<_>>();
+    let api: Vec<f64> = known.iter().chain(client).map(|r| r.0).collect();
+    println!(
+        "\nnew Service name, from the POST (its own p50 {:.1} ms), {} creates, 1-CPU pair:",
+        median(&api),
+        known.len()
+    );
+    for (j, who) in ["podnet", "coredns"].iter().enumerate() {
+        let v = col(known, j);
+        let after: Vec<f64> = known.iter().map(|r| r.1[j] - r.0).collect();
+        println!(
+            "  {who:<8} knows the name: p50 {:.1} ms  p90 {:.1} ms  max {:.1} ms from the POST sent; \
+             p50 {:.1} ms  max {:.1} ms from its answer",
+            pct(&v, 0.5),
+            pct(&v, 0.9),
+            pct(&v, 1.0),
+            pct(&after, 0.5),
+            pct(&after, 1.0)
+        );
+    }
+    if !client.is_empty() {
+        println!(
+            "  A polled every ~0.5 ms from the POST's answer (a client's view; caches included), {} creates:",
+            client.len()
+        );
+        for (j, who) in ["podnet", "coredns"].iter().enumerate() {
+            let v: Vec<String> = col(client, j).iter().map(|x| format!("{x:.1}")).collect();
+            println!("  {who:<8} A answered after: {} ms", v.join(", "));
+        }
+    }
+}
+
+/// The issue's targets, judged on the 1-CPU configuration (podnet, CoreDNS).
+fn report_targets(p: &Figures, c: &Figures) {
+    println!(
+        "\ntargets: qps per core ≥ 3× CoreDNS: {:.2}× ({}); p99 no worse: {:.3} vs {:.3} ms ({}); RSS ≤ 0.5× CoreDNS: {:.2}× ({})",
+        median(&p.qps) / median(&c.qps),
+        if median(&p.qps) >= 3.0 * median(&c.qps) { "met" } else { "MISSED" },
+        median(&p.p99),
+        median(&c.p99),
+        if median(&p.p99) <= median(&c.p99) { "met" } else { "MISSED" },
+        p.mem_after.0 / c.mem_after.0,
+        if p.mem_after.0 <= 0.5 * c.mem_after.0 { "met" } else { "MISSED" },
+    );
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     if !a.podnet.exists() {
@@ -663,37 +943,7 @@ fn main() -> Result<()> {
     );
     let kubeconfig = plane.0.admin_kubeconfig();
     let client = rt.block_on(plane.0.client())?;
-    let nss: Api<Namespace> = Api::all(client.clone());
-    let o = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    rt.block_on(nss.create(&PostParams::default(), &o))?;
-    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
-    let t0 = Instant::now();
-    rt.block_on(async {
-        stream::iter(0..a.services)
-            .map(|i| {
-                let svcs = svcs.clone();
-                async move {
-                    let s =
-                        cluster_ip_service(&format!("svc-{i}"), NS, vec![port("http", 80, "TCP")]);
-                    svcs.create(&PostParams::default(), &s).await?;
-                    anyhow::Ok(())
-                }
-            })
-            .buffer_unordered(a.concurrency)
-            .try_collect::<Vec<()>>()
-            .await
-    })?;
-    let fill = t0.elapsed().as_secs_f64();
-    eprintln!(
-        "coredns-bench: {} Services created through the API in {fill:.1} s",
-        a.services
-    );
+    let (svcs, fill) = fill(&rt, &client, &a)?;
 
     let queries = dir.path().join("queries.txt");
     query_file(&queries, a.services)?;
@@ -722,187 +972,25 @@ fn main() -> Result<()> {
     let mut results: Vec<(usize, Figures, Figures)> = Vec::new();
     let mut extra = None;
     for (ci, cfg) in configs.iter().enumerate() {
-        let tag = format!("{}cpu", cfg.threads);
-        let t = Instant::now();
-        let mut pn = start_podnet(&setup, cfg.server_cpus, cfg.threads, &tag)?;
-        let mut cd = start_coredns(&setup, cfg.server_cpus, &tag)?;
-        let (mut fp, mut fc) = (Figures::default(), Figures::default());
-        fp.load_s = wait_ready(&mut pn, &last, t)?.as_secs_f64();
-        fc.load_s = wait_ready(&mut cd, &last, t)?.as_secs_f64();
-        fp.mem_loaded = pn.memory();
-        fc.mem_loaded = cd.memory();
-        eprintln!("coredns-bench: {}: both ready and answering", cfg.label);
-        for r in 0..a.rounds {
-            let order: [(&Server, &mut Figures); 2] = if r % 2 == 0 {
-                [(&pn, &mut fp), (&cd, &mut fc)]
-            } else {
-                [(&cd, &mut fc), (&pn, &mut fp)]
-            };
-            for (srv, f) in order {
-                let c0 = cpu_secs(srv.proc.pid());
-                let (q, lost) = saturate(srv.port, &queries, &a, cfg.threads, cfg.perf_cpus)?;
-                let c1 = cpu_secs(srv.proc.pid());
-                let (p50, p99, _) = latency(srv.port, &queries, &a, cfg.threads, cfg.perf_cpus)?;
-                let c2 = cpu_secs(srv.proc.pid());
-                f.cpu_us.push((c1 - c0) * 1e6 / (q * a.seconds as f64));
-                f.cpu_at_load.push((c2 - c1) / a.latency_seconds as f64);
-                eprintln!(
-                    "coredns-bench:   round {} {:<8} {q:>9.0} qps (lost {lost}%), p50 {p50:.3} ms p99 {p99:.3} ms at {} qps",
-                    r + 1,
-                    srv.name,
-                    a.latency_qps
-                );
-                f.qps.push(q);
-                f.lost.push(lost);
-                f.p50.push(p50);
-                f.p99.push(p99);
-            }
-        }
-        fp.mem_after = pn.memory();
-        fc.mem_after = cd.memory();
-        if ci == 0 {
-            // Name latency, once, on the pinned pair.
-            let mut qtype = 1_000u16;
-            let (mut known, mut client) = (Vec::new(), Vec::new());
-            for k in 0..a.creates + a.client_creates {
-                let probe = k < a.creates;
-                let r = name_latency(&rt, &svcs, &[&pn, &cd], k, probe, &mut qtype)?;
-                if probe {
-                    known.push(r);
-                } else {
-                    eprintln!(
-                        "coredns-bench:   A answered after create: podnet {:.1} ms, coredns {:.1} ms",
-                        r.1[0], r.1[1]
-                    );
-                    client.push(r);
-                }
-            }
-            extra = Some((known, client));
+        // Name latency, once, on the pinned pair.
+        let api = (ci == 0).then_some((&rt, &svcs));
+        let (fp, fc, names) = measure_config(&setup, cfg, &queries, &last, api)?;
+        if names.is_some() {
+            extra = names;
         }
         results.push((ci, fp, fc));
-        drop(pn);
-        drop(cd);
     }
 
     // ------------------------------------------------------------ report
-    println!(
-        "\ncoredns-bench: podnet {} vs {version} (default kubeadm Corefile), one real kube-apiserver, \
-         {} Services (+{} measured creates); {} alternating rounds per configuration, medians",
-        env!("CARGO_PKG_VERSION"),
-        a.services,
-        a.creates + a.client_creates,
-        a.rounds
-    );
-    println!(
-        "fill: {} Services through the API in {fill:.1} s",
-        a.services
-    );
-    println!(
-        "saturation: dnsperf -q {} for {} s over random names of the {} Services; latency: dnsperf -Q {} for {} s",
-        a.outstanding, a.seconds, a.services, a.latency_qps, a.latency_seconds
-    );
+    report_header(&a, &version, fill);
     for (ci, fp, fc) in &results {
-        let cfg = &configs[*ci];
-        let (qp, qc) = (median(&fp.qps), median(&fc.qps));
-        println!("\n{}:", cfg.label);
-        println!(
-            "  qps        podnet {qp:>9.0}   coredns {qc:>9.0}   ratio {:.2}×  (rounds: podnet {:?}, coredns {:?})",
-            qp / qc,
-            fp.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>(),
-            fc.qps.iter().map(|q| q.round() as u64).collect::<Vec<_>>()
-        );
-        println!(
-            "  p50 / p99  podnet {:.3} / {:.3} ms   coredns {:.3} / {:.3} ms   p99 ratio {:.2}× (at {} qps)",
-            median(&fp.p50),
-            median(&fp.p99),
-            median(&fc.p50),
-            median(&fc.p99),
-            median(&fp.p99) / median(&fc.p99),
-            a.latency_qps
-        );
-        println!(
-            "  server CPU per query at saturation: podnet {:.2} µs, coredns {:.2} µs ({:.2}× less); \
-             CPU used at {} qps: podnet {:.2} cores, coredns {:.2}",
-            median(&fp.cpu_us),
-            median(&fc.cpu_us),
-            median(&fc.cpu_us) / median(&fp.cpu_us),
-            a.latency_qps,
-            median(&fp.cpu_at_load),
-            median(&fc.cpu_at_load)
-        );
-        let lost = |f: &Figures| f.lost.iter().cloned().fold(0.0, f64::max);
-        if lost(fp) > 0.0 || lost(fc) > 0.0 {
-            println!(
-                "  most lost at saturation: podnet {}%, coredns {}%",
-                lost(fp),
-                lost(fc)
-            );
-        }
-        println!(
-            "  ready (process start -> /ready and the last name answered): podnet {:.2} s, coredns {:.2} s",
-            fp.load_s, fc.load_s
-        );
-        let m =
-            |x: (f64, f64, f64)| format!("RSS {:.1} MiB (anon {:.1}), peak {:.1}", x.0, x.2, x.1);
-        println!(
-            "  memory loaded:    podnet {}   coredns {}",
-            m(fp.mem_loaded),
-            m(fc.mem_loaded)
-        );
-        println!(
-            "  memory after runs: podnet {}   coredns {}",
-            m(fp.mem_after),
-            m(fc.mem_after)
-        );
-        println!(
-            "  RSS ratio podnet/coredns: {:.2}× loaded, {:.2}× after the runs",
-            fp.mem_loaded.0 / fc.mem_loaded.0,
-            fp.mem_after.0 / fc.mem_after.0
-        );
+        report_config(&a, &configs[*ci], fp, fc);
     }
-    if let Some((known, client)) = extra {
-        let col = |v: &[(f64, Vec<f64>)], j: usize| v.iter().map(|r| r.1[j]).collect::<Vec<_>>();
-        let api: Vec<f64> = known.iter().chain(&client).map(|r| r.0).collect();
-        println!(
-            "\nnew Service name, from the POST (its own p50 {:.1} ms), {} creates, 1-CPU pair:",
-            median(&api),
-            known.len()
-        );
-        for (j, who) in ["podnet", "coredns"].iter().enumerate() {
-            let v = col(&known, j);
-            let after: Vec<f64> = known.iter().map(|r| r.1[j] - r.0).collect();
-            println!(
-                "  {who:<8} knows the name: p50 {:.1} ms  p90 {:.1} ms  max {:.1} ms from the POST sent; \
-                 p50 {:.1} ms  max {:.1} ms from its answer",
-                pct(&v, 0.5),
-                pct(&v, 0.9),
-                pct(&v, 1.0),
-                pct(&after, 0.5),
-                pct(&after, 1.0)
-            );
-        }
-        if !client.is_empty() {
-            println!(
-                "  A polled every ~0.5 ms from the POST's answer (a client's view; caches included), {} creates:",
-                client.len()
-            );
-            for (j, who) in ["podnet", "coredns"].iter().enumerate() {
-                let v: Vec<String> = col(&client, j).iter().map(|x| format!("{x:.1}")).collect();
-                println!("  {who:<8} A answered after: {} ms", v.join(", "));
-            }
-        }
+    if let Some(names) = extra {
+        report_names(&names);
     }
     let r1 = &results[0];
-    println!(
-        "\ntargets: qps per core ≥ 3× CoreDNS: {:.2}× ({}); p99 no worse: {:.3} vs {:.3} ms ({}); RSS ≤ 0.5× CoreDNS: {:.2}× ({})",
-        median(&r1.1.qps) / median(&r1.2.qps),
-        if median(&r1.1.qps) >= 3.0 * median(&r1.2.qps) { "met" } else { "MISSED" },
-        median(&r1.1.p99),
-        median(&r1.2.p99),
-        if median(&r1.1.p99) <= median(&r1.2.p99) { "met" } else { "MISSED" },
-        r1.1.mem_after.0 / r1.2.mem_after.0,
-        if r1.1.mem_after.0 <= 0.5 * r1.2.mem_after.0 { "met" } else { "MISSED" },
-    );
+    report_targets(&r1.1, &r1.2);
     drop(plane);
     Ok(())
 }

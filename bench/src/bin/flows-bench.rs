@@ -28,7 +28,7 @@ use podnet_bench::{
     LabGuard,
 };
 use podnet_kernel::Netns;
-use podnet_lab::{serve::PortSpec, UpOptions};
+use podnet_lab::{serve::PortSpec, PodInfo, UpOptions};
 
 #[derive(Parser)]
 #[command(
@@ -145,18 +145,12 @@ fn flood(client: &str, dst: IpAddr, secs: f64, threads: usize) -> Result<u64> {
     Ok(total)
 }
 
-fn main() -> Result<()> {
-    let a = Args::parse();
-    require_root()?;
-    catch_interrupts();
-    let exe = locate_podnet(a.podnet.as_deref())?;
-    let name = format!("fb{}", std::process::id() % 100_000);
-    let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    eprintln!("flows-bench: lab {name} up (2 nodes, vxlan)");
+/// Brings the lab up and starts the bench's two pods, the client on node1
+/// and the server on node2, so the rounds and the flood run between nodes.
+fn up_pair(
+    lab: &LabGuard,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(podnet_lab::LabState, PodInfo, PodInfo)> {
     let st = rt.block_on(lab.0.up(&UpOptions {
         nodes: 2,
         backend: "vxlan".into(),
@@ -184,20 +178,18 @@ fn main() -> Result<()> {
         Default::default(),
         &ports,
     ))?;
-    let srv_ip: IpAddr = srv.ip.parse()?;
-    // The connections' server: an accept loop of the bench's own in the
-    // server pod (the lab's `podnet serve` answers each connection).
-    accept_loop(&srv.netns, 9090)?;
-    let target = SocketAddr::new(srv_ip, 9090);
-    let nodes: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
-    let set_flows = |on: bool| -> Result<()> {
-        let extra: &[&str] = if on { &[] } else { &["--no-flows"] };
-        for n in &nodes {
-            lab.0.restart_agent_args(n, extra)?;
-        }
-        Ok(())
-    };
+    Ok((st, cli, srv))
+}
 
+/// The cost part: per round one connection-rate run with the flow log and
+/// one without, in alternating order; returns the rates with, without,
+/// and the per-round ratios.
+fn rate_rounds(
+    a: &Args,
+    client: &str,
+    target: SocketAddr,
+    set_flows: &impl Fn(bool) -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let (mut on, mut off, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..a.rounds {
         check_interrupted()?;
@@ -210,8 +202,8 @@ fn main() -> Result<()> {
         for flows in order {
             set_flows(flows)?;
             // A restarted agent's first syncs are busy: warm up, discarded.
-            conn_rate(&cli.netns, target, 2.0)?;
-            let rate = conn_rate(&cli.netns, target, a.seconds)?;
+            conn_rate(client, target, 2.0)?;
+            let rate = conn_rate(client, target, a.seconds)?;
             got[usize::from(!flows)] = rate;
         }
         eprintln!(
@@ -225,16 +217,29 @@ fn main() -> Result<()> {
         off.push(got[1]);
         ratio.push(got[0] / got[1]);
     }
+    Ok((on, off, ratio))
+}
 
-    // Capacity, with the flow log on.
-    set_flows(true)?;
-    let node1 = &st.nodes[0].netns;
+/// What the flood measured on node1: datagrams sent, for how long, the
+/// new connections node1 forwarded (the ground truth), and what its flow
+/// log recorded and lost meanwhile.
+struct Capacity {
+    sent: u64,
+    secs: f64,
+    confirmed: u64,
+    recorded: f64,
+    lost: f64,
+}
+
+/// The capacity part, with the flow log on: floods new UDP flows from the
+/// client pod and compares node1's flow log against the bench's counter.
+fn capacity(a: &Args, node1: &str, client: &str, srv_ip: IpAddr) -> Result<Capacity> {
     let rec0 = metric(node1, "podnet_flows_total{verdict=\"forwarded\"}")?;
     let lost0 = metric(node1, "podnet_flows_lost_total")?;
     count_new_flows(node1)?;
     let ins0 = new_flows(node1)?;
     let t0 = Instant::now();
-    let sent = flood(&cli.netns, srv_ip, a.flood_seconds, a.flood_threads)?;
+    let sent = flood(client, srv_ip, a.flood_seconds, a.flood_threads)?;
     let secs = t0.elapsed().as_secs_f64();
     // The reader drains what the kernel queued: wait until the count stops
     // growing (each read is a state, not a guess at time).
@@ -249,6 +254,53 @@ fn main() -> Result<()> {
     }
     let lost1 = metric(node1, "podnet_flows_lost_total")?;
     let confirmed = new_flows(node1)? - ins0;
+    Ok(Capacity {
+        sent,
+        secs,
+        confirmed,
+        recorded: rec1 - rec0,
+        lost: lost1 - lost0,
+    })
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    require_root()?;
+    catch_interrupts();
+    let exe = locate_podnet(a.podnet.as_deref())?;
+    let name = format!("fb{}", std::process::id() % 100_000);
+    let lab = LabGuard(podnet_lab::Lab::new(&name, exe)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    eprintln!("flows-bench: lab {name} up (2 nodes, vxlan)");
+    let (st, cli, srv) = up_pair(&lab, &rt)?;
+    let srv_ip: IpAddr = srv.ip.parse()?;
+    // The connections' server: an accept loop of the bench's own in the
+    // server pod (the lab's `podnet serve` answers each connection).
+    accept_loop(&srv.netns, 9090)?;
+    let target = SocketAddr::new(srv_ip, 9090);
+    let nodes: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
+    let set_flows = |on: bool| -> Result<()> {
+        let extra: &[&str] = if on { &[] } else { &["--no-flows"] };
+        for n in &nodes {
+            lab.0.restart_agent_args(n, extra)?;
+        }
+        Ok(())
+    };
+
+    let (on, off, ratio) = rate_rounds(&a, &cli.netns, target, &set_flows)?;
+
+    // Capacity, with the flow log on.
+    set_flows(true)?;
+    let Capacity {
+        sent,
+        secs,
+        confirmed,
+        recorded,
+        lost,
+    } = capacity(&a, &st.nodes[0].netns, &cli.netns, srv_ip)?;
 
     println!(
         "flows-bench: {} rounds, {} s per run, lab {name}",
@@ -265,9 +317,9 @@ fn main() -> Result<()> {
         "flood: {sent} new UDP flows in {secs:.1} s ({:.0}/s offered); node1 forwarded {confirmed} new connections ({:.0}/s); its flow log recorded {:.0} ({:.0}/s); lost event batches {:.0}",
         sent as f64 / secs,
         confirmed as f64 / secs,
-        rec1 - rec0,
-        (rec1 - rec0) / secs,
-        lost1 - lost0
+        recorded,
+        recorded / secs,
+        lost
     );
     Ok(())
 }

@@ -618,6 +618,49 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
     reset_hwm()?;
     let rss0 = rss_mb();
     let hwm0 = hwm_mb();
+    let fed = feed(a, shape, &mut plane)?;
+    let rss_fed = rss_mb();
+    check_interrupted()?;
+
+    // The first full sync, from an empty kernel.
+    let full = sync_timed(&mut plane, &Scope::Full)?;
+    let rss1 = rss_mb();
+    let hwm1 = hwm_mb();
+    trim_heap();
+    let rss1_trim = rss_mb();
+    let counts = plane.element_counts();
+    let replan = replan_time(&world);
+    report_full(a, shape, node, fed, &full, &counts, replan);
+    let peak_growth = hwm1 - rss0;
+    println!(
+        "memory: RSS before the feed {rss0:.1} MB (VmHWM reset: {hwm0:.1}); after the feed {rss_fed:.1}; after the full sync {rss1:.1} ({rss1_trim:.1} after malloc_trim); \
+         peak VmHWM {hwm1:.1} MB: growth {peak_growth:.1} MB; planner state kept (trimmed RSS growth) {:.1} MB",
+        rss1_trim - rss0
+    );
+    check_interrupted()?;
+
+    // One-policy changes, then one-pod label changes.
+    let (pol, pod) = measure_changes(a, shape, &mut plane)?;
+    let policy_p99 = report_changes("one-policy change", &pol);
+    let pod_p99 = report_changes("one-pod label change", &pod);
+    check_resync(&mut plane)?;
+    let med = |v: &[Sample]| median(&v.iter().map(|x| x.total_ms()).collect::<Vec<_>>());
+    Ok(Local {
+        full_s: full.sync().as_secs_f64(),
+        peak_growth_mb: peak_growth,
+        policy_p99_ms: policy_p99,
+        pod_p99_ms: pod_p99,
+        policy_median_ms: med(&pol),
+        pod_median_ms: med(&pod),
+        plane,
+    })
+}
+
+/// Feeds the whole workload to `plane` as watch deltas, in the store
+/// source's order and batch size (or policies before pods with
+/// `--policies-first`), then the pod subnet; returns the time spent in
+/// `watch` and the batches fed.
+fn feed(a: &Args, shape: Shape, plane: &mut PolicyPlane) -> Result<(Duration, usize)> {
     let mut dirty = BTreeSet::new();
     let mut feed_time = Duration::ZERO;
     let mut batches = 0usize;
@@ -634,7 +677,7 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
             .iter()
             .map(|&n| added(Object::Namespace(Box::new(shape.namespace(n)))))
             .collect();
-        feed(&mut plane, ds);
+        feed(plane, ds);
     }
     let pods: Vec<(usize, usize)> = (0..shape.namespaces)
         .flat_map(|n| (0..shape.pods_per_ns).map(move |j| (n, j)))
@@ -660,11 +703,11 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
                     _ => added(Object::NetworkPolicy(Box::new(shape.policy(n, x, 0)))),
                 })
                 .collect();
-            feed(&mut plane, ds);
+            feed(plane, ds);
         }
     }
     feed(
-        &mut plane,
+        plane,
         shape
             .pair_policies()
             .into_iter()
@@ -675,29 +718,35 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         PolicyInput::Subnets(vec![SUBNET.parse()?]),
         &mut BTreeSet::new(),
     );
-    let rss_fed = rss_mb();
-    check_interrupted()?;
+    Ok((feed_time, batches))
+}
 
-    // The first full sync, from an empty kernel.
-    let full = sync_timed(&mut plane, &Scope::Full)?;
-    let rss1 = rss_mb();
-    let hwm1 = hwm_mb();
-    trim_heap();
-    let rss1_trim = rss_mb();
-    let counts = plane.element_counts();
+/// Profile: what planning every pod costs (the plan verb does it, and
+/// apply does it again for its bookkeeping), to tell the planner's share
+/// of the full sync's apply from the kernel's.
+fn replan_time(world: &RwLock<World>) -> Duration {
+    let w = world.read().expect("world");
+    let t0 = Instant::now();
+    let mut n = 0usize;
+    for (k, v) in &w.pods {
+        n += plan::pod_elements(&w, NODE, k, v).len();
+    }
+    std::hint::black_box(n);
+    t0.elapsed()
+}
+
+/// Prints part 1's workload, the feed and the first full sync (with its
+/// per-verb breakdown and the replanning profile).
+fn report_full(
+    a: &Args,
+    shape: Shape,
+    node: &TestNs,
+    (feed_time, batches): (Duration, usize),
+    full: &Timed,
+    counts: &std::collections::BTreeMap<&'static str, usize>,
+    replan: Duration,
+) {
     let elements: usize = counts.values().sum();
-    // Profile: what planning every pod costs (the plan verb does it, and
-    // apply does it again for its bookkeeping).
-    let replan = {
-        let w = world.read().expect("world");
-        let t0 = Instant::now();
-        let mut n = 0usize;
-        for (k, v) in &w.pods {
-            n += plan::pod_elements(&w, NODE, k, v).len();
-        }
-        std::hint::black_box(n);
-        t0.elapsed()
-    };
     println!(
         "== 1. node-local: {} pods ({} namespaces x {}), {} policies (+2 for the connection test), node {NODE}, netns {}",
         shape.namespaces * shape.pods_per_ns,
@@ -719,7 +768,7 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
     println!(
         "full programming (first full sync, empty kernel): {:.3} s: {}; then synced() {:.3} s; {} ops, {} elements: {}",
         full.sync().as_secs_f64(),
-        full_breakdown(&full),
+        full_breakdown(full),
         full.synced.as_secs_f64(),
         full.ops,
         elements,
@@ -738,14 +787,17 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         "    feed + full sync: {:.3} s",
         (feed_time + full.sync()).as_secs_f64()
     );
-    let peak_growth = hwm1 - rss0;
-    println!(
-        "memory: RSS before the feed {rss0:.1} MB (VmHWM reset: {hwm0:.1}); after the feed {rss_fed:.1}; after the full sync {rss1:.1} ({rss1_trim:.1} after malloc_trim); \
-         peak VmHWM {hwm1:.1} MB: growth {peak_growth:.1} MB; planner state kept (trimmed RSS growth) {:.1} MB",
-        rss1_trim - rss0
-    );
-    check_interrupted()?;
+}
 
+/// The measured changes: `--changes` one-policy changes, then as many
+/// one-pod label changes, in namespaces other than `ns-0` (which holds the
+/// connection test's pair) where there are others; each must send
+/// operations.
+fn measure_changes(
+    a: &Args,
+    shape: Shape,
+    plane: &mut PolicyPlane,
+) -> Result<(Vec<Sample>, Vec<Sample>)> {
     // One-policy changes.
     let mut rng = Lcg(0x5eed);
     let mut versions: HashMap<(usize, usize), usize> = HashMap::new();
@@ -762,7 +814,7 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         let v = versions.entry((n, k)).or_insert(0);
         *v += 1;
         let d = updated(Object::NetworkPolicy(Box::new(shape.policy(n, k, *v))));
-        let s = change(&mut plane, d)?;
+        let s = change(plane, d)?;
         if s.sync.ops == 0 {
             bail!("changing policy ns-{n}/np-{k} sent no operations");
         }
@@ -777,16 +829,19 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         let s = shifts.entry((n, j)).or_insert(0);
         *s = 1 - *s;
         let d = updated(Object::Pod(Box::new(shape.pod(n, j, *s))));
-        let s = change(&mut plane, d)?;
+        let s = change(plane, d)?;
         if s.sync.ops == 0 {
             bail!("relabelling pod ns-{n}/p-{j} sent no operations");
         }
         pod.push(s);
     }
-    let policy_p99 = report_changes("one-policy change", &pol);
-    let pod_p99 = report_changes("one-pod label change", &pod);
-    // The incremental path must have left exactly the full plan.
-    let resync = sync_timed(&mut plane, &Scope::Full)?;
+    Ok((pol, pod))
+}
+
+/// The incremental path must have left exactly the full plan: a full sync
+/// after the changes has to send nothing.
+fn check_resync(plane: &mut PolicyPlane) -> Result<()> {
+    let resync = sync_timed(plane, &Scope::Full)?;
     if resync.ops != 0 {
         bail!(
             "after the changes a full sync still sent {} operations: the incremental path drifted",
@@ -798,16 +853,7 @@ fn node_local(a: &Args, shape: Shape, node: &TestNs) -> Result<Local> {
         resync.sync().as_secs_f64(),
         full_breakdown(&resync)
     );
-    let med = |v: &[Sample]| median(&v.iter().map(|x| x.total_ms()).collect::<Vec<_>>());
-    Ok(Local {
-        full_s: full.sync().as_secs_f64(),
-        peak_growth_mb: peak_growth,
-        policy_p99_ms: policy_p99,
-        pod_p99_ms: pod_p99,
-        policy_median_ms: med(&pol),
-        pod_median_ms: med(&pod),
-        plane,
-    })
+    Ok(())
 }
 
 // ---------------------------------------------------------------- ipBlocks
@@ -1260,15 +1306,48 @@ fn lab(a: &Args) -> Result<LabResult> {
     let store = st.store.clone();
     eprintln!("policy-bench: lab {name} up, store {store}");
     check_interrupted()?;
+    let pods = lab_pods(a, &exe, &name, &st)?;
+    let mut watch = lab_watch(a, &guard, &st)?;
+    // The allowing version first, unmeasured: every node has it.
+    finish(apply(&exe, &store, &toggle_yaml(true))?)?;
+    let t0 = Instant::now();
+    while !watch.all(true)? {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let (ok, all) = watch.matching(true)?;
+            bail!("the first policy is on {ok} of {all} node elements after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (mut latency, mut after_apply, mut applies) = (Vec::new(), Vec::new(), Vec::new());
+    for c in 0..a.lab_changes {
+        check_interrupted()?;
+        let (seen, applied) = lab_change(a, &exe, &store, &mut watch, c)?;
+        latency.push(ms(seen));
+        after_apply.push(ms(seen.saturating_sub(applied)));
+        applies.push(ms(applied));
+    }
+    drop(watch);
+    drop(guard);
+    Ok(LabResult {
+        latency,
+        after_apply,
+        apply: applies,
+        pods,
+    })
+}
+
+/// Starts the lab's pods through `podnet lab run`: `--lab-pods` servers
+/// (`app=pbweb`) and one client (`app=pbcli`) per node; returns how many.
+fn lab_pods(a: &Args, exe: &Path, name: &str, st: &podnet_lab::LabState) -> Result<usize> {
     let mut pods = 0;
     for n in &st.nodes {
         for m in 0..a.lab_pods {
             podnet_ok(
-                &exe,
+                exe,
                 &[
                     "lab",
                     "--name",
-                    &name,
+                    name,
                     "run",
                     &format!("default/web-{}-{m}", n.name),
                     "--node",
@@ -1282,11 +1361,11 @@ fn lab(a: &Args) -> Result<LabResult> {
             pods += 1;
         }
         podnet_ok(
-            &exe,
+            exe,
             &[
                 "lab",
                 "--name",
-                &name,
+                name,
                 "run",
                 &format!("default/cli-{}", n.name),
                 "--node",
@@ -1300,6 +1379,13 @@ fn lab(a: &Args) -> Result<LabResult> {
         pods += 1;
         check_interrupted()?;
     }
+    Ok(pods)
+}
+
+/// What the lab's changes are timed against: per node, a netlink
+/// connection in its namespace and the `in-pod-port` elements letting
+/// every client reach that node's servers on 8080.
+fn lab_watch(a: &Args, guard: &LabGuard, st: &podnet_lab::LabState) -> Result<Watch> {
     let ip = |pod: &str| -> Result<IpAddr> {
         let p = guard.lab.pod("default", pod)?;
         p.ip.split('/')
@@ -1330,66 +1416,123 @@ fn lab(a: &Args) -> Result<LabResult> {
         }
         watch.nodes.push((n.name.clone(), c, keys));
     }
-    // The allowing version first, unmeasured: every node has it.
-    finish(apply(&exe, &store, &toggle_yaml(true))?)?;
+    Ok(watch)
+}
+
+/// Measured change `c` (odd: allow, even: deny): applies the toggled
+/// policy and polls every node's kernel until it reflects it; returns the
+/// time until then and until the apply command exited, both from its
+/// start.
+fn lab_change(
+    a: &Args,
+    exe: &Path,
+    store: &str,
+    watch: &mut Watch,
+    c: usize,
+) -> Result<(Duration, Duration)> {
+    let allow = c % 2 == 1;
+    let yaml = toggle_yaml(allow);
     let t0 = Instant::now();
-    while !watch.all(true)? {
-        if t0.elapsed() > Duration::from_secs(60) {
-            let (ok, all) = watch.matching(true)?;
-            bail!("the first policy is on {ok} of {all} node elements after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (mut latency, mut after_apply, mut applies) = (Vec::new(), Vec::new(), Vec::new());
-    for c in 0..a.lab_changes {
-        check_interrupted()?;
-        let allow = c % 2 == 1;
-        let yaml = toggle_yaml(allow);
-        let t0 = Instant::now();
-        let mut child = Some(apply(&exe, &store, &yaml)?);
-        let mut applied: Option<Duration> = None;
-        let seen = loop {
-            if applied.is_none() {
-                if let Some(ch) = child.as_mut() {
-                    if ch.try_wait()?.is_some() {
-                        applied = Some(t0.elapsed());
-                        finish(child.take().expect("child"))?;
-                    }
+    let mut child = Some(apply(exe, store, &yaml)?);
+    let mut applied: Option<Duration> = None;
+    let seen = loop {
+        if applied.is_none() {
+            if let Some(ch) = child.as_mut() {
+                if ch.try_wait()?.is_some() {
+                    applied = Some(t0.elapsed());
+                    finish(child.take().expect("child"))?;
                 }
             }
-            if watch.all(allow)? {
-                break t0.elapsed();
-            }
-            if t0.elapsed() > a.lab_timeout {
-                let (ok, all) = watch.matching(allow)?;
-                bail!(
-                    "change {c} ({}): {ok} of {all} node elements reflect it after {:?}",
-                    if allow { "allow" } else { "deny" },
-                    a.lab_timeout
-                );
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        };
-        if let Some(ch) = child.take() {
-            finish(ch)?;
-            applied = Some(t0.elapsed());
         }
-        let applied = applied.expect("apply finished");
-        latency.push(ms(seen));
-        after_apply.push(ms(seen.saturating_sub(applied)));
-        applies.push(ms(applied));
+        if watch.all(allow)? {
+            break t0.elapsed();
+        }
+        if t0.elapsed() > a.lab_timeout {
+            let (ok, all) = watch.matching(allow)?;
+            bail!(
+                "change {c} ({}): {ok} of {all} node elements reflect it after {:?}",
+                if allow { "allow" } else { "deny" },
+                a.lab_timeout
+            );
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    if let Some(ch) = child.take() {
+        finish(ch)?;
+        applied = Some(t0.elapsed());
     }
-    drop(watch);
-    drop(guard);
-    Ok(LabResult {
-        latency,
-        after_apply,
-        apply: applies,
-        pods,
-    })
+    let applied = applied.expect("apply finished");
+    Ok((seen, applied))
 }
 
 // ---------------------------------------------------------------- main
+
+/// The `--ipblocks` mode, instead of parts 1-3: the add/remove runs per
+/// size and shape, then their summary.
+fn ipblock_mode(a: &Args) -> Result<()> {
+    println!(
+        "== removing one policy with many ipBlocks ({} runs per size)",
+        a.ipblock_runs
+    );
+    let r = ipblock_case(a)?;
+    println!("\n== summary");
+    for (n, port, med) in r {
+        println!(
+            "removing a policy with {n} ipBlocks ({}): median {med:.2} ms{}",
+            if port { "TCP 443" } else { "every port" },
+            if n >= 10_000 {
+                format!(" (target < 100 ms: {})", verdict(med < 100.0))
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+/// The summary's line for part 2, the connection rate.
+fn report_conn(a: &Args, c: &ConnResult) {
+    let r = median(&c.ratios);
+    println!(
+        "new connections/s, {} rounds x {} s per side: 10k policies median {:.0}, no policy (podnet's table, no NetworkPolicy) {:.0}, no table at all {:.0}; \
+         10k policies / no policy: median of per-round ratios {:.2}x (range {:.2}-{:.2}), ratio of medians {:.2}x (target >= 0.9x: {}); \
+         10k policies / no table at all {:.2}x (connection tracking included)",
+        c.table.len(),
+        a.seconds,
+        median(&c.table),
+        median(&c.ct),
+        median(&c.none),
+        r,
+        pct(&c.ratios, 0.0),
+        pct(&c.ratios, 1.0),
+        median(&c.table) / median(&c.ct),
+        verdict(r >= 0.9),
+        median(&c.table) / median(&c.none)
+    );
+}
+
+/// The summary's lines for part 3, the lab.
+fn report_lab(a: &Args, l: &LabResult) {
+    println!(
+        "lab ({} nodes, {} pods, --resync 1): {} policy changes via `podnet apply -f -`, apply start -> every node's kernel: \
+         median {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms (target p99 <= 1 s: {})",
+        a.lab_nodes,
+        l.pods,
+        l.latency.len(),
+        median(&l.latency),
+        pct(&l.latency, 0.9),
+        pct(&l.latency, 0.99),
+        pct(&l.latency, 1.0),
+        verdict(pct(&l.latency, 0.99) <= 1000.0)
+    );
+    println!(
+        "    the apply command itself (spawn to exit): median {:.1} ms, p99 {:.1} ms; after it exited, until every node: median {:.1} ms, p99 {:.1} ms",
+        median(&l.apply),
+        pct(&l.apply, 0.99),
+        median(&l.after_apply),
+        pct(&l.after_apply, 0.99)
+    );
+}
 
 fn main() -> Result<()> {
     let a = Args::parse();
@@ -1407,24 +1550,7 @@ fn main() -> Result<()> {
         policies_per_ns: a.policies / a.namespaces,
     };
     if !a.ipblocks.is_empty() {
-        println!(
-            "== removing one policy with many ipBlocks ({} runs per size)",
-            a.ipblock_runs
-        );
-        let r = ipblock_case(&a)?;
-        println!("\n== summary");
-        for (n, port, med) in r {
-            println!(
-                "removing a policy with {n} ipBlocks ({}): median {med:.2} ms{}",
-                if port { "TCP 443" } else { "every port" },
-                if n >= 10_000 {
-                    format!(" (target < 100 ms: {})", verdict(med < 100.0))
-                } else {
-                    String::new()
-                }
-            );
-        }
-        return Ok(());
+        return ipblock_mode(&a);
     }
     let node = TestNs::create(ns_name("node"))?;
     let local = node_local(&a, shape, &node)?;
@@ -1461,44 +1587,10 @@ fn main() -> Result<()> {
         verdict(local.pod_median_ms <= 5.0)
     );
     if let Some(c) = conn {
-        let r = median(&c.ratios);
-        println!(
-            "new connections/s, {} rounds x {} s per side: 10k policies median {:.0}, no policy (podnet's table, no NetworkPolicy) {:.0}, no table at all {:.0}; \
-             10k policies / no policy: median of per-round ratios {:.2}x (range {:.2}-{:.2}), ratio of medians {:.2}x (target >= 0.9x: {}); \
-             10k policies / no table at all {:.2}x (connection tracking included)",
-            c.table.len(),
-            a.seconds,
-            median(&c.table),
-            median(&c.ct),
-            median(&c.none),
-            r,
-            pct(&c.ratios, 0.0),
-            pct(&c.ratios, 1.0),
-            median(&c.table) / median(&c.ct),
-            verdict(r >= 0.9),
-            median(&c.table) / median(&c.none)
-        );
+        report_conn(&a, &c);
     }
     if let Some(l) = lab {
-        println!(
-            "lab ({} nodes, {} pods, --resync 1): {} policy changes via `podnet apply -f -`, apply start -> every node's kernel: \
-             median {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms (target p99 <= 1 s: {})",
-            a.lab_nodes,
-            l.pods,
-            l.latency.len(),
-            median(&l.latency),
-            pct(&l.latency, 0.9),
-            pct(&l.latency, 0.99),
-            pct(&l.latency, 1.0),
-            verdict(pct(&l.latency, 0.99) <= 1000.0)
-        );
-        println!(
-            "    the apply command itself (spawn to exit): median {:.1} ms, p99 {:.1} ms; after it exited, until every node: median {:.1} ms, p99 {:.1} ms",
-            median(&l.apply),
-            pct(&l.apply, 0.99),
-            median(&l.after_apply),
-            pct(&l.after_apply, 0.99)
-        );
+        report_lab(&a, &l);
     }
     Ok(())
 }
