@@ -5,8 +5,9 @@
 //!
 //! The owner plans, and keeps what it applied in its own terms (Services,
 //! pods); this layer does the rest, the same way for everyone:
-//! - **drift**: the table's use count (its chains, sets and objects) read
-//!   after every apply is what the next check expects; a count that moved
+//! - **drift**: the table's use count (its chains, sets and objects, not
+//!   elements) read after every apply that can move it is what the next
+//!   check expects; a count that moved
 //!   means someone else changed the table, and the owner replaces it whole
 //!   ([`TableSync::drifted`]);
 //! - **partial sync**: the owner's changes as one batch ([`TableSync::apply`]);
@@ -159,7 +160,12 @@ impl TableSync {
             Ok(None) => return Ok(()),
             Err(e) => Err(e),
         };
-        self.settle(r)
+        // Elements are not counted in the table's use count: a batch of
+        // element changes only leaves it as it was, unread.
+        match r {
+            Ok(()) if self.loaded() && changes.iter().all(is_element_change) => Ok(()),
+            r => self.settle(r),
+        }
     }
 
     /// A full sync as one transaction whose changes come in chunks:
@@ -232,6 +238,13 @@ impl TableSync {
         self.expect_use = None;
         self.conn = None;
     }
+}
+
+fn is_element_change(c: &Change) -> bool {
+    matches!(
+        c,
+        Change::AddElems { .. } | Change::AddCommented { .. } | Change::DelElems { .. }
+    )
 }
 
 /// Removes table `name` from each of `families` (missing is fine); returns
@@ -337,7 +350,7 @@ impl<K: Hash + Eq, E: Hash + Eq + Copy> Owners<K, E> {
     /// Takes each owner's new elements as applied (an empty list lets go
     /// of all of them); `seen` hears of every element that entered or
     /// left the table.
-    pub fn record(&mut self, owned: Vec<(K, Vec<E>)>, seen: &mut dyn FnMut(&E, Held)) {
+    pub fn record(&mut self, owned: Vec<(K, Vec<E>)>, mut seen: impl FnMut(&E, Held)) {
         for (k, new) in owned {
             for e in self.applied.remove(&k).into_iter().flatten() {
                 if let Some(n) = self.refs.get_mut(&e) {
@@ -364,19 +377,19 @@ impl<K: Hash + Eq, E: Hash + Eq + Copy> Owners<K, E> {
     /// What recording `new` would add to the table (elements gaining their
     /// first owner) and remove from it (elements losing their last): the
     /// element changes of a partial sync. Pure; unordered.
-    pub fn changes(&self, new: &[(K, Vec<E>)]) -> (Vec<E>, Vec<E>) {
-        let mut delta: HashMap<E, i64> = HashMap::new();
+    pub fn changes<'a>(&'a self, new: &'a [(K, Vec<E>)]) -> (Vec<&'a E>, Vec<&'a E>) {
+        let mut delta: HashMap<&E, i64> = HashMap::new();
         for (k, n) in new {
             for e in self.applied.get(k).into_iter().flatten() {
-                *delta.entry(*e).or_insert(0) -= 1;
+                *delta.entry(e).or_insert(0) -= 1;
             }
             for e in n {
-                *delta.entry(*e).or_insert(0) += 1;
+                *delta.entry(e).or_insert(0) += 1;
             }
         }
         let (mut adds, mut dels) = (Vec::new(), Vec::new());
         for (e, d) in delta {
-            let before = self.refs.get(&e).copied().unwrap_or(0) as i64;
+            let before = self.refs.get(e).copied().unwrap_or(0) as i64;
             let after = before + d;
             if before == 0 && after > 0 {
                 adds.push(e);
@@ -407,7 +420,8 @@ mod tests {
         }
     }
 
-    fn sorted(mut v: Vec<E>) -> Vec<E> {
+    fn sorted(v: Vec<&E>) -> Vec<E> {
+        let mut v: Vec<E> = v.into_iter().copied().collect();
         v.sort();
         v
     }
@@ -420,19 +434,19 @@ mod tests {
         let (adds, dels) = o.changes(&new);
         assert_eq!(sorted(adds), vec![E("s", 1), E("s", 2)]);
         assert!(dels.is_empty());
-        o.record(new, &mut |e, h| log.push((*e, h)));
+        o.record(new, |e, h| log.push((*e, h)));
         assert_eq!(log.len(), 2);
         assert!(log.iter().all(|(_, h)| *h == Held::Gained));
         // "a" lets go of both: 2 is still b's.
         let next = vec![("a", vec![])];
-        assert_eq!(o.changes(&next), (vec![], vec![E("s", 1)]));
+        assert_eq!(o.changes(&next), (vec![], vec![&E("s", 1)]));
         log.clear();
-        o.record(next, &mut |e, h| log.push((*e, h)));
+        o.record(next, |e, h| log.push((*e, h)));
         assert_eq!(log, vec![(E("s", 1), Held::Lost)]);
         assert_eq!(o.elements().copied().collect::<Vec<_>>(), vec![E("s", 2)]);
         // An owner moving its element to another is no change for 2.
         let moved = vec![("b", vec![E("s", 3)]), ("a", vec![E("s", 2)])];
-        assert_eq!(o.changes(&moved), (vec![E("s", 3)], vec![]));
+        assert_eq!(o.changes(&moved), (vec![&E("s", 3)], vec![]));
     }
 
     #[test]

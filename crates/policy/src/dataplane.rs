@@ -474,7 +474,7 @@ impl PolicyPlane {
 
     fn record(&mut self, owned: Vec<(Key, Vec<Elem>)>) {
         let (counts, ranges) = (&mut self.counts, &mut self.ranges);
-        self.owners.record(owned, &mut |e, held| match held {
+        self.owners.record(owned, |e, held| match held {
             Held::Gained => {
                 *counts.entry(e.set).or_insert(0) += 1;
                 if e.set.interval() {
@@ -568,8 +568,8 @@ struct ElemState<'a> {
 /// going away, or a pod leaving a crowded shard).
 fn elem_changes(st: &ElemState<'_>, new: &[(Key, Vec<Elem>)]) -> Vec<(usize, Vec<Change>)> {
     let (added, removed) = st.owners.changes(new);
-    let mut adds: BTreeMap<(bool, SetId), Vec<Elem>> = BTreeMap::new();
-    let mut dels: BTreeMap<(bool, SetId), Vec<Elem>> = BTreeMap::new();
+    let mut adds: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
+    let mut dels: BTreeMap<(bool, SetId), Vec<&Elem>> = BTreeMap::new();
     for e in added {
         adds.entry((e.v6(), e.set)).or_default().push(e);
     }
@@ -622,14 +622,14 @@ fn elem_changes(st: &ElemState<'_>, new: &[(Key, Vec<Elem>)]) -> Vec<(usize, Vec
             let Some(&sid) = ids.get(name) else {
                 return set;
             };
-            let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().collect();
+            let gone: HashSet<&Elem> = dels[&(v6, sid)].iter().copied().collect();
             let kept = st
                 .ranges
                 .get(&(v6, sid))
                 .into_iter()
                 .flatten()
                 .filter(|e| !gone.contains(e));
-            let added = adds.get(&(v6, sid)).into_iter().flatten();
+            let added = adds.get(&(v6, sid)).into_iter().flatten().copied();
             for e in kept.chain(added) {
                 set.elements.insert(e.key(), e.data());
             }
