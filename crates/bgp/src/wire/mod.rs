@@ -1,0 +1,1 @@
+//! BGP messages as bytes and back.
