@@ -8,7 +8,13 @@
 //!   a malformed message becomes the NOTIFICATION RFC 4271 §6 names;
 //! - [`fsm`]: one session's finite state machine (RFC 4271 §8), a pure
 //!   function from (state, event) to (state, actions), with timers as
-//!   deadlines the caller keeps.
+//!   deadlines the caller keeps;
+//! - [`peer`]: one peer over TCP, the edge that carries out the state
+//!   machine's actions, announces this speaker's routes (withdrawing what
+//!   it no longer announces) and hands the peer's UPDATEs to its owner.
+//!
+//! Tested against BIRD 2 in `tests/bird.rs`: a session, routes both ways, a
+//! withdrawal, BIRD's Cease.
 //!
 //! Why our own codec: the two crates that exist were judged and left. The
 //! one of them that is small (zettabgp) has no ROUTE-REFRESH message and no
@@ -19,4 +25,5 @@
 //! hand-made vectors and, in the lab, against the real daemons.
 
 pub mod fsm;
+pub mod peer;
 pub mod wire;

@@ -1,0 +1,329 @@
+//! One peer over TCP: the edge that carries out what the state machine
+//! ([`crate::fsm`]) decides. It connects, frames and decodes messages
+//! ([`crate::wire`]), keeps the three timers as deadlines, announces this
+//! speaker's routes when the session comes up (then End-of-RIB), and hands
+//! every session change and UPDATE to its owner over a channel. A session
+//! that goes down is started again after the connect-retry time.
+//!
+//! It owns no routing decision: what to announce comes in through
+//! [`Peer::announce`], what the peer sends goes out as [`PeerEvent`]s.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::fsm::{Action, Config, Event, Negotiated, Session, State, Timer};
+use crate::wire::{pack, pack_withdrawals, Afi, Codec, Message, PathAttrs, Update};
+
+/// What this speaker announces to the peer: per family, the attributes and
+/// the prefixes carrying them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Announce {
+    pub routes: Vec<(Afi, PathAttrs, Vec<IpNet>)>,
+}
+
+/// What the peer's session tells its owner.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum PeerEvent {
+    Up(Negotiated),
+    Down(String),
+    Update(Update),
+}
+
+/// A running peer's handle: what to announce, and a way to stop it.
+pub struct Peer {
+    announce: watch::Sender<Announce>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Peer {
+    /// Starts the session with `remote` (its BGP port); events arrive on
+    /// `events`.
+    pub fn start(config: Config, remote: SocketAddr, events: mpsc::Sender<PeerEvent>) -> Peer {
+        let (announce, routes) = watch::channel(Announce::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let link = Link {
+            session: Session::new(config.clone()),
+            config,
+            remote,
+            stream: None,
+            codec: Codec::default(),
+            timers: HashMap::new(),
+            events,
+            routes,
+            inbox: Vec::new(),
+            buf: vec![0; 65536],
+            advertised: BTreeSet::new(),
+        };
+        tokio::spawn(link.run(stopped));
+        Peer {
+            announce,
+            stop: Some(stop),
+        }
+    }
+
+    /// Replaces what is announced; sent when the session is (or comes) up.
+    pub fn announce(&self, a: Announce) {
+        self.announce.send_replace(a);
+    }
+
+    /// Stops the session (a Cease goes to the peer).
+    pub fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The connection and the timers of one session.
+struct Link {
+    session: Session,
+    config: Config,
+    remote: SocketAddr,
+    stream: Option<TcpStream>,
+    codec: Codec,
+    timers: HashMap<Timer, Instant>,
+    events: mpsc::Sender<PeerEvent>,
+    routes: watch::Receiver<Announce>,
+    /// Bytes read and not yet a whole message.
+    inbox: Vec<u8>,
+    /// What one read fills.
+    buf: Vec<u8>,
+    /// What the peer holds from us (to withdraw what we no longer
+    /// announce).
+    advertised: BTreeSet<(Afi, IpNet)>,
+}
+
+/// What woke the loop.
+enum Wake {
+    Stop,
+    Timer(Timer),
+    Read(std::io::Result<usize>),
+    Routes,
+}
+
+impl Link {
+    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+        self.feed(Event::Start).await;
+        loop {
+            let wake = self.next(&mut stop).await;
+            match wake {
+                Wake::Stop => {
+                    self.feed(Event::Stop).await;
+                    return;
+                }
+                Wake::Timer(t) => {
+                    self.timers.remove(&t);
+                    self.feed(Event::Expired(t)).await;
+                }
+                Wake::Read(Ok(0)) | Wake::Read(Err(_)) => {
+                    self.feed(Event::ConnectionLost).await;
+                }
+                Wake::Read(Ok(n)) => {
+                    let Link { inbox, buf, .. } = &mut self;
+                    inbox.extend_from_slice(&buf[..n]);
+                    self.take_messages().await;
+                }
+                Wake::Routes => {
+                    if self.session.state() == State::Established {
+                        self.send_routes().await;
+                    }
+                }
+            }
+            if self.session.state() == State::Idle {
+                // Down: start again after the connect-retry time.
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep(self.config.connect_retry) => {}
+                }
+                self.feed(Event::Start).await;
+            }
+        }
+    }
+
+    /// Waits for the next thing to happen.
+    async fn next(&mut self, stop: &mut tokio::sync::oneshot::Receiver<()>) -> Wake {
+        let Link {
+            timers,
+            stream,
+            routes,
+            buf,
+            ..
+        } = self;
+        let timer = timers
+            .iter()
+            .min_by_key(|(_, at)| **at)
+            .map(|(t, at)| (*t, *at));
+        let sleep = async {
+            match timer {
+                Some((t, at)) => {
+                    tokio::time::sleep_until(at).await;
+                    t
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let read = async {
+            match stream.as_mut() {
+                Some(s) => s.read(buf).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop => Wake::Stop,
+            t = sleep => Wake::Timer(t),
+            r = read => Wake::Read(r),
+            r = routes.changed() => match r {
+                Ok(()) => Wake::Routes,
+                Err(_) => Wake::Stop,
+            },
+        }
+    }
+
+    /// Decodes every whole message in the inbox and feeds it in.
+    async fn take_messages(&mut self) {
+        loop {
+            match self.codec.decode(&self.inbox) {
+                Ok(Some((m, used))) => {
+                    self.inbox.drain(..used);
+                    if let Message::Update(u) = &m {
+                        let _ = self.events.send(PeerEvent::Update(u.clone())).await;
+                    }
+                    self.feed(Event::Received(m)).await;
+                    if self.stream.is_none() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(peer = %self.remote, "malformed message: {e}");
+                    self.inbox.clear();
+                    self.feed(Event::Malformed(e.notification())).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Feeds one event to the state machine and carries out its actions
+    /// (a connect's outcome is fed back in).
+    async fn feed(&mut self, ev: Event) {
+        let mut queue = vec![ev];
+        while let Some(ev) = queue.pop() {
+            for a in self.session.handle(ev) {
+                if let Some(next) = self.act(a).await {
+                    queue.push(next);
+                }
+            }
+        }
+    }
+
+    async fn act(&mut self, a: Action) -> Option<Event> {
+        match a {
+            Action::Connect => {
+                let dial = TcpStream::connect(self.remote);
+                match tokio::time::timeout(self.config.connect_retry, dial).await {
+                    Ok(Ok(s)) => {
+                        let _ = s.set_nodelay(true);
+                        self.stream = Some(s);
+                        self.inbox.clear();
+                        self.codec = Codec::default();
+                        Some(Event::Connected)
+                    }
+                    _ => Some(Event::ConnectionLost),
+                }
+            }
+            Action::Send(m) => self.send(&m).await.err().map(|_| Event::ConnectionLost),
+            Action::Close => {
+                self.stream = None;
+                None
+            }
+            Action::Arm(t, d) => {
+                self.timers.insert(t, Instant::now() + d);
+                None
+            }
+            Action::Disarm(t) => {
+                self.timers.remove(&t);
+                None
+            }
+            Action::Up(n) => {
+                self.codec = Codec {
+                    four_octet_as: n.four_octet_as,
+                };
+                self.advertised.clear();
+                let _ = self.events.send(PeerEvent::Up(n)).await;
+                self.send_routes().await;
+                None
+            }
+            Action::Down(why) => {
+                let _ = self.events.send(PeerEvent::Down(why)).await;
+                None
+            }
+        }
+    }
+
+    async fn send(&mut self, m: &Message) -> std::io::Result<()> {
+        let mut out = Vec::new();
+        self.codec
+            .encode(m, &mut out)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        match self.stream.as_mut() {
+            Some(s) => s.write_all(&out).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Withdraws what is no longer announced, announces every route
+    /// (again), then End-of-RIB per negotiated family.
+    async fn send_routes(&mut self) {
+        let a = self.routes.borrow_and_update().clone();
+        let families: Vec<Afi> = match self.session.negotiated() {
+            Some(n) => n.families.iter().map(|(a, _)| *a).collect(),
+            None => return,
+        };
+        let now: BTreeSet<(Afi, IpNet)> = a
+            .routes
+            .iter()
+            .filter(|(afi, ..)| families.contains(afi))
+            .flat_map(|(afi, _, ps)| ps.iter().map(move |p| (*afi, *p)))
+            .collect();
+        for afi in &families {
+            let gone: Vec<IpNet> = self
+                .advertised
+                .iter()
+                .filter(|(f, p)| f == afi && !now.contains(&(*f, *p)))
+                .map(|(_, p)| *p)
+                .collect();
+            for u in pack_withdrawals(&self.codec, *afi, &gone) {
+                if self.send(&Message::Update(u)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        self.advertised = now;
+        for (afi, attrs, prefixes) in &a.routes {
+            if !families.contains(afi) {
+                continue;
+            }
+            for u in pack(&self.codec, attrs, *afi, prefixes) {
+                if self.send(&Message::Update(u)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        for afi in families {
+            let _ = self.send(&Message::Update(Update::end_of_rib(afi))).await;
+        }
+    }
+}
+
+/// How long a test or caller should allow a session to come up with the
+/// default timers.
+pub const SETTLE: Duration = Duration::from_secs(10);
