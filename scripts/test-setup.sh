@@ -18,7 +18,7 @@ PKGS=(
   chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
   libseccomp-dev gcc libc6-dev pkg-config    # runc with seccomp, upstream's pause (scripts/node-peers.sh, e2e-images.sh)
   netcat-openbsd socat nginx wget            # the tools of upstream's test images, offline (scripts/e2e-images.sh)
-  bird2                                      # a real BGP peer (crates/bgp/tests: interop)
+  bird2 frr                                  # real BGP peers (crates/bgp/tests: interop with BIRD and FRR's bgpd)
 )
 apt_install "${PKGS[@]}"
 

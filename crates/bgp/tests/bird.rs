@@ -15,8 +15,9 @@ use podnet_bgp::wire::{Afi, AsSegment, Origin, PathAttrs, Safi};
 use podnet_testkit::{require_root, Proc, TestNs};
 use tokio::sync::mpsc;
 
-const US: &str = "10.99.0.1";
-const BIRD: &str = "10.99.0.2";
+mod common;
+
+use common::{link, next, runtime, until, THEM as BIRD, US};
 
 fn bird_conf(dir: &Path) -> String {
     format!(
@@ -39,23 +40,6 @@ protocol bgp podnet {{
     )
 }
 
-/// Two namespaces joined by a veth pair, with our address and BIRD's.
-fn link() -> (TestNs, TestNs) {
-    let us = TestNs::new("bgp-us");
-    let them = TestNs::new("bgp-bird");
-    us.sh(&format!(
-        "ip link add pnb0 type veth peer name pnb1 netns {}",
-        them.name()
-    ));
-    us.sh(&format!(
-        "ip addr add {US}/24 dev pnb0 && ip link set pnb0 up && ip link set lo up"
-    ));
-    them.sh(&format!(
-        "ip addr add {BIRD}/24 dev pnb1 && ip link set pnb1 up && ip link set lo up"
-    ));
-    (us, them)
-}
-
 fn ours() -> Announce {
     let attrs = PathAttrs {
         origin: Some(Origin::Igp),
@@ -69,35 +53,10 @@ fn ours() -> Announce {
     }
 }
 
-/// Polls `f` until it holds (20 s at most) without blocking the runtime,
-/// so the peer's task goes on meanwhile.
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The next event, or a panic naming what was awaited and what BIRD said.
-async fn next(
-    rx: &mut mpsc::Receiver<PeerEvent>,
-    what: &str,
-    diag: &dyn Fn() -> String,
-) -> PeerEvent {
-    match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
-        Ok(Some(e)) => e,
-        other => panic!("waiting for {what}: {other:?}\n{}", diag()),
-    }
-}
-
 #[test]
 fn a_session_with_bird_carries_routes_both_ways_and_sees_its_shutdown() {
     require_root();
-    let (us, them) = link();
+    let (us, them) = link("bgp-bird");
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("bird.conf");
     std::fs::write(&conf, bird_conf(dir.path())).unwrap();
@@ -121,14 +80,8 @@ fn a_session_with_bird_carries_routes_both_ways_and_sees_its_shutdown() {
         )
     };
 
-    let rt = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     us.run(|| {
-        rt().block_on(async {
+        runtime().block_on(async {
             let (tx, mut rx) = mpsc::channel(64);
             let config = Config {
                 local_as: 64512,
@@ -162,13 +115,13 @@ fn a_session_with_bird_carries_routes_both_ways_and_sees_its_shutdown() {
             assert_eq!(got.attrs.as_path, vec![AsSegment::Sequence(vec![64513])]);
             assert_eq!(got.attrs.next_hop, Some(BIRD.parse().unwrap()));
             // Ours reaches BIRD...
-            until("BIRD to hold 10.244.1.0/24", || {
+            until("BIRD to hold 10.244.1.0/24", &diag, || {
                 birdc("show route 10.244.1.0/24").contains("10.244.1.0/24")
             })
             .await;
             // ...and goes when we stop announcing it.
             peer.announce(Announce::default());
-            until("BIRD to drop 10.244.1.0/24", || {
+            until("BIRD to drop 10.244.1.0/24", &diag, || {
                 !birdc("show route 10.244.1.0/24").contains("10.244.1.0/24")
             })
             .await;
