@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Announce, Peer, PeerEvent};
 use podnet_bgp::wire::{Afi, AsSegment, Origin, PathAttrs, Safi};
-use podnet_testkit::{require_root, Proc, TestNs};
+use podnet_testkit::{require_root, Proc};
 use tokio::sync::mpsc;
 
 mod common;

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
 
-use common::{link, next, runtime, until, THEM as FRR, THEM6 as FRR6, US, US6};
+use common::{link, next, runtime, until, THEM as FRR, US, US6};
 use ipnet::IpNet;
 use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Announce, Peer, PeerEvent};
