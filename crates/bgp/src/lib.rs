@@ -9,12 +9,14 @@
 //! - [`fsm`]: one session's finite state machine (RFC 4271 §8), a pure
 //!   function from (state, event) to (state, actions), with timers as
 //!   deadlines the caller keeps;
+//! - [`rib`]: each peer's routes and the best per prefix (the decision
+//!   process of RFC 4271 §9.1, route reflection's loop checks), pure;
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
 //!   machine's actions, announces this speaker's routes (withdrawing what
 //!   it no longer announces) and hands the peer's UPDATEs to its owner.
 //!
-//! Tested against BIRD 2 in `tests/bird.rs`: a session, routes both ways, a
-//! withdrawal, BIRD's Cease.
+//! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
+//! routes both ways in both families, a withdrawal, the daemon's Cease.
 //!
 //! Why our own codec: the two crates that exist were judged and left. The
 //! one of them that is small (zettabgp) has no ROUTE-REFRESH message and no
@@ -26,4 +28,5 @@
 
 pub mod fsm;
 pub mod peer;
+pub mod rib;
 pub mod wire;

@@ -1,0 +1,391 @@
+//! The routes a speaker learned and the one it uses per prefix: each
+//! peer's Adj-RIB-In, and the Loc-RIB the decision process (RFC 4271 §9.1)
+//! picks from them, with route reflection's loop checks (RFC 4456). Pure:
+//! UPDATEs and session losses go in, the changes to the best routes come
+//! out, for the caller to install in the kernel and pass on to peers.
+//!
+//! Only what a node's speaker needs of the decision process is here, in
+//! this order: highest LOCAL_PREF (100 when absent), shortest AS_PATH (a
+//! set counts one), lowest ORIGIN, lowest MED among routes from the same
+//! neighbouring AS, eBGP before iBGP, shortest CLUSTER_LIST, lowest
+//! ORIGINATOR_ID or peer BGP identifier, lowest peer address.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+
+use crate::wire::{AsSegment, Origin, PathAttrs, Update};
+
+/// Who sent a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerId {
+    pub addr: IpAddr,
+    pub router_id: Ipv4Addr,
+    pub asn: u32,
+    /// Whether it is an eBGP peer.
+    pub external: bool,
+}
+
+/// One route as learned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub from: PeerId,
+    pub attrs: PathAttrs,
+    /// The next hop (IPv4 from NEXT_HOP, IPv6 from MP_REACH_NLRI).
+    pub next_hop: IpAddr,
+}
+
+/// A best route that changed: `None` when the prefix has no route left.
+pub type Change = (IpNet, Option<Route>);
+
+/// The speaker's own identity, for the loop checks.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    pub asn: u32,
+    pub router_id: Ipv4Addr,
+    /// The cluster ID when this speaker reflects routes (its router ID by
+    /// default, RFC 4456 §7).
+    pub cluster_id: Option<Ipv4Addr>,
+}
+
+/// Every route learned, per prefix and peer, and the best per prefix.
+#[derive(Debug, Default)]
+pub struct Rib {
+    routes: BTreeMap<IpNet, BTreeMap<PeerId, Route>>,
+    best: BTreeMap<IpNet, Route>,
+}
+
+impl Rib {
+    /// The route in use for `prefix`.
+    pub fn best(&self, prefix: &IpNet) -> Option<&Route> {
+        self.best.get(prefix)
+    }
+
+    /// Every prefix with a route in use, and the route.
+    pub fn best_routes(&self) -> impl Iterator<Item = (&IpNet, &Route)> {
+        self.best.iter()
+    }
+
+    /// Takes one UPDATE from `from`: its withdrawals, then its routes (a
+    /// route that loops back to this speaker is treated as a withdrawal).
+    /// Returns the best routes that changed.
+    pub fn update(&mut self, local: &Local, from: PeerId, u: &Update) -> Vec<Change> {
+        let mut touched = BTreeSet::new();
+        let unreach = u
+            .attrs
+            .mp_unreach
+            .iter()
+            .flat_map(|m| m.withdrawn.iter().copied());
+        let withdrawn = u.withdrawn.iter().map(|p| IpNet::V4(*p)).chain(unreach);
+        for p in withdrawn {
+            self.remove(&p, &from);
+            touched.insert(p);
+        }
+        let looped = loops(local, &u.attrs);
+        let mut attrs = u.attrs.clone();
+        attrs.mp_reach = None;
+        attrs.mp_unreach = None;
+        let v4 = u
+            .nlri
+            .iter()
+            .map(|p| (IpNet::V4(*p), u.attrs.next_hop.map(IpAddr::V4)));
+        let v6 = u.attrs.mp_reach.iter().flat_map(|m| {
+            let hop = m.next_hops.first().copied();
+            m.nlri.iter().map(move |p| (*p, hop))
+        });
+        for (p, hop) in v4.chain(v6) {
+            touched.insert(p);
+            match (looped, hop) {
+                (false, Some(next_hop)) => {
+                    let r = Route {
+                        from,
+                        attrs: attrs.clone(),
+                        next_hop,
+                    };
+                    self.routes.entry(p).or_default().insert(from, r);
+                }
+                _ => self.remove(&p, &from),
+            }
+        }
+        self.decide(touched)
+    }
+
+    /// Forgets every route of a peer whose session went down.
+    pub fn peer_down(&mut self, from: &PeerId) -> Vec<Change> {
+        let touched: BTreeSet<IpNet> = self
+            .routes
+            .iter()
+            .filter(|(_, by)| by.contains_key(from))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &touched {
+            self.remove(p, from);
+        }
+        self.decide(touched)
+    }
+
+    fn remove(&mut self, p: &IpNet, from: &PeerId) {
+        if let Some(by) = self.routes.get_mut(p) {
+            by.remove(from);
+            if by.is_empty() {
+                self.routes.remove(p);
+            }
+        }
+    }
+
+    /// Runs the decision process for `touched`; returns what changed.
+    fn decide(&mut self, touched: BTreeSet<IpNet>) -> Vec<Change> {
+        let mut out = Vec::new();
+        for p in touched {
+            let new = self
+                .routes
+                .get(&p)
+                .and_then(|by| by.values().min_by(|a, b| compare(a, b)))
+                .cloned();
+            if self.best.get(&p) == new.as_ref() {
+                continue;
+            }
+            match &new {
+                Some(r) => self.best.insert(p, r.clone()),
+                None => self.best.remove(&p),
+            };
+            out.push((p, new));
+        }
+        out
+    }
+}
+
+/// Whether a route came back to this speaker: its own AS in the path
+/// (eBGP), its router ID as ORIGINATOR_ID, or its cluster ID in the
+/// CLUSTER_LIST (RFC 4456 §8).
+fn loops(local: &Local, a: &PathAttrs) -> bool {
+    let in_path = a.as_path.iter().any(|s| match s {
+        AsSegment::Sequence(v) | AsSegment::Set(v) => v.contains(&local.asn),
+    });
+    let mine = a.originator_id == Some(local.router_id);
+    let cluster = local.cluster_id.unwrap_or(local.router_id);
+    in_path || mine || a.cluster_list.contains(&cluster)
+}
+
+fn path_len(a: &PathAttrs) -> usize {
+    a.as_path
+        .iter()
+        .map(|s| match s {
+            AsSegment::Sequence(v) => v.len(),
+            AsSegment::Set(_) => 1,
+        })
+        .sum()
+}
+
+fn origin_rank(o: Option<&Origin>) -> u8 {
+    match o {
+        Some(Origin::Igp) | None => 0,
+        Some(Origin::Egp) => 1,
+        Some(Origin::Incomplete) => 2,
+    }
+}
+
+/// The first AS of the path: the neighbouring AS MED is compared within.
+fn neighbour_as(a: &PathAttrs) -> Option<u32> {
+    a.as_path.iter().find_map(|s| match s {
+        AsSegment::Sequence(v) => v.first().copied(),
+        AsSegment::Set(_) => None,
+    })
+}
+
+/// Orders two routes to one prefix: `Less` is the better one.
+fn compare(a: &Route, b: &Route) -> std::cmp::Ordering {
+    let (x, y) = (&a.attrs, &b.attrs);
+    let pref = |r: &PathAttrs| r.local_pref.unwrap_or(100);
+    pref(y)
+        .cmp(&pref(x))
+        .then(path_len(x).cmp(&path_len(y)))
+        .then(origin_rank(x.origin.as_ref()).cmp(&origin_rank(y.origin.as_ref())))
+        .then_with(|| match neighbour_as(x) == neighbour_as(y) {
+            true => x.med.unwrap_or(0).cmp(&y.med.unwrap_or(0)),
+            false => std::cmp::Ordering::Equal,
+        })
+        .then(b.from.external.cmp(&a.from.external))
+        .then(x.cluster_list.len().cmp(&y.cluster_list.len()))
+        .then_with(|| {
+            let id = |r: &Route| r.attrs.originator_id.unwrap_or(r.from.router_id);
+            id(a).cmp(&id(b))
+        })
+        .then(a.from.addr.cmp(&b.from.addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Afi, MpReach, MpUnreach, Safi};
+
+    const LOCAL: Local = Local {
+        asn: 64512,
+        router_id: Ipv4Addr::new(10, 0, 0, 1),
+        cluster_id: None,
+    };
+
+    fn peer(last: u8, asn: u32) -> PeerId {
+        PeerId {
+            addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)),
+            router_id: Ipv4Addr::new(10, 0, 0, last),
+            asn,
+            external: asn != LOCAL.asn,
+        }
+    }
+
+    fn announce(prefix: &str, path: Vec<u32>, tweak: impl FnOnce(&mut PathAttrs)) -> Update {
+        let mut attrs = PathAttrs {
+            origin: Some(Origin::Igp),
+            as_path: vec![AsSegment::Sequence(path)],
+            next_hop: Some(Ipv4Addr::new(192, 0, 2, 1)),
+            ..Default::default()
+        };
+        tweak(&mut attrs);
+        Update {
+            withdrawn: vec![],
+            attrs,
+            nlri: vec![prefix.parse().unwrap()],
+        }
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_decision_process_prefers_pref_then_path_then_origin_then_med_then_ebgp() {
+        let p = "10.244.1.0/24";
+        let cases: Vec<(Update, Update)> = vec![
+            // higher LOCAL_PREF wins over a shorter path
+            (
+                announce(p, vec![1, 2, 3], |a| a.local_pref = Some(200)),
+                announce(p, vec![1], |_| {}),
+            ),
+            // shorter AS_PATH
+            (
+                announce(p, vec![1], |_| {}),
+                announce(p, vec![1, 2], |_| {}),
+            ),
+            // lower ORIGIN
+            (
+                announce(p, vec![1], |_| {}),
+                announce(p, vec![2], |a| a.origin = Some(Origin::Incomplete)),
+            ),
+            // lower MED, same neighbouring AS
+            (
+                announce(p, vec![7], |a| a.med = Some(5)),
+                announce(p, vec![7], |a| a.med = Some(50)),
+            ),
+        ];
+        for (better, worse) in cases {
+            let mut rib = Rib::default();
+            rib.update(&LOCAL, peer(3, 65003), &worse);
+            let changes = rib.update(&LOCAL, peer(2, 65002), &better);
+            assert_eq!(changes.len(), 1, "{better:?}");
+            assert_eq!(rib.best(&net(p)).unwrap().from, peer(2, 65002));
+            // Announced the other way round: the same choice, no change.
+            let mut rib = Rib::default();
+            rib.update(&LOCAL, peer(2, 65002), &better);
+            assert!(rib.update(&LOCAL, peer(3, 65003), &worse).is_empty());
+            assert_eq!(rib.best(&net(p)).unwrap().from, peer(2, 65002));
+        }
+        // All else equal (one AS long, from different neighbouring ASes):
+        // eBGP before iBGP, whichever came first.
+        for order in [[2u8, 3], [3, 2]] {
+            let mut rib = Rib::default();
+            for last in order {
+                let (from, u) = match last {
+                    2 => (peer(2, 64512), announce(p, vec![65009], |_| {})),
+                    _ => (peer(3, 65003), announce(p, vec![65003], |_| {})),
+                };
+                rib.update(&LOCAL, from, &u);
+            }
+            assert_eq!(rib.best(&net(p)).unwrap().from, peer(3, 65003));
+        }
+    }
+
+    #[test]
+    fn withdrawals_and_a_lost_peer_fall_back_to_the_next_route_then_to_none() {
+        let p = "10.244.2.0/24";
+        let mut rib = Rib::default();
+        rib.update(&LOCAL, peer(2, 65002), &announce(p, vec![65002], |_| {}));
+        rib.update(&LOCAL, peer(3, 65003), &announce(p, vec![65003, 1], |_| {}));
+        assert_eq!(rib.best(&net(p)).unwrap().from, peer(2, 65002));
+        let withdraw = Update {
+            withdrawn: vec![p.parse().unwrap()],
+            ..Default::default()
+        };
+        let c = rib.update(&LOCAL, peer(2, 65002), &withdraw);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].1.as_ref().unwrap().from, peer(3, 65003));
+        let c = rib.peer_down(&peer(3, 65003));
+        assert_eq!(c, vec![(net(p), None)]);
+        assert!(rib.best(&net(p)).is_none());
+        assert!(rib.peer_down(&peer(3, 65003)).is_empty());
+    }
+
+    #[test]
+    fn ipv6_routes_come_and_go_in_mp_reach_and_mp_unreach() {
+        let p = net("fd00:244:1::/64");
+        let hop: IpAddr = "fd00::2".parse().unwrap();
+        let reach = Update {
+            attrs: PathAttrs {
+                origin: Some(Origin::Igp),
+                as_path: vec![AsSegment::Sequence(vec![65002])],
+                mp_reach: Some(MpReach {
+                    afi: Afi::Ipv6,
+                    safi: Safi::Unicast,
+                    next_hops: vec![hop],
+                    nlri: vec![p],
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut rib = Rib::default();
+        let c = rib.update(&LOCAL, peer(2, 65002), &reach);
+        assert_eq!(c[0].1.as_ref().unwrap().next_hop, hop);
+        let unreach = Update {
+            attrs: PathAttrs {
+                mp_unreach: Some(MpUnreach {
+                    afi: Afi::Ipv6,
+                    safi: Safi::Unicast,
+                    withdrawn: vec![p],
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            rib.update(&LOCAL, peer(2, 65002), &unreach),
+            vec![(p, None)]
+        );
+    }
+
+    /// A route that comes back (our AS in its path, our ID as its
+    /// originator, our cluster in its list) is not used, and replaces what
+    /// that peer said of the prefix before, as a withdrawal would.
+    #[test]
+    fn a_route_that_loops_back_is_dropped() {
+        let p = "10.244.3.0/24";
+        let ours = LOCAL.router_id;
+        type Tweak = Box<dyn Fn(&mut PathAttrs)>;
+        let looping: Vec<Tweak> = vec![
+            Box::new(|a| a.as_path = vec![AsSegment::Sequence(vec![65002, 64512])]),
+            Box::new(move |a| a.originator_id = Some(ours)),
+            Box::new(move |a| a.cluster_list = vec![Ipv4Addr::new(1, 1, 1, 1), ours]),
+        ];
+        for tweak in looping {
+            let mut rib = Rib::default();
+            rib.update(&LOCAL, peer(2, 65002), &announce(p, vec![65002], |_| {}));
+            let c = rib.update(
+                &LOCAL,
+                peer(2, 65002),
+                &announce(p, vec![65002], |a| tweak(a)),
+            );
+            assert_eq!(c, vec![(net(p), None)]);
+        }
+    }
+}
