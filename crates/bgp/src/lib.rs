@@ -26,6 +26,7 @@
 //! carries unicast routes needs a few hundred lines, tested here against
 //! hand-made vectors and, in the lab, against the real daemons.
 
+pub mod bfd;
 pub mod fsm;
 pub mod peer;
 pub mod rib;
