@@ -11,12 +11,17 @@
 //!   deadlines the caller keeps;
 //! - [`rib`]: each peer's routes and the best per prefix (the decision
 //!   process of RFC 4271 §9.1, route reflection's loop checks), pure;
+//! - [`bfd`]: BFD control packets and one asynchronous session's state
+//!   machine (RFC 5880), pure; [`bfd_link`] runs one over UDP (RFC 5881:
+//!   port 3784, TTL 255 both ways);
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
 //!   machine's actions, announces this speaker's routes (withdrawing what
 //!   it no longer announces) and hands the peer's UPDATEs to its owner.
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
-//! routes both ways in both families, a withdrawal, the daemon's Cease.
+//! routes both ways in both families, a withdrawal, the daemon's Cease;
+//! and BFD against BIRD's (`tests/bfd_bird.rs`): a frozen BIRD is noticed
+//! within the detection time.
 //!
 //! Why our own codec: the two crates that exist were judged and left. The
 //! one of them that is small (zettabgp) has no ROUTE-REFRESH message and no
@@ -27,6 +32,7 @@
 //! hand-made vectors and, in the lab, against the real daemons.
 
 pub mod bfd;
+pub mod bfd_link;
 pub mod fsm;
 pub mod peer;
 pub mod rib;
