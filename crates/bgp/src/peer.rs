@@ -41,6 +41,7 @@ pub enum PeerEvent {
 pub struct Peer {
     announce: watch::Sender<Announce>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Peer {
@@ -62,10 +63,11 @@ impl Peer {
             buf: vec![0; 65536],
             advertised: BTreeSet::new(),
         };
-        tokio::spawn(link.run(stopped));
+        let task = tokio::spawn(link.run(stopped));
         Peer {
             announce,
             stop: Some(stop),
+            task,
         }
     }
 
@@ -79,6 +81,13 @@ impl Peer {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+    }
+
+    /// Drops the connection with no NOTIFICATION, as a process that exits
+    /// does: a peer that honours graceful restart keeps this speaker's
+    /// routes until it comes back (RFC 4724).
+    pub fn abandon(self) {
+        self.task.abort();
     }
 }
 
