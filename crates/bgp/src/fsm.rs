@@ -16,6 +16,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::wire::{cease, fsm_error, open_error, CEASE, FSM_ERROR, HOLD_TIMER_EXPIRED, OPEN_ERROR};
 use crate::wire::{Afi, Capability, GracefulRestart, Message, Notification, Open, Safi};
 
 /// RFC 4271 §8.2.2's states.
@@ -110,17 +111,6 @@ pub struct Negotiated {
     pub peer_restart: Option<GracefulRestart>,
 }
 
-/// NOTIFICATION codes this machine sends (RFC 4271 §4.5).
-const OPEN_MESSAGE_ERROR: u8 = 2;
-const HOLD_TIMER_EXPIRED: u8 = 4;
-const FSM_ERROR: u8 = 5;
-const CEASE: u8 = 6;
-/// OPEN Message Error subcodes.
-const BAD_PEER_AS: u8 = 2;
-const BAD_BGP_IDENTIFIER: u8 = 3;
-const UNACCEPTABLE_HOLD_TIME: u8 = 6;
-/// Cease subcode: Administrative Shutdown (RFC 4486).
-const ADMINISTRATIVE_SHUTDOWN: u8 = 2;
 /// The hold time while waiting for the peer's OPEN (RFC 4271 §8: "a large
 /// value", 4 minutes suggested).
 const OPEN_HOLD: Duration = Duration::from_secs(240);
@@ -214,7 +204,7 @@ impl Session {
         if talking {
             out.push(Action::Send(Message::Notification(Notification {
                 code: CEASE,
-                subcode: ADMINISTRATIVE_SHUTDOWN,
+                subcode: cease::ADMINISTRATIVE_SHUTDOWN,
                 data: Vec::new(),
             })));
         }
@@ -403,21 +393,21 @@ impl Session {
     /// The terms, or the NOTIFICATION that refuses the peer's OPEN.
     fn accept(&self, o: &Open) -> Result<Negotiated, Notification> {
         let refuse = |subcode| Notification {
-            code: OPEN_MESSAGE_ERROR,
+            code: OPEN_ERROR,
             subcode,
             data: Vec::new(),
         };
         let c = &self.config;
         let peer_as = o.peer_asn();
         if peer_as != c.peer_as {
-            return Err(refuse(BAD_PEER_AS));
+            return Err(refuse(open_error::BAD_PEER_AS));
         }
         let internal = peer_as == c.local_as;
         if o.router_id.is_unspecified() || (internal && o.router_id == c.router_id) {
-            return Err(refuse(BAD_BGP_IDENTIFIER));
+            return Err(refuse(open_error::BAD_BGP_IDENTIFIER));
         }
         if o.hold_time == 1 || o.hold_time == 2 {
-            return Err(refuse(UNACCEPTABLE_HOLD_TIME));
+            return Err(refuse(open_error::UNACCEPTABLE_HOLD_TIME));
         }
         let hold_time = o.hold_time.min(c.hold_time);
         let theirs: Vec<(Afi, Safi)> = o
@@ -465,10 +455,10 @@ impl Session {
 /// arrived in.
 fn fsm_subcode(s: State) -> u8 {
     match s {
-        State::OpenSent => 1,
-        State::OpenConfirm => 2,
-        State::Established => 3,
-        _ => 0,
+        State::OpenSent => fsm_error::UNEXPECTED_IN_OPEN_SENT,
+        State::OpenConfirm => fsm_error::UNEXPECTED_IN_OPEN_CONFIRM,
+        State::Established => fsm_error::UNEXPECTED_IN_ESTABLISHED,
+        _ => fsm_error::UNSPECIFIED,
     }
 }
 
