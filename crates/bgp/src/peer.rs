@@ -8,9 +8,8 @@
 //! It owns no routing decision: what to announce comes in through
 //! [`Peer::announce`], what the peer sends goes out as [`PeerEvent`]s.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use ipnet::IpNet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,7 +60,8 @@ impl Peer {
             routes,
             inbox: Vec::new(),
             buf: vec![0; 65536],
-            advertised: BTreeSet::new(),
+            advertised: BTreeMap::new(),
+            eor_sent: false,
         };
         let task = tokio::spawn(link.run(stopped));
         Peer {
@@ -105,9 +105,11 @@ struct Link {
     inbox: Vec<u8>,
     /// What one read fills.
     buf: Vec<u8>,
-    /// What the peer holds from us (to withdraw what we no longer
-    /// announce).
-    advertised: BTreeSet<(Afi, IpNet)>,
+    /// What the peer holds from us (Adj-RIB-Out): a change sends only
+    /// what differs from it.
+    advertised: BTreeMap<(Afi, IpNet), PathAttrs>,
+    /// Whether this session's End-of-RIB went out.
+    eor_sent: bool,
 }
 
 /// What woke the loop.
@@ -267,6 +269,7 @@ impl Link {
                     four_octet_as: n.four_octet_as,
                 };
                 self.advertised.clear();
+                self.eor_sent = false;
                 let _ = self.events.send(PeerEvent::Up(n)).await;
                 self.send_routes().await;
                 None
@@ -289,50 +292,49 @@ impl Link {
         }
     }
 
-    /// Withdraws what is no longer announced, announces every route
-    /// (again), then End-of-RIB per negotiated family.
+    /// Brings the peer's view of our routes to what is announced: withdraws
+    /// what went, sends what is new or changed (nothing else), and after
+    /// the first round of a session End-of-RIB per negotiated family.
     async fn send_routes(&mut self) {
         let a = self.routes.borrow_and_update().clone();
         let families: Vec<Afi> = match self.session.negotiated() {
             Some(n) => n.families.iter().map(|(a, _)| *a).collect(),
             None => return,
         };
-        let now: BTreeSet<(Afi, IpNet)> = a
+        let now: BTreeMap<(Afi, IpNet), &PathAttrs> = a
             .routes
             .iter()
             .filter(|(afi, ..)| families.contains(afi))
-            .flat_map(|(afi, _, ps)| ps.iter().map(move |p| (*afi, *p)))
+            .flat_map(|(afi, attrs, ps)| ps.iter().map(move |p| ((*afi, *p), attrs)))
             .collect();
+        let mut updates = Vec::new();
         for afi in &families {
             let gone: Vec<IpNet> = self
                 .advertised
-                .iter()
-                .filter(|(f, p)| f == afi && !now.contains(&(*f, *p)))
+                .keys()
+                .filter(|(f, p)| f == afi && !now.contains_key(&(*f, *p)))
                 .map(|(_, p)| *p)
                 .collect();
-            for u in pack_withdrawals(&self.codec, *afi, &gone) {
-                if self.send(&Message::Update(u)).await.is_err() {
-                    return;
-                }
-            }
+            updates.extend(pack_withdrawals(&self.codec, *afi, &gone));
         }
-        self.advertised = now;
         for (afi, attrs, prefixes) in &a.routes {
-            if !families.contains(afi) {
-                continue;
-            }
-            for u in pack(&self.codec, attrs, *afi, prefixes) {
-                if self.send(&Message::Update(u)).await.is_err() {
-                    return;
-                }
-            }
+            let changed: Vec<IpNet> = prefixes
+                .iter()
+                .filter(|p| {
+                    families.contains(afi) && self.advertised.get(&(*afi, **p)) != Some(attrs)
+                })
+                .copied()
+                .collect();
+            updates.extend(pack(&self.codec, attrs, *afi, &changed));
         }
-        for afi in families {
-            let _ = self.send(&Message::Update(Update::end_of_rib(afi))).await;
+        self.advertised = now.into_iter().map(|(k, v)| (k, v.clone())).collect();
+        if !std::mem::replace(&mut self.eor_sent, true) {
+            updates.extend(families.iter().map(|f| Update::end_of_rib(*f)));
+        }
+        for u in updates {
+            if self.send(&Message::Update(u)).await.is_err() {
+                return;
+            }
         }
     }
 }
-
-/// How long a test or caller should allow a session to come up with the
-/// default timers.
-pub const SETTLE: Duration = Duration::from_secs(10);
