@@ -11,6 +11,8 @@
 //!   deadlines the caller keeps;
 //! - [`rib`]: each peer's routes and the best per prefix (the decision
 //!   process of RFC 4271 §9.1, route reflection's loop checks), pure;
+//! - [`export`]: what each neighbour is sent and with which attributes
+//!   (iBGP and eBGP rules, route reflection), pure;
 //! - [`bfd`]: BFD control packets and one asynchronous session's state
 //!   machine (RFC 5880), pure; [`bfd_link`] runs one over UDP (RFC 5881:
 //!   port 3784, TTL 255 both ways);
@@ -33,6 +35,7 @@
 
 pub mod bfd;
 pub mod bfd_link;
+pub mod export;
 pub mod fsm;
 pub mod peer;
 pub mod rib;

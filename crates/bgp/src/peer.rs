@@ -40,6 +40,7 @@ pub enum PeerEvent {
 pub struct Peer {
     announce: watch::Sender<Announce>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    inbound: mpsc::Sender<TcpStream>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -49,6 +50,7 @@ impl Peer {
     pub fn start(config: Config, remote: SocketAddr, events: mpsc::Sender<PeerEvent>) -> Peer {
         let (announce, routes) = watch::channel(Announce::default());
         let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (inbound, accepted) = mpsc::channel(1);
         let link = Link {
             session: Session::new(config.clone()),
             config,
@@ -62,13 +64,23 @@ impl Peer {
             buf: vec![0; 65536],
             advertised: BTreeMap::new(),
             eor_sent: false,
+            accepted,
         };
         let task = tokio::spawn(link.run(stopped));
         Peer {
             announce,
             stop: Some(stop),
+            inbound,
             task,
         }
+    }
+
+    /// Hands over a connection the peer opened to us (the speaker's
+    /// listener found it by its address). It is taken while this side has
+    /// none; otherwise it is closed, the connection already there winning
+    /// (a passive side never has one of its own, so nothing collides).
+    pub fn accept(&self, s: TcpStream) {
+        let _ = self.inbound.try_send(s);
     }
 
     /// Replaces what is announced; sent when the session is (or comes) up.
@@ -110,6 +122,8 @@ struct Link {
     advertised: BTreeMap<(Afi, IpNet), PathAttrs>,
     /// Whether this session's End-of-RIB went out.
     eor_sent: bool,
+    /// Connections the peer opened, from the speaker's listener.
+    accepted: mpsc::Receiver<TcpStream>,
 }
 
 /// What woke the loop.
@@ -118,6 +132,7 @@ enum Wake {
     Timer(Timer),
     Read(std::io::Result<usize>),
     Routes,
+    Accepted(TcpStream),
 }
 
 impl Link {
@@ -141,6 +156,16 @@ impl Link {
                     let Link { inbox, buf, .. } = &mut self;
                     inbox.extend_from_slice(&buf[..n]);
                     self.take_messages().await;
+                }
+                Wake::Accepted(s) => {
+                    let waiting = matches!(self.session.state(), State::Active | State::Connect);
+                    if waiting && self.stream.is_none() {
+                        let _ = s.set_nodelay(true);
+                        self.stream = Some(s);
+                        self.inbox.clear();
+                        self.codec = Codec::default();
+                        self.feed(Event::Connected).await;
+                    }
                 }
                 Wake::Routes => {
                     if self.session.state() == State::Established {
@@ -166,6 +191,7 @@ impl Link {
             stream,
             routes,
             buf,
+            accepted,
             ..
         } = self;
         let timer = timers
@@ -191,6 +217,7 @@ impl Link {
             _ = stop => Wake::Stop,
             t = sleep => Wake::Timer(t),
             r = read => Wake::Read(r),
+            Some(s) = accepted.recv() => Wake::Accepted(s),
             r = routes.changed() => match r {
                 Ok(()) => Wake::Routes,
                 Err(_) => Wake::Stop,

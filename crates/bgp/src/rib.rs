@@ -25,6 +25,8 @@ pub struct PeerId {
     pub asn: u32,
     /// Whether it is an eBGP peer.
     pub external: bool,
+    /// Whether it is a route-reflector client of this speaker.
+    pub client: bool,
 }
 
 /// One route as learned.
@@ -232,6 +234,7 @@ mod tests {
             router_id: Ipv4Addr::new(10, 0, 0, last),
             asn,
             external: asn != LOCAL.asn,
+            client: false,
         }
     }
 
