@@ -18,7 +18,9 @@
 //!   port 3784, TTL 255 both ways);
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
 //!   machine's actions, announces this speaker's routes (withdrawing what
-//!   it no longer announces) and hands the peer's UPDATEs to its owner.
+//!   it no longer announces) and hands the peer's UPDATEs to its owner;
+//! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
+//!   RIB and the export rules, with the best routes' changes for the owner.
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
 //! routes both ways in both families, a withdrawal, the daemon's Cease;
@@ -39,4 +41,5 @@ pub mod export;
 pub mod fsm;
 pub mod peer;
 pub mod rib;
+pub mod speaker;
 pub mod wire;

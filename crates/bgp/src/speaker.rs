@@ -1,0 +1,210 @@
+//! A node's BGP speaker: a listener, one [`Peer`] per configured
+//! neighbour, the [`Rib`], and the export rules ([`crate::export`]) that
+//! say what each neighbour is sent. The owner says which routes this node
+//! originates and hears every change of the best routes (to install them
+//! in the kernel).
+//!
+//! Between two speakers one side dials and the other listens (the one
+//! with the higher address waits), so a node mesh never has two
+//! connections for one session; a router that dials us (BIRD, FRR) is
+//! accepted the same way. A connection from an address that is not a
+//! neighbour is closed at once.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::export::{export, Neighbour, NextHops, Source};
+use crate::fsm::{Config, Negotiated};
+use crate::peer::{Announce, Peer, PeerEvent};
+use crate::rib::{Change, Local, PeerId, Rib};
+use crate::wire::{Afi, PathAttrs};
+
+/// The BGP port.
+pub const PORT: u16 = 179;
+
+/// What a speaker is.
+#[derive(Debug, Clone)]
+pub struct SpeakerConfig {
+    pub local: Local,
+    pub hops: NextHops,
+    /// The address it listens and dials from.
+    pub listen: IpAddr,
+    /// The session template (AS, timers, families); `peer_as` and
+    /// `passive` are set per neighbour.
+    pub session: Config,
+    pub neighbours: Vec<Neighbour>,
+}
+
+/// A running speaker; dropped, it stops (its sessions just close).
+pub struct Speaker {
+    originate: mpsc::Sender<Vec<(Afi, IpNet)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Speaker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Speaker {
+    /// Binds the listener and starts every neighbour's session; best-route
+    /// changes go to `changes`.
+    pub async fn start(
+        cfg: SpeakerConfig,
+        changes: mpsc::Sender<Vec<Change>>,
+    ) -> std::io::Result<Speaker> {
+        let listener = TcpListener::bind(SocketAddr::new(cfg.listen, PORT)).await?;
+        let (originate, wanted) = mpsc::channel(8);
+        let (events_tx, events) = mpsc::channel(256);
+        let mut peers = HashMap::new();
+        for n in &cfg.neighbours {
+            let (tx, mut rx) = mpsc::channel(64);
+            let session = Config {
+                peer_as: n.asn,
+                passive: cfg.listen > n.addr,
+                ..cfg.session.clone()
+            };
+            let peer = Peer::start(session, SocketAddr::new(n.addr, PORT), tx);
+            let (fwd, addr) = (events_tx.clone(), n.addr);
+            tokio::spawn(async move {
+                while let Some(e) = rx.recv().await {
+                    if fwd.send((addr, e)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            peers.insert(n.addr, (*n, peer));
+        }
+        let state = State {
+            cfg,
+            peers,
+            up: HashMap::new(),
+            rib: Rib::default(),
+            own: Vec::new(),
+            changes,
+        };
+        let task = tokio::spawn(state.run(listener, events, wanted));
+        Ok(Speaker { originate, task })
+    }
+
+    /// Replaces the routes this node originates.
+    pub async fn originate(&self, routes: Vec<(Afi, IpNet)>) {
+        let _ = self.originate.send(routes).await;
+    }
+}
+
+struct State {
+    cfg: SpeakerConfig,
+    peers: HashMap<IpAddr, (Neighbour, Peer)>,
+    /// Sessions that are up, and who is at the other end.
+    up: HashMap<IpAddr, PeerId>,
+    rib: Rib,
+    own: Vec<(Afi, IpNet)>,
+    changes: mpsc::Sender<Vec<Change>>,
+}
+
+impl State {
+    async fn run(
+        mut self,
+        listener: TcpListener,
+        mut events: mpsc::Receiver<(IpAddr, PeerEvent)>,
+        mut wanted: mpsc::Receiver<Vec<(Afi, IpNet)>>,
+    ) {
+        loop {
+            tokio::select! {
+                Ok((s, from)) = listener.accept() => {
+                    match self.peers.get(&from.ip()) {
+                        Some((_, p)) => p.accept(s),
+                        None => tracing::warn!(%from, "BGP connection from a stranger closed"),
+                    }
+                }
+                Some((addr, e)) = events.recv() => self.event(addr, e).await,
+                Some(own) = wanted.recv() => {
+                    self.own = own;
+                    self.export_all();
+                }
+                else => return,
+            }
+        }
+    }
+
+    async fn event(&mut self, addr: IpAddr, e: PeerEvent) {
+        let changes = match e {
+            PeerEvent::Up(n) => {
+                let id = self.peer_id(addr, &n);
+                self.up.insert(addr, id);
+                self.export_to(addr);
+                return;
+            }
+            PeerEvent::Down(why) => {
+                tracing::info!(peer = %addr, "BGP session down: {why}");
+                match self.up.remove(&addr) {
+                    Some(id) => self.rib.peer_down(&id),
+                    None => return,
+                }
+            }
+            PeerEvent::Update(u) => match self.up.get(&addr) {
+                Some(id) => self.rib.update(&self.cfg.local, *id, &u),
+                None => return,
+            },
+        };
+        if changes.is_empty() {
+            return;
+        }
+        self.export_all();
+        let _ = self.changes.send(changes).await;
+    }
+
+    fn peer_id(&self, addr: IpAddr, n: &Negotiated) -> PeerId {
+        let client = self.peers.get(&addr).is_some_and(|(nb, _)| nb.client);
+        PeerId {
+            addr,
+            router_id: n.peer_id,
+            asn: n.peer_as,
+            external: n.peer_as != self.cfg.local.asn,
+            client,
+        }
+    }
+
+    fn export_all(&self) {
+        for addr in self.up.keys() {
+            self.export_to(*addr);
+        }
+    }
+
+    /// Everything neighbour `addr` should hold from us, grouped by
+    /// attributes, handed to its session.
+    fn export_to(&self, addr: IpAddr) {
+        let Some((nb, peer)) = self.peers.get(&addr) else {
+            return;
+        };
+        let (local, hops) = (&self.cfg.local, &self.cfg.hops);
+        let mut groups: Vec<(Afi, PathAttrs, Vec<IpNet>)> = Vec::new();
+        let mut add = |afi: Afi, attrs: Option<PathAttrs>, p: IpNet| {
+            let Some(attrs) = attrs else { return };
+            match groups.iter_mut().find(|(f, a, _)| *f == afi && *a == attrs) {
+                Some((_, _, ps)) => ps.push(p),
+                None => groups.push((afi, attrs, vec![p])),
+            }
+        };
+        for (afi, p) in &self.own {
+            add(*afi, export(local, hops, nb, *afi, Source::Local), *p);
+        }
+        for (p, r) in self.rib.best_routes() {
+            let afi = match p {
+                IpNet::V4(_) => Afi::Ipv4,
+                IpNet::V6(_) => Afi::Ipv6,
+            };
+            if self.own.iter().any(|(_, o)| o == p) {
+                continue;
+            }
+            add(afi, export(local, hops, nb, afi, Source::Learned(r)), *p);
+        }
+        peer.announce(Announce { routes: groups });
+    }
+}
