@@ -10,7 +10,7 @@
 //! accepted the same way. A connection from an address that is not a
 //! neighbour is closed at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -86,6 +86,7 @@ impl Speaker {
             up: HashMap::new(),
             rib: Rib::default(),
             own: Vec::new(),
+            out: HashMap::new(),
             changes,
         };
         let task = tokio::spawn(state.run(listener, events, wanted));
@@ -105,6 +106,8 @@ struct State {
     up: HashMap<IpAddr, PeerId>,
     rib: Rib,
     own: Vec<(Afi, IpNet)>,
+    /// What each neighbour should hold from us (Adj-RIB-Out, wanted).
+    out: HashMap<IpAddr, BTreeMap<IpNet, PathAttrs>>,
     changes: mpsc::Sender<Vec<Change>>,
 }
 
@@ -156,7 +159,7 @@ impl State {
         if changes.is_empty() {
             return;
         }
-        self.export_all();
+        self.export_changes(&changes);
         let _ = self.changes.send(changes).await;
     }
 
@@ -171,39 +174,91 @@ impl State {
         }
     }
 
-    fn export_all(&self) {
-        for addr in self.up.keys() {
-            self.export_to(*addr);
+    /// Recomputes what every neighbour holds from us (our own routes
+    /// changed).
+    fn export_all(&mut self) {
+        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
+        for addr in addrs {
+            self.export_to(addr);
         }
     }
 
-    /// Everything neighbour `addr` should hold from us, grouped by
-    /// attributes, handed to its session.
-    fn export_to(&self, addr: IpAddr) {
-        let Some((nb, peer)) = self.peers.get(&addr) else {
-            return;
+    /// What `nb` gets for prefix `p` (our own, or the best route).
+    fn attrs_for(&self, nb: &Neighbour, p: &IpNet) -> Option<PathAttrs> {
+        let afi = match p {
+            IpNet::V4(_) => Afi::Ipv4,
+            IpNet::V6(_) => Afi::Ipv6,
         };
         let (local, hops) = (&self.cfg.local, &self.cfg.hops);
-        let mut groups: Vec<(Afi, PathAttrs, Vec<IpNet>)> = Vec::new();
-        let mut add = |afi: Afi, attrs: Option<PathAttrs>, p: IpNet| {
-            let Some(attrs) = attrs else { return };
-            match groups.iter_mut().find(|(f, a, _)| *f == afi && *a == attrs) {
-                Some((_, _, ps)) => ps.push(p),
-                None => groups.push((afi, attrs, vec![p])),
-            }
-        };
-        for (afi, p) in &self.own {
-            add(*afi, export(local, hops, nb, *afi, Source::Local), *p);
+        if self.own.iter().any(|(_, o)| o == p) {
+            return export(local, hops, nb, afi, Source::Local);
         }
-        for (p, r) in self.rib.best_routes() {
+        let r = self.rib.best(p)?;
+        export(local, hops, nb, afi, Source::Learned(r))
+    }
+
+    /// Everything neighbour `addr` should hold from us, computed whole (a
+    /// session that came up, our own routes changed).
+    fn export_to(&mut self, addr: IpAddr) {
+        let Some((nb, _)) = self.peers.get(&addr) else {
+            return;
+        };
+        let nb = *nb;
+        let prefixes: Vec<IpNet> = self
+            .own
+            .iter()
+            .map(|(_, p)| *p)
+            .chain(self.rib.best_routes().map(|(p, _)| *p))
+            .collect();
+        let out = prefixes
+            .into_iter()
+            .filter_map(|p| self.attrs_for(&nb, &p).map(|a| (p, a)))
+            .collect();
+        self.out.insert(addr, out);
+        self.announce(addr);
+    }
+
+    /// Only the changed prefixes, towards every neighbour that is up: a
+    /// change costs what changed, not the table.
+    fn export_changes(&mut self, changes: &[Change]) {
+        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
+        for addr in addrs {
+            let Some((nb, _)) = self.peers.get(&addr) else {
+                continue;
+            };
+            let nb = *nb;
+            let mut touched = false;
+            for (p, _) in changes {
+                let attrs = self.attrs_for(&nb, p);
+                let out = self.out.entry(addr).or_default();
+                let before = match attrs {
+                    Some(a) => out.insert(*p, a.clone()).filter(|b| *b == a).is_none(),
+                    None => out.remove(p).is_some(),
+                };
+                touched |= before;
+            }
+            if touched {
+                self.announce(addr);
+            }
+        }
+    }
+
+    /// Hands neighbour `addr`'s routes to its session, grouped by
+    /// attributes (one UPDATE carries many prefixes of one group).
+    fn announce(&self, addr: IpAddr) {
+        let (Some((_, peer)), Some(out)) = (self.peers.get(&addr), self.out.get(&addr)) else {
+            return;
+        };
+        let mut groups: Vec<(Afi, PathAttrs, Vec<IpNet>)> = Vec::new();
+        for (p, attrs) in out {
             let afi = match p {
                 IpNet::V4(_) => Afi::Ipv4,
                 IpNet::V6(_) => Afi::Ipv6,
             };
-            if self.own.iter().any(|(_, o)| o == p) {
-                continue;
+            match groups.iter_mut().find(|(f, a, _)| *f == afi && a == attrs) {
+                Some((_, _, ps)) => ps.push(*p),
+                None => groups.push((afi, attrs.clone(), vec![*p])),
             }
-            add(afi, export(local, hops, nb, afi, Source::Learned(r)), *p);
         }
         peer.announce(Announce { routes: groups });
     }
