@@ -67,7 +67,7 @@ pub fn export(
             if !external && !r.from.external {
                 return reflect(local, to, r);
             }
-            let mut a = r.attrs.clone();
+            let mut a = (*r.attrs).clone();
             a.med = None;
             a
         }
@@ -90,7 +90,7 @@ fn reflect(local: &Local, to: &Neighbour, r: &Route) -> Option<PathAttrs> {
     if !(to.client || r.from.client) {
         return None;
     }
-    let mut a = r.attrs.clone();
+    let mut a = (*r.attrs).clone();
     a.originator_id = Some(a.originator_id.unwrap_or(r.from.router_id));
     a.cluster_list.insert(0, cluster);
     match r.next_hop {
@@ -169,7 +169,7 @@ mod tests {
                 external: asn != LOCAL.asn,
                 client,
             },
-            attrs: PathAttrs {
+            attrs: std::sync::Arc::new(PathAttrs {
                 origin: Some(Origin::Igp),
                 as_path: match path.is_empty() {
                     true => vec![],
@@ -178,7 +178,7 @@ mod tests {
                 med: Some(7),
                 local_pref: Some(150),
                 ..Default::default()
-            },
+            }),
             next_hop: IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)),
         }
     }
@@ -263,8 +263,9 @@ mod tests {
     #[test]
     fn ebgp_strips_ibgp_only_attributes() {
         let mut r = learned(2, 64512, true, vec![]);
-        r.attrs.originator_id = Some(Ipv4Addr::new(10, 0, 0, 2));
-        r.attrs.cluster_list = vec![Ipv4Addr::new(10, 0, 0, 1)];
+        let a = std::sync::Arc::make_mut(&mut r.attrs);
+        a.originator_id = Some(Ipv4Addr::new(10, 0, 0, 2));
+        a.cluster_list = vec![Ipv4Addr::new(10, 0, 0, 1)];
         let e = export(
             &LOCAL,
             &HOPS,

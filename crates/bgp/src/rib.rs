@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -33,7 +34,9 @@ pub struct PeerId {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     pub from: PeerId,
-    pub attrs: PathAttrs,
+    /// Shared by every prefix of the UPDATE that brought it (the
+    /// attributes are most of a route's size).
+    pub attrs: Arc<PathAttrs>,
     /// The next hop (IPv4 from NEXT_HOP, IPv6 from MP_REACH_NLRI).
     pub next_hop: IpAddr,
 }
@@ -54,7 +57,9 @@ pub struct Local {
 /// Every route learned, per prefix and peer, and the best per prefix.
 #[derive(Debug, Default)]
 pub struct Rib {
-    routes: BTreeMap<IpNet, BTreeMap<PeerId, Route>>,
+    /// Per prefix, one route per peer (a few at most: a vector, not a map,
+    /// whose nodes would be sized for many).
+    routes: BTreeMap<IpNet, Vec<Route>>,
     best: BTreeMap<IpNet, Route>,
 }
 
@@ -88,6 +93,7 @@ impl Rib {
         let mut attrs = u.attrs.clone();
         attrs.mp_reach = None;
         attrs.mp_unreach = None;
+        let attrs = Arc::new(attrs);
         let v4 = u
             .nlri
             .iter()
@@ -105,7 +111,11 @@ impl Rib {
                         attrs: attrs.clone(),
                         next_hop,
                     };
-                    self.routes.entry(p).or_default().insert(from, r);
+                    let by = self.routes.entry(p).or_default();
+                    match by.iter_mut().find(|x| x.from == from) {
+                        Some(x) => *x = r,
+                        None => by.push(r),
+                    }
                 }
                 _ => self.remove(&p, &from),
             }
@@ -118,7 +128,7 @@ impl Rib {
         let touched: BTreeSet<IpNet> = self
             .routes
             .iter()
-            .filter(|(_, by)| by.contains_key(from))
+            .filter(|(_, by)| by.iter().any(|r| r.from == *from))
             .map(|(p, _)| *p)
             .collect();
         for p in &touched {
@@ -129,7 +139,7 @@ impl Rib {
 
     fn remove(&mut self, p: &IpNet, from: &PeerId) {
         if let Some(by) = self.routes.get_mut(p) {
-            by.remove(from);
+            by.retain(|r| r.from != *from);
             if by.is_empty() {
                 self.routes.remove(p);
             }
@@ -143,7 +153,7 @@ impl Rib {
             let new = self
                 .routes
                 .get(&p)
-                .and_then(|by| by.values().min_by(|a, b| compare(a, b)))
+                .and_then(|by| by.iter().min_by(|a, b| compare(a, b)))
                 .cloned();
             if self.best.get(&p) == new.as_ref() {
                 continue;
