@@ -80,6 +80,7 @@ async fn receive(n: usize) -> Result<()> {
             asn: 64513,
             client: false,
         }],
+        bfd: None,
     };
     let _sp = Speaker::start(cfg, tx).await?;
     println!("listening");

@@ -1,10 +1,13 @@
-//! One BFD session over UDP (RFC 5881): the edge that carries out
-//! [`crate::bfd`]'s state machine. It receives on port 3784 of the local
-//! address, sends from a port of its own, both with TTL 255, and has the
-//! kernel drop anything that arrives with a lower TTL (`IP_MINTTL`), so
-//! only a neighbour on the link can move the session. Session changes go
-//! to the owner over a channel; the BGP session follows them.
+//! BFD over UDP (RFC 5881) for every neighbour of one local address: the
+//! edge that carries out [`crate::bfd`]'s state machines. One socket
+//! receives on port 3784 of the local address and hands each packet to the
+//! session of its source; each session sends from a port of its own. Both
+//! ways TTL 255, and the kernel drops anything that arrives with a lower
+//! TTL (`IP_MINTTL`), so only a neighbour on the link can move a session.
+//! Each session's Up and Down go to whoever added it; a BGP session follows
+//! them (RFC 5882).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -14,17 +17,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::bfd::{Edge, Packet, Session, Timing, PORT};
-
-/// A running BFD session; dropped, it stops.
-pub struct BfdLink {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for BfdLink {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// The TTL every BFD packet is sent with, and the least one accepted.
 const TTL: u32 = 255;
@@ -47,77 +39,164 @@ fn min_ttl(s: &UdpSocket) -> std::io::Result<()> {
     }
 }
 
-impl BfdLink {
-    /// Starts a session from `local` to `neighbour` (IPv4); its Up and
-    /// Down go to `edges`. `disc` must be unique among this node's
-    /// sessions.
-    pub async fn start(
-        local: IpAddr,
-        neighbour: IpAddr,
-        timing: Timing,
-        disc: u32,
-        edges: mpsc::Sender<Edge>,
-    ) -> std::io::Result<BfdLink> {
-        let rx = UdpSocket::bind(SocketAddr::new(local, PORT)).await?;
-        min_ttl(&rx)?;
-        let tx = UdpSocket::bind(SocketAddr::new(local, 0)).await?;
-        tx.set_ttl(TTL)?;
-        tx.connect(SocketAddr::new(neighbour, PORT)).await?;
-        let session = Session::new(timing, disc);
-        let task = tokio::spawn(run(session, rx, tx, neighbour, edges));
-        Ok(BfdLink { task })
+enum Cmd {
+    Add(IpAddr, Timing, mpsc::Sender<Edge>),
+    Remove(IpAddr),
+}
+
+/// BFD for one local address; dropped, every session stops.
+pub struct Bfd {
+    cmd: mpsc::Sender<Cmd>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Bfd {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
-/// Sends on the transmit interval (jittered to 75–100 %), receives, and
-/// declares the neighbour down after its detection time of silence.
-async fn run(
-    mut s: Session,
-    rx: UdpSocket,
-    tx: UdpSocket,
-    neighbour: IpAddr,
-    edges: mpsc::Sender<Edge>,
-) {
-    let mut buf = [0u8; 64];
-    let mut next_tx = Instant::now();
-    let mut heard: Option<Instant> = None;
-    let mut jitter = Jitter(u64::from(std::process::id()) | 1);
-    loop {
-        let deadline = heard.and_then(|h| s.detection_time().map(|d| h + d));
-        let expire = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
+impl Bfd {
+    /// Binds the receiving socket on `local`.
+    pub async fn start(local: IpAddr) -> std::io::Result<Bfd> {
+        let rx = UdpSocket::bind(SocketAddr::new(local, PORT)).await?;
+        min_ttl(&rx)?;
+        let (cmd, cmds) = mpsc::channel(16);
+        let mux = Mux {
+            local,
+            rx,
+            sessions: HashMap::new(),
+            next_disc: 1,
+            jitter: Jitter(u64::from(std::process::id()) | 1),
         };
-        let mut edge = None;
-        tokio::select! {
-            _ = tokio::time::sleep_until(next_tx) => {
-                let _ = tx.send(&s.packet().encode()).await;
-                next_tx = Instant::now() + jitter.scale(s.tx_interval());
-            }
-            _ = expire => {
-                heard = None;
-                edge = s.expired();
-            }
-            r = rx.recv_from(&mut buf) => {
-                let Ok((n, from)) = r else { continue };
-                if from.ip() != neighbour {
-                    continue;
+        let task = tokio::spawn(mux.run(cmds));
+        Ok(Bfd { cmd, task })
+    }
+
+    /// Starts a session with `neighbour`; its Up and Down go to `edges`.
+    pub async fn add(&self, neighbour: IpAddr, timing: Timing, edges: mpsc::Sender<Edge>) {
+        let _ = self.cmd.send(Cmd::Add(neighbour, timing, edges)).await;
+    }
+
+    pub async fn remove(&self, neighbour: IpAddr) {
+        let _ = self.cmd.send(Cmd::Remove(neighbour)).await;
+    }
+}
+
+/// One session and its clock.
+struct Sess {
+    s: Session,
+    tx: UdpSocket,
+    next_tx: Instant,
+    heard: Option<Instant>,
+    edges: mpsc::Sender<Edge>,
+}
+
+impl Sess {
+    fn detect_at(&self) -> Option<Instant> {
+        Some(self.heard? + self.s.detection_time()?)
+    }
+
+    fn due(&self) -> Instant {
+        self.detect_at()
+            .map_or(self.next_tx, |d| d.min(self.next_tx))
+    }
+}
+
+struct Mux {
+    local: IpAddr,
+    rx: UdpSocket,
+    sessions: HashMap<IpAddr, Sess>,
+    next_disc: u32,
+    jitter: Jitter,
+}
+
+impl Mux {
+    async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
+        let mut buf = [0u8; 64];
+        loop {
+            let due = self.sessions.values().map(Sess::due).min();
+            let wake = async {
+                match due {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
                 }
-                let Ok(p) = Packet::decode(&buf[..n]) else { continue };
-                heard = Some(Instant::now());
-                let before = s.state();
-                edge = s.receive(&p);
-                if s.state() != before || p.poll {
-                    next_tx = Instant::now();
+            };
+            tokio::select! {
+                _ = wake => self.timers().await,
+                r = self.rx.recv_from(&mut buf) => {
+                    if let Ok((n, from)) = r {
+                        self.received(from.ip(), &buf[..n]).await;
+                    }
                 }
+                c = cmds.recv() => match c {
+                    Some(Cmd::Add(n, t, e)) => self.add(n, t, e).await,
+                    Some(Cmd::Remove(n)) => {
+                        self.sessions.remove(&n);
+                    }
+                    None => return,
+                },
             }
         }
-        if let Some(e) = edge {
-            if edges.send(e).await.is_err() {
+    }
+
+    async fn add(&mut self, neighbour: IpAddr, timing: Timing, edges: mpsc::Sender<Edge>) {
+        let tx = async {
+            let tx = UdpSocket::bind(SocketAddr::new(self.local, 0)).await?;
+            tx.set_ttl(TTL)?;
+            tx.connect(SocketAddr::new(neighbour, PORT)).await?;
+            Ok::<_, std::io::Error>(tx)
+        };
+        let tx = match tx.await {
+            Ok(tx) => tx,
+            Err(e) => {
+                tracing::warn!(%neighbour, "BFD session not started: {e}");
                 return;
             }
+        };
+        let disc = self.next_disc;
+        self.next_disc = self.next_disc.wrapping_add(1).max(1);
+        let sess = Sess {
+            s: Session::new(timing, disc),
+            tx,
+            next_tx: Instant::now(),
+            heard: None,
+            edges,
+        };
+        self.sessions.insert(neighbour, sess);
+    }
+
+    /// Sends what is due and declares silent neighbours down.
+    async fn timers(&mut self) {
+        let now = Instant::now();
+        for sess in self.sessions.values_mut() {
+            if sess.detect_at().is_some_and(|d| d <= now) {
+                sess.heard = None;
+                if let Some(e) = sess.s.expired() {
+                    let _ = sess.edges.send(e).await;
+                }
+                sess.next_tx = now;
+            }
+            if sess.next_tx <= now {
+                let _ = sess.tx.send(&sess.s.packet().encode()).await;
+                sess.next_tx = now + self.jitter.scale(sess.s.tx_interval());
+            }
+        }
+    }
+
+    async fn received(&mut self, from: IpAddr, b: &[u8]) {
+        let Some(sess) = self.sessions.get_mut(&from) else {
+            return;
+        };
+        let Ok(p) = Packet::decode(b) else { return };
+        sess.heard = Some(Instant::now());
+        let before = sess.s.state();
+        let edge = sess.s.receive(&p);
+        if sess.s.state() != before || p.poll {
+            sess.next_tx = Instant::now();
+        }
+        if let Some(e) = edge {
+            let _ = sess.edges.send(e).await;
         }
     }
 }

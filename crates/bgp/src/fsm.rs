@@ -74,6 +74,9 @@ pub enum Event {
     Received(Message),
     /// A message could not be decoded: this NOTIFICATION says why.
     Malformed(Notification),
+    /// BFD says the neighbour is unreachable (RFC 5882): the session goes
+    /// down at once, without waiting for the hold timer.
+    PathDown,
     Expired(Timer),
 }
 
@@ -318,6 +321,11 @@ impl Session {
                 self.fail(note, "the hold timer expired")
             }
             Event::Malformed(note) => self.fail(note, "the peer sent a malformed message"),
+            Event::PathDown => {
+                let mut out = vec![Action::Close];
+                out.extend(self.go_idle("BFD says the neighbour is unreachable".into()));
+                out
+            }
             // Anything else here is out of order (§6.6).
             Event::Received(m) => {
                 let note = Notification {

@@ -41,6 +41,7 @@ pub struct Peer {
     announce: watch::Sender<Announce>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     inbound: mpsc::Sender<TcpStream>,
+    path_down: mpsc::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -51,6 +52,7 @@ impl Peer {
         let (announce, routes) = watch::channel(Announce::default());
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (inbound, accepted) = mpsc::channel(1);
+        let (path_down, down) = mpsc::channel(1);
         let link = Link {
             session: Session::new(config.clone()),
             config,
@@ -65,12 +67,14 @@ impl Peer {
             advertised: BTreeMap::new(),
             eor_sent: false,
             accepted,
+            down,
         };
         let task = tokio::spawn(link.run(stopped));
         Peer {
             announce,
             stop: Some(stop),
             inbound,
+            path_down,
             task,
         }
     }
@@ -81,6 +85,11 @@ impl Peer {
     /// (a passive side never has one of its own, so nothing collides).
     pub fn accept(&self, s: TcpStream) {
         let _ = self.inbound.try_send(s);
+    }
+
+    /// BFD says the neighbour is unreachable: the session goes down now.
+    pub fn path_down(&self) {
+        let _ = self.path_down.try_send(());
     }
 
     /// Replaces what is announced; sent when the session is (or comes) up.
@@ -124,6 +133,8 @@ struct Link {
     eor_sent: bool,
     /// Connections the peer opened, from the speaker's listener.
     accepted: mpsc::Receiver<TcpStream>,
+    /// BFD's word that the path is down.
+    down: mpsc::Receiver<()>,
 }
 
 /// What woke the loop.
@@ -133,6 +144,7 @@ enum Wake {
     Read(std::io::Result<usize>),
     Routes,
     Accepted(TcpStream),
+    PathDown,
 }
 
 impl Link {
@@ -167,6 +179,7 @@ impl Link {
                         self.feed(Event::Connected).await;
                     }
                 }
+                Wake::PathDown => self.feed(Event::PathDown).await,
                 Wake::Routes => {
                     if self.session.state() == State::Established {
                         self.send_routes().await;
@@ -192,6 +205,7 @@ impl Link {
             routes,
             buf,
             accepted,
+            down,
             ..
         } = self;
         let timer = timers
@@ -218,6 +232,7 @@ impl Link {
             t = sleep => Wake::Timer(t),
             r = read => Wake::Read(r),
             Some(s) = accepted.recv() => Wake::Accepted(s),
+            Some(()) = down.recv() => Wake::PathDown,
             r = routes.changed() => match r {
                 Ok(()) => Wake::Routes,
                 Err(_) => Wake::Stop,

@@ -17,6 +17,8 @@ use ipnet::IpNet;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use crate::bfd::{Edge, Timing};
+use crate::bfd_link::Bfd;
 use crate::export::{export, Neighbour, NextHops, Source};
 use crate::fsm::{Config, Negotiated};
 use crate::peer::{Announce, Peer, PeerEvent};
@@ -37,6 +39,9 @@ pub struct SpeakerConfig {
     /// `passive` are set per neighbour.
     pub session: Config,
     pub neighbours: Vec<Neighbour>,
+    /// BFD with every neighbour, at this timing: a session whose BFD goes
+    /// down is dropped at once (RFC 5882), not after the hold time.
+    pub bfd: Option<Timing>,
 }
 
 /// A running speaker; dropped, it stops (its sessions just close).
@@ -80,16 +85,22 @@ impl Speaker {
             });
             peers.insert(n.addr, (*n, peer));
         }
+        let (down_tx, bfd_down) = mpsc::channel(16);
+        let bfd = match cfg.bfd {
+            Some(t) => Some(start_bfd(&cfg, t, down_tx).await?),
+            None => None,
+        };
         let state = State {
             cfg,
             peers,
+            _bfd: bfd,
             up: HashMap::new(),
             rib: Rib::default(),
             own: Vec::new(),
             out: HashMap::new(),
             changes,
         };
-        let task = tokio::spawn(state.run(listener, events, wanted));
+        let task = tokio::spawn(state.run(listener, events, wanted, bfd_down));
         Ok(Speaker { originate, task })
     }
 
@@ -99,9 +110,32 @@ impl Speaker {
     }
 }
 
+/// BFD with every neighbour; each one's Down goes to `down`.
+async fn start_bfd(
+    cfg: &SpeakerConfig,
+    t: Timing,
+    down: mpsc::Sender<IpAddr>,
+) -> std::io::Result<Bfd> {
+    let bfd = Bfd::start(cfg.listen).await?;
+    for n in &cfg.neighbours {
+        let (tx, mut rx) = mpsc::channel(4);
+        bfd.add(n.addr, t, tx).await;
+        let (down, addr) = (down.clone(), n.addr);
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                if matches!(e, Edge::Down(_)) && down.send(addr).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(bfd)
+}
+
 struct State {
     cfg: SpeakerConfig,
     peers: HashMap<IpAddr, (Neighbour, Peer)>,
+    _bfd: Option<Bfd>,
     /// Sessions that are up, and who is at the other end.
     up: HashMap<IpAddr, PeerId>,
     rib: Rib,
@@ -117,6 +151,7 @@ impl State {
         listener: TcpListener,
         mut events: mpsc::Receiver<(IpAddr, PeerEvent)>,
         mut wanted: mpsc::Receiver<Vec<(Afi, IpNet)>>,
+        mut bfd_down: mpsc::Receiver<IpAddr>,
     ) {
         loop {
             tokio::select! {
@@ -127,6 +162,11 @@ impl State {
                     }
                 }
                 Some((addr, e)) = events.recv() => self.event(addr, e).await,
+                Some(addr) = bfd_down.recv() => {
+                    if let Some((_, p)) = self.peers.get(&addr) {
+                        p.path_down();
+                    }
+                }
                 Some(own) = wanted.recv() => {
                     self.own = own;
                     self.export_all();

@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, until, THEM as BIRD, US};
+use common::{link, runtime, until, Frozen, THEM as BIRD, US};
 use podnet_bgp::bfd::{Diag, Edge, Timing};
-use podnet_bgp::bfd_link::BfdLink;
+use podnet_bgp::bfd_link::Bfd;
 use podnet_testkit::{require_root, Proc};
 use tokio::sync::mpsc;
 
@@ -46,7 +46,11 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
     let mut cmd = them.command("bird");
     cmd.arg("-f").arg("-c").arg(&conf).arg("-s").arg(&ctl);
     let mut bird = Proc::spawn("bird", cmd, dir.path());
-    let birdc = |what: &str| them.try_sh(&format!("birdc -s {} {what}", ctl.display())).1;
+    // Bounded: a frozen BIRD never answers, and a failure's message asks.
+    let birdc = |what: &str| {
+        them.try_sh(&format!("timeout 2 birdc -s {} {what}", ctl.display()))
+            .1
+    };
     let diag = || format!("{}\nbirdc: {}", bird.log(), birdc("show bfd sessions"));
     us.run(|| {
         runtime().block_on(async {
@@ -56,30 +60,20 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
                 required_min_rx: Duration::from_millis(100),
                 detect_mult: 3,
             };
-            let _link = BfdLink::start(
-                US.parse().unwrap(),
-                BIRD.parse().unwrap(),
-                timing,
-                0x5001,
-                tx,
-            )
-            .await
-            .expect("BFD socket");
+            let bfd = Bfd::start(US.parse().unwrap()).await.expect("BFD socket");
+            bfd.add(BIRD.parse().unwrap(), timing, tx).await;
             assert_eq!(edge(&mut rx, "Up", &diag).await, Edge::Up);
             until("BIRD's session Up", &diag, || {
                 birdc("show bfd sessions").contains("Up")
             })
             .await;
             // BIRD hangs: its packets stop.
-            let pid = bird.pid() as i32;
-            // SAFETY: a signal to a child this test started.
-            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            let frozen = Frozen::freeze(bird.pid());
             let t0 = Instant::now();
             let e = edge(&mut rx, "Down", &diag).await;
             let took = t0.elapsed();
+            drop(frozen);
             assert_eq!(e, Edge::Down(Diag::DetectionTimeExpired));
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
             eprintln!("frozen peer noticed after {took:?} (detection time 300 ms)");
             assert_eq!(edge(&mut rx, "Up again", &diag).await, Edge::Up);
         })

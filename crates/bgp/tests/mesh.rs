@@ -79,6 +79,7 @@ fn config(i: usize, neighbours: Vec<(usize, bool)>, reflector: bool) -> SpeakerC
                 client,
             })
             .collect(),
+        bfd: None,
     }
 }
 
