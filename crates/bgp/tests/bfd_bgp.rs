@@ -9,7 +9,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, Frozen, THEM as BIRD, US};
+use common::{link, runtime, session, Bird, Frozen, THEM as BIRD, US};
 use ipnet::IpNet;
 use podnet_bgp::bfd::Timing;
 use podnet_bgp::export::{Neighbour, NextHops};
@@ -17,7 +17,7 @@ use podnet_bgp::fsm::Config;
 use podnet_bgp::rib::{Change, Local};
 use podnet_bgp::speaker::{Speaker, SpeakerConfig};
 use podnet_bgp::wire::{Afi, Safi};
-use podnet_testkit::{require_root, Proc};
+use podnet_testkit::require_root;
 use tokio::sync::mpsc;
 
 fn bird_conf(log: &std::path::Path) -> String {
@@ -53,14 +53,8 @@ fn speaker() -> SpeakerConfig {
         hops: NextHops { v4: us, v6: None },
         listen: IpAddr::V4(us),
         session: Config {
-            local_as: 64512,
-            peer_as: 64513,
-            router_id: us,
             hold_time: 90,
-            connect_retry: Duration::from_secs(1),
-            passive: false,
-            families: vec![(Afi::Ipv4, Safi::Unicast)],
-            graceful_restart: None,
+            ..session(64513, vec![(Afi::Ipv4, Safi::Unicast)])
         },
         neighbours: vec![Neighbour {
             addr: BIRD.parse().unwrap(),
@@ -99,21 +93,16 @@ fn a_frozen_bird_is_dropped_on_bfds_word_not_after_the_hold_time() {
     require_root();
     let (us, them) = link("bgp-bfd");
     let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("bird.conf");
-    std::fs::write(&conf, bird_conf(&dir.path().join("bird-daemon.log"))).unwrap();
-    let ctl = dir.path().join("bird.ctl");
-    let mut cmd = them.command("bird");
-    cmd.arg("-f").arg("-c").arg(&conf).arg("-s").arg(&ctl);
-    let mut bird = Proc::spawn("bird", cmd, dir.path());
-    // Bounded: a frozen BIRD never answers, and a failure's message asks.
-    let birdc = |what: &str| {
-        them.try_sh(&format!("timeout 2 birdc -s {} {what}", ctl.display()))
-            .1
-    };
+    let bird = Bird::start(
+        &them,
+        dir.path(),
+        &bird_conf(&dir.path().join("bird-daemon.log")),
+    );
+    let birdc = |what: &str| bird.birdc(what);
     let diag = || {
         format!(
             "{}\n{}\n{}",
-            bird.log(),
+            bird.proc.log(),
             birdc("show bfd sessions"),
             birdc("show protocols all podnet")
         )
@@ -124,7 +113,7 @@ fn a_frozen_bird_is_dropped_on_bfds_word_not_after_the_hold_time() {
             let (tx, mut rx) = mpsc::channel(64);
             let _sp = Speaker::start(speaker(), tx).await.expect("speaker");
             route(&mut rx, p, true, &diag).await;
-            let frozen = Frozen::freeze(bird.pid());
+            let frozen = Frozen::freeze(bird.proc.pid());
             let t0 = Instant::now();
             route(&mut rx, p, false, &diag).await;
             let took = t0.elapsed();
@@ -133,5 +122,4 @@ fn a_frozen_bird_is_dropped_on_bfds_word_not_after_the_hold_time() {
             route(&mut rx, p, true, &diag).await;
         })
     });
-    bird.terminate(Duration::from_secs(5));
 }

@@ -7,10 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, until, Frozen, THEM as BIRD, US};
+use common::{link, runtime, until, Bird, Frozen, THEM as BIRD, US};
 use podnet_bgp::bfd::{Diag, Edge, Timing};
 use podnet_bgp::bfd_link::Bfd;
-use podnet_testkit::{require_root, Proc};
+use podnet_testkit::require_root;
 use tokio::sync::mpsc;
 
 fn bird_conf(log: &std::path::Path) -> String {
@@ -40,18 +40,13 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
     require_root();
     let (us, them) = link("bfd-bird");
     let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("bird.conf");
-    std::fs::write(&conf, bird_conf(&dir.path().join("bird-daemon.log"))).unwrap();
-    let ctl = dir.path().join("bird.ctl");
-    let mut cmd = them.command("bird");
-    cmd.arg("-f").arg("-c").arg(&conf).arg("-s").arg(&ctl);
-    let mut bird = Proc::spawn("bird", cmd, dir.path());
-    // Bounded: a frozen BIRD never answers, and a failure's message asks.
-    let birdc = |what: &str| {
-        them.try_sh(&format!("timeout 2 birdc -s {} {what}", ctl.display()))
-            .1
-    };
-    let diag = || format!("{}\nbirdc: {}", bird.log(), birdc("show bfd sessions"));
+    let bird = Bird::start(
+        &them,
+        dir.path(),
+        &bird_conf(&dir.path().join("bird-daemon.log")),
+    );
+    let birdc = |what: &str| bird.birdc(what);
+    let diag = || format!("{}\nbirdc: {}", bird.proc.log(), birdc("show bfd sessions"));
     us.run(|| {
         runtime().block_on(async {
             let (tx, mut rx) = mpsc::channel(16);
@@ -68,7 +63,7 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
             })
             .await;
             // BIRD hangs: its packets stop.
-            let frozen = Frozen::freeze(bird.pid());
+            let frozen = Frozen::freeze(bird.proc.pid());
             let t0 = Instant::now();
             let e = edge(&mut rx, "Down", &diag).await;
             let took = t0.elapsed();
@@ -78,5 +73,4 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
             assert_eq!(edge(&mut rx, "Up again", &diag).await, Edge::Up);
         })
     });
-    bird.terminate(Duration::from_secs(5));
 }

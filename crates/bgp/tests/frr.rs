@@ -7,15 +7,14 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{link, next, runtime, until, THEM as FRR, US, US6};
+use common::{down, link, next, ours, runtime, session, until, up, THEM as FRR, US};
 use ipnet::IpNet;
-use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Announce, Peer, PeerEvent};
-use podnet_bgp::wire::{Afi, AsSegment, MpReach, Origin, PathAttrs, Safi};
+use podnet_bgp::wire::{Afi, AsSegment, Safi};
 use podnet_testkit::{require_root, Proc};
 use tokio::sync::mpsc;
 
@@ -40,29 +39,6 @@ router bgp 64514
  exit-address-family
 "
     )
-}
-
-fn ours() -> Announce {
-    let attrs = |v6: bool| PathAttrs {
-        origin: Some(Origin::Igp),
-        as_path: vec![AsSegment::Sequence(vec![64512])],
-        next_hop: (!v6).then(|| US.parse().unwrap()),
-        mp_reach: v6.then(|| MpReach {
-            afi: Afi::Ipv6,
-            safi: Safi::Unicast,
-            next_hops: vec![US6.parse().unwrap()],
-            nlri: vec![],
-        }),
-        ..Default::default()
-    };
-    let p4: IpNet = "10.244.1.0/24".parse().unwrap();
-    let p6: IpNet = "fd00:244:1::/64".parse().unwrap();
-    Announce {
-        routes: vec![
-            (Afi::Ipv4, attrs(false), vec![p4]),
-            (Afi::Ipv6, attrs(true), vec![p6]),
-        ],
-    }
 }
 
 fn start_bgpd(them: &podnet_testkit::TestNs, dir: &Path) -> Proc {
@@ -105,23 +81,13 @@ fn a_session_with_frr_carries_ipv4_and_ipv6_routes_both_ways() {
     us.run(|| {
         runtime().block_on(async {
             let (tx, mut rx) = mpsc::channel(64);
-            let config = Config {
-                local_as: 64512,
-                peer_as: 64514,
-                router_id: US.parse::<Ipv4Addr>().unwrap(),
-                hold_time: 9,
-                connect_retry: Duration::from_secs(1),
-                passive: false,
-                families: vec![(Afi::Ipv4, Safi::Unicast), (Afi::Ipv6, Safi::Unicast)],
-                graceful_restart: None,
-            };
+            let config = session(
+                64514,
+                vec![(Afi::Ipv4, Safi::Unicast), (Afi::Ipv6, Safi::Unicast)],
+            );
             let peer = Peer::start(config, format!("{FRR}:179").parse().unwrap(), tx);
-            peer.announce(ours());
-            let up = loop {
-                if let PeerEvent::Up(n) = next(&mut rx, "the session with bgpd", &diag).await {
-                    break n;
-                }
-            };
+            peer.announce(ours(true));
+            let up = up(&mut rx, &diag).await;
             assert_eq!(up.peer_as, 64514);
             assert_eq!(
                 up.families,
@@ -170,11 +136,7 @@ fn a_session_with_frr_carries_ipv4_and_ipv6_routes_both_ways() {
             // bgpd shuts the neighbor down: a Cease, seen as Down.
             let shut = format!("neighbor {US} shutdown");
             vtysh_all(&["configure terminal", "router bgp 64514", &shut]);
-            let down = loop {
-                if let PeerEvent::Down(why) = next(&mut rx, "the session going down", &diag).await {
-                    break why;
-                }
-            };
+            let down = down(&mut rx, &diag).await;
             assert!(down.contains("Cease"), "{down}");
             peer.stop();
         })

@@ -6,15 +6,13 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{link, next, runtime, until, THEM as GOBGP, US, US6};
+use common::{down, link, next, ours, runtime, session, until, up, THEM as GOBGP, US};
 use ipnet::IpNet;
-use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Announce, Peer, PeerEvent};
-use podnet_bgp::wire::{Afi, AsSegment, MpReach, Origin, PathAttrs, Safi};
+use podnet_bgp::wire::{Afi, AsSegment, Safi};
 use podnet_testkit::{require_root, Proc};
 use tokio::sync::mpsc;
 
@@ -61,35 +59,6 @@ fn conf() -> String {
     )
 }
 
-fn ours() -> Announce {
-    let attrs = |v6: bool| PathAttrs {
-        origin: Some(Origin::Igp),
-        as_path: vec![AsSegment::Sequence(vec![64512])],
-        next_hop: (!v6).then(|| US.parse().unwrap()),
-        mp_reach: v6.then(|| MpReach {
-            afi: Afi::Ipv6,
-            safi: Safi::Unicast,
-            next_hops: vec![US6.parse().unwrap()],
-            nlri: vec![],
-        }),
-        ..Default::default()
-    };
-    Announce {
-        routes: vec![
-            (
-                Afi::Ipv4,
-                attrs(false),
-                vec!["10.244.1.0/24".parse().unwrap()],
-            ),
-            (
-                Afi::Ipv6,
-                attrs(true),
-                vec!["fd00:244:1::/64".parse().unwrap()],
-            ),
-        ],
-    }
-}
-
 #[test]
 fn a_session_with_gobgp_carries_ipv4_and_ipv6_routes_both_ways() {
     require_root();
@@ -122,23 +91,13 @@ fn a_session_with_gobgp_carries_ipv4_and_ipv6_routes_both_ways() {
             gobgp("global rib add -a ipv4 10.244.7.0/24");
             gobgp("global rib add -a ipv6 fd00:244:7::/64");
             let (tx, mut rx) = mpsc::channel(64);
-            let config = Config {
-                local_as: 64512,
-                peer_as: 64515,
-                router_id: US.parse::<Ipv4Addr>().unwrap(),
-                hold_time: 9,
-                connect_retry: Duration::from_secs(1),
-                passive: false,
-                families: vec![(Afi::Ipv4, Safi::Unicast), (Afi::Ipv6, Safi::Unicast)],
-                graceful_restart: None,
-            };
+            let config = session(
+                64515,
+                vec![(Afi::Ipv4, Safi::Unicast), (Afi::Ipv6, Safi::Unicast)],
+            );
             let peer = Peer::start(config, format!("{GOBGP}:179").parse().unwrap(), tx);
-            peer.announce(ours());
-            let up = loop {
-                if let PeerEvent::Up(n) = next(&mut rx, "the session with gobgpd", &diag).await {
-                    break n;
-                }
-            };
+            peer.announce(ours(true));
+            let up = up(&mut rx, &diag).await;
             assert_eq!(up.peer_as, 64515);
             assert_eq!(up.families.len(), 2, "{up:?}");
             let want4: ipnet::Ipv4Net = "10.244.7.0/24".parse().unwrap();
@@ -171,11 +130,7 @@ fn a_session_with_gobgp_carries_ipv4_and_ipv6_routes_both_ways() {
                 .await;
             }
             gobgp(&format!("neighbor {US} disable"));
-            let down = loop {
-                if let PeerEvent::Down(why) = next(&mut rx, "the session going down", &diag).await {
-                    break why;
-                }
-            };
+            let down = down(&mut rx, &diag).await;
             assert!(down.contains("Cease"), "{down}");
             peer.stop();
         })

@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use common::{link, next, runtime, THEM, US};
+use common::{link, next, runtime, session, THEM};
 use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Peer, PeerEvent};
 use podnet_bgp::wire::{Afi, Capability, Codec, Message, Notification, Open, Safi};
@@ -18,16 +17,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+/// A long connect retry: one connection per case.
 fn config() -> Config {
     Config {
-        local_as: 64512,
-        peer_as: 64513,
-        router_id: US.parse::<Ipv4Addr>().unwrap(),
-        hold_time: 9,
         connect_retry: Duration::from_secs(30),
-        passive: false,
-        families: vec![(Afi::Ipv4, Safi::Unicast)],
-        graceful_restart: None,
+        ..session(64513, vec![(Afi::Ipv4, Safi::Unicast)])
     }
 }
 

@@ -9,14 +9,11 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
-use std::time::Duration;
-
-use common::{link, next, runtime, until, THEM as BIRD, US};
+use common::{link, ours, runtime, session, until, Bird, THEM as BIRD, US};
 use podnet_bgp::fsm::Config;
-use podnet_bgp::peer::{Announce, Peer, PeerEvent};
-use podnet_bgp::wire::{Afi, AsSegment, Origin, PathAttrs, Safi};
-use podnet_testkit::{require_root, Proc};
+use podnet_bgp::peer::{Peer, PeerEvent};
+use podnet_bgp::wire::{Afi, Safi};
+use podnet_testkit::require_root;
 use tokio::sync::mpsc;
 
 fn bird_conf(log: &std::path::Path) -> String {
@@ -37,40 +34,20 @@ protocol bgp podnet {{
     )
 }
 
-fn ours() -> Announce {
-    let attrs = PathAttrs {
-        origin: Some(Origin::Igp),
-        as_path: vec![AsSegment::Sequence(vec![64512])],
-        next_hop: Some(US.parse().unwrap()),
-        ..Default::default()
-    };
-    Announce {
-        routes: vec![(Afi::Ipv4, attrs, vec!["10.244.1.0/24".parse().unwrap()])],
-    }
-}
-
 fn config(restart: Option<(u16, bool)>) -> Config {
     Config {
-        local_as: 64512,
-        peer_as: 64513,
-        router_id: US.parse::<Ipv4Addr>().unwrap(),
-        hold_time: 9,
-        connect_retry: Duration::from_secs(1),
-        passive: false,
-        families: vec![(Afi::Ipv4, Safi::Unicast)],
         graceful_restart: restart,
+        ..session(64513, vec![(Afi::Ipv4, Safi::Unicast)])
     }
 }
 
-async fn up(cfg: Config, diag: &dyn Fn() -> String) -> (Peer, mpsc::Receiver<PeerEvent>) {
+/// A session with BIRD, announcing our route, up.
+async fn start(cfg: Config, diag: &dyn Fn() -> String) -> (Peer, mpsc::Receiver<PeerEvent>) {
     let (tx, mut rx) = mpsc::channel(64);
     let peer = Peer::start(cfg, format!("{BIRD}:179").parse().unwrap(), tx);
-    peer.announce(ours());
-    loop {
-        if let PeerEvent::Up(_) = next(&mut rx, "the session with BIRD", diag).await {
-            return (peer, rx);
-        }
-    }
+    peer.announce(ours(false));
+    common::up(&mut rx, diag).await;
+    (peer, rx)
 }
 
 #[test]
@@ -78,18 +55,17 @@ fn bird_keeps_our_routes_across_a_restart_with_graceful_restart_and_not_without(
     require_root();
     let (us, them) = link("bgp-gr");
     let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("bird.conf");
-    std::fs::write(&conf, bird_conf(&dir.path().join("bird-daemon.log"))).unwrap();
-    let ctl = dir.path().join("bird.ctl");
-    let mut cmd = them.command("bird");
-    cmd.arg("-f").arg("-c").arg(&conf).arg("-s").arg(&ctl);
-    let mut bird = Proc::spawn("bird", cmd, dir.path());
-    let birdc = |what: &str| them.try_sh(&format!("birdc -s {} {what}", ctl.display())).1;
+    let bird = Bird::start(
+        &them,
+        dir.path(),
+        &bird_conf(&dir.path().join("bird-daemon.log")),
+    );
+    let birdc = |what: &str| bird.birdc(what);
     let route = || birdc("show route 10.244.1.0/24 all");
     let diag = || {
         format!(
             "{}\nroute: {}\nprotocol: {}",
-            bird.log(),
+            bird.proc.log(),
             route(),
             birdc("show protocols all podnet")
         )
@@ -98,7 +74,7 @@ fn bird_keeps_our_routes_across_a_restart_with_graceful_restart_and_not_without(
     us.run(|| {
         runtime().block_on(async {
             // Without the capability: gone as soon as the connection is.
-            let (peer, _rx) = up(config(None), &diag).await;
+            let (peer, _rx) = start(config(None), &diag).await;
             until("BIRD to hold our route", &diag, held).await;
             peer.abandon();
             until(
@@ -109,7 +85,7 @@ fn bird_keeps_our_routes_across_a_restart_with_graceful_restart_and_not_without(
             .await;
 
             // With it: kept across the gap, BIRD waiting for us...
-            let (peer, _rx) = up(config(Some((120, false))), &diag).await;
+            let (peer, _rx) = start(config(Some((120, false))), &diag).await;
             until("BIRD to hold our route again", &diag, held).await;
             until("BIRD to see our graceful restart", &diag, || {
                 birdc("show protocols all podnet").contains("Graceful restart")
@@ -121,11 +97,10 @@ fn bird_keeps_our_routes_across_a_restart_with_graceful_restart_and_not_without(
             until("BIRD to wait for our restart", &diag, restarting).await;
             assert!(held(), "the route was kept\n{}", diag());
             // ...until we are back with End-of-RIB, the route in place.
-            let (peer, _rx) = up(config(Some((120, true))), &diag).await;
+            let (peer, _rx) = start(config(Some((120, true))), &diag).await;
             until("BIRD's wait over", &diag, || !restarting()).await;
             assert!(held(), "{}", diag());
             peer.stop();
         })
     });
-    bird.terminate(Duration::from_secs(5));
 }

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use podnet_bgp::peer::PeerEvent;
+use podnet_bgp::fsm::{Config, Negotiated};
+use podnet_bgp::peer::{Announce, PeerEvent};
+use podnet_bgp::wire::{Afi, AsSegment, MpReach, Origin, PathAttrs, Safi};
 use podnet_testkit::TestNs;
 use tokio::sync::mpsc;
 
@@ -87,5 +89,108 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         // SAFETY: as above.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// BIRD 2 in `ns` with configuration `conf` (its log and control socket
+/// in `dir`); stopped when dropped.
+pub struct Bird<'a> {
+    pub proc: podnet_testkit::Proc,
+    ns: &'a TestNs,
+    ctl: std::path::PathBuf,
+}
+
+impl<'a> Bird<'a> {
+    pub fn start(ns: &'a TestNs, dir: &std::path::Path, conf: &str) -> Bird<'a> {
+        let path = dir.join("bird.conf");
+        std::fs::write(&path, conf).unwrap();
+        let ctl = dir.join("bird.ctl");
+        let mut cmd = ns.command("bird");
+        cmd.arg("-f").arg("-c").arg(&path).arg("-s").arg(&ctl);
+        let proc = podnet_testkit::Proc::spawn("bird", cmd, dir);
+        Bird { proc, ns, ctl }
+    }
+
+    /// A `birdc` command's output. Its exit status says little ("Network
+    /// not found" is a failure), and it is bounded: a frozen BIRD never
+    /// answers, and a failure's message asks.
+    pub fn birdc(&self, what: &str) -> String {
+        let cmd = format!("timeout 2 birdc -s {} {what}", self.ctl.display());
+        self.ns.try_sh(&cmd).1
+    }
+
+    /// What BIRD said and what its protocol `name` is doing, for a failure.
+    pub fn diag(&self, name: &str) -> String {
+        let proto = self.birdc(&format!("show protocols all {name}"));
+        format!("BIRD's log:\n{}\n{proto}", self.proc.log())
+    }
+}
+
+impl Drop for Bird<'_> {
+    fn drop(&mut self) {
+        self.proc.terminate(Duration::from_secs(5));
+    }
+}
+
+/// Our side of a session with `peer_as` (AS 64512, hold time 9 s, a
+/// connect retry of 1 s).
+pub fn session(peer_as: u32, families: Vec<(Afi, Safi)>) -> Config {
+    Config {
+        local_as: 64512,
+        peer_as,
+        router_id: US.parse().unwrap(),
+        hold_time: 9,
+        connect_retry: Duration::from_secs(1),
+        passive: false,
+        families,
+        graceful_restart: None,
+    }
+}
+
+/// Our routes: 10.244.1.0/24, and with `v6` also fd00:244:1::/64 (in
+/// MP_REACH_NLRI), with AS path 64512 and our addresses as next hops.
+pub fn ours(v6: bool) -> Announce {
+    let attrs = |six: bool| PathAttrs {
+        origin: Some(Origin::Igp),
+        as_path: vec![AsSegment::Sequence(vec![64512])],
+        next_hop: (!six).then(|| US.parse().unwrap()),
+        mp_reach: six.then(|| MpReach {
+            afi: Afi::Ipv6,
+            safi: Safi::Unicast,
+            next_hops: vec![US6.parse().unwrap()],
+            nlri: vec![],
+        }),
+        ..Default::default()
+    };
+    let mut routes = vec![(
+        Afi::Ipv4,
+        attrs(false),
+        vec!["10.244.1.0/24".parse().unwrap()],
+    )];
+    if v6 {
+        routes.push((
+            Afi::Ipv6,
+            attrs(true),
+            vec!["fd00:244:1::/64".parse().unwrap()],
+        ));
+    }
+    Announce { routes }
+}
+
+/// Waits for the session to come up; its terms.
+pub async fn up(rx: &mut mpsc::Receiver<PeerEvent>, diag: &dyn Fn() -> String) -> Negotiated {
+    loop {
+        if let PeerEvent::Up(n) = next(rx, "the session", diag).await {
+            return n;
+        }
+    }
+}
+
+/// Waits for the session to go down; why.
+pub async fn down(rx: &mut mpsc::Receiver<PeerEvent>, diag: &dyn Fn() -> String) -> String {
+    loop {
+        if let PeerEvent::Down(why) = next(rx, "the session going down", diag).await {
+            return why;
+        }
     }
 }
