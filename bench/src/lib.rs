@@ -278,3 +278,15 @@ mod tests {
         );
     }
 }
+
+/// A `/proc/PID/status` memory field (`"VmRSS:"`, `"VmHWM:"`, ...) in MiB;
+/// 0 when the process or the field is gone.
+pub fn proc_status_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}

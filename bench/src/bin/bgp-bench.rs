@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ipnet::{IpNet, Ipv4Net};
+use podnet_bench::connrate::median;
 use podnet_bgp::export::{Neighbour, NextHops};
 use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Announce, Peer, PeerEvent};
@@ -123,14 +124,6 @@ impl Drop for Receiver {
     }
 }
 
-fn vm_hwm_mib(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn number_after(text: &str, key: &str) -> usize {
     text.find(key)
         .map(|i| &text[i + key.len()..])
@@ -200,13 +193,7 @@ fn receiver_command(
 /// How many routes a daemon holds, asked with its own CLI in `ns`.
 fn counter(which: &str, ns: &TestNs, d: &Path, gobgpd: &Path) -> Box<dyn Fn() -> usize> {
     let nsname = ns.name().to_string();
-    let sh = move |cmd: String| -> String {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &nsname, "sh", "-c", &cmd])
-            .output();
-        o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    };
+    let sh = move |cmd: String| podnet_testkit::try_sh_in(&nsname, &cmd).1;
     match which {
         "bird" => {
             let ctl = d.join("ctl");
@@ -317,25 +304,15 @@ fn run_one(feeder: &TestNs, r: &mut Receiver, n: usize) -> Result<(f64, f64)> {
         }
     }
     let took = t0.elapsed().as_secs_f64();
-    let mem = vm_hwm_mib(r.child.id());
+    let mem = podnet_bench::proc_status_mib(r.child.id(), "VmHWM:");
     rt.block_on(async { peer.stop() });
     Ok((took, mem))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// The two namespaces, joined by a veth pair.
 fn pair() -> Result<(TestNs, TestNs)> {
-    let pid = std::process::id();
-    let feeder = TestNs::create(format!("pn-bgpb-{pid}-f"))?;
-    let recv = TestNs::create(format!("pn-bgpb-{pid}-r"))?;
+    let feeder = TestNs::create(podnet_bench::ns_name("bgp-feeder"))?;
+    let recv = TestNs::create(podnet_bench::ns_name("bgp-receiver"))?;
     feeder.sh(&format!(
         "ip link add bb0 type veth peer name bb1 netns {}",
         recv.name()
@@ -368,6 +345,8 @@ fn main() -> Result<()> {
             .build()?;
         return rt.block_on(receive(n));
     }
+    podnet_bench::require_root()?;
+    podnet_bench::remove_stale_namespaces();
     let gobgpd = gobgpd()?;
     let receivers: Vec<&str> = a.receivers.split(',').collect();
     let mut results: Vec<(String, Vec<f64>, Vec<f64>)> = receivers
@@ -388,22 +367,19 @@ fn main() -> Result<()> {
             results[i].2.push(mem);
         }
     }
-    let bird = results
-        .iter()
-        .find(|r| r.0 == "bird")
-        .map(|r| median(r.1.clone()));
+    let bird = results.iter().find(|r| r.0 == "bird").map(|r| median(&r.1));
     println!(
         "{} IPv4 routes over eBGP, {} rounds (medians):",
         a.routes, a.rounds
     );
     for (name, times, mems) in &results {
-        let t = median(times.clone());
+        let t = median(times);
         let ratio = bird
             .map(|b| format!("  {:.2}x BIRD", t / b))
             .unwrap_or_default();
         println!(
             "  {name:7} {t:7.3} s  VmHWM {:6.1} MiB{ratio}",
-            median(mems.clone())
+            median(mems)
         );
     }
     Ok(())

@@ -157,16 +157,6 @@ fn wait_answers(addr: SocketAddr, name: &str, child: &mut Child) -> Result<()> {
     }
 }
 
-fn rss_mb(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
 struct Run {
     qps: f64,
     avg_ms: f64,
@@ -335,18 +325,22 @@ fn bench_podnet(
     let mut p = start_podnet(a, url, port, threads, dir)?;
     wait_answers(addr, last, &mut p.child)?;
     let load = t.elapsed().as_secs_f64();
-    let rss = rss_mb(p.child.id(), "VmRSS:");
+    let rss = podnet_bench::proc_status_mib(p.child.id(), "VmRSS:");
     let (anon, file) = (
-        rss_mb(p.child.id(), "RssAnon:"),
-        rss_mb(p.child.id(), "RssFile:"),
+        podnet_bench::proc_status_mib(p.child.id(), "RssAnon:"),
+        podnet_bench::proc_status_mib(p.child.id(), "RssFile:"),
     );
     let ours = dnsperf(port, queries, a.seconds, threads, a.outstanding)?;
     let (p50, p99) = latency(port, queries, a.seconds.min(5), threads, a.latency_qps)?;
-    let hwm = rss_mb(p.child.id(), "VmHWM:");
+    let hwm = podnet_bench::proc_status_mib(p.child.id(), "VmHWM:");
     let memory = if threads == 1 {
         Some((
             (rss, hwm, load),
-            (anon, file, rss_mb(p.child.id(), "VmRSS:")),
+            (
+                anon,
+                file,
+                podnet_bench::proc_status_mib(p.child.id(), "VmRSS:"),
+            ),
         ))
     } else {
         None
@@ -370,7 +364,7 @@ fn bench_unbound(
     unbound_conf(&conf, port, threads, a.services)?;
     let mut u = start_unbound(&conf, dir, threads)?;
     wait_answers(addr, last, &mut u.child)?;
-    let uss = rss_mb(u.child.id(), "VmRSS:");
+    let uss = podnet_bench::proc_status_mib(u.child.id(), "VmRSS:");
     let theirs = dnsperf(port, queries, a.seconds, threads, a.outstanding)?;
     let (up50, up99) = latency(port, queries, a.seconds.min(5), threads, a.latency_qps)?;
     drop(u);
