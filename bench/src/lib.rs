@@ -252,6 +252,18 @@ pub fn conn_rate(client: &str, addr: std::net::SocketAddr, secs: f64) -> Result<
     Ok(total as f64 / t0.elapsed().as_secs_f64().max(secs))
 }
 
+/// A `/proc/PID/status` memory field (`"VmRSS:"`, `"VmHWM:"`, ...) in MiB;
+/// 0 when the process or the field is gone.
+pub fn proc_status_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,16 +289,4 @@ mod tests {
             (Duration::from_millis(7), Duration::from_millis(7))
         );
     }
-}
-
-/// A `/proc/PID/status` memory field (`"VmRSS:"`, `"VmHWM:"`, ...) in MiB;
-/// 0 when the process or the field is gone.
-pub fn proc_status_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
 }
