@@ -1,0 +1,7 @@
+//! LoadBalancer Services on bare metal (issue 26): where their addresses
+//! come from and how the network learns where they are.
+//!
+//! Layout, one concept per module (added as they land):
+//! - `ipam`: address pools and the allocation of LoadBalancer IPs (pure);
+//! - `l2`: L2 announcement, one node answering ARP/NDP for each address
+//!   and another taking over with gratuitous ARP / unsolicited NA.
