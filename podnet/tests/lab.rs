@@ -366,6 +366,81 @@ fn udp_full_mesh() {
 }
 
 #[test]
+fn bgp_full_mesh() {
+    full_mesh("bgp", "bg");
+}
+
+#[test]
+fn bgp_full_mesh_kube() {
+    full_mesh_in(Mode::Kube, "bgp", "bgk");
+}
+
+/// The bgp backend: no tunnel device, each other node's subnet routed via
+/// its underlay address as learned over the mesh; an agent restart loses
+/// no packet of a stream across nodes (the kernel keeps forwarding while
+/// the restarted speaker hears its peers' tables, and the peers keep its
+/// routes: graceful restart); a node that leaves is withdrawn and one
+/// that joins is reachable without restarting anyone.
+#[test]
+fn bgp_mesh_follows_nodes_and_survives_agent_restarts() {
+    let lab = Lab::up("bgr", "bgp", 3);
+    let _ip1 = lab.pod("p1", "node1");
+    let ip2 = lab.pod("p2", "node2");
+    let _ip3 = lab.pod("p3", "node3");
+    let n1 = lab.node_ns("node1");
+    let links = lab.sh(&n1, "ip -d link show").1;
+    assert!(
+        !links.contains("vxlan") && !links.contains("tun"),
+        "a tunnel device on a bgp node: {links}"
+    );
+    let routes = lab.kernel_state("node1");
+    assert_eq!(routes.matches(" via 192.168.200.").count(), 2, "{routes}");
+
+    // A stream of pings from p1 to p2 across both agents' restarts.
+    let ping = Command::new("ip")
+        .args(["netns", "exec", &lab.pod_netns("p1"), "ping", "-i", "0.02"])
+        .arg(&ip2)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    let (mut conn, server) = Echo::open(&lab, "p2", "p1", &ip2);
+    let before = lab.kernel_state("node1");
+    lab.ok(&["restart-agent", "node1"]);
+    lab.ok(&["restart-agent", "node2"]);
+    lab.agent_ready("node1");
+    lab.agent_ready("node2");
+    // ping prints its count on SIGINT.
+    unsafe { libc::kill(ping.id() as i32, libc::SIGINT) };
+    let out = String::from_utf8_lossy(&ping.wait_with_output().unwrap().stdout).into_owned();
+    assert!(out.contains(" received,"), "no ping summary: {out}");
+    assert!(
+        out.contains(" 0% packet loss"),
+        "packets lost across the agents' restarts: {out}"
+    );
+    assert_eq!(before, lab.kernel_state("node1"), "a restart changed routes");
+    Echo::round_trip(&mut conn, b"after");
+    server.join().unwrap();
+
+    // A node leaves: its subnet is withdrawn everywhere.
+    lab.ok(&["remove-node", "node3"]);
+    lab.eventually("node3's subnet gone from node1", || {
+        lab.kernel_state("node1").matches(" via ").count() == 1
+    });
+    // A node joins: reachable both ways without restarting anyone.
+    let added = lab.ok(&["add-node"]);
+    let new_node = added.split_whitespace().nth(1).unwrap().to_string();
+    let ip4 = lab.pod("p4", &new_node);
+    assert_eq!(
+        lab.ok(&["probe", "default/p1", &format!("{ip4}:8080")]),
+        "p4"
+    );
+    assert_eq!(
+        lab.ok(&["probe", "default/p4", &format!("{ip2}:8081/udp")]),
+        "p2"
+    );
+}
+
+#[test]
 fn nodes_leave_and_join_and_agents_restart() {
     let lab = Lab::up("ch", "vxlan", 3);
     let ip1 = lab.pod("p1", "node1");

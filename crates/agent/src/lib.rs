@@ -5,7 +5,7 @@
 //! node's subnet and runs the node's subsystems on the one reconcile loop
 //! (`podnet_reconcile`):
 //!
-//! - the overlay (`podnet_overlay`): the backend (vxlan, host-gw, udp),
+//! - the overlay (`podnet_overlay`): the backend (vxlan, host-gw, udp, bgp),
 //!   routes, masquerade and the CNI files;
 //! - the service proxy (`podnet_proxy`): Services on nftables;
 //! - NetworkPolicy (`podnet_policy`): the node's pods' ingress and egress

@@ -98,6 +98,8 @@ pub enum BackendType {
     Vxlan,
     HostGw,
     Udp,
+    /// No tunnel: each node's pod CIDR spread by BGP (Calico's way).
+    Bgp,
 }
 
 impl BackendType {
@@ -106,6 +108,7 @@ impl BackendType {
             "vxlan" => Some(BackendType::Vxlan),
             "host-gw" | "hostgw" => Some(BackendType::HostGw),
             "udp" => Some(BackendType::Udp),
+            "bgp" => Some(BackendType::Bgp),
             _ => None,
         }
     }
@@ -268,7 +271,7 @@ fn backend(b: &Backend) -> Result<(BackendType, u32, u16), FieldErr> {
     let backend = BackendType::parse(&bt).ok_or_else(|| {
         (
             "spec.Backend.Type".to_string(),
-            format!("unknown backend {bt:?} (vxlan, host-gw, udp)"),
+            format!("unknown backend {bt:?} (vxlan, host-gw, udp, bgp)"),
         )
     })?;
     let vni = b.vni.unwrap_or(1);

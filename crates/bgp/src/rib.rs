@@ -4,6 +4,13 @@
 //! UPDATEs and session losses go in, the changes to the best routes come
 //! out, for the caller to install in the kernel and pass on to peers.
 //!
+//! A peer whose session ended without a goodbye while it had graceful
+//! restart (RFC 4724 §4.2) keeps its routes, marked stale, until it comes
+//! back and says End-of-RIB (what it did not announce again goes then) or
+//! its restart time runs out (the caller's timer: then [`Rib::peer_down`]).
+//! A route is one per peer address, so a restarted peer's routes replace
+//! its stale ones whatever it now calls itself.
+//!
 //! Only what a node's speaker needs of the decision process is here, in
 //! this order: highest LOCAL_PREF (100 when absent), shortest AS_PATH (a
 //! set counts one), lowest ORIGIN, lowest MED among routes from the same
@@ -61,6 +68,8 @@ pub struct Rib {
     /// whose nodes would be sized for many).
     routes: BTreeMap<IpNet, Vec<Route>>,
     best: BTreeMap<IpNet, Route>,
+    /// Per restarting peer, the prefixes it has not announced again.
+    stale: BTreeMap<IpAddr, BTreeSet<IpNet>>,
 }
 
 impl Rib {
@@ -89,6 +98,7 @@ impl Rib {
             self.remove(&p, &from);
             touched.insert(p);
         }
+
         let looped = loops(local, &u.attrs);
         let mut attrs = u.attrs.clone();
         attrs.mp_reach = None;
@@ -112,7 +122,7 @@ impl Rib {
                         next_hop,
                     };
                     let by = self.routes.entry(p).or_default();
-                    match by.iter_mut().find(|x| x.from == from) {
+                    match by.iter_mut().find(|x| x.from.addr == from.addr) {
                         Some(x) => *x = r,
                         None => by.push(r),
                     }
@@ -120,26 +130,68 @@ impl Rib {
                 _ => self.remove(&p, &from),
             }
         }
+        // What a restarting peer said again is no longer stale.
+        if let Some(stale) = self.stale.get_mut(&from.addr) {
+            stale.retain(|p| !touched.contains(p));
+        }
         self.decide(touched)
     }
 
-    /// Forgets every route of a peer whose session went down.
+    /// Forgets every route of a peer whose session went down (or whose
+    /// restart time ran out).
     pub fn peer_down(&mut self, from: &PeerId) -> Vec<Change> {
-        let touched: BTreeSet<IpNet> = self
-            .routes
-            .iter()
-            .filter(|(_, by)| by.iter().any(|r| r.from == *from))
-            .map(|(p, _)| *p)
-            .collect();
+        self.stale.remove(&from.addr);
+        let touched = self.prefixes_of(from.addr);
         for p in &touched {
             self.remove(p, from);
         }
         self.decide(touched)
     }
 
+    /// The peer's session ended without a NOTIFICATION and it had graceful
+    /// restart: its routes stay, stale, while it restarts.
+    pub fn peer_restarting(&mut self, from: &PeerId) {
+        let prefixes = self.prefixes_of(from.addr);
+        self.stale.insert(from.addr, prefixes);
+    }
+
+    /// Whether `addr`'s routes are held for its restart.
+    pub fn restarting(&self, addr: IpAddr) -> bool {
+        self.stale.contains_key(&addr)
+    }
+
+    /// The restarted peer's End-of-RIB for `v6` (or IPv4) unicast: its
+    /// routes of that family it did not announce again go.
+    pub fn end_of_rib(&mut self, from: &PeerId, v6: bool) -> Vec<Change> {
+        let Some(stale) = self.stale.get_mut(&from.addr) else {
+            return Vec::new();
+        };
+        let gone: BTreeSet<IpNet> = stale
+            .iter()
+            .filter(|p| matches!(p, IpNet::V6(_)) == v6)
+            .copied()
+            .collect();
+        stale.retain(|p| !gone.contains(p));
+        if stale.is_empty() {
+            self.stale.remove(&from.addr);
+        }
+        for p in &gone {
+            self.remove(p, from);
+        }
+        self.decide(gone)
+    }
+
+    fn prefixes_of(&self, addr: IpAddr) -> BTreeSet<IpNet> {
+        self.routes
+            .iter()
+            .filter(|(_, by)| by.iter().any(|r| r.from.addr == addr))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
     fn remove(&mut self, p: &IpNet, from: &PeerId) {
         if let Some(by) = self.routes.get_mut(p) {
-            by.retain(|r| r.from != *from);
+            by.retain(|r| r.from.addr != from.addr);
             if by.is_empty() {
                 self.routes.remove(p);
             }
@@ -375,6 +427,39 @@ mod tests {
             rib.update(&LOCAL, peer(2, 65002), &unreach),
             vec![(p, None)]
         );
+    }
+
+    /// Graceful restart, receiving side: a peer that went away without a
+    /// goodbye keeps its routes; back, what it announces again stays and
+    /// what it does not goes at its End-of-RIB; a peer whose restart time
+    /// ran out loses everything.
+    #[test]
+    fn a_restarting_peer_keeps_its_routes_until_its_end_of_rib() {
+        let (kept, dropped) = ("10.244.4.0/24", "10.244.5.0/24");
+        let mut rib = Rib::default();
+        let from = peer(2, 64512);
+        rib.update(&LOCAL, from, &announce(kept, vec![], |_| {}));
+        rib.update(&LOCAL, from, &announce(dropped, vec![], |_| {}));
+        rib.peer_restarting(&from);
+        assert!(rib.restarting(from.addr));
+        assert!(rib.best(&net(kept)).is_some() && rib.best(&net(dropped)).is_some());
+        // Back under a new identifier: its announcement replaces the stale
+        // route (one route per peer address), with no best-route change.
+        let back = PeerId {
+            router_id: Ipv4Addr::new(10, 9, 9, 9),
+            ..from
+        };
+        let c = rib.update(&LOCAL, back, &announce(kept, vec![], |_| {}));
+        assert_eq!(c.len(), 1, "the route's peer changed: {c:?}");
+        assert!(rib.end_of_rib(&back, true).is_empty(), "no IPv6 was stale");
+        let c = rib.end_of_rib(&back, false);
+        assert_eq!(c, vec![(net(dropped), None)]);
+        assert!(!rib.restarting(from.addr));
+        assert_eq!(rib.best(&net(kept)).unwrap().from, back);
+        // A restart that never comes back.
+        rib.peer_restarting(&back);
+        assert_eq!(rib.peer_down(&back), vec![(net(kept), None)]);
+        assert!(!rib.restarting(from.addr));
     }
 
     /// A route that comes back (our AS in its path, our ID as its

@@ -59,7 +59,7 @@ impl Lab {
         }
         let bt = netconfig::BackendType::parse(&o.backend).ok_or_else(|| {
             msg(format!(
-                "unknown backend {:?} (vxlan, host-gw, udp)",
+                "unknown backend {:?} (vxlan, host-gw, udp, bgp)",
                 o.backend
             ))
         })?;

@@ -36,7 +36,7 @@ pub async fn run<F: Future<Output = ()>>(
     tracing::info!(node = %attrs.node, subnet = %mine.subnet, public_ip = %attrs.public_ip,
         backend = overlay.backend().name(), mtu = overlay.mtu(), "subnet acquired");
     let underlay_ip = overlay.underlay().ip;
-    overlay.start(mine.clone())?;
+    overlay.start(mine.clone()).await?;
     subnets.network_up(underlay_ip).await.map_err(source)?;
     claimed(mine.subnet).await;
 
@@ -45,6 +45,9 @@ pub async fn run<F: Future<Output = ()>>(
     // dropped.
     let (tx, rx) = podnet_reconcile::channel();
     let mut overlay_loop = tokio::task::JoinSet::new();
+    if let Some(learned) = overlay.backend_mut().take_learned() {
+        overlay_loop.spawn(forward_learned(learned, tx.clone()));
+    }
     overlay_loop.spawn(podnet_reconcile::run(
         overlay,
         rx,
@@ -83,6 +86,18 @@ pub async fn run<F: Future<Output = ()>>(
                     let _ = tx.send(Input::Changes(OverlayInput::Mine(l))).await;
                 }
             }
+        }
+    }
+}
+
+/// Routes learned by the backend's routing protocol, into the loop.
+async fn forward_learned(
+    mut learned: tokio::sync::mpsc::Receiver<Vec<podnet_bgp::rib::Change>>,
+    tx: tokio::sync::mpsc::Sender<Input<OverlayInput>>,
+) {
+    while let Some(c) = learned.recv().await {
+        if tx.send(Input::Changes(OverlayInput::Learned(c))).await.is_err() {
+            return;
         }
     }
 }

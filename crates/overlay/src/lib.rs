@@ -73,6 +73,8 @@ pub struct Paths {
 pub enum OverlayInput {
     Nodes(SubnetMap),
     Mine(SubnetLease),
+    /// Best-route changes from the BGP speaker (the bgp backend).
+    Learned(Vec<podnet_bgp::rib::Change>),
 }
 
 /// This node's overlay: the backend, its device, this node's subnet and
@@ -131,6 +133,10 @@ impl Overlay {
         &self.backend
     }
 
+    pub fn backend_mut(&mut self) -> &mut Backend {
+        &mut self.backend
+    }
+
     pub fn mtu(&self) -> u32 {
         self.mtu
     }
@@ -149,13 +155,14 @@ impl Overlay {
     /// With this node's subnet: the device's address, the userspace
     /// tunnel, the masquerade table and the node's files. After this the
     /// node's own pods work; [`Overlay`] in the loop connects the others.
-    pub fn start(&mut self, mine: SubnetLease) -> Result<(), OverlayError> {
+    pub async fn start(&mut self, mine: SubnetLease) -> Result<(), OverlayError> {
         let mut h = Handle::new()?;
         if let Some((idx, _)) = self.device {
             kernel::ensure_overlay_addr(&mut h, idx, mine.subnet)?;
         }
         self.backend
             .start(self.underlay.ip)
+            .await
             .map_err(OverlayError::Other)?;
         self.mine = Some(mine);
         self.masq_table()
@@ -230,6 +237,11 @@ impl Subsystem for Overlay {
         match input {
             OverlayInput::Nodes(m) => self.nodes = m,
             OverlayInput::Mine(l) => self.mine = Some(l),
+            OverlayInput::Learned(c) => {
+                if let Backend::Bgp(b) = &mut self.backend {
+                    b.learn(c);
+                }
+            }
         }
         dirty.insert(());
     }
@@ -279,7 +291,14 @@ impl Subsystem for Overlay {
 
     fn diff(&self, plan: OverlayPlan, observed: OverlayObserved) -> OverlayChanges {
         let device = observed.device != self.device.map(|d| d.0);
-        let diff = plan::diff(&plan.want, &observed.have);
+        let mut diff = plan::diff(&plan.want, &observed.have);
+        if let Backend::Bgp(b) = &self.backend {
+            let others: Vec<Ipv4Net> = plan.peers.iter().map(|(s, _)| *s).collect();
+            if !b.settled(&others) {
+                // A restarted speaker is still hearing its peers' tables.
+                diff.del_routes.clear();
+            }
+        }
         OverlayChanges { plan, device, diff }
     }
 
@@ -287,7 +306,7 @@ impl Subsystem for Overlay {
         for p in &c.plan.problems {
             tracing::warn!("{p}");
         }
-        self.backend.set_peers(c.plan.peers.clone());
+        self.backend.set_peers(self.subnet(), c.plan.peers.clone());
         let mut h = Handle::new()?;
         if c.device {
             // Someone deleted the backend device: put it back.

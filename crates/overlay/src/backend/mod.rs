@@ -8,8 +8,11 @@
 //! - [`hostgw`]: a route per remote node via its underlay address (every
 //!   node on one L2 segment);
 //! - [`udp`]: a TUN device and podnet's userspace tunnel (for networks
-//!   where nothing else passes).
+//!   where nothing else passes);
+//! - [`bgp`]: no device; the node's BGP speaker spreads its pod CIDR to a
+//!   mesh of the other nodes and the routes it learns are installed.
 
+pub mod bgp;
 pub mod hostgw;
 pub mod udp;
 pub mod vxlan;
@@ -28,6 +31,7 @@ pub enum Backend {
     Vxlan(vxlan::Vxlan),
     HostGw(hostgw::HostGw),
     Udp(udp::Udp),
+    Bgp(bgp::Bgp),
 }
 
 impl Backend {
@@ -40,6 +44,7 @@ impl Backend {
             }),
             BackendType::HostGw => Backend::HostGw(hostgw::HostGw),
             BackendType::Udp => Backend::Udp(udp::Udp::new(cfg.port)),
+            BackendType::Bgp => Backend::Bgp(bgp::Bgp::new(bgp::DEFAULT_ASN)),
         }
     }
 
@@ -49,6 +54,7 @@ impl Backend {
             Backend::Vxlan(_) => "vxlan",
             Backend::HostGw(_) => "host-gw",
             Backend::Udp(_) => "udp",
+            Backend::Bgp(_) => "bgp",
         }
     }
 
@@ -56,7 +62,7 @@ impl Backend {
     pub fn mtu(&self, underlay_mtu: u32) -> u32 {
         match self {
             Backend::Vxlan(_) => underlay_mtu - vxlan::OVERHEAD,
-            Backend::HostGw(_) => underlay_mtu,
+            Backend::HostGw(_) | Backend::Bgp(_) => underlay_mtu,
             Backend::Udp(_) => underlay_mtu - udp::OVERHEAD,
         }
     }
@@ -65,7 +71,7 @@ impl Backend {
     pub fn device_name(&self) -> Option<&'static str> {
         match self {
             Backend::Vxlan(_) => Some(vxlan::DEV),
-            Backend::HostGw(_) => None,
+            Backend::HostGw(_) | Backend::Bgp(_) => None,
             Backend::Udp(_) => Some(udp::DEV),
         }
     }
@@ -79,7 +85,7 @@ impl Backend {
     ) -> Result<Option<Device>, KernelError> {
         match self {
             Backend::Vxlan(v) => v.ensure_device(h, underlay, mtu).map(Some),
-            Backend::HostGw(_) => Ok(None),
+            Backend::HostGw(_) | Backend::Bgp(_) => Ok(None),
             Backend::Udp(u) => u.ensure_device(h, mtu).map(Some),
         }
     }
@@ -88,7 +94,7 @@ impl Backend {
     pub fn data(&self, device: Option<Device>) -> serde_json::Value {
         match self {
             Backend::Vxlan(v) => v.data(device),
-            Backend::HostGw(_) | Backend::Udp(_) => serde_json::json!({}),
+            Backend::HostGw(_) | Backend::Udp(_) | Backend::Bgp(_) => serde_json::json!({}),
         }
     }
 
@@ -97,7 +103,7 @@ impl Backend {
     pub fn tunnel(&self, underlay_ip: Ipv4Addr) -> Option<(Ipv4Addr, u16)> {
         match self {
             Backend::Vxlan(v) => Some((underlay_ip, v.port)),
-            Backend::HostGw(_) => None,
+            Backend::HostGw(_) | Backend::Bgp(_) => None,
             Backend::Udp(u) => Some((underlay_ip, u.port)),
         }
     }
@@ -119,21 +125,37 @@ impl Backend {
             Backend::Vxlan(v) => v.plan(&others, underlay),
             Backend::HostGw(_) => hostgw::plan(&others, underlay),
             Backend::Udp(_) => udp::plan(network),
+            Backend::Bgp(b) => b.plan(me, network, underlay),
         }
     }
 
-    /// Starts what runs beside the kernel (the UDP tunnel's threads).
-    pub fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
+    /// Starts what runs beside the kernel (the UDP tunnel's threads, the
+    /// BGP speaker).
+    pub async fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
         match self {
             Backend::Udp(u) => u.start(underlay_ip),
+            Backend::Bgp(b) => b.start(underlay_ip).await,
             _ => Ok(()),
         }
     }
 
-    /// Tells a userspace data path where every other node's subnet is.
-    pub fn set_peers(&self, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
-        if let Backend::Udp(u) = self {
-            u.set_peers(peers);
+    /// Tells what runs beside the kernel where every other node is: the
+    /// userspace tunnel its subnets, the BGP speaker its neighbours (and
+    /// this node's own subnet, which it originates).
+    pub fn set_peers(&self, mine: Ipv4Net, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
+        match self {
+            Backend::Udp(u) => u.set_peers(peers),
+            Backend::Bgp(b) => b.set_peers(mine, &peers),
+            _ => {}
+        }
+    }
+
+    /// Where routes learned from a routing protocol come from (taken
+    /// once, by whoever feeds the overlay's loop).
+    pub fn take_learned(&mut self) -> Option<tokio::sync::mpsc::Receiver<Vec<podnet_bgp::rib::Change>>> {
+        match self {
+            Backend::Bgp(b) => b.take_changes(),
+            _ => None,
         }
     }
 

@@ -1,0 +1,288 @@
+//! bgp: no device and no encapsulation; every node is a BGP router
+//! (Calico's way). The node's speaker (`podnet_bgp`) originates its pod
+//! CIDR and peers with every other node in a full iBGP mesh (AS 64512 by
+//! default); the best route to each other node's CIDR goes into the
+//! kernel via the next hop it was learned with.
+//!
+//! Who is a neighbour follows the subnet map (each node's public IP), so a
+//! node that joins or leaves changes the mesh without a restart. Only
+//! prefixes inside the cluster network are installed, and only via a next
+//! hop on the underlay's segment: a peer cannot steer the node's other
+//! traffic, and a node beyond a router is reported, not half-routed.
+//!
+//! The speaker's best-route changes come into the overlay's loop as
+//! [`crate::OverlayInput::Learned`], and the loop plans from them like any
+//! other input (pure); its apply hands the speaker the neighbours and the
+//! node's own CIDR.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ipnet::{IpNet, Ipv4Net};
+use podnet_bgp::export::{Neighbour, NextHops};
+use podnet_bgp::fsm::Config;
+use podnet_bgp::rib::{Change, Local};
+use podnet_bgp::speaker::{Speaker, SpeakerConfig};
+use podnet_bgp::wire::{Afi, Safi};
+use tokio::sync::mpsc;
+
+use crate::plan::{Desired, Dev, NodeView, RouteSpec};
+
+/// The private AS Calico and kube-router give a cluster by default.
+pub const DEFAULT_ASN: u32 = 64512;
+
+/// How long a peer keeps this node's routes after the agent stops without
+/// a goodbye (an upgrade, a crash): RFC 4724's restart time.
+const RESTART_TIME: u16 = 120;
+
+/// How long after a start the routes already in the kernel stay while
+/// the peers' tables come in (unless every node's is in sooner).
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// What the speaker was last told: its neighbours and its own routes.
+type Told = (Vec<Neighbour>, Vec<(Afi, IpNet)>);
+
+pub struct Bgp {
+    pub asn: u32,
+    speaker: Option<Speaker>,
+    runtime: Option<tokio::runtime::Handle>,
+    /// The best route's next hop per learned IPv4 prefix.
+    learned: BTreeMap<Ipv4Net, Ipv4Addr>,
+    changes: Option<mpsc::Receiver<Vec<Change>>>,
+    told: Mutex<Option<Told>>,
+    started: Option<Instant>,
+}
+
+impl Bgp {
+    pub fn new(asn: u32) -> Bgp {
+        Bgp {
+            asn,
+            speaker: None,
+            runtime: None,
+            learned: BTreeMap::new(),
+            changes: None,
+            told: Mutex::new(None),
+            started: None,
+        }
+    }
+
+    /// Starts the speaker on the underlay address; it waits for the
+    /// neighbours the first sync gives it.
+    pub async fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel(64);
+        let speaker = Speaker::start(self.config(underlay_ip), tx)
+            .await
+            .map_err(|e| format!("starting the BGP speaker on {underlay_ip}:179: {e}"))?;
+        self.speaker = Some(speaker);
+        self.changes = Some(rx);
+        self.runtime = Some(tokio::runtime::Handle::current());
+        self.started = Some(Instant::now());
+        Ok(())
+    }
+
+    fn config(&self, ip: Ipv4Addr) -> SpeakerConfig {
+        SpeakerConfig {
+            local: Local {
+                asn: self.asn,
+                router_id: ip,
+                cluster_id: None,
+            },
+            hops: NextHops { v4: ip, v6: None },
+            listen: IpAddr::V4(ip),
+            session: Config {
+                local_as: self.asn,
+                peer_as: self.asn,
+                router_id: ip,
+                hold_time: 90,
+                connect_retry: Duration::from_secs(1),
+                passive: false,
+                families: vec![(Afi::Ipv4, Safi::Unicast)],
+                graceful_restart: Some((RESTART_TIME, false)),
+            },
+            neighbours: Vec::new(),
+            bfd: None,
+        }
+    }
+
+    /// The speaker's best-route changes, for the overlay's loop (taken
+    /// once).
+    pub fn take_changes(&mut self) -> Option<mpsc::Receiver<Vec<Change>>> {
+        self.changes.take()
+    }
+
+    /// Takes in best-route changes (IPv4 only: the pod network is IPv4).
+    pub fn learn(&mut self, changes: Vec<Change>) {
+        for (prefix, best) in changes {
+            let IpNet::V4(p) = prefix else { continue };
+            match best.map(|r| r.next_hop) {
+                Some(IpAddr::V4(nh)) => {
+                    self.learned.insert(p, nh);
+                }
+                _ => {
+                    self.learned.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// Hands the speaker the mesh (every other node) and this node's CIDR,
+    /// when either changed. Runs in the loop's apply, on a blocking thread.
+    pub fn set_peers(&self, mine: Ipv4Net, peers: &[(Ipv4Net, Ipv4Addr)]) {
+        let (Some(speaker), Some(rt)) = (&self.speaker, &self.runtime) else {
+            return;
+        };
+        let mut neighbours: Vec<Neighbour> = peers
+            .iter()
+            .map(|(_, ip)| Neighbour {
+                addr: IpAddr::V4(*ip),
+                asn: self.asn,
+                client: false,
+            })
+            .collect();
+        neighbours.sort_by_key(|n| n.addr);
+        neighbours.dedup_by_key(|n| n.addr);
+        let own = vec![(Afi::Ipv4, IpNet::V4(mine))];
+        let mut told = self.told.lock().expect("told");
+        if told.as_ref() == Some(&(neighbours.clone(), own.clone())) {
+            return;
+        }
+        rt.block_on(async {
+            speaker.set_neighbours(neighbours.clone()).await;
+            speaker.originate(own.clone()).await;
+        });
+        *told = Some((neighbours, own));
+    }
+
+    /// Whether routes may be taken out of the kernel: not while a started
+    /// (or restarted) agent is still hearing its peers' tables, so a
+    /// restart never drops a route that is coming back (the kernel keeps
+    /// forwarding, as graceful restart's peers keep ours). Settled once a
+    /// route to every other node's subnet is learned, or after
+    /// [`SETTLE`].
+    pub fn settled(&self, others: &[Ipv4Net]) -> bool {
+        let learned = |s: &Ipv4Net| self.learned.keys().any(|l| l.contains(s));
+        self.started.is_none_or(|t| t.elapsed() >= SETTLE) || others.iter().all(learned)
+    }
+
+    pub fn plan(
+        &self,
+        me: &NodeView,
+        network: Ipv4Net,
+        underlay: Ipv4Net,
+    ) -> (Desired, Vec<String>) {
+        plan(&self.learned, me, network, underlay)
+    }
+}
+
+/// A route per learned prefix inside the cluster network (not this
+/// node's own), via its next hop on the underlay. Pure.
+pub fn plan(
+    learned: &BTreeMap<Ipv4Net, Ipv4Addr>,
+    me: &NodeView,
+    network: Ipv4Net,
+    underlay: Ipv4Net,
+) -> (Desired, Vec<String>) {
+    let mut want = Desired::default();
+    let mut problems = Vec::new();
+    for (dst, nh) in learned {
+        if !network.contains(dst) || dst.contains(&me.subnet) || me.subnet.contains(dst) {
+            continue;
+        }
+        if !underlay.contains(nh) {
+            problems.push(format!(
+                "BGP route {dst} via {nh}: the next hop is not on {underlay}; not installed"
+            ));
+            continue;
+        }
+        want.routes.insert(RouteSpec {
+            dst: *dst,
+            gw: Some(*nh),
+            dev: Dev::Underlay,
+            onlink: false,
+        });
+    }
+    (want, problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> NodeView {
+        NodeView {
+            name: "a".into(),
+            subnet: "10.244.1.0/24".parse().unwrap(),
+            public_ip: "192.168.9.1".parse().unwrap(),
+            vtep_mac: None,
+        }
+    }
+
+    fn learned(routes: &[(&str, &str)]) -> BTreeMap<Ipv4Net, Ipv4Addr> {
+        routes
+            .iter()
+            .map(|(p, nh)| (p.parse().unwrap(), nh.parse().unwrap()))
+            .collect()
+    }
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_route_per_learned_subnet_via_its_next_hop() {
+        let l = learned(&[
+            ("10.244.2.0/24", "192.168.9.2"),
+            ("10.244.3.0/24", "192.168.9.3"),
+        ]);
+        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(d.routes.len(), 2);
+        assert!(d.routes.contains(&RouteSpec {
+            dst: net("10.244.3.0/24"),
+            gw: Some("192.168.9.3".parse().unwrap()),
+            dev: Dev::Underlay,
+            onlink: false,
+        }));
+        assert!(d.neighs.is_empty() && d.fdbs.is_empty());
+    }
+
+    /// A peer cannot steer other traffic or this node's own pods: a
+    /// default route, a prefix outside the cluster network, one covering
+    /// or inside this node's subnet are never installed.
+    #[test]
+    fn only_other_subnets_of_the_cluster_network_are_installed() {
+        let l = learned(&[
+            ("0.0.0.0/0", "192.168.9.2"),
+            ("10.96.0.0/12", "192.168.9.2"),
+            ("10.244.0.0/16", "192.168.9.2"),
+            ("10.244.1.128/25", "192.168.9.2"),
+            ("10.244.2.0/24", "192.168.9.2"),
+        ]);
+        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        assert!(p.is_empty(), "{p:?}");
+        let dsts: Vec<Ipv4Net> = d.routes.iter().map(|r| r.dst).collect();
+        assert_eq!(dsts, vec![net("10.244.2.0/24")]);
+    }
+
+    #[test]
+    fn a_next_hop_off_the_segment_is_reported_not_installed() {
+        let l = learned(&[("10.244.4.0/24", "10.0.0.4")]);
+        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        assert!(d.routes.is_empty());
+        assert_eq!(p.len(), 1);
+        assert!(p[0].contains("10.244.4.0/24 via 10.0.0.4"), "{}", p[0]);
+    }
+
+    #[test]
+    fn settled_once_every_other_subnet_is_learned() {
+        let mut b = Bgp::new(DEFAULT_ASN);
+        assert!(b.settled(&[net("10.244.2.0/24")]), "never started");
+        b.started = Some(Instant::now());
+        assert!(!b.settled(&[net("10.244.2.0/24")]));
+        b.learned = learned(&[("10.244.2.0/24", "192.168.9.2")]);
+        assert!(b.settled(&[net("10.244.2.0/24")]));
+        assert!(!b.settled(&[net("10.244.2.0/24"), net("10.244.3.0/24")]));
+    }
+}
