@@ -417,7 +417,11 @@ fn bgp_mesh_follows_nodes_and_survives_agent_restarts() {
         out.contains(" 0% packet loss"),
         "packets lost across the agents' restarts: {out}"
     );
-    assert_eq!(before, lab.kernel_state("node1"), "a restart changed routes");
+    assert_eq!(
+        before,
+        lab.kernel_state("node1"),
+        "a restart changed routes"
+    );
     Echo::round_trip(&mut conn, b"after");
     server.join().unwrap();
 

@@ -53,6 +53,28 @@ impl Conditions {
     }
 }
 
+/// How many distinct pods `slices` list as ready on `node`. A dual-stack
+/// pod appears once per family; each family is counted apart and the
+/// larger count wins, so one pod is one endpoint. What a health-check node
+/// port reports, and whether a node advertises a Local Service's address.
+pub fn ready_on(slices: &[&EndpointSlice], node: &str) -> usize {
+    let mut per_family: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for s in slices {
+        for e in s.endpoints.iter().flatten() {
+            if Conditions::of(e).ready && e.node_name.as_deref() == Some(node) {
+                if let Some(a) = e.addresses.first() {
+                    per_family
+                        .entry(s.address_type.as_str())
+                        .or_default()
+                        .insert(a);
+                }
+            }
+        }
+    }
+    per_family.values().map(|s| s.len()).max().unwrap_or(0)
+}
+
 /// One endpoint address of one Service port, with what decides its use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listed<'a> {

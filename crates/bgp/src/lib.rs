@@ -21,6 +21,9 @@
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
 //!   machine's actions, announces this speaker's routes (withdrawing what
 //!   it no longer announces) and hands the peer's UPDATEs to its owner;
+//! - [`adverts`]: what a node advertises for Services (the configured
+//!   blocks, and a Local Service's addresses where it has an endpoint),
+//!   pure;
 //! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
 //!   RIB and the export rules, with the best routes' changes for the owner.
 //!
@@ -38,6 +41,7 @@
 //! carries unicast routes needs a few hundred lines, tested here against
 //! hand-made vectors and, in the lab, against the real daemons.
 
+pub mod adverts;
 pub mod bfd;
 pub mod bfd_link;
 pub mod export;

@@ -96,7 +96,11 @@ async fn forward_learned(
     tx: tokio::sync::mpsc::Sender<Input<OverlayInput>>,
 ) {
     while let Some(c) = learned.recv().await {
-        if tx.send(Input::Changes(OverlayInput::Learned(c))).await.is_err() {
+        if tx
+            .send(Input::Changes(OverlayInput::Learned(c)))
+            .await
+            .is_err()
+        {
             return;
         }
     }

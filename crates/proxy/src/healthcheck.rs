@@ -15,7 +15,7 @@
 //!
 //! The body follows kube-proxy's, so tools that read it keep working.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -38,23 +38,7 @@ pub struct Target {
 /// None when the Service needs no health check.
 pub fn target(svc: &Service, slices: &[&EndpointSlice], node: &str) -> Option<(u16, Target)> {
     let port = port(svc)?;
-    // A dual-stack pod appears once per family; count each family apart and
-    // report the larger, so one pod is one endpoint.
-    let mut per_family: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for s in slices {
-        for e in s.endpoints.iter().flatten() {
-            let ready = podnet_api::endpoints::Conditions::of(e).ready;
-            if ready && e.node_name.as_deref() == Some(node) {
-                if let Some(a) = e.addresses.first() {
-                    per_family
-                        .entry(s.address_type.as_str())
-                        .or_default()
-                        .insert(a);
-                }
-            }
-        }
-    }
-    let local = per_family.values().map(BTreeSet::len).max().unwrap_or(0);
+    let local = podnet_api::endpoints::ready_on(slices, node);
     Some((
         port,
         Target {

@@ -152,7 +152,9 @@ impl Backend {
 
     /// Where routes learned from a routing protocol come from (taken
     /// once, by whoever feeds the overlay's loop).
-    pub fn take_learned(&mut self) -> Option<tokio::sync::mpsc::Receiver<Vec<podnet_bgp::rib::Change>>> {
+    pub fn take_learned(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::Receiver<Vec<podnet_bgp::rib::Change>>> {
         match self {
             Backend::Bgp(b) => b.take_changes(),
             _ => None,
