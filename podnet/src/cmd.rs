@@ -380,6 +380,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             no_agents,
             kubelet,
             images,
+            router,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -396,6 +397,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     images,
                     dns_replicas: 1,
                     daemon_exe: None,
+                    router,
                 })
                 .await?;
             print_lab_up(&lab, &st)?;

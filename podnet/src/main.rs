@@ -337,6 +337,11 @@ pub enum LabCmd {
         /// containerd imports before its kubelet starts; repeatable.
         #[arg(long = "image", requires = "kubelet")]
         images: Vec<std::path::PathBuf>,
+        /// A top-of-rack router on the underlay (bird, frr or gobgp),
+        /// peering over eBGP (AS 64513) with every node; its namespace
+        /// pn-<lab>-tor is a client outside the cluster.
+        #[arg(long)]
+        router: Option<String>,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {

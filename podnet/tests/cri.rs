@@ -84,6 +84,7 @@ impl LabGuard {
                 kubelet: false,
                 images: vec![],
                 daemon_exe: None,
+                router: None,
             })
             .await
             .unwrap_or_else(|e| panic!("lab up --kube: {e}"));

@@ -201,6 +201,7 @@ fn up_side(
         kubelet: false,
         images: vec![],
         daemon_exe: None,
+        router: None,
     }))?;
     if flannel {
         write_flannel_conf(&side.lab, backend)?;

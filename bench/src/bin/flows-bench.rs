@@ -162,6 +162,7 @@ fn up_pair(
         kubelet: false,
         images: vec![],
         daemon_exe: None,
+        router: None,
     }))?;
     let ports = [PortSpec::tcp(8080)];
     let cli = rt.block_on(lab.0.run_pod(

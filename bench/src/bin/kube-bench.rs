@@ -168,6 +168,7 @@ fn lab_up(a: &Args, lab: &podnet_lab::Lab, rt: &tokio::runtime::Runtime) -> Resu
         kubelet: false,
         images: vec![],
         daemon_exe: None,
+        router: None,
     }))?;
     Ok(())
 }

@@ -10,6 +10,8 @@
 //! - the service proxy (`podnet_proxy`): Services on nftables;
 //! - NetworkPolicy (`podnet_policy`): the node's pods' ingress and egress
 //!   on nftables, the CNI plugin's wait for a new pod, the verdict log;
+//! - BGP ([`bgp`], with the bgp backend): the node's speaker, shared by
+//!   the overlay (mesh, pod CIDR) and the Service announcer;
 //! - the flow log ([`flows`]): new connections from conntrack's events and
 //!   the verdict log's denials, served at `/flows` (`podnet flows`).
 //!
@@ -20,6 +22,7 @@
 //! established connections survive a restart; `--cleanup` removes
 //! everything.
 
+pub mod bgp;
 pub mod flows;
 
 use std::future::Future;
@@ -96,6 +99,8 @@ pub async fn run(
         .then(|| source.subscribe(podnet_proxy::node::KINDS));
     let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
     let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
+    let bgp_sub = (cfg.backend == podnet_api::netconfig::BackendType::Bgp)
+        .then(|| source.subscribe(bgp::KINDS));
     let _source = source.start();
 
     let paths = Paths {
@@ -103,7 +108,7 @@ pub async fn run(
         cni_conf_dir: opts.cni_conf_dir.clone(),
         cni_data_dir: opts.cni_data_dir.clone(),
     };
-    let overlay = Overlay::new(
+    let mut overlay = Overlay::new(
         &opts.node,
         opts.iface.as_deref(),
         opts.mtu,
@@ -113,6 +118,10 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
+    if let (Some(speaker), Some(sub)) = (bgp::start(&mut overlay).await?, bgp_sub) {
+        let blocks = podnet_bgp::adverts::ServiceBlocks::default();
+        tasks.spawn(bgp::announce(sub, opts.node.clone(), blocks, speaker));
+    }
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(
             sub,

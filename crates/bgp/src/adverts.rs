@@ -43,20 +43,39 @@ pub fn service_routes<'a>(
     node: &str,
     services: impl IntoIterator<Item = (&'a Service, Vec<&'a EndpointSlice>)>,
 ) -> BTreeSet<IpNet> {
-    let mut out: BTreeSet<IpNet> = blocks
+    let mut out = block_routes(blocks);
+    for (svc, slices) in services {
+        out.extend(host_routes(blocks, node, svc, &slices));
+    }
+    out
+}
+
+/// The configured blocks, advertised whole by every node.
+pub fn block_routes(blocks: &ServiceBlocks) -> BTreeSet<IpNet> {
+    blocks
         .cluster_ips
         .iter()
         .chain(&blocks.external_ips)
         .chain(&blocks.load_balancer_ips)
         .map(IpNet::trunc)
-        .collect();
-    for (svc, slices) in services {
-        if !local(svc) || podnet_api::endpoints::ready_on(&slices, node) == 0 {
-            continue;
-        }
-        out.extend(addresses(svc, blocks).into_iter().map(IpNet::from));
+        .collect()
+}
+
+/// One Service's host routes from `node`: its addresses inside the
+/// blocks, when it is Local and has a ready endpoint here; else none.
+pub fn host_routes(
+    blocks: &ServiceBlocks,
+    node: &str,
+    svc: &Service,
+    slices: &[&EndpointSlice],
+) -> BTreeSet<IpNet> {
+    if !local(svc) || podnet_api::endpoints::ready_on(slices, node) == 0 {
+        return BTreeSet::new();
     }
-    out
+    addresses(svc, blocks)
+        .into_iter()
+        .map(IpNet::from)
+        .collect()
 }
 
 fn local(svc: &Service) -> bool {

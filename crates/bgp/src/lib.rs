@@ -25,7 +25,9 @@
 //!   blocks, and a Local Service's addresses where it has an endpoint),
 //!   pure;
 //! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
-//!   RIB and the export rules, with the best routes' changes for the owner.
+//!   RIB and the export rules, with the best routes' changes for the owner;
+//! - [`node`]: a node's one speaker shared by its owners in the agent (the
+//!   overlay's mesh and pod CIDR, Service addresses, configured peers).
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
 //! routes both ways in both families, a withdrawal, the daemon's Cease;
@@ -46,6 +48,7 @@ pub mod bfd;
 pub mod bfd_link;
 pub mod export;
 pub mod fsm;
+pub mod node;
 pub mod peer;
 pub mod rib;
 pub mod speaker;

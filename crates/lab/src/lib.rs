@@ -67,6 +67,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod kubeproxy;
 pub mod realnode;
+pub mod router;
 pub mod serve;
 pub mod upgrade;
 

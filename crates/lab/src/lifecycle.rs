@@ -16,7 +16,7 @@ use crate::error::{io, msg, LabError};
 use crate::process::{kill_wait, processes_in_netns, processes_mentioning};
 use crate::state::{Lab, LabState};
 use crate::store::upsert;
-use crate::{gateway, kube, realnode, upgrade};
+use crate::{gateway, kube, realnode, router, upgrade};
 
 #[derive(Debug, Clone)]
 pub struct UpOptions {
@@ -44,6 +44,9 @@ pub struct UpOptions {
     /// The binary the agents and DNS run instead of the lab's own (an
     /// older podnet, for upgrade tests); everything else runs the lab's.
     pub daemon_exe: Option<PathBuf>,
+    /// A top-of-rack router on the underlay running this daemon (bird,
+    /// frr, gobgp), peering with every node ([`crate::router`]).
+    pub router: Option<String>,
 }
 
 impl Lab {
@@ -64,6 +67,12 @@ impl Lab {
             ))
         })?;
         let _ = bt;
+        if let Some(kind) = &o.router {
+            router::RouterKind::parse(kind)?;
+            if o.kubelet {
+                return Err(msg("--router: not with --kubelet yet"));
+            }
+        }
         if o.kube && o.store.is_some() {
             return Err(msg(
                 "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",
@@ -151,6 +160,10 @@ impl Lab {
         uh.set_up_by_name(gateway::BRIDGE)?;
         let gw = Netns::create_named(&self.gateway_ns())?;
         gateway::install(&under, &gw)?;
+        if let Some(kind) = &o.router {
+            self.add_router_ns(&st.underlay_ns)?;
+            self.start_router(router::RouterKind::parse(kind)?)?;
+        }
         self.save(&st)?;
         self.link_plugins()?;
         if let (Some(peers), Some(np)) = (&peers, &node_peers) {

@@ -651,6 +651,7 @@ mod tests {
             kubelet: false,
             images: vec![],
             daemon_exe: None,
+            router: None,
         };
         assert!(check_options(&o).is_err());
         let k = UpOptions {

@@ -36,7 +36,7 @@ pub async fn run<F: Future<Output = ()>>(
     tracing::info!(node = %attrs.node, subnet = %mine.subnet, public_ip = %attrs.public_ip,
         backend = overlay.backend().name(), mtu = overlay.mtu(), "subnet acquired");
     let underlay_ip = overlay.underlay().ip;
-    overlay.start(mine.clone()).await?;
+    overlay.start(mine.clone())?;
     subnets.network_up(underlay_ip).await.map_err(source)?;
     claimed(mine.subnet).await;
 

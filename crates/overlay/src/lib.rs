@@ -155,14 +155,13 @@ impl Overlay {
     /// With this node's subnet: the device's address, the userspace
     /// tunnel, the masquerade table and the node's files. After this the
     /// node's own pods work; [`Overlay`] in the loop connects the others.
-    pub async fn start(&mut self, mine: SubnetLease) -> Result<(), OverlayError> {
+    pub fn start(&mut self, mine: SubnetLease) -> Result<(), OverlayError> {
         let mut h = Handle::new()?;
         if let Some((idx, _)) = self.device {
             kernel::ensure_overlay_addr(&mut h, idx, mine.subnet)?;
         }
         self.backend
             .start(self.underlay.ip)
-            .await
             .map_err(OverlayError::Other)?;
         self.mine = Some(mine);
         self.masq_table()

@@ -10,21 +10,23 @@
 //! hop on the underlay's segment: a peer cannot steer the node's other
 //! traffic, and a node beyond a router is reported, not half-routed.
 //!
-//! The speaker's best-route changes come into the overlay's loop as
-//! [`crate::OverlayInput::Learned`], and the loop plans from them like any
-//! other input (pure); its apply hands the speaker the neighbours and the
-//! node's own CIDR.
+//! The agent starts the node's speaker (shared with the Service
+//! announcer) and attaches it here. Its best-route changes come into the
+//! overlay's loop as [`crate::OverlayInput::Learned`], and the loop plans
+//! from them like any other input (pure); its apply hands the speaker the
+//! mesh and the node's own CIDR.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use podnet_bgp::export::{Neighbour, NextHops};
 use podnet_bgp::fsm::Config;
+use podnet_bgp::node::NodeSpeaker;
 use podnet_bgp::rib::{Change, Local};
-use podnet_bgp::speaker::{Speaker, SpeakerConfig};
+use podnet_bgp::speaker::SpeakerConfig;
 use podnet_bgp::wire::{Afi, Safi};
 use tokio::sync::mpsc;
 
@@ -41,17 +43,13 @@ const RESTART_TIME: u16 = 120;
 /// the peers' tables come in (unless every node's is in sooner).
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// What the speaker was last told: its neighbours and its own routes.
-type Told = (Vec<Neighbour>, Vec<(Afi, IpNet)>);
-
 pub struct Bgp {
     pub asn: u32,
-    speaker: Option<Speaker>,
+    speaker: Option<Arc<NodeSpeaker>>,
     runtime: Option<tokio::runtime::Handle>,
     /// The best route's next hop per learned IPv4 prefix.
     learned: BTreeMap<Ipv4Net, Ipv4Addr>,
     changes: Option<mpsc::Receiver<Vec<Change>>>,
-    told: Mutex<Option<Told>>,
     started: Option<Instant>,
 }
 
@@ -63,26 +61,13 @@ impl Bgp {
             runtime: None,
             learned: BTreeMap::new(),
             changes: None,
-            told: Mutex::new(None),
             started: None,
         }
     }
 
-    /// Starts the speaker on the underlay address; it waits for the
-    /// neighbours the first sync gives it.
-    pub async fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
-        let (tx, rx) = mpsc::channel(64);
-        let speaker = Speaker::start(self.config(underlay_ip), tx)
-            .await
-            .map_err(|e| format!("starting the BGP speaker on {underlay_ip}:179: {e}"))?;
-        self.speaker = Some(speaker);
-        self.changes = Some(rx);
-        self.runtime = Some(tokio::runtime::Handle::current());
-        self.started = Some(Instant::now());
-        Ok(())
-    }
-
-    fn config(&self, ip: Ipv4Addr) -> SpeakerConfig {
+    /// The node's speaker, on its underlay address: iBGP with the other
+    /// nodes, graceful restart, IPv4 unicast. It waits for neighbours.
+    pub fn speaker_config(&self, ip: Ipv4Addr) -> SpeakerConfig {
         SpeakerConfig {
             local: Local {
                 asn: self.asn,
@@ -106,6 +91,15 @@ impl Bgp {
         }
     }
 
+    /// Takes the node's speaker (the agent starts it and shares it with
+    /// the Service announcer) and its best-route changes.
+    pub fn attach(&mut self, speaker: Arc<NodeSpeaker>, changes: mpsc::Receiver<Vec<Change>>) {
+        self.speaker = Some(speaker);
+        self.changes = Some(changes);
+        self.runtime = tokio::runtime::Handle::try_current().ok();
+        self.started = Some(Instant::now());
+    }
+
     /// The speaker's best-route changes, for the overlay's loop (taken
     /// once).
     pub fn take_changes(&mut self) -> Option<mpsc::Receiver<Vec<Change>>> {
@@ -127,13 +121,14 @@ impl Bgp {
         }
     }
 
-    /// Hands the speaker the mesh (every other node) and this node's CIDR,
-    /// when either changed. Runs in the loop's apply, on a blocking thread.
+    /// Hands the speaker the mesh (every other node) and this node's CIDR
+    /// (the speaker hears only what changed). Runs in the loop's apply, on
+    /// a blocking thread.
     pub fn set_peers(&self, mine: Ipv4Net, peers: &[(Ipv4Net, Ipv4Addr)]) {
         let (Some(speaker), Some(rt)) = (&self.speaker, &self.runtime) else {
             return;
         };
-        let mut neighbours: Vec<Neighbour> = peers
+        let mesh: Vec<Neighbour> = peers
             .iter()
             .map(|(_, ip)| Neighbour {
                 addr: IpAddr::V4(*ip),
@@ -141,18 +136,14 @@ impl Bgp {
                 client: false,
             })
             .collect();
-        neighbours.sort_by_key(|n| n.addr);
-        neighbours.dedup_by_key(|n| n.addr);
-        let own = vec![(Afi::Ipv4, IpNet::V4(mine))];
-        let mut told = self.told.lock().expect("told");
-        if told.as_ref() == Some(&(neighbours.clone(), own.clone())) {
-            return;
-        }
         rt.block_on(async {
-            speaker.set_neighbours(neighbours.clone()).await;
-            speaker.originate(own.clone()).await;
+            for p in speaker.set_neighbours("mesh", mesh).await {
+                tracing::warn!("{p}");
+            }
+            speaker
+                .set_routes("pod-cidr", [IpNet::V4(mine)].into_iter().collect())
+                .await;
         });
-        *told = Some((neighbours, own));
     }
 
     /// Whether routes may be taken out of the kernel: not while a started

@@ -129,12 +129,10 @@ impl Backend {
         }
     }
 
-    /// Starts what runs beside the kernel (the UDP tunnel's threads, the
-    /// BGP speaker).
-    pub async fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
+    /// Starts what runs beside the kernel (the UDP tunnel's threads).
+    pub fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
         match self {
             Backend::Udp(u) => u.start(underlay_ip),
-            Backend::Bgp(b) => b.start(underlay_ip).await,
             _ => Ok(()),
         }
     }

@@ -1,0 +1,124 @@
+//! A node's one speaker, shared by everyone in the agent who wants
+//! something of it: the overlay (the mesh of the other nodes, the node's
+//! pod CIDR), the Service announcer (Service addresses) and the
+//! configured peers (a top-of-rack router). Each owner replaces only its
+//! own part; the speaker is told the union, and only when it changed.
+//!
+//! A neighbour two owners name (a node that is also a configured peer) is
+//! taken from the owner that comes first in name order, so the result
+//! never depends on who spoke last.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use tokio::sync::{mpsc, Mutex};
+
+use crate::export::Neighbour;
+use crate::rib::Change;
+use crate::speaker::{Speaker, SpeakerConfig};
+use crate::wire::Afi;
+
+/// What every owner wants.
+#[derive(Default)]
+struct Parts {
+    neighbours: BTreeMap<&'static str, Vec<Neighbour>>,
+    routes: BTreeMap<&'static str, BTreeSet<IpNet>>,
+    told_neighbours: Option<Vec<Neighbour>>,
+    told_routes: Option<BTreeSet<IpNet>>,
+}
+
+pub struct NodeSpeaker {
+    speaker: Speaker,
+    listen: IpAddr,
+    parts: Mutex<Parts>,
+}
+
+impl NodeSpeaker {
+    /// Starts the speaker (its listener bound); best-route changes arrive
+    /// on the receiver.
+    pub async fn start(
+        cfg: SpeakerConfig,
+    ) -> std::io::Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>)> {
+        let (tx, rx) = mpsc::channel(64);
+        let listen = cfg.listen;
+        let speaker = Speaker::start(cfg, tx).await?;
+        Ok((
+            NodeSpeaker {
+                speaker,
+                listen,
+                parts: Mutex::new(Parts::default()),
+            },
+            rx,
+        ))
+    }
+
+    /// Replaces `owner`'s neighbours. One that cannot be (this node
+    /// itself, the other address family) is left out and named in the
+    /// returned problems; the others are used.
+    pub async fn set_neighbours(&self, owner: &'static str, ns: Vec<Neighbour>) -> Vec<String> {
+        let mut problems = Vec::new();
+        let ns: Vec<Neighbour> = ns
+            .into_iter()
+            .filter(|n| {
+                let why = if n.addr == self.listen {
+                    "it is this node's own address"
+                } else if n.addr.is_ipv4() != self.listen.is_ipv4() {
+                    "the speaker listens on the other address family"
+                } else {
+                    return true;
+                };
+                problems.push(format!(
+                    "BGP neighbour {} ({owner}) left out: {why}",
+                    n.addr
+                ));
+                false
+            })
+            .collect();
+        let mut p = self.parts.lock().await;
+        p.neighbours.insert(owner, ns);
+        let mut all: Vec<Neighbour> = Vec::new();
+        for n in p.neighbours.values().flatten() {
+            if !all.iter().any(|a| a.addr == n.addr) {
+                all.push(*n);
+            }
+        }
+        all.sort_by_key(|n| n.addr);
+        if p.told_neighbours.as_ref() != Some(&all) {
+            match self.speaker.set_neighbours(all.clone()).await {
+                Ok(()) => p.told_neighbours = Some(all),
+                Err(e) => problems.push(format!("BGP neighbours: {e}")),
+            }
+        }
+        problems
+    }
+
+    /// Replaces the prefixes `owner` originates.
+    pub async fn set_routes(&self, owner: &'static str, routes: BTreeSet<IpNet>) {
+        let mut p = self.parts.lock().await;
+        p.routes.insert(owner, routes);
+        let all: BTreeSet<IpNet> = p.routes.values().flatten().copied().collect();
+        if p.told_routes.as_ref() != Some(&all) {
+            let own = all.iter().map(|n| (family(n), *n)).collect();
+            self.speaker.originate(own).await;
+            p.told_routes = Some(all);
+        }
+    }
+
+    /// The neighbours the speaker has now, for status and tests.
+    pub async fn neighbours(&self) -> Vec<IpAddr> {
+        let p = self.parts.lock().await;
+        p.told_neighbours.iter().flatten().map(|n| n.addr).collect()
+    }
+
+    pub fn speaker(&self) -> &Speaker {
+        &self.speaker
+    }
+}
+
+fn family(n: &IpNet) -> Afi {
+    match n {
+        IpNet::V4(_) => Afi::Ipv4,
+        IpNet::V6(_) => Afi::Ipv6,
+    }
+}

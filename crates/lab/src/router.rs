@@ -1,0 +1,302 @@
+//! The top-of-rack router (`lab up --router bird|frr|gobgp`): a namespace
+//! `pn-<lab>-tor` on the underlay, running a real routing daemon that
+//! peers over eBGP (AS [`TOR_ASN`]) with every node's speaker (AS 64512),
+//! learns the pod CIDRs and Service addresses they advertise and installs
+//! them in its kernel, so a client in its namespace is "outside the
+//! cluster" and reaches LoadBalancer IPs the way a real fabric would.
+//!
+//! The router takes any node of the underlay as a neighbour (BIRD's
+//! `neighbor range`, FRR's `bgp listen range`, GoBGP's dynamic
+//! neighbours): nodes that join later need no reconfiguration. Its address
+//! is the underlay's highest, so the nodes (lower addresses) dial it, as
+//! the speakers' rule says the lower address does, and it only listens.
+//! It forwards, unlike the lab's dead-end gateway; it has no uplink, so
+//! nothing leaves the machine.
+//!
+//! The configs are pure ([`bird_conf`], [`frr_conf`], [`gobgp_conf`]);
+//! starting the daemon is [`Lab::start_router`]. GoBGP (built by
+//! `scripts/gobgp.sh`) keeps its routes in its own RIB (it has no kernel
+//! FIB without zebra); BIRD and FRR (zebra) install theirs.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ipnet::Ipv4Net;
+use podnet_kernel::{Handle, Netns};
+
+use crate::error::{io, msg, LabError};
+use crate::gateway;
+use crate::process::spawn_logged;
+use crate::state::Lab;
+
+/// The router's AS: eBGP to the cluster's 64512.
+pub const TOR_ASN: u32 = 64513;
+/// The cluster's AS, as the router expects the nodes to speak.
+pub const CLUSTER_ASN: u32 = 64512;
+/// The router's port on the underlay bridge; its end inside is `eth0`.
+const PORT: &str = "to-tor";
+
+/// Which daemon runs the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterKind {
+    Bird,
+    Frr,
+    Gobgp,
+}
+
+impl RouterKind {
+    pub fn parse(s: &str) -> Result<RouterKind, LabError> {
+        match s {
+            "bird" => Ok(RouterKind::Bird),
+            "frr" => Ok(RouterKind::Frr),
+            "gobgp" => Ok(RouterKind::Gobgp),
+            _ => Err(msg(format!("--router {s:?}: one of bird, frr, gobgp"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterKind::Bird => "bird",
+            RouterKind::Frr => "frr",
+            RouterKind::Gobgp => "gobgp",
+        }
+    }
+}
+
+/// The router's underlay address: the underlay's highest host address.
+pub fn tor_ip() -> Ipv4Addr {
+    let u = gateway::underlay();
+    let b = u.broadcast().octets();
+    Ipv4Addr::new(b[0], b[1], b[2], b[3] - 1)
+}
+
+/// BIRD 2: every node of `nodes` a dynamic eBGP neighbour, what they
+/// advertise into the kernel (equal paths merged: ECMP over the nodes
+/// that advertise a Service block), nothing sent back.
+pub fn bird_conf(me: Ipv4Addr, nodes: Ipv4Net, log: &Path) -> String {
+    format!(
+        r#"router id {me};
+log "{log}" all;
+protocol device {{}}
+protocol kernel {{
+  merge paths on;
+  ipv4 {{ import none; export all; }};
+}}
+protocol bgp nodes {{
+  local {me} as {TOR_ASN};
+  neighbor range {nodes} as {CLUSTER_ASN};
+  dynamic name "node";
+  hold time 9;
+  graceful restart on;
+  ipv4 {{ import all; export none; add paths rx; }};
+}}
+"#,
+        log = log.display()
+    )
+}
+
+/// FRR (zebra and bgpd): the same, as `bgp listen range`.
+pub fn frr_conf(me: Ipv4Addr, nodes: Ipv4Net) -> String {
+    format!(
+        "frr defaults traditional
+hostname tor
+log stdout informational
+router bgp {TOR_ASN}
+ bgp router-id {me}
+ no bgp ebgp-requires-policy
+ bgp graceful-restart
+ bgp bestpath as-path multipath-relax
+ neighbor nodes peer-group
+ neighbor nodes remote-as {CLUSTER_ASN}
+ neighbor nodes timers 3 9
+ bgp listen range {nodes} peer-group nodes
+ address-family ipv4 unicast
+  maximum-paths 16
+ exit-address-family
+"
+    )
+}
+
+/// GoBGP: the same, as dynamic neighbours of a peer group.
+pub fn gobgp_conf(me: Ipv4Addr, nodes: Ipv4Net) -> String {
+    format!(
+        r#"[global.config]
+  as = {TOR_ASN}
+  router-id = "{me}"
+  local-address-list = ["{me}"]
+
+[[peer-groups]]
+  [peer-groups.config]
+    peer-group-name = "nodes"
+    peer-as = {CLUSTER_ASN}
+  [[peer-groups.afi-safis]]
+    [peer-groups.afi-safis.config]
+      afi-safi-name = "ipv4-unicast"
+
+[[dynamic-neighbors]]
+  [dynamic-neighbors.config]
+    prefix = "{nodes}"
+    peer-group = "nodes"
+"#
+    )
+}
+
+impl Lab {
+    pub fn router_ns(&self) -> String {
+        self.ns_name("tor")
+    }
+
+    fn router_dir(&self) -> PathBuf {
+        self.dir.join("tor")
+    }
+
+    /// The router's namespace on the underlay bridge, forwarding.
+    pub(crate) fn add_router_ns(&self, underlay_ns: &str) -> Result<(), LabError> {
+        let ns = Netns::create_named(&self.router_ns())?;
+        let under = Netns::named(underlay_ns)?;
+        let mut uh = Handle::in_netns(&under)?;
+        uh.create_veth(PORT, "eth0", Some(ns.fd()), None, None)?;
+        let br = uh.require_link(gateway::BRIDGE)?;
+        let p = uh.require_link(PORT)?;
+        uh.set_master(p.index, br.index)?;
+        uh.set_up(p.index)?;
+        let mut h = Handle::in_netns(&ns)?;
+        let e = h.require_link("eth0")?;
+        let net = Ipv4Net::new(tor_ip(), gateway::underlay().prefix_len()).expect("prefix");
+        h.add_addr(e.index, ipnet::IpNet::V4(net), true)?;
+        h.set_up(e.index)?;
+        h.set_up_by_name("lo")?;
+        ns.run(|| podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1"))??;
+        Ok(())
+    }
+
+    /// Writes the router's config and starts its daemon(s) in its
+    /// namespace, logged like every lab process.
+    pub(crate) fn start_router(&self, kind: RouterKind) -> Result<(), LabError> {
+        let dir = self.router_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| io("creating the router's dir", e))?;
+        let (me, nodes) = (tor_ip(), gateway::underlay());
+        let ns = self.router_ns();
+        let write = |name: &str, text: String| -> Result<PathBuf, LabError> {
+            let p = dir.join(name);
+            std::fs::write(&p, text).map_err(|e| io(format!("writing {}", p.display()), e))?;
+            Ok(p)
+        };
+        match kind {
+            RouterKind::Bird => {
+                let conf = write("bird.conf", bird_conf(me, nodes, &dir.join("bird.log")))?;
+                let mut cmd = Command::new("bird");
+                cmd.arg("-f")
+                    .arg("-c")
+                    .arg(conf)
+                    .arg("-s")
+                    .arg(dir.join("bird.ctl"));
+                spawn_logged(&self.dir, "tor-bird", &mut cmd, Some(&ns))?;
+            }
+            RouterKind::Frr => self.start_frr(&dir, &write("frr.conf", frr_conf(me, nodes))?)?,
+            RouterKind::Gobgp => {
+                let conf = write("gobgpd.toml", gobgp_conf(me, nodes))?;
+                let mut cmd = Command::new(gobgpd()?);
+                cmd.arg("-f")
+                    .arg(conf)
+                    .args(["-t", "toml", "--pprof-disable"]);
+                spawn_logged(&self.dir, "tor-gobgpd", &mut cmd, Some(&ns))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// zebra (the FIB) and bgpd, sharing one zserv socket in the router's
+    /// directory, so several labs' routers never meet.
+    fn start_frr(&self, dir: &Path, conf: &Path) -> Result<(), LabError> {
+        let zserv = dir.join("zserv.api");
+        for daemon in ["zebra", "bgpd"] {
+            let mut cmd = Command::new(format!("/usr/lib/frr/{daemon}"));
+            cmd.arg("-f")
+                .arg(if daemon == "bgpd" {
+                    conf
+                } else {
+                    Path::new("/dev/null")
+                })
+                .arg("-i")
+                .arg(dir.join(format!("{daemon}.pid")))
+                .arg("--vty_socket")
+                .arg(dir)
+                .arg("-z")
+                .arg(&zserv)
+                // No vty port (labs would collide), no user switch.
+                .args(["-P", "0", "-S"]);
+            if daemon == "bgpd" {
+                cmd.arg("-l").arg(tor_ip().to_string());
+            }
+            spawn_logged(
+                &self.dir,
+                &format!("tor-{daemon}"),
+                &mut cmd,
+                Some(&self.router_ns()),
+            )?;
+            if daemon == "zebra" {
+                wait_for_file(&zserv)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// gobgpd from `scripts/gobgp.sh`'s cache.
+fn gobgpd() -> Result<PathBuf, LabError> {
+    let cache = std::env::var("PODNET_PEERS_CACHE").unwrap_or("/var/cache/podnet-peers".into());
+    let p = Path::new(&cache).join("gobgp-v4.8.0").join("gobgpd");
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(msg(format!(
+            "--router gobgp: {} is missing; run scripts/gobgp.sh",
+            p.display()
+        )))
+    }
+}
+
+/// Waits (bounded) until a daemon has made its socket.
+fn wait_for_file(p: &Path) -> Result<(), LabError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !p.exists() {
+        if std::time::Instant::now() > deadline {
+            return Err(msg(format!("{} never appeared", p.display())));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_router_sits_at_the_top_of_the_underlay() {
+        assert_eq!(tor_ip(), Ipv4Addr::new(192, 168, 200, 254));
+        assert!(RouterKind::parse("quagga")
+            .unwrap_err()
+            .to_string()
+            .contains("bird, frr, gobgp"));
+    }
+
+    #[test]
+    fn every_config_takes_the_whole_underlay_as_neighbours() {
+        let (me, nodes) = (tor_ip(), gateway::underlay());
+        let b = bird_conf(me, nodes, Path::new("/x/bird.log"));
+        assert!(
+            b.contains("neighbor range 192.168.200.0/24 as 64512;"),
+            "{b}"
+        );
+        assert!(b.contains("local 192.168.200.254 as 64513;"), "{b}");
+        assert!(frr_conf(me, nodes).contains("bgp listen range 192.168.200.0/24 peer-group nodes"));
+        let g = gobgp_conf(me, nodes);
+        assert!(
+            g.contains("prefix = \"192.168.200.0/24\"") && g.contains("as = 64513"),
+            "{g}"
+        );
+    }
+}
