@@ -381,6 +381,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             kubelet,
             images,
             router,
+            racks,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -398,6 +399,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     dns_replicas: 1,
                     daemon_exe: None,
                     router,
+                    racks,
                 })
                 .await?;
             print_lab_up(&lab, &st)?;

@@ -342,6 +342,11 @@ pub enum LabCmd {
         /// pn-<lab>-tor is a client outside the cluster.
         #[arg(long)]
         router: Option<String>,
+        /// Underlay subnets (1 or 2): with 2, nodes alternate between
+        /// 192.168.200.0/24 and 192.168.201.0/24, joined by the router
+        /// (pn-<lab>-tor), and vxlan runs cross-subnet (DirectRouting).
+        #[arg(long, default_value_t = 1)]
+        racks: usize,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {

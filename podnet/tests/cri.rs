@@ -85,6 +85,7 @@ impl LabGuard {
                 images: vec![],
                 daemon_exe: None,
                 router: None,
+                racks: 1,
             })
             .await
             .unwrap_or_else(|e| panic!("lab up --kube: {e}"));

@@ -202,6 +202,7 @@ fn up_side(
         images: vec![],
         daemon_exe: None,
         router: None,
+        racks: 1,
     }))?;
     if flannel {
         write_flannel_conf(&side.lab, backend)?;

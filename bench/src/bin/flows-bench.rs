@@ -163,6 +163,7 @@ fn up_pair(
         images: vec![],
         daemon_exe: None,
         router: None,
+        racks: 1,
     }))?;
     let ports = [PortSpec::tcp(8080)];
     let cli = rt.block_on(lab.0.run_pod(

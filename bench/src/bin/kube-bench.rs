@@ -169,6 +169,7 @@ fn lab_up(a: &Args, lab: &podnet_lab::Lab, rt: &tokio::runtime::Runtime) -> Resu
         images: vec![],
         daemon_exe: None,
         router: None,
+        racks: 1,
     }))?;
     Ok(())
 }

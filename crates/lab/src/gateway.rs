@@ -49,6 +49,36 @@ pub fn underlay() -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::new(192, 168, 200, 0), 24).expect("prefix")
 }
 
+/// Rack `rack`'s bridge in the underlay namespace (rack 1's is
+/// [`BRIDGE`]).
+pub fn bridge(rack: usize) -> String {
+    format!("br{}", rack.saturating_sub(1))
+}
+
+/// Rack `rack`'s subnet: rack 1 is the [`underlay`], rack 2 the next /24.
+pub fn rack_net(rack: usize) -> Ipv4Net {
+    let o = underlay().network().octets();
+    let third = o[2].saturating_add(rack.saturating_sub(1) as u8);
+    Ipv4Net::new(Ipv4Addr::new(o[0], o[1], third, 0), 24).expect("prefix")
+}
+
+/// Which rack node `index` is in: with two racks, odd nodes in rack 1 and
+/// even ones in rack 2.
+pub fn rack_of(racks: usize, index: usize) -> usize {
+    if racks > 1 && index % 2 == 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Node `index`'s address in rack `rack` (node1 is .11).
+pub fn node_ip_in(rack: usize, index: usize) -> Result<Ipv4Addr, LabError> {
+    let ip = node_ip(index)?.octets();
+    let net = rack_net(rack).network().octets();
+    Ok(Ipv4Addr::new(net[0], net[1], net[2], ip[3]))
+}
+
 /// The underlay's first host address: the nodes' default gateway.
 pub fn gateway() -> Ipv4Addr {
     host(1)

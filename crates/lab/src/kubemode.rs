@@ -68,7 +68,7 @@ impl Lab {
         let conf = serde_json::json!({
             "Network": kube::CLUSTER_CIDR,
             "SubnetLen": 24,
-            "Backend": {"Type": st.backend},
+            "Backend": {"Type": st.backend, "DirectRouting": st.racks > 1},
             "ServiceCIDR": kube::SERVICE_CIDR,
         });
         std::fs::write(self.net_conf_path(), conf.to_string())

@@ -47,6 +47,9 @@ pub struct UpOptions {
     /// A top-of-rack router on the underlay running this daemon (bird,
     /// frr, gobgp), peering with every node ([`crate::router`]).
     pub router: Option<String>,
+    /// Underlay subnets (1 or 2), joined by the top-of-rack router; with
+    /// two, vxlan runs in its cross-subnet mode (DirectRouting).
+    pub racks: usize,
 }
 
 impl Lab {
@@ -69,9 +72,12 @@ impl Lab {
         let _ = bt;
         if let Some(kind) = &o.router {
             router::RouterKind::parse(kind)?;
-            if o.kubelet {
-                return Err(msg("--router: not with --kubelet yet"));
-            }
+        }
+        if !(1..=2).contains(&o.racks) {
+            return Err(msg(format!("--racks {}: 1 or 2", o.racks)));
+        }
+        if o.kubelet && (o.router.is_some() || o.racks > 1) {
+            return Err(msg("--router and --racks: not with --kubelet yet"));
         }
         if o.kube && o.store.is_some() {
             return Err(msg(
@@ -151,18 +157,25 @@ impl Lab {
             resync_secs: o.resync_secs,
             kube: o.kube,
             kubelet: o.kubelet,
+            racks: o.racks,
+            router: o.router.clone(),
         };
-        // The underlay: one bridge in its own namespace, and the nodes'
-        // gateway on it (no uplink: nothing leaves the machine).
+        // The underlay: a bridge per rack in its own namespace, and the
+        // nodes' gateway on the first (no uplink: nothing leaves the
+        // machine); the router, if any, joins the racks.
         let under = Netns::create_named(&st.underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
-        uh.create_bridge(gateway::BRIDGE, None, None)?;
-        uh.set_up_by_name(gateway::BRIDGE)?;
+        for rack in 1..=o.racks {
+            uh.create_bridge(&gateway::bridge(rack), None, None)?;
+            uh.set_up_by_name(&gateway::bridge(rack))?;
+        }
         let gw = Netns::create_named(&self.gateway_ns())?;
         gateway::install(&under, &gw)?;
+        if o.router.is_some() || o.racks > 1 {
+            self.add_router_ns(&st.underlay_ns, o.racks)?;
+        }
         if let Some(kind) = &o.router {
-            self.add_router_ns(&st.underlay_ns)?;
-            self.start_router(router::RouterKind::parse(kind)?)?;
+            self.start_router(router::RouterKind::parse(kind)?, o.racks)?;
         }
         self.save(&st)?;
         self.link_plugins()?;
@@ -187,6 +200,8 @@ impl Lab {
                 subnet_len: Some(24),
                 backend: netconfig::Backend {
                     backend_type: Some(o.backend.clone()),
+                    // Two racks: vxlan only between them (cross-subnet).
+                    direct_routing: (o.racks > 1).then_some(true),
                     ..Default::default()
                 },
                 ..Default::default()

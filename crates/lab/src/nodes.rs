@@ -12,7 +12,7 @@ use crate::daemon::AGENT_CAPS;
 use crate::error::{io, msg, LabError};
 use crate::process::wait_gone;
 use crate::state::{Lab, LabState, NodeInfo};
-use crate::{gateway, kube, kubelet};
+use crate::{gateway, kube, kubelet, router};
 
 impl Lab {
     /// Node `node` of state `st`, or an error naming it.
@@ -64,13 +64,14 @@ impl Lab {
     ) -> Result<NodeInfo, LabError> {
         let name = format!("node{index}");
         let netns = self.ns_name(&name);
-        let ip = gateway::node_ip(index)?;
+        let rack = gateway::rack_of(st.racks, index);
+        let ip = gateway::node_ip_in(rack, index)?;
         let ns = Netns::create_named(&netns)?;
         let under = Netns::named(&st.underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
         let port = format!("to-{name}");
         uh.create_veth(&port, "eth0", Some(ns.fd()), None, None)?;
-        let br = uh.require_link(gateway::BRIDGE)?;
+        let br = uh.require_link(&gateway::bridge(rack))?;
         let p = uh.require_link(&port)?;
         uh.set_master(p.index, br.index)?;
         uh.set_up(p.index)?;
@@ -84,8 +85,17 @@ impl Lab {
             true,
         )?;
         nh.set_up(e.index)?;
-        // As on a real node, what nothing here handles leaves by default.
-        nh.add_route(&gateway::default_route(e.index))?;
+        // As on a real node, what nothing here handles leaves by default:
+        // rack 1 to the gateway, rack 2 to the router (its only way out);
+        // with two racks, rack 1 reaches rack 2 through the router.
+        if rack == 1 {
+            nh.add_route(&gateway::default_route(e.index))?;
+            if st.racks > 1 {
+                nh.add_route(&router::route_to_rack(2, e.index))?;
+            }
+        } else {
+            nh.add_route(&router::default_route(rack, e.index))?;
+        }
         std::fs::create_dir_all(self.node_dir(&name)).map_err(|e| io("creating node dir", e))?;
         let info = NodeInfo { name, netns, ip };
         st.nodes.push(info.clone());

@@ -18,11 +18,12 @@
 //! `scripts/gobgp.sh`) keeps its routes in its own RIB (it has no kernel
 //! FIB without zebra); BIRD and FRR (zebra) install theirs.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
+use podnet_kernel::rtnl::Route;
 use podnet_kernel::{Handle, Netns};
 
 use crate::error::{io, msg, LabError};
@@ -64,82 +65,101 @@ impl RouterKind {
     }
 }
 
-/// The router's underlay address: the underlay's highest host address.
+/// The router's address in rack 1 (the underlay): its highest host.
 pub fn tor_ip() -> Ipv4Addr {
-    let u = gateway::underlay();
-    let b = u.broadcast().octets();
+    tor_ip_in(1)
+}
+
+/// The router's address in rack `rack`: the rack's highest host address.
+pub fn tor_ip_in(rack: usize) -> Ipv4Addr {
+    let b = gateway::rack_net(rack).broadcast().octets();
     Ipv4Addr::new(b[0], b[1], b[2], b[3] - 1)
 }
 
-/// BIRD 2: every node of `nodes` a dynamic eBGP neighbour, what they
+/// Each rack's router address and node range.
+pub fn racks(n: usize) -> Vec<(Ipv4Addr, Ipv4Net)> {
+    (1..=n)
+        .map(|r| (tor_ip_in(r), gateway::rack_net(r)))
+        .collect()
+}
+
+/// Rack 1's route to rack `rack`, through the router.
+pub fn route_to_rack(rack: usize, oif: u32) -> Route {
+    Route {
+        dst: Some(IpNet::V4(gateway::rack_net(rack))),
+        gateway: Some(IpAddr::V4(tor_ip_in(1))),
+        oif: Some(oif),
+        ..Default::default()
+    }
+}
+
+/// A rack-2 node's default route: the router.
+pub fn default_route(rack: usize, oif: u32) -> Route {
+    Route {
+        dst: None,
+        gateway: Some(IpAddr::V4(tor_ip_in(rack))),
+        oif: Some(oif),
+        ..Default::default()
+    }
+}
+
+/// BIRD 2: every node of each rack a dynamic eBGP neighbour, what they
 /// advertise into the kernel (equal paths merged: ECMP over the nodes
 /// that advertise a Service block), nothing sent back.
-pub fn bird_conf(me: Ipv4Addr, nodes: Ipv4Net, log: &Path) -> String {
-    format!(
-        r#"router id {me};
-log "{log}" all;
-protocol device {{}}
-protocol kernel {{
-  merge paths on;
-  ipv4 {{ import none; export all; }};
-}}
-protocol bgp nodes {{
-  local {me} as {TOR_ASN};
-  neighbor range {nodes} as {CLUSTER_ASN};
-  dynamic name "node";
-  hold time 9;
-  graceful restart on;
-  ipv4 {{ import all; export none; add paths rx; }};
-}}
-"#,
-        log = log.display()
-    )
+pub fn bird_conf(racks: &[(Ipv4Addr, Ipv4Net)], log: &Path) -> String {
+    let mut out = format!(
+        "router id {};\nlog \"{}\" all;\nprotocol device {{}}\n\
+         protocol kernel {{\n  merge paths on;\n  ipv4 {{ import none; export all; }};\n}}\n",
+        racks[0].0,
+        log.display()
+    );
+    for (i, (me, nodes)) in racks.iter().enumerate() {
+        let rack = i + 1;
+        out.push_str(&format!(
+            "protocol bgp rack{rack} {{\n  local {me} as {TOR_ASN};\n  \
+             neighbor range {nodes} as {CLUSTER_ASN};\n  dynamic name \"rack{rack}node\";\n  \
+             hold time 9;\n  graceful restart on;\n  \
+             ipv4 {{ import all; export none; }};\n}}\n"
+        ));
+    }
+    out
 }
 
 /// FRR (zebra and bgpd): the same, as `bgp listen range`.
-pub fn frr_conf(me: Ipv4Addr, nodes: Ipv4Net) -> String {
+pub fn frr_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
+    let ranges: String = racks
+        .iter()
+        .map(|(_, n)| format!(" bgp listen range {n} peer-group nodes\n"))
+        .collect();
     format!(
-        "frr defaults traditional
-hostname tor
-log stdout informational
-router bgp {TOR_ASN}
- bgp router-id {me}
- no bgp ebgp-requires-policy
- bgp graceful-restart
- bgp bestpath as-path multipath-relax
- neighbor nodes peer-group
- neighbor nodes remote-as {CLUSTER_ASN}
- neighbor nodes timers 3 9
- bgp listen range {nodes} peer-group nodes
- address-family ipv4 unicast
-  maximum-paths 16
- exit-address-family
-"
+        "frr defaults traditional\nhostname tor\nlog stdout informational\n\
+         router bgp {TOR_ASN}\n bgp router-id {}\n no bgp ebgp-requires-policy\n \
+         bgp graceful-restart\n bgp bestpath as-path multipath-relax\n \
+         neighbor nodes peer-group\n neighbor nodes remote-as {CLUSTER_ASN}\n \
+         neighbor nodes timers 3 9\n{ranges} address-family ipv4 unicast\n  \
+         maximum-paths 16\n exit-address-family\n",
+        racks[0].0
     )
 }
 
 /// GoBGP: the same, as dynamic neighbours of a peer group.
-pub fn gobgp_conf(me: Ipv4Addr, nodes: Ipv4Net) -> String {
-    format!(
-        r#"[global.config]
-  as = {TOR_ASN}
-  router-id = "{me}"
-  local-address-list = ["{me}"]
-
-[[peer-groups]]
-  [peer-groups.config]
-    peer-group-name = "nodes"
-    peer-as = {CLUSTER_ASN}
-  [[peer-groups.afi-safis]]
-    [peer-groups.afi-safis.config]
-      afi-safi-name = "ipv4-unicast"
-
-[[dynamic-neighbors]]
-  [dynamic-neighbors.config]
-    prefix = "{nodes}"
-    peer-group = "nodes"
-"#
-    )
+pub fn gobgp_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
+    let locals: Vec<String> = racks.iter().map(|(a, _)| format!("\"{a}\"")).collect();
+    let mut out = format!(
+        "[global.config]\n  as = {TOR_ASN}\n  router-id = \"{}\"\n  local-address-list = [{}]\n\n\
+         [[peer-groups]]\n  [peer-groups.config]\n    peer-group-name = \"nodes\"\n    \
+         peer-as = {CLUSTER_ASN}\n  [[peer-groups.afi-safis]]\n    \
+         [peer-groups.afi-safis.config]\n      afi-safi-name = \"ipv4-unicast\"\n",
+        racks[0].0,
+        locals.join(", ")
+    );
+    for (_, nodes) in racks {
+        out.push_str(&format!(
+            "\n[[dynamic-neighbors]]\n  [dynamic-neighbors.config]\n    \
+             prefix = \"{nodes}\"\n    peer-group = \"nodes\"\n"
+        ));
+    }
+    out
 }
 
 impl Lab {
@@ -151,21 +171,25 @@ impl Lab {
         self.dir.join("tor")
     }
 
-    /// The router's namespace on the underlay bridge, forwarding.
-    pub(crate) fn add_router_ns(&self, underlay_ns: &str) -> Result<(), LabError> {
+    /// The router's namespace on every rack's bridge (`eth0` in rack 1,
+    /// `eth1` in rack 2), forwarding between them.
+    pub(crate) fn add_router_ns(&self, underlay_ns: &str, racks: usize) -> Result<(), LabError> {
         let ns = Netns::create_named(&self.router_ns())?;
         let under = Netns::named(underlay_ns)?;
         let mut uh = Handle::in_netns(&under)?;
-        uh.create_veth(PORT, "eth0", Some(ns.fd()), None, None)?;
-        let br = uh.require_link(gateway::BRIDGE)?;
-        let p = uh.require_link(PORT)?;
-        uh.set_master(p.index, br.index)?;
-        uh.set_up(p.index)?;
         let mut h = Handle::in_netns(&ns)?;
-        let e = h.require_link("eth0")?;
-        let net = Ipv4Net::new(tor_ip(), gateway::underlay().prefix_len()).expect("prefix");
-        h.add_addr(e.index, ipnet::IpNet::V4(net), true)?;
-        h.set_up(e.index)?;
+        for rack in 1..=racks {
+            let (port, inside) = (format!("{PORT}{rack}"), format!("eth{}", rack - 1));
+            uh.create_veth(&port, &inside, Some(ns.fd()), None, None)?;
+            let br = uh.require_link(&gateway::bridge(rack))?;
+            let p = uh.require_link(&port)?;
+            uh.set_master(p.index, br.index)?;
+            uh.set_up(p.index)?;
+            let e = h.require_link(&inside)?;
+            let net = Ipv4Net::new(tor_ip_in(rack), 24).expect("prefix");
+            h.add_addr(e.index, IpNet::V4(net), true)?;
+            h.set_up(e.index)?;
+        }
         h.set_up_by_name("lo")?;
         ns.run(|| podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1"))??;
         Ok(())
@@ -173,10 +197,10 @@ impl Lab {
 
     /// Writes the router's config and starts its daemon(s) in its
     /// namespace, logged like every lab process.
-    pub(crate) fn start_router(&self, kind: RouterKind) -> Result<(), LabError> {
+    pub(crate) fn start_router(&self, kind: RouterKind, n: usize) -> Result<(), LabError> {
         let dir = self.router_dir();
         std::fs::create_dir_all(&dir).map_err(|e| io("creating the router's dir", e))?;
-        let (me, nodes) = (tor_ip(), gateway::underlay());
+        let racks = racks(n);
         let ns = self.router_ns();
         let write = |name: &str, text: String| -> Result<PathBuf, LabError> {
             let p = dir.join(name);
@@ -185,7 +209,7 @@ impl Lab {
         };
         match kind {
             RouterKind::Bird => {
-                let conf = write("bird.conf", bird_conf(me, nodes, &dir.join("bird.log")))?;
+                let conf = write("bird.conf", bird_conf(&racks, &dir.join("bird.log")))?;
                 let mut cmd = Command::new("bird");
                 cmd.arg("-f")
                     .arg("-c")
@@ -194,9 +218,11 @@ impl Lab {
                     .arg(dir.join("bird.ctl"));
                 spawn_logged(&self.dir, "tor-bird", &mut cmd, Some(&ns))?;
             }
-            RouterKind::Frr => self.start_frr(&dir, &write("frr.conf", frr_conf(me, nodes))?)?,
+            RouterKind::Frr => {
+                self.start_frr(&dir, &write("frr.conf", frr_conf(&racks))?, &racks)?
+            }
             RouterKind::Gobgp => {
-                let conf = write("gobgpd.toml", gobgp_conf(me, nodes))?;
+                let conf = write("gobgpd.toml", gobgp_conf(&racks))?;
                 let mut cmd = Command::new(gobgpd()?);
                 cmd.arg("-f")
                     .arg(conf)
@@ -209,7 +235,12 @@ impl Lab {
 
     /// zebra (the FIB) and bgpd, sharing one zserv socket in the router's
     /// directory, so several labs' routers never meet.
-    fn start_frr(&self, dir: &Path, conf: &Path) -> Result<(), LabError> {
+    fn start_frr(
+        &self,
+        dir: &Path,
+        conf: &Path,
+        racks: &[(Ipv4Addr, Ipv4Net)],
+    ) -> Result<(), LabError> {
         let zserv = dir.join("zserv.api");
         for daemon in ["zebra", "bgpd"] {
             let mut cmd = Command::new(format!("/usr/lib/frr/{daemon}"));
@@ -228,7 +259,9 @@ impl Lab {
                 // No vty port (labs would collide), no user switch.
                 .args(["-P", "0", "-S"]);
             if daemon == "bgpd" {
-                cmd.arg("-l").arg(tor_ip().to_string());
+                for (me, _) in racks {
+                    cmd.arg("-l").arg(me.to_string());
+                }
             }
             spawn_logged(
                 &self.dir,
@@ -284,18 +317,33 @@ mod tests {
     }
 
     #[test]
-    fn every_config_takes_the_whole_underlay_as_neighbours() {
-        let (me, nodes) = (tor_ip(), gateway::underlay());
-        let b = bird_conf(me, nodes, Path::new("/x/bird.log"));
+    fn every_config_takes_every_rack_as_neighbours() {
+        let r = racks(2);
+        assert_eq!(
+            r[1],
+            (
+                Ipv4Addr::new(192, 168, 201, 254),
+                "192.168.201.0/24".parse().unwrap()
+            )
+        );
+        let b = bird_conf(&r, Path::new("/x/bird.log"));
         assert!(
             b.contains("neighbor range 192.168.200.0/24 as 64512;"),
             "{b}"
         );
-        assert!(b.contains("local 192.168.200.254 as 64513;"), "{b}");
-        assert!(frr_conf(me, nodes).contains("bgp listen range 192.168.200.0/24 peer-group nodes"));
-        let g = gobgp_conf(me, nodes);
+        assert!(b.contains("local 192.168.201.254 as 64513;"), "{b}");
+        let f = frr_conf(&r);
         assert!(
-            g.contains("prefix = \"192.168.200.0/24\"") && g.contains("as = 64513"),
+            f.contains(" bgp listen range 192.168.201.0/24 peer-group nodes\n"),
+            "{f}"
+        );
+        let g = gobgp_conf(&r);
+        assert!(
+            g.contains("prefix = \"192.168.201.0/24\"") && g.contains("as = 64513"),
+            "{g}"
+        );
+        assert!(
+            g.contains(r#"local-address-list = ["192.168.200.254", "192.168.201.254"]"#),
             "{g}"
         );
     }

@@ -44,6 +44,12 @@ pub struct LabState {
     /// Real nodes: containerd and a kubelet per node ([`realnode`](crate::realnode)).
     #[serde(default)]
     pub kubelet: bool,
+    /// Underlay subnets joined by the router (0 in older state files: 1).
+    #[serde(default)]
+    pub racks: usize,
+    /// The top-of-rack router's daemon, if any.
+    #[serde(default)]
+    pub router: Option<String>,
 }
 
 /// A lab by name: where its state lives.
@@ -130,6 +136,8 @@ pub(crate) mod tests {
             resync_secs: 5,
             kube,
             kubelet: false,
+            racks: 1,
+            router: None,
         }
     }
 

@@ -652,6 +652,7 @@ mod tests {
             images: vec![],
             daemon_exe: None,
             router: None,
+            racks: 1,
         };
         assert!(check_options(&o).is_err());
         let k = UpOptions {
