@@ -1,0 +1,3 @@
+//! L2 announcement (placeholder docs; completed with the responder).
+
+pub mod packet;
