@@ -209,6 +209,20 @@ impl Solicitation {
         }
     }
 
+    /// The frame of this solicitation, sent to `eth_dst` (the
+    /// solicited-node group's MAC, or a cached MAC when re-checking a
+    /// neighbour). Responders never solicit; tests and tools do.
+    pub fn frame(&self, eth_dst: Mac) -> Vec<u8> {
+        let mut icmp = Vec::with_capacity(ND_LEN + 8);
+        icmp.extend_from_slice(&[TYPE_SOLICITATION, 0, 0, 0, 0, 0, 0, 0]);
+        icmp.extend_from_slice(&self.target.octets());
+        if let Some(mac) = self.source_lladdr {
+            icmp.extend_from_slice(&[OPT_SOURCE_LLADDR, 1]);
+            icmp.extend_from_slice(&mac);
+        }
+        icmp_frame(eth_dst, self.eth_src, self.src, self.dst, icmp)
+    }
+
     /// The advertisement that answers this solicitation for the host at
     /// `mac` owning `self.target`: unicast back to the solicitor, or, for
     /// duplicate address detection (source `::`), to all nodes with the
@@ -266,25 +280,36 @@ impl Advertisement {
             icmp.extend_from_slice(&[OPT_TARGET_LLADDR, 1]);
             icmp.extend_from_slice(&mac);
         }
-        let sum = checksum(&self.src, &self.dst, &icmp);
-        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-
-        let mut f = Vec::with_capacity(ETH_HLEN + IPV6_HLEN + icmp.len());
-        Ethernet {
-            dst: self.eth_dst,
-            src: self.eth_src,
-            ethertype: ETHERTYPE_IPV6,
-        }
-        .write(&mut f);
-        f.extend_from_slice(&[0x60, 0, 0, 0]); // version 6, class 0, flow 0
-                                               // At most 32 bytes: the cast cannot truncate.
-        f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
-        f.extend_from_slice(&[ICMPV6_NEXT_HEADER, HOP_LIMIT]);
-        f.extend_from_slice(&self.src.octets());
-        f.extend_from_slice(&self.dst.octets());
-        f.extend_from_slice(&icmp);
-        f
+        icmp_frame(self.eth_dst, self.eth_src, self.src, self.dst, icmp)
     }
+}
+
+/// An Ethernet frame carrying ICMPv6 message `icmp` (checksum field zero,
+/// filled in here) in IPv6 with hop limit 255.
+fn icmp_frame(
+    eth_dst: Mac,
+    eth_src: Mac,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    mut icmp: Vec<u8>,
+) -> Vec<u8> {
+    let sum = checksum(&src, &dst, &icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut f = Vec::with_capacity(ETH_HLEN + IPV6_HLEN + icmp.len());
+    Ethernet {
+        dst: eth_dst,
+        src: eth_src,
+        ethertype: ETHERTYPE_IPV6,
+    }
+    .write(&mut f);
+    f.extend_from_slice(&[0x60, 0, 0, 0]); // version 6, class 0, flow 0
+                                           // An ND message we build is at most 32 bytes: the cast cannot truncate.
+    f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[ICMPV6_NEXT_HEADER, HOP_LIMIT]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&icmp);
+    f
 }
 
 /// The ICMPv6 checksum of `icmp` (its checksum field zero) between `src`
@@ -407,6 +432,12 @@ mod tests {
             multicast_mac(solicited_node(LB_IP)),
             [0x33, 0x33, 0xff, 0, 2, 0]
         );
+    }
+
+    #[test]
+    fn the_solicitation_builder_reproduces_the_hand_made_bytes() {
+        let ns = Solicitation::parse_frame(&ns_bytes()).unwrap();
+        assert_eq!(ns.frame([0x33, 0x33, 0xff, 0x00, 0x02, 0x00]), ns_bytes());
     }
 
     #[test]
