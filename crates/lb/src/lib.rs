@@ -5,3 +5,5 @@
 //! - `ipam`: address pools and the allocation of LoadBalancer IPs (pure);
 //! - `l2`: L2 announcement, one node answering ARP/NDP for each address
 //!   and another taking over with gratuitous ARP / unsolicited NA.
+
+pub mod l2;
