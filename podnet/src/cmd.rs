@@ -382,6 +382,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             images,
             router,
             racks,
+            l2_announce,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -400,6 +401,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     daemon_exe: None,
                     router,
                     racks,
+                    l2_announce,
                 })
                 .await?;
             print_lab_up(&lab, &st)?;

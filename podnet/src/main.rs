@@ -277,6 +277,11 @@ struct AgentArgs {
     /// longer allows (conntrack entries removed in the same sync).
     #[arg(long, env = "PODNET_POLICY_STRICT")]
     policy_strict: bool,
+    /// Answer ARP and Neighbor Discovery on the underlay for this node's
+    /// share of the LoadBalancer IPs (MetalLB's L2 mode); nodes watch
+    /// each other with BFD, so a dead node's share moves within a second.
+    #[arg(long, env = "PODNET_L2_ANNOUNCE")]
+    l2_announce: bool,
     /// Keep no flow log (`podnet flows`, `/flows`).
     #[arg(long)]
     no_flows: bool,
@@ -347,6 +352,10 @@ pub enum LabCmd {
         /// (pn-<lab>-tor), and vxlan runs cross-subnet (DirectRouting).
         #[arg(long, default_value_t = 1)]
         racks: usize,
+        /// Agents announce LoadBalancer IPs on the underlay (ARP/NDP,
+        /// `podnet agent --l2-announce`).
+        #[arg(long)]
+        l2_announce: bool,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {
@@ -666,6 +675,7 @@ fn agent(args: AgentArgs, store: &str) -> anyhow::Result<()> {
         nodeport_addresses,
         no_policy,
         policy_strict,
+        l2_announce,
         no_flows,
         flow_buffer,
         kube,
@@ -685,6 +695,7 @@ fn agent(args: AgentArgs, store: &str) -> anyhow::Result<()> {
         ct_timeouts: ct.timeouts(),
         policy: !no_policy,
         policy_strict,
+        l2_announce,
         flows: (!no_flows).then(|| {
             std::sync::Arc::new(std::sync::Mutex::new(podnet_trace::flows::FlowLog::new(
                 flow_buffer,

@@ -86,6 +86,7 @@ impl LabGuard {
                 daemon_exe: None,
                 router: None,
                 racks: 1,
+                l2_announce: false,
             })
             .await
             .unwrap_or_else(|e| panic!("lab up --kube: {e}"));

@@ -281,6 +281,7 @@ fn upgrade_and_downgrade_under_load_one_daemon_at_a_time() {
         daemon_exe: Some(v.old.clone()),
         router: None,
         racks: 1,
+        l2_announce: false,
     }))
     .unwrap_or_else(|e| panic!("lab up on the old daemons: {e}"));
     // The old binary took the current lab's command lines: its agents and

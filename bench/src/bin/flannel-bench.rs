@@ -203,6 +203,7 @@ fn up_side(
         daemon_exe: None,
         router: None,
         racks: 1,
+        l2_announce: false,
     }))?;
     if flannel {
         write_flannel_conf(&side.lab, backend)?;

@@ -164,6 +164,7 @@ fn up_pair(
         daemon_exe: None,
         router: None,
         racks: 1,
+        l2_announce: false,
     }))?;
     let ports = [PortSpec::tcp(8080)];
     let cli = rt.block_on(lab.0.run_pod(

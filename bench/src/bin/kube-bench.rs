@@ -170,6 +170,7 @@ fn lab_up(a: &Args, lab: &podnet_lab::Lab, rt: &tokio::runtime::Runtime) -> Resu
         daemon_exe: None,
         router: None,
         racks: 1,
+        l2_announce: false,
     }))?;
     Ok(())
 }

@@ -849,6 +849,7 @@ fn open_bench(a: &Args, kube_proxy: PathBuf) -> Result<Bench> {
         daemon_exe: None,
         router: None,
         racks: 1,
+        l2_announce: false,
     }))?;
     let client = rt.block_on(lab.0.kube_client())?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);

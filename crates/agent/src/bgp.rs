@@ -14,13 +14,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
-use podnet_api::{Kind, Object};
+use podnet_api::Kind;
 use podnet_bgp::adverts::{self, ServiceBlocks};
 use podnet_bgp::node::NodeSpeaker;
 use podnet_overlay::{Backend, Overlay};
-use podnet_source::{Delta, Subscription};
+use podnet_source::Subscription;
 
+use crate::services::{ServiceCache, SvcKey};
 use crate::AgentError;
 
 /// The kinds the Service announcer reads.
@@ -41,99 +41,25 @@ pub async fn start(overlay: &mut Overlay) -> Result<Option<Arc<NodeSpeaker>>, Ag
     Ok(Some(speaker))
 }
 
-/// Service keys (namespace, name).
-type SvcKey = (String, String);
-
 /// What the announcer knows.
 #[derive(Default)]
 struct Announcer {
     node: String,
     blocks: ServiceBlocks,
-    services: BTreeMap<SvcKey, Arc<Object>>,
-    /// Per Service, its slices by name.
-    slices: BTreeMap<SvcKey, BTreeMap<String, Arc<Object>>>,
-    /// Each slice's Service, by the slice's (namespace, name).
-    slice_owner: BTreeMap<(String, String), SvcKey>,
+    cache: ServiceCache,
     /// Per Service, the host routes it has now.
     hosts: BTreeMap<SvcKey, BTreeSet<IpNet>>,
 }
 
 impl Announcer {
-    /// Takes a batch of deltas; returns the Services they touched.
-    fn take(&mut self, deltas: &[Delta]) -> BTreeSet<SvcKey> {
-        let mut touched = BTreeSet::new();
-        for d in deltas {
-            let k = d.key();
-            let ns = k.namespace.clone().unwrap_or_default();
-            match (k.kind, d) {
-                (Kind::Service, Delta::Added(o) | Delta::Updated(o)) => {
-                    self.services
-                        .insert((ns.clone(), k.name.clone()), o.clone());
-                    touched.insert((ns, k.name));
-                }
-                (Kind::Service, Delta::Deleted(_)) => {
-                    self.services.remove(&(ns.clone(), k.name.clone()));
-                    touched.insert((ns, k.name));
-                }
-                (Kind::EndpointSlice, _) => touched.extend(self.slice(ns, &k.name, d)),
-                _ => {}
-            }
-        }
-        touched
-    }
-
-    /// Files a slice under its Service (by label); the Services it touched
-    /// (two when it moved from one to another).
-    fn slice(&mut self, ns: String, name: &str, d: &Delta) -> Vec<SvcKey> {
-        let mut touched: Vec<SvcKey> = self.forget_slice(&ns, name).into_iter().collect();
-        if let Delta::Added(o) | Delta::Updated(o) = d {
-            if let Object::EndpointSlice(s) = o.as_ref() {
-                if let Some(svc) = podnet_api::endpoints::service_name(s) {
-                    let key = (ns, svc.to_string());
-                    self.slices
-                        .entry(key.clone())
-                        .or_default()
-                        .insert(name.to_string(), o.clone());
-                    self.slice_owner
-                        .insert((key.0.clone(), name.to_string()), key.clone());
-                    touched.push(key);
-                }
-            }
-        }
-        touched
-    }
-
-    fn forget_slice(&mut self, ns: &str, name: &str) -> Option<SvcKey> {
-        let key = self
-            .slice_owner
-            .remove(&(ns.to_string(), name.to_string()))?;
-        if let Some(by) = self.slices.get_mut(&key) {
-            by.remove(name);
-            if by.is_empty() {
-                self.slices.remove(&key);
-            }
-        }
-        Some(key)
-    }
-
     /// Recomputes the touched Services' host routes.
     fn plan(&mut self, touched: BTreeSet<SvcKey>) {
         for key in touched {
-            let routes = match self.services.get(&key).map(|o| o.as_ref()) {
-                Some(Object::Service(svc)) => {
-                    let slices: Vec<&EndpointSlice> = self
-                        .slices
-                        .get(&key)
-                        .into_iter()
-                        .flat_map(|by| by.values())
-                        .filter_map(|o| match o.as_ref() {
-                            Object::EndpointSlice(s) => Some(s),
-                            _ => None,
-                        })
-                        .collect();
-                    adverts::host_routes(&self.blocks, &self.node, svc, &slices)
+            let routes = match self.cache.service(&key) {
+                Some(svc) => {
+                    adverts::host_routes(&self.blocks, &self.node, svc, &self.cache.slices(&key))
                 }
-                _ => BTreeSet::new(),
+                None => BTreeSet::new(),
             };
             if routes.is_empty() {
                 self.hosts.remove(&key);
@@ -164,7 +90,7 @@ pub async fn announce(
         ..Default::default()
     };
     while let Some(b) = sub.next_batch().await {
-        let touched = a.take(&b.deltas);
+        let touched = a.cache.take(&b.deltas);
         a.plan(touched);
         speaker.set_routes("services", a.routes()).await;
     }

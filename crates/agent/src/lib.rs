@@ -12,6 +12,8 @@
 //!   on nftables, the CNI plugin's wait for a new pod, the verdict log;
 //! - BGP ([`bgp`], with the bgp backend): the node's speaker, shared by
 //!   the overlay (mesh, pod CIDR) and the Service announcer;
+//! - L2 announcement ([`l2`], `--l2-announce`): ARP/NDP for this node's
+//!   share of the LoadBalancer IPs, node liveness by BFD;
 //! - the flow log ([`flows`]): new connections from conntrack's events and
 //!   the verdict log's denials, served at `/flows` (`podnet flows`).
 //!
@@ -24,6 +26,8 @@
 
 pub mod bgp;
 pub mod flows;
+pub mod l2;
+pub mod services;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -73,6 +77,8 @@ pub struct Options {
     /// `--policy-strict`: also cut established connections a policy change
     /// no longer allows.
     pub policy_strict: bool,
+    /// L2 announcement of LoadBalancer IPs ([`l2`]).
+    pub l2_announce: bool,
     /// The node's flow log, fed by this agent (None: `--no-flows`).
     pub flows: Option<Arc<std::sync::Mutex<podnet_trace::flows::FlowLog>>>,
 }
@@ -101,6 +107,7 @@ pub async fn run(
     let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
     let bgp_sub = (cfg.backend == podnet_api::netconfig::BackendType::Bgp)
         .then(|| source.subscribe(bgp::KINDS));
+    let l2_sub = opts.l2_announce.then(|| source.subscribe(l2::KINDS));
     let _source = source.start();
 
     let paths = Paths {
@@ -121,6 +128,11 @@ pub async fn run(
     if let (Some(speaker), Some(sub)) = (bgp::start(&mut overlay).await?, bgp_sub) {
         let blocks = podnet_bgp::adverts::ServiceBlocks::default();
         tasks.spawn(bgp::announce(sub, opts.node.clone(), blocks, speaker));
+    }
+    if let Some(sub) = l2_sub {
+        let u = overlay.underlay();
+        let (iface, ip) = (u.name.clone(), std::net::IpAddr::V4(u.ip));
+        tasks.spawn(l2::run(sub, opts.node.clone(), iface, ip, metrics.clone()));
     }
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(

@@ -19,6 +19,18 @@ use crate::{forward, kube};
 /// The agent's capabilities in `deploy/`'s DaemonSet: CAP_NET_ADMIN.
 pub const AGENT_CAPS: &[u32] = &[12];
 
+/// What the agent needs beyond [`AGENT_CAPS`] for what this lab runs:
+/// CAP_NET_BIND_SERVICE for BGP's port 179, CAP_NET_RAW for L2
+/// announcement's packet sockets.
+pub fn agent_caps(st: &LabState) -> &'static [u32] {
+    match (st.backend == "bgp", st.l2_announce) {
+        (false, false) => AGENT_CAPS,
+        (true, false) => &[12, 10],
+        (false, true) => &[12, 13],
+        (true, true) => &[12, 10, 13],
+    }
+}
+
 /// Cluster DNS's capabilities in `deploy/`'s Deployment:
 /// CAP_NET_BIND_SERVICE.
 pub const DNS_CAPS: &[u32] = &[10];
@@ -141,6 +153,9 @@ impl Lab {
                     "--metrics-addr".into(),
                     "127.0.0.1:10249".into(),
                 ]);
+                if st.l2_announce {
+                    a.push("--l2-announce".into());
+                }
             }
             Daemon::Dns { node: _, upstreams } => {
                 a.push("dns".into());

@@ -50,6 +50,8 @@ pub struct UpOptions {
     /// Underlay subnets (1 or 2), joined by the top-of-rack router; with
     /// two, vxlan runs in its cross-subnet mode (DirectRouting).
     pub racks: usize,
+    /// Agents run L2 announcement (`--l2-announce`).
+    pub l2_announce: bool,
 }
 
 impl Lab {
@@ -159,6 +161,7 @@ impl Lab {
             kubelet: o.kubelet,
             racks: o.racks,
             router: o.router.clone(),
+            l2_announce: o.l2_announce,
         };
         // The underlay: a bridge per rack in its own namespace, and the
         // nodes' gateway on the first (no uplink: nothing leaves the

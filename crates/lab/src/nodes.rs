@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use podnet_kernel::{Handle, Netns};
 
-use crate::daemon::AGENT_CAPS;
+use crate::daemon::agent_caps;
 use crate::error::{io, msg, LabError};
 use crate::process::wait_gone;
 use crate::state::{Lab, LabState, NodeInfo};
@@ -51,7 +51,7 @@ impl Lab {
             &format!("agent-{}", node.name),
             Some(&node.netns),
             &self.agent_args(st, node),
-            AGENT_CAPS,
+            agent_caps(st),
         )?;
         Ok(())
     }

@@ -50,6 +50,9 @@ pub struct LabState {
     /// The top-of-rack router's daemon, if any.
     #[serde(default)]
     pub router: Option<String>,
+    /// Agents run L2 announcement.
+    #[serde(default)]
+    pub l2_announce: bool,
 }
 
 /// A lab by name: where its state lives.
@@ -138,6 +141,7 @@ pub(crate) mod tests {
             kubelet: false,
             racks: 1,
             router: None,
+            l2_announce: false,
         }
     }
 

@@ -336,7 +336,7 @@ impl Lab {
             &format!("agent-{node}"),
             Some(&n.netns),
             &args,
-            crate::AGENT_CAPS,
+            crate::daemon::agent_caps(&st),
         )?;
         self.wait_agent_synced(node, &[], STEP_TIMEOUT)
     }
@@ -653,6 +653,7 @@ mod tests {
             daemon_exe: None,
             router: None,
             racks: 1,
+            l2_announce: false,
         };
         assert!(check_options(&o).is_err());
         let k = UpOptions {

@@ -1,0 +1,375 @@
+//! L2 announcement in the agent (`--l2-announce`): this node answers ARP
+//! and Neighbor Discovery on its underlay for its share of the
+//! LoadBalancer IPs (`podnet_lb::l2`), and takes over another node's
+//! share the moment that node stops answering BFD.
+//!
+//! Every agent computes the same owners from the same inputs
+//! (`podnet_lb::l2::election`, rendezvous hashing) and nodes never
+//! negotiate, so what they must agree on is who is alive. That comes
+//! from BFD (`podnet_bgp::bfd_link`, 100 ms × 3) between this node and
+//! every other node's InternalIP: a node is alive from its session's Up
+//! until its Down. A node whose session has never come up counts as alive
+//! for a grace period after it appears (a node that is starting, or whose
+//! agent runs without L2), then as dead until it answers.
+//!
+//! An IP's eligible nodes are the alive ones; for a Service with
+//! `externalTrafficPolicy: Local`, only the alive ones with a ready
+//! endpoint of it, so the client's address is kept; an IP with none is
+//! announced by nobody.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use podnet_api::k8s_openapi::api::core::v1::Service;
+use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
+use podnet_api::{Kind, Object};
+use podnet_bgp::bfd::{Edge, Timing};
+use podnet_bgp::bfd_link::Bfd;
+use podnet_daemon::Metrics;
+use podnet_lb::l2::{election, Announce, Responder};
+use podnet_source::{Delta, Subscription};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::services::ServiceCache;
+
+/// The kinds L2 announcement reads.
+pub const KINDS: &[Kind] = &[Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+/// How long a node that never answered BFD counts as alive.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Node liveness by BFD: 100 ms × 3, a dead node is noticed in 300 ms.
+fn timing() -> Timing {
+    Timing {
+        desired_min_tx: Duration::from_millis(100),
+        required_min_rx: Duration::from_millis(100),
+        detect_mult: 3,
+    }
+}
+
+/// What one node looks like to the election.
+#[derive(Debug, Clone)]
+struct Peer {
+    ip: IpAddr,
+    up: bool,
+    since: Instant,
+}
+
+/// What L2 announcement knows.
+struct State {
+    node: String,
+    cache: ServiceCache,
+    /// Every other node, by name.
+    peers: BTreeMap<String, Peer>,
+}
+
+impl State {
+    fn alive(&self, now: Instant) -> BTreeSet<&str> {
+        let mut out: BTreeSet<&str> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.up || now.duration_since(p.since) < GRACE)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        out.insert(self.node.as_str());
+        out
+    }
+
+    /// This node's share of the LoadBalancer IPs. Pure, given `now`.
+    fn owned(&self, now: Instant) -> BTreeSet<IpAddr> {
+        let alive = self.alive(now);
+        let mut ips: Vec<(IpAddr, BTreeSet<&str>)> = Vec::new();
+        for (key, svc) in self.cache.services() {
+            let lb = lb_ips(svc);
+            if lb.is_empty() {
+                continue;
+            }
+            let eligible = match local(svc) {
+                true => ready_nodes(&self.cache.slices(key), &alive),
+                false => alive.clone(),
+            };
+            ips.extend(lb.into_iter().map(|ip| (ip, eligible.clone())));
+        }
+        election::owned_by(&self.node, ips)
+    }
+
+    /// Files a batch's Nodes; the nodes that appeared and went.
+    fn nodes(&mut self, deltas: &[Delta], now: Instant) -> (Vec<IpAddr>, Vec<IpAddr>) {
+        let (mut added, mut gone) = (Vec::new(), Vec::new());
+        for d in deltas {
+            let k = d.key();
+            if k.kind != Kind::Node || k.name == self.node {
+                continue;
+            }
+            let ip = match d {
+                Delta::Added(o) | Delta::Updated(o) => internal_ip(o),
+                Delta::Deleted(_) => None,
+            };
+            let old = self.peers.get(&k.name).map(|p| p.ip);
+            if old == ip {
+                continue;
+            }
+            gone.extend(old);
+            self.peers.remove(&k.name);
+            if let Some(ip) = ip {
+                added.push(ip);
+                let since = now;
+                self.peers.insert(
+                    k.name,
+                    Peer {
+                        ip,
+                        up: false,
+                        since,
+                    },
+                );
+            }
+        }
+        (added, gone)
+    }
+
+    /// Whether a node that never answered ran out of grace in
+    /// (`from`, `to`].
+    fn grace_ended(&self, from: Instant, to: Instant) -> bool {
+        self.peers.values().any(|p| {
+            let end = p.since + GRACE;
+            !p.up && end > from && end <= to
+        })
+    }
+
+    fn edge(&mut self, ip: IpAddr, e: &Edge) {
+        if let Some(p) = self.peers.values_mut().find(|p| p.ip == ip) {
+            p.up = matches!(e, Edge::Up);
+            p.since = Instant::now();
+        }
+    }
+}
+
+fn internal_ip(o: &Object) -> Option<IpAddr> {
+    let Object::Node(n) = o else { return None };
+    n.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
+}
+
+fn lb_ips(svc: &Service) -> Vec<IpAddr> {
+    let lb = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
+    if !lb {
+        return Vec::new();
+    }
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+fn local(svc: &Service) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.external_traffic_policy.as_deref())
+        == Some("Local")
+}
+
+/// The alive nodes with a ready endpoint in `slices`.
+fn ready_nodes<'a>(slices: &[&EndpointSlice], alive: &BTreeSet<&'a str>) -> BTreeSet<&'a str> {
+    alive
+        .iter()
+        .filter(|n| podnet_api::endpoints::ready_on(slices, n) > 0)
+        .copied()
+        .collect()
+}
+
+/// Runs L2 announcement on `iface` until the subscription ends; a
+/// failure to start is reported on `/readyz` and in the log.
+pub async fn run(
+    sub: Subscription,
+    node: String,
+    iface: String,
+    ip: IpAddr,
+    metrics: Arc<Metrics>,
+) {
+    if let Err(e) = run_inner(sub, node, &iface, ip).await {
+        tracing::error!("L2 announcement stopped: {e}");
+        metrics.set_unhealthy_for("l2", Some(format!("L2 announcement stopped: {e}")));
+    }
+}
+
+async fn run_inner(
+    mut sub: Subscription,
+    node: String,
+    iface: &str,
+    ip: IpAddr,
+) -> Result<(), String> {
+    let responder = Responder::start(iface, Announce::default()).map_err(|e| e.to_string())?;
+    let bfd = Bfd::start(ip)
+        .await
+        .map_err(|e| format!("BFD for node liveness on {ip}: {e}"))?;
+    let (edges_tx, mut edges) = mpsc::channel::<(IpAddr, Edge)>(64);
+    let mut st = State {
+        node,
+        cache: ServiceCache::default(),
+        peers: BTreeMap::new(),
+    };
+    // A node past its grace period changes the result with no input.
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut last = Instant::now();
+    loop {
+        let mut dirty = true;
+        tokio::select! {
+            b = sub.next_batch() => {
+                let Some(b) = b else { return Ok(()) };
+                st.cache.take(&b.deltas);
+                let (added, gone) = st.nodes(&b.deltas, Instant::now());
+                for p in gone {
+                    bfd.remove(p).await;
+                }
+                for p in added {
+                    let (tx, fwd) = (mpsc::channel(8), edges_tx.clone());
+                    bfd.add(p, timing(), tx.0).await;
+                    tokio::spawn(forward(p, tx.1, fwd));
+                }
+            }
+            Some((p, e)) = edges.recv() => {
+                tracing::info!(node_ip = %p, up = matches!(e, Edge::Up), "node liveness");
+                st.edge(p, &e);
+            }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                dirty = st.grace_ended(last, now);
+                last = now;
+            }
+        }
+        if !dirty {
+            continue;
+        }
+        let owned = st.owned(Instant::now());
+        if owned != responder.owned() {
+            tracing::info!(?owned, "L2 announcement: this node's LoadBalancer IPs");
+            responder.set_owned(owned);
+        }
+    }
+}
+
+/// One BFD session's edges, tagged with its neighbour.
+async fn forward(ip: IpAddr, mut rx: mpsc::Receiver<Edge>, tx: mpsc::Sender<(IpAddr, Edge)>) {
+    while let Some(e) = rx.recv().await {
+        if tx.send((ip, e)).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn added(o: Object) -> Delta {
+        Delta::Added(Arc::new(o))
+    }
+
+    fn node(name: &str, ip: &str) -> Delta {
+        added(Object::Node(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]}}))
+            .unwrap(),
+        )))
+    }
+
+    fn lb(name: &str, ip: &str, policy: &str) -> Delta {
+        added(Object::Service(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy},
+                "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}))
+            .unwrap(),
+        )))
+    }
+
+    fn slice(svc: &str, node: &str) -> Delta {
+        added(Object::EndpointSlice(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{svc}-1"), "namespace": "default",
+                    "labels": {"kubernetes.io/service-name": svc}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.244.2.5"], "nodeName": node}]}))
+            .unwrap(),
+        )))
+    }
+
+    fn state(me: &str, deltas: &[Delta], now: Instant) -> State {
+        let mut st = State {
+            node: me.into(),
+            cache: ServiceCache::default(),
+            peers: BTreeMap::new(),
+        };
+        st.cache.take(deltas);
+        st.nodes(deltas, now);
+        st
+    }
+
+    /// Every node computes the same owners; a node whose BFD goes down
+    /// loses its IPs to the others; a Local Service's IP goes only to a
+    /// node with an endpoint, and to nobody when that node is down.
+    #[test]
+    fn owners_follow_liveness_and_local_endpoints() {
+        let now = Instant::now();
+        let ips: Vec<String> = (1..=20).map(|i| format!("198.51.100.{i}")).collect();
+        let mut deltas = vec![node("n1", "192.168.200.11"), node("n2", "192.168.200.12")];
+        deltas.extend(ips.iter().map(|ip| lb(&format!("s{ip}"), ip, "Cluster")));
+        let a = state("n1", &deltas, now);
+        let b = state("n2", &deltas, now);
+        let (oa, ob) = (a.owned(now), b.owned(now));
+        assert!(oa.is_disjoint(&ob), "{oa:?} {ob:?}");
+        assert_eq!(oa.len() + ob.len(), 20);
+        assert!(
+            !oa.is_empty() && !ob.is_empty(),
+            "rendezvous hashing spreads them"
+        );
+        // n2 stops answering: n1 owns everything.
+        let mut a = a;
+        let n2: IpAddr = "192.168.200.12".parse().unwrap();
+        a.edge(n2, &Edge::Up);
+        a.edge(n2, &Edge::Down(podnet_bgp::bfd::Diag::DetectionTimeExpired));
+        assert_eq!(a.owned(Instant::now()).len(), 20);
+
+        let local = vec![
+            node("n1", "192.168.200.11"),
+            node("n2", "192.168.200.12"),
+            lb("web", "198.51.100.99", "Local"),
+            slice("web", "n2"),
+        ];
+        let ip: IpAddr = "198.51.100.99".parse().unwrap();
+        assert!(state("n1", &local, now).owned(now).is_empty());
+        assert_eq!(
+            state("n2", &local, now).owned(now),
+            [ip].into_iter().collect()
+        );
+        // n1's view once n2 is down: nobody has an endpoint.
+        let mut a = state("n1", &local, now);
+        a.edge(n2, &Edge::Down(podnet_bgp::bfd::Diag::DetectionTimeExpired));
+        assert!(a.owned(Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn a_node_that_never_answers_is_alive_only_for_its_grace() {
+        let now = Instant::now();
+        let st = state("n1", &[node("n2", "192.168.200.12")], now);
+        assert!(st.alive(now).contains("n2"));
+        assert!(!st.alive(now + GRACE).contains("n2"));
+        assert!(st.grace_ended(now, now + GRACE));
+        assert!(!st.grace_ended(now + GRACE, now + GRACE * 2));
+    }
+}
