@@ -164,6 +164,21 @@ apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: deny-all, namespace: shop}
 spec: {podSelector: {}, policyTypes: [Ingress]}
+---
+apiVersion: podnet.io/v1
+kind: IPAddressPool
+metadata: {name: lan}
+spec: {addresses: [192.0.2.0/28, "2001:db8::10-2001:db8::20"], autoAssign: false}
+---
+apiVersion: podnet.io/v1
+kind: BGPConfiguration
+metadata: {name: default}
+spec: {asNumber: 65000, serviceLoadBalancerIPs: [{cidr: 192.0.2.0/24}], l2Announcement: {enabled: true}}
+---
+apiVersion: podnet.io/v1
+kind: BGPPeer
+metadata: {name: tor}
+spec: {peerIP: 192.0.2.254, asNumber: 65001, bfd: true}
 "#;
 
 fn check_round_trips(c: &Cluster) {
@@ -171,13 +186,13 @@ fn check_round_trips(c: &Cluster) {
     let out = c.ok(&["apply", "-f", f.to_str().unwrap()]);
     assert_eq!(
         out.lines().filter(|l| l.ends_with(" created")).count(),
-        7,
+        10,
         "{out}"
     );
     let again = c.ok(&["apply", "-f", f.to_str().unwrap()]);
     assert_eq!(
         again.lines().filter(|l| l.ends_with(" unchanged")).count(),
-        7,
+        10,
         "{again}"
     );
     for (kind, name, ns) in [
@@ -188,6 +203,9 @@ fn check_round_trips(c: &Cluster) {
         ("svc", "web", Some("shop")),
         ("ep", "manual", Some("shop")),
         ("netpol", "deny-all", Some("shop")),
+        ("ippool", "lan", None),
+        ("bgpconfig", "default", None),
+        ("bgppeers", "tor", None),
     ] {
         let mut args = vec!["get", kind, name];
         if let Some(n) = ns {
@@ -211,6 +229,31 @@ fn check_round_trips(c: &Cluster) {
     assert!(c
         .ok(&["get", "po", "-A", "-o", "wide"])
         .contains("10.244.1.5"));
+    // podnet's own kinds print the columns their CRDs give kubectl.
+    let pools = c.ok(&["get", "ipaddresspools"]);
+    let rows: Vec<&str> = pools.lines().collect();
+    assert_eq!(rows.len(), 2, "{pools}");
+    assert!(
+        rows[0].starts_with("NAME")
+            && rows[0].contains("AUTO ASSIGN   AVOID BUGGY IPS   ADDRESSES"),
+        "{pools}"
+    );
+    let cells: Vec<&str> = rows[1].split_whitespace().collect();
+    assert_eq!(
+        cells[..4],
+        [
+            "lan",
+            "false",
+            "false",
+            "192.0.2.0/28,2001:db8::10-2001:db8::20"
+        ],
+        "{pools}"
+    );
+    let peers = c.ok(&["get", "bgppeer"]);
+    assert!(
+        peers.contains("192.0.2.254") && peers.contains("65001") && peers.contains("<all>"),
+        "{peers}"
+    );
     assert!(c
         .ok(&["get", "no", "-l", "zone=a", "-o", "name"])
         .contains("node/node-1"));
@@ -273,6 +316,8 @@ fn bad_manifests_change_nothing() {
         ("apiVersion: v1\nkind: Service\nmetadata: {name: c}\nspec: {ports: [{port: 99999}]}\n", "spec.ports[0].port"),
         ("apiVersion: v1\nkind: Service\nmetadata: {name: d}\nspec: {type: ExternalName, externalName: x.com, clusterIP: 10.96.0.31}\n", "must be empty for type ExternalName"),
         ("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.99, ports: [{port: 80}]}\n", "immutable"),
+        ("apiVersion: podnet.io/v1\nkind: BGPConfiguration\nmetadata: {name: default}\nspec: {asNumber: 0}\n", "spec.asNumber: AS 0 is reserved"),
+        ("apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.9-192.0.2.1]}\n", "spec.addresses[0]: \"192.0.2.9-192.0.2.1\": the start 192.0.2.9 is after the end 192.0.2.1"),
     ] {
         let o = c.apply(bad);
         let err = String::from_utf8_lossy(&o.stderr);

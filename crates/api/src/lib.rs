@@ -1,16 +1,20 @@
 //! podnet's cluster objects: the Kubernetes types networking uses
 //! (Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, via
-//! `k8s-openapi`) plus podnet's [`netconfig::NetworkConfig`], with
+//! `k8s-openapi`) plus podnet's own cluster-scoped `podnet.io/v1` kinds:
+//! [`netconfig::NetworkConfig`], [`pool::IPAddressPool`] (LoadBalancer
+//! address pools) and [`bgp::BGPConfiguration`] / [`bgp::BGPPeer`], with
 //! kubectl-style kinds, defaults, API-server-like validation, manifest
 //! parsing, label selectors and CIDR math.
 //!
 //! Everything here is pure: no I/O, so it is unit-tested without root.
 
+pub mod bgp;
 pub mod cidr;
 pub mod endpoints;
 pub mod manifest;
 pub mod netconfig;
 pub mod object;
+pub mod pool;
 pub mod selector;
 pub mod validate;
 
@@ -32,7 +36,7 @@ impl std::fmt::Display for FieldError {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
-    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig)")]
+    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig, IPAddressPool, BGPConfiguration, BGPPeer)")]
     UnknownKind(String),
     #[error("{field}: {msg}")]
     Invalid { field: String, msg: String },

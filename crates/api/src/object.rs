@@ -12,7 +12,9 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
+use crate::bgp::{BGPConfiguration, BGPPeer};
 use crate::netconfig::NetworkConfig;
+use crate::pool::IPAddressPool;
 use crate::ApiError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -24,10 +26,13 @@ pub enum Kind {
     EndpointSlice,
     NetworkPolicy,
     NetworkConfig,
+    IPAddressPool,
+    BGPConfiguration,
+    BGPPeer,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Namespace,
         Kind::Node,
         Kind::NetworkConfig,
@@ -35,6 +40,9 @@ impl Kind {
         Kind::Service,
         Kind::EndpointSlice,
         Kind::NetworkPolicy,
+        Kind::IPAddressPool,
+        Kind::BGPConfiguration,
+        Kind::BGPPeer,
     ];
 
     /// Parses a kind the way kubectl does: name, plural or short name,
@@ -50,6 +58,11 @@ impl Kind {
             "endpointslice" | "endpointslices" | "ep" | "eps" | "endpoints" => Kind::EndpointSlice,
             "networkpolicy" | "networkpolicies" | "netpol" => Kind::NetworkPolicy,
             "networkconfig" | "networkconfigs" | "netconf" | "netcfg" => Kind::NetworkConfig,
+            "ipaddresspool" | "ipaddresspools" | "ippool" | "ippools" => Kind::IPAddressPool,
+            "bgpconfiguration" | "bgpconfigurations" | "bgpconfig" | "bgpconfigs" => {
+                Kind::BGPConfiguration
+            }
+            "bgppeer" | "bgppeers" => Kind::BGPPeer,
             _ => {
                 return Err(ApiError::UnknownKind(s.to_string()));
             }
@@ -65,6 +78,9 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::NetworkConfig => "NetworkConfig",
+            Kind::IPAddressPool => "IPAddressPool",
+            Kind::BGPConfiguration => "BGPConfiguration",
+            Kind::BGPPeer => "BGPPeer",
         }
     }
 
@@ -77,6 +93,9 @@ impl Kind {
             Kind::EndpointSlice => "endpointslices",
             Kind::NetworkPolicy => "networkpolicies",
             Kind::NetworkConfig => "networkconfigs",
+            Kind::IPAddressPool => "ipaddresspools",
+            Kind::BGPConfiguration => "bgpconfigurations",
+            Kind::BGPPeer => "bgppeers",
         }
     }
 
@@ -85,12 +104,22 @@ impl Kind {
             Kind::Namespace | Kind::Node | Kind::Pod | Kind::Service => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::NetworkPolicy => "networking.k8s.io/v1",
-            Kind::NetworkConfig => crate::netconfig::API_VERSION,
+            Kind::NetworkConfig | Kind::IPAddressPool | Kind::BGPConfiguration | Kind::BGPPeer => {
+                crate::netconfig::API_VERSION
+            }
         }
     }
 
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node | Kind::NetworkConfig)
+        !matches!(
+            self,
+            Kind::Namespace
+                | Kind::Node
+                | Kind::NetworkConfig
+                | Kind::IPAddressPool
+                | Kind::BGPConfiguration
+                | Kind::BGPPeer
+        )
     }
 
     /// The store key prefix for every object of this kind (and namespace).
@@ -117,6 +146,39 @@ impl fmt::Display for Kind {
     }
 }
 
+/// Makes podnet's cluster-scoped kinds Kubernetes resources (group
+/// `podnet.io`, version `v1`), so the Kubernetes API's client and watcher
+/// (`kube`, through its blanket `Resource` impl) read their CRDs
+/// (`deploy/parts/05-crds.yaml`) as typed objects.
+macro_rules! podnet_resource {
+    ($t:ty, $kind:literal, $plural:literal) => {
+        impl k8s_openapi::Resource for $t {
+            const API_VERSION: &'static str = "podnet.io/v1";
+            const GROUP: &'static str = "podnet.io";
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = "v1";
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = k8s_openapi::ClusterResourceScope;
+        }
+        impl k8s_openapi::ListableResource for $t {
+            const LIST_KIND: &'static str = concat!($kind, "List");
+        }
+        impl k8s_openapi::Metadata for $t {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+podnet_resource!(IPAddressPool, "IPAddressPool", "ipaddresspools");
+podnet_resource!(BGPConfiguration, "BGPConfiguration", "bgpconfigurations");
+podnet_resource!(BGPPeer, "BGPPeer", "bgppeers");
+
 /// Any stored object.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
@@ -127,6 +189,9 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     NetworkPolicy(Box<NetworkPolicy>),
     NetworkConfig(Box<NetworkConfig>),
+    IPAddressPool(Box<IPAddressPool>),
+    BGPConfiguration(Box<BGPConfiguration>),
+    BGPPeer(Box<BGPPeer>),
 }
 
 macro_rules! each {
@@ -139,6 +204,9 @@ macro_rules! each {
             Object::EndpointSlice($o) => $e,
             Object::NetworkPolicy($o) => $e,
             Object::NetworkConfig($o) => $e,
+            Object::IPAddressPool($o) => $e,
+            Object::BGPConfiguration($o) => $e,
+            Object::BGPPeer($o) => $e,
         }
     };
 }
@@ -153,6 +221,9 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::NetworkPolicy(_) => Kind::NetworkPolicy,
             Object::NetworkConfig(_) => Kind::NetworkConfig,
+            Object::IPAddressPool(_) => Kind::IPAddressPool,
+            Object::BGPConfiguration(_) => Kind::BGPConfiguration,
+            Object::BGPPeer(_) => Kind::BGPPeer,
         }
     }
 
@@ -234,13 +305,21 @@ impl Object {
             Kind::EndpointSlice => Object::EndpointSlice(de(v)?),
             Kind::NetworkPolicy => Object::NetworkPolicy(de(v)?),
             Kind::NetworkConfig => Object::NetworkConfig(de(v)?),
+            Kind::IPAddressPool => Object::IPAddressPool(de(v)?),
+            Kind::BGPConfiguration => Object::BGPConfiguration(de(v)?),
+            Kind::BGPPeer => Object::BGPPeer(de(v)?),
         })
     }
 
     pub fn to_value(&self) -> Value {
         let mut v = each!(self, o => serde_json::to_value(o.as_ref())).expect("objects serialize");
-        // k8s-openapi writes apiVersion/kind itself; our own kind needs it too.
-        if v.get("kind").is_none() {
+        // k8s-openapi writes apiVersion/kind itself; our own kinds need them
+        // too (their fields are empty when built in code).
+        if v.get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .is_empty()
+        {
             v["kind"] = Value::from(self.kind().name());
             v["apiVersion"] = Value::from(self.kind().api_version());
         }
@@ -264,6 +343,15 @@ mod tests {
             ("no", Kind::Node),
             ("po", Kind::Pod),
             ("networkpolicies.networking.k8s.io", Kind::NetworkPolicy),
+            ("ipaddresspool", Kind::IPAddressPool),
+            ("IPAddressPools", Kind::IPAddressPool),
+            ("ippool", Kind::IPAddressPool),
+            ("ipaddresspools.podnet.io", Kind::IPAddressPool),
+            ("bgppeer", Kind::BGPPeer),
+            ("bgppeers", Kind::BGPPeer),
+            ("bgpconfiguration", Kind::BGPConfiguration),
+            ("bgpconfigurations", Kind::BGPConfiguration),
+            ("bgpconfig", Kind::BGPConfiguration),
         ] {
             assert_eq!(Kind::parse(s).unwrap(), k, "{s}");
         }
@@ -278,6 +366,15 @@ mod tests {
         );
         assert_eq!(Kind::Node.key(Some("x"), "n1"), "/registry/nodes/n1");
         assert_eq!(Kind::Pod.key(None, "p"), "/registry/pods/default/p");
+        assert_eq!(
+            Kind::IPAddressPool.key(Some("x"), "lan"),
+            "/registry/ipaddresspools/lan"
+        );
+        assert_eq!(Kind::BGPPeer.key(None, "tor"), "/registry/bgppeers/tor");
+        assert_eq!(
+            Kind::BGPConfiguration.key(None, "default"),
+            "/registry/bgpconfigurations/default"
+        );
     }
 
     #[test]
@@ -294,5 +391,57 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("apiVersion"));
+    }
+
+    #[test]
+    fn resource_constants_agree_with_the_kinds() {
+        use k8s_openapi::Resource;
+        for (k, plural, kind, av) in [
+            (
+                Kind::IPAddressPool,
+                IPAddressPool::URL_PATH_SEGMENT,
+                IPAddressPool::KIND,
+                IPAddressPool::API_VERSION,
+            ),
+            (
+                Kind::BGPPeer,
+                BGPPeer::URL_PATH_SEGMENT,
+                BGPPeer::KIND,
+                BGPPeer::API_VERSION,
+            ),
+            (
+                Kind::BGPConfiguration,
+                BGPConfiguration::URL_PATH_SEGMENT,
+                BGPConfiguration::KIND,
+                BGPConfiguration::API_VERSION,
+            ),
+        ] {
+            assert_eq!((k.plural(), k.name(), k.api_version()), (plural, kind, av));
+        }
+    }
+
+    /// podnet's own kinds carry apiVersion and kind on the way out even
+    /// when built in code, and are cluster-scoped.
+    #[test]
+    fn own_kinds_round_trip() {
+        let o = Object::IPAddressPool(Box::default());
+        let v = o.to_value();
+        assert_eq!(
+            (v["apiVersion"].as_str(), v["kind"].as_str()),
+            (Some("podnet.io/v1"), Some("IPAddressPool"))
+        );
+        for (kind, spec) in [
+            ("IPAddressPool", json!({"addresses": ["192.0.2.0/28"]})),
+            ("BGPPeer", json!({"peerIP": "192.0.2.1", "asNumber": 65001})),
+            ("BGPConfiguration", json!({"asNumber": 65000})),
+        ] {
+            let o = Object::from_value(json!({"apiVersion": "podnet.io/v1", "kind": kind,
+                "metadata": {"name": "x", "namespace": "ignored"}, "spec": spec.clone()}))
+            .unwrap();
+            assert_eq!(o.kind().name(), kind);
+            assert_eq!(o.namespace(), None);
+            assert_eq!(o.describe(), format!("{kind} x"));
+            assert_eq!(o.to_value()["spec"], spec);
+        }
     }
 }

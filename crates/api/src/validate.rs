@@ -238,6 +238,9 @@ pub fn validate(o: &Object, ctx: &Context) -> Vec<FieldError> {
                 e.add(f, m);
             }
         }
+        Object::IPAddressPool(p) => e.0.extend(p.validate()),
+        Object::BGPConfiguration(c) => e.0.extend(c.validate()),
+        Object::BGPPeer(p) => e.0.extend(p.validate()),
         Object::Namespace(_) => {}
     }
     e.0

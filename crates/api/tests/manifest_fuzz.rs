@@ -26,6 +26,12 @@ fn pool() -> Vec<Value> {
                "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
         json!({"apiVersion": "podnet.io/v1", "kind": "NetworkConfig", "metadata": {"name": "default"},
                "spec": {"Network": "10.244.0.0/16", "SubnetLen": 24, "Backend": {"Type": "vxlan", "VNI": 1}}}),
+        json!({"apiVersion": "podnet.io/v1", "kind": "IPAddressPool", "metadata": {"name": "lan"},
+               "spec": {"addresses": ["192.0.2.0/28", "2001:db8::10-2001:db8::20"], "autoAssign": false}}),
+        json!({"apiVersion": "podnet.io/v1", "kind": "BGPPeer", "metadata": {"name": "tor"},
+               "spec": {"peerIP": "192.0.2.1", "asNumber": 65001, "bfd": true}}),
+        json!({"apiVersion": "podnet.io/v1", "kind": "BGPConfiguration", "metadata": {"name": "default"},
+               "spec": {"asNumber": 64512, "serviceLoadBalancerIPs": [{"cidr": "192.0.2.0/24"}]}}),
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "np"},
                "spec": {"type": "NodePort", "ports": [{"port": 53, "protocol": "UDP", "nodePort": 30053}]}}),
     ]

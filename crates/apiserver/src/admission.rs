@@ -5,8 +5,11 @@
 //! uses), merged with what the server owns (uid, creation time, an
 //! allocated ClusterIP, NodePorts), and written together with its
 //! reservations ([`crate::alloc`]) in one transaction, so concurrent
-//! writers never share an address and nothing is half-applied. The
-//! Kubernetes mode does not use this: the real API server admits there.
+//! writers never share an address and nothing is half-applied. Rules that
+//! span objects are checked against the store here too ([`against_others`]:
+//! an IPAddressPool may not overlap another pool). The Kubernetes mode does
+//! not use this: the real API server admits there (and a pool's overlap
+//! with others is not checked there: it needs a webhook).
 
 use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::netconfig;
@@ -44,6 +47,29 @@ pub fn defaults(o: &mut Object) {
                 .insert(NAMESPACE_NAME_LABEL.to_string(), name);
         }
     }
+}
+
+/// The rules an object can only break together with others in the store:
+/// an IPAddressPool's addresses may not overlap another pool's ("spec.
+/// addresses[1]: 192.0.2.0/28 overlaps pool other-pool"). Two pools
+/// applied at the same moment can still overlap (as with MetalLB's
+/// webhook); the allocator copes, since it reserves addresses, not pools.
+pub async fn against_others(
+    objs: &Objects,
+    o: &Object,
+) -> Result<Vec<podnet_api::FieldError>, StoreError> {
+    let Object::IPAddressPool(pool) = o else {
+        return Ok(Vec::new());
+    };
+    let (others, _) = objs.list(Kind::IPAddressPool, None).await?;
+    Ok(others
+        .iter()
+        .filter_map(|other| match other {
+            Object::IPAddressPool(p) if p.name() != pool.name() => Some(pool.overlaps_with(p)),
+            _ => None,
+        })
+        .flatten()
+        .collect())
 }
 
 /// Carries over what the server owns when an object is re-applied.
@@ -147,6 +173,17 @@ pub async fn plan(objs: &Objects, ctx: &VCtx, mut o: Object) -> Plan {
             .map(|e| e.to_string())
             .collect::<Vec<_>>()
             .join("; ")));
+    }
+    match against_others(objs, &o).await {
+        Ok(errs) if errs.is_empty() => {}
+        Ok(errs) => {
+            return Plan::Done(Err(errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")))
+        }
+        Err(e) => return Plan::Done(Err(e.to_string())),
     }
     let existing = match objs.get(o.kind(), o.namespace(), o.name()).await {
         Ok(e) => e,
@@ -260,6 +297,89 @@ mod tests {
             want[NAMESPACE_NAME_LABEL] = "x".into();
             assert_eq!(labels(&o), want);
         }
+    }
+
+    fn pool(name: &str, addresses: serde_json::Value) -> Object {
+        Object::from_value(
+            serde_json::json!({"apiVersion": "podnet.io/v1", "kind": "IPAddressPool",
+            "metadata": {"name": name}, "spec": {"addresses": addresses}}),
+        )
+        .unwrap()
+    }
+
+    /// A pool overlapping another is refused by field and pool; its own
+    /// re-apply (same addresses) is not an overlap; BGP kinds are
+    /// validated on the way in.
+    #[tokio::test]
+    async fn pools_may_not_overlap_other_pools() {
+        let dir = tempfile_dir("pools");
+        let url = format!("sqlite://{}", dir.join("state.db").display());
+        let objs = Objects::new(podnet_store::open(&url).await.unwrap());
+        let ctx = VCtx::default();
+        let other = pool("other-pool", serde_json::json!(["192.0.2.0/28"]));
+        assert!(matches!(
+            apply_one(&objs, &ctx, other.clone()).await,
+            Ok(Outcome::Created)
+        ));
+        assert!(matches!(
+            apply_one(&objs, &ctx, other).await,
+            Ok(Outcome::Unchanged)
+        ));
+        let e = apply_one(
+            &objs,
+            &ctx,
+            pool(
+                "mine",
+                serde_json::json!(["198.51.100.0/24", "192.0.2.0/28"]),
+            ),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert_eq!(
+            e,
+            "spec.addresses[1]: 192.0.2.0/28 overlaps pool other-pool"
+        );
+        let e = apply_one(
+            &objs,
+            &ctx,
+            pool("mine", serde_json::json!(["192.0.2.16-192.0.2.9"])),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            e.contains("the start 192.0.2.16 is after the end 192.0.2.9"),
+            "{e}"
+        );
+        assert!(matches!(
+            apply_one(
+                &objs,
+                &ctx,
+                pool("mine", serde_json::json!(["192.0.2.16/28"]))
+            )
+            .await,
+            Ok(Outcome::Created)
+        ));
+        let peer = Object::from_value(
+            serde_json::json!({"apiVersion": "podnet.io/v1", "kind": "BGPPeer",
+            "metadata": {"name": "lo"}, "spec": {"peerIP": "127.0.0.1", "asNumber": 65001}}),
+        )
+        .unwrap();
+        let e = apply_one(&objs, &ctx, peer).await.err().unwrap();
+        assert_eq!(
+            e,
+            "spec.peerIP: 127.0.0.1 is a loopback address: it cannot be a BGP peer"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir(what: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("podnet-admission-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// Through the write path: create, then an update that drops the label

@@ -18,9 +18,11 @@ use futures::stream::{self, BoxStream, StreamExt};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event as WEvent};
 use kube::Client;
+use podnet_api::bgp::{BGPConfiguration, BGPPeer};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
+use podnet_api::pool::IPAddressPool;
 use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
 
@@ -117,17 +119,15 @@ fn failure(e: &watcher::Error) -> Failure {
     }
 }
 
-/// The HTTP code of a watcher error the API server gave for lack of
-/// rights (401, 403).
-fn denied(e: &watcher::Error) -> Option<u16> {
-    let code = match e {
+/// The HTTP code the API server answered a watcher with, if it answered.
+fn answer_code(e: &watcher::Error) -> Option<u16> {
+    Some(match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
         | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
         watcher::Error::WatchError(s) => s.code,
         _ => return None,
-    };
-    matches!(code, 401 | 403).then_some(code)
+    })
 }
 
 fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>> {
@@ -147,6 +147,14 @@ fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>>
         // podnet's own NetworkConfig is no API resource: in Kubernetes
         // mode the network config comes from the agent's flags or file.
         Kind::NetworkConfig => return None,
+        // CustomResourceDefinitions (deploy/parts/05-crds.yaml).
+        Kind::IPAddressPool => {
+            watch_kind::<IPAddressPool>(client, kind, |o| Object::IPAddressPool(Box::new(o)))
+        }
+        Kind::BGPConfiguration => {
+            watch_kind::<BGPConfiguration>(client, kind, |o| Object::BGPConfiguration(Box::new(o)))
+        }
+        Kind::BGPPeer => watch_kind::<BGPPeer>(client, kind, |o| Object::BGPPeer(Box::new(o))),
     })
 }
 
@@ -182,6 +190,14 @@ async fn list(client: &Client, kinds: &BTreeSet<Kind>) -> Result<Vec<Object>, ku
                 list_of::<NetworkPolicy>(client, |o| Object::NetworkPolicy(Box::new(o))).await?
             }
             Kind::NetworkConfig => Vec::new(),
+            Kind::IPAddressPool => {
+                list_of::<IPAddressPool>(client, |o| Object::IPAddressPool(Box::new(o))).await?
+            }
+            Kind::BGPConfiguration => {
+                list_of::<BGPConfiguration>(client, |o| Object::BGPConfiguration(Box::new(o)))
+                    .await?
+            }
+            Kind::BGPPeer => list_of::<BGPPeer>(client, |o| Object::BGPPeer(Box::new(o))).await?,
         });
     }
     Ok(out)
@@ -243,16 +259,23 @@ impl Progress {
 }
 
 /// Logs a watch error. A denial is the operator's to fix (RBAC), not a
-/// blip: say so at once, once per failing spell (`already_failing`).
+/// blip: say so at once, once per failing spell (`already_failing`); so is
+/// a kind the API server does not serve (podnet's own kinds, whose
+/// CustomResourceDefinitions are not installed).
 fn report_watch_error(kind: Kind, e: &watcher::Error, already_failing: bool) {
-    match denied(e) {
-        Some(code) if !already_failing => tracing::warn!(
+    match answer_code(e) {
+        Some(code @ (401 | 403)) if !already_failing => tracing::warn!(
             kind = %kind,
             code,
             "the API server denies list/watch of {kind}: {e} \
              (retrying; a starting API server does this for a few seconds, \
              but if it lasts, the ClusterRole of this ServiceAccount needs it; \
              see deploy/parts)"
+        ),
+        Some(404) if !already_failing => tracing::warn!(
+            kind = %kind,
+            "the API server does not serve {kind}: {e} (retrying; its \
+             CustomResourceDefinition is not installed: see deploy/parts/05-crds.yaml)"
         ),
         _ => tracing::debug!(kind = %kind, "watch: {e}"),
     }

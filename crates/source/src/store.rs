@@ -13,9 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use podnet_api::bgp::{BGPConfiguration, BGPPeer};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
+use podnet_api::pool::IPAddressPool;
 use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
 use podnet_store::{AnyStore, EventType, KeyValue, Rev, Store, WatchMsg};
@@ -65,6 +67,9 @@ pub fn decode(kind: Kind, kv: &KeyValue) -> Option<Object> {
         Kind::EndpointSlice => Object::EndpointSlice(de::<EndpointSlice>(&kv.value)?),
         Kind::NetworkPolicy => Object::NetworkPolicy(de::<NetworkPolicy>(&kv.value)?),
         Kind::NetworkConfig => return podnet_store::objects::decode(kv).ok(),
+        Kind::IPAddressPool => Object::IPAddressPool(de::<IPAddressPool>(&kv.value)?),
+        Kind::BGPConfiguration => Object::BGPConfiguration(de::<BGPConfiguration>(&kv.value)?),
+        Kind::BGPPeer => Object::BGPPeer(de::<BGPPeer>(&kv.value)?),
     };
     o.meta_mut().resource_version = Some(kv.mod_rev.to_string());
     Some(o)
@@ -271,6 +276,12 @@ mod tests {
         assert_eq!(k.kind, Kind::Service);
         assert_eq!(k.namespace.as_deref(), Some("default"));
         assert_eq!(k.name, "web");
+        let k = parse_key("/registry/ipaddresspools/lan").unwrap();
+        assert_eq!(
+            (k.kind, k.namespace, k.name.as_str()),
+            (Kind::IPAddressPool, None, "lan")
+        );
+        assert!(parse_key("/registry/allocations/lbips/192.0.2.1").is_none());
         let k = parse_key("/registry/nodes/node1").unwrap();
         assert_eq!(
             (k.kind, k.namespace, k.name.as_str()),

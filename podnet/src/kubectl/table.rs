@@ -6,10 +6,12 @@
 //! shows them (`-o wide` adds kubectl's extra columns), so a kind's output
 //! can be read and changed without reading the others.
 
+use podnet_api::bgp::{BGPConfiguration, BGPPeer};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
 use podnet_api::netconfig::NetworkConfig;
+use podnet_api::pool::IPAddressPool;
 use podnet_api::Object;
 
 /// A table's header and one object's cells, in the same order.
@@ -51,6 +53,9 @@ fn table_row(o: &Object, wide: bool) -> Row {
         Object::EndpointSlice(s) => endpoint_slice_row(s, name, age, wide),
         Object::NetworkPolicy(p) => network_policy_row(p, name, age),
         Object::NetworkConfig(c) => network_config_row(c, name, age),
+        Object::IPAddressPool(p) => ip_address_pool_row(p, name, age),
+        Object::BGPConfiguration(c) => bgp_configuration_row(c, name, age),
+        Object::BGPPeer(p) => bgp_peer_row(p, name, age),
     }
 }
 
@@ -272,6 +277,47 @@ fn network_config_row(c: &NetworkConfig, name: String, age: String) -> Row {
     (
         vec!["NAME", "NETWORK", "SUBNETLEN", "BACKEND", "AGE"],
         vec![name, net, len, be, age],
+    )
+}
+
+/// The columns the CRD's `additionalPrinterColumns` give kubectl
+/// (deploy/parts/05-crds.yaml), addresses comma-separated.
+fn ip_address_pool_row(p: &IPAddressPool, name: String, age: String) -> Row {
+    (
+        vec!["NAME", "AUTO ASSIGN", "AVOID BUGGY IPS", "ADDRESSES", "AGE"],
+        vec![
+            name,
+            p.spec.auto_assign().to_string(),
+            p.spec.avoid_buggy_ips().to_string(),
+            p.spec.addresses.join(","),
+            age,
+        ],
+    )
+}
+
+fn bgp_configuration_row(c: &BGPConfiguration, name: String, age: String) -> Row {
+    (
+        vec!["NAME", "AS", "MESH", "AGE"],
+        vec![
+            name,
+            c.spec.as_number().to_string(),
+            c.spec.node_to_node_mesh_enabled().to_string(),
+            age,
+        ],
+    )
+}
+
+fn bgp_peer_row(p: &BGPPeer, name: String, age: String) -> Row {
+    let s = &p.spec;
+    (
+        vec!["NAME", "PEER IP", "AS", "NODE", "AGE"],
+        vec![
+            name,
+            s.peer_ip.clone(),
+            or_none(s.as_number.map(|a| a.to_string())),
+            s.node.clone().unwrap_or_else(|| "<all>".into()),
+            age,
+        ],
     )
 }
 
