@@ -1,30 +1,46 @@
 //! The node's BGP in the agent (the bgp backend): it starts the node's one
 //! speaker (`podnet_bgp::node::NodeSpeaker`) on the underlay address and
-//! attaches it to the overlay, which owns the mesh of the other nodes and
-//! the node's pod CIDR; and it runs the Service announcer, which owns the
-//! Service addresses this node originates (`podnet_bgp::adverts`: the
-//! configured blocks, and a Local Service's addresses while it has a ready
-//! endpoint here).
+//! attaches it to the overlay, which originates the node's pod CIDR and
+//! installs what is learned; and [`run`] owns the rest, from the object
+//! source:
 //!
-//! The announcer keeps, per Service, the host routes it gave last, so a
-//! change costs that Service (and the union of the small per-Service
-//! sets), never a pass over every Service.
+//! - the sessions (`podnet_bgp::topology`): the node mesh (or the route
+//!   reflectors, Nodes labelled `podnet.io/route-reflector=true`), as the
+//!   cluster's `BGPConfiguration` says, and the `BGPPeer`s that select
+//!   this node;
+//! - the Service addresses this node originates (`podnet_bgp::adverts`:
+//!   the configured blocks, and a Local Service's addresses while it has
+//!   a ready endpoint here). Per Service it keeps the host routes it gave
+//!   last, so a change costs that Service, never a pass over all of them.
+//!
+//! The cluster's AS is read once, when the speaker starts (64512 unless
+//! configured); a changed AS needs an agent restart, and says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use podnet_api::bgp::BGPPeerSpec;
 use podnet_api::Kind;
+use podnet_api::Object;
 use podnet_bgp::adverts::{self, ServiceBlocks};
+use podnet_bgp::export::Neighbour;
 use podnet_bgp::node::NodeSpeaker;
+use podnet_bgp::topology;
 use podnet_overlay::{Backend, Overlay};
-use podnet_source::Subscription;
+use podnet_source::{Delta, Subscription};
 
 use crate::services::{ServiceCache, SvcKey};
 use crate::AgentError;
 
-/// The kinds the Service announcer reads.
-pub const KINDS: &[Kind] = &[Kind::Service, Kind::EndpointSlice];
+/// The kinds the node's BGP reads.
+pub const KINDS: &[Kind] = &[
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::Node,
+    Kind::BGPConfiguration,
+    Kind::BGPPeer,
+];
 
 /// With the bgp backend: starts the node's speaker and attaches it to the
 /// overlay; None for the other backends.
@@ -41,23 +57,142 @@ pub async fn start(overlay: &mut Overlay) -> Result<Option<Arc<NodeSpeaker>>, Ag
     Ok(Some(speaker))
 }
 
-/// What the announcer knows.
-#[derive(Default)]
-struct Announcer {
-    node: String,
+/// What the node's BGP knows.
+struct Routing {
+    me: topology::Node,
+    /// The AS the speaker runs in (fixed at its start).
+    asn: u32,
     blocks: ServiceBlocks,
+    mesh: topology::Mesh,
     cache: ServiceCache,
     /// Per Service, the host routes it has now.
     hosts: BTreeMap<SvcKey, BTreeSet<IpNet>>,
+    /// The other nodes, and this node's labels (for BGPPeer selectors).
+    nodes: BTreeMap<String, topology::Node>,
+    labels: BTreeMap<String, String>,
+    peers: BTreeMap<String, BGPPeerSpec>,
 }
 
-impl Announcer {
+impl Routing {
+    /// Takes a batch; whether the sessions' side changed, and the
+    /// Services whose routes must be recomputed.
+    fn take(&mut self, deltas: &[Delta]) -> (bool, BTreeSet<SvcKey>) {
+        let mut touched = self.cache.take(deltas);
+        let mut sessions = false;
+        for d in deltas {
+            let k = d.key();
+            let obj = match d {
+                Delta::Added(o) | Delta::Updated(o) => Some(o.as_ref()),
+                Delta::Deleted(_) => None,
+            };
+            match k.kind {
+                Kind::Node => sessions |= self.node(&k.name, obj),
+                Kind::BGPPeer => {
+                    match obj {
+                        Some(Object::BGPPeer(p)) => self.peers.insert(k.name, p.spec.clone()),
+                        _ => self.peers.remove(&k.name),
+                    };
+                    sessions = true;
+                }
+                Kind::BGPConfiguration if k.name == podnet_api::bgp::DEFAULT_NAME => {
+                    if self.config(obj) {
+                        // New blocks: every Service's host routes change.
+                        touched.extend(self.cache.services().map(|(k, _)| k.clone()));
+                    }
+                    sessions = true;
+                }
+                _ => {}
+            }
+        }
+        (sessions, touched)
+    }
+
+    /// Files a Node; whether the mesh may have changed.
+    fn node(&mut self, name: &str, obj: Option<&Object>) -> bool {
+        let Some(Object::Node(n)) = obj else {
+            return self.nodes.remove(name).is_some();
+        };
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let reflector = labels
+            .get(podnet_api::bgp::ROUTE_REFLECTOR_LABEL)
+            .is_some_and(|v| v == "true");
+        if name == self.me.name {
+            self.me.reflector = reflector;
+            self.labels = labels;
+            return true;
+        }
+        let Some(ip) = internal_ip(n) else {
+            return self.nodes.remove(name).is_some();
+        };
+        let node = topology::Node {
+            name: name.to_string(),
+            ip,
+            reflector,
+        };
+        self.nodes.insert(name.to_string(), node.clone()) != Some(node)
+    }
+
+    /// Takes the cluster's BGPConfiguration; whether the blocks changed.
+    fn config(&mut self, obj: Option<&Object>) -> bool {
+        let spec = match obj {
+            Some(Object::BGPConfiguration(c)) => c.spec.clone(),
+            _ => Default::default(),
+        };
+        if spec.as_number() != self.asn {
+            tracing::warn!(
+                running = self.asn,
+                configured = spec.as_number(),
+                "the cluster's AS changed: restart the agent to apply it"
+            );
+        }
+        self.mesh.enabled = spec.node_to_node_mesh_enabled();
+        let cidrs = |v: &[podnet_api::bgp::CidrEntry]| -> Vec<IpNet> {
+            v.iter().filter_map(|c| c.cidr.parse().ok()).collect()
+        };
+        let blocks = ServiceBlocks {
+            cluster_ips: cidrs(&spec.service_cluster_ips),
+            external_ips: cidrs(&spec.service_external_ips),
+            load_balancer_ips: cidrs(&spec.service_load_balancer_ips),
+        };
+        std::mem::replace(&mut self.blocks, blocks) != self.blocks
+    }
+
+    /// This node's neighbours: the mesh and the configured peers that
+    /// select it.
+    fn neighbours(&self) -> (Vec<Neighbour>, Vec<Neighbour>, Vec<String>) {
+        let nodes: Vec<topology::Node> = self.nodes.values().cloned().collect();
+        let mesh = topology::mesh(&self.me, &nodes, self.mesh);
+        let mine: Vec<topology::Configured> = self
+            .peers
+            .values()
+            .filter(|p| self.selects(p))
+            .filter_map(|p| {
+                Some(topology::Configured {
+                    ip: p.peer_ip.parse().ok()?,
+                    asn: p.as_number?,
+                })
+            })
+            .collect();
+        let (peers, problems) = topology::configured(&self.me, &mine);
+        (mesh, peers, problems)
+    }
+
+    fn selects(&self, p: &BGPPeerSpec) -> bool {
+        if let Some(n) = &p.node {
+            return *n == self.me.name;
+        }
+        p.node_selector
+            .as_ref()
+            .is_none_or(|s| podnet_api::selector::matches(s, &self.labels))
+    }
+
     /// Recomputes the touched Services' host routes.
     fn plan(&mut self, touched: BTreeSet<SvcKey>) {
         for key in touched {
             let routes = match self.cache.service(&key) {
                 Some(svc) => {
-                    adverts::host_routes(&self.blocks, &self.node, svc, &self.cache.slices(&key))
+                    let node = &self.me.name;
+                    adverts::host_routes(&self.blocks, node, svc, &self.cache.slices(&key))
                 }
                 None => BTreeSet::new(),
             };
@@ -76,22 +211,55 @@ impl Announcer {
     }
 }
 
-/// Announces this node's Service addresses over `speaker` until the
-/// subscription ends.
-pub async fn announce(
+fn internal_ip(n: &podnet_api::k8s_openapi::api::core::v1::Node) -> Option<std::net::IpAddr> {
+    n.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
+}
+
+/// Runs the node's BGP side until the subscription ends: the sessions
+/// (mesh, reflectors, configured peers) and the Service addresses.
+pub async fn run(
     mut sub: Subscription,
     node: String,
-    blocks: ServiceBlocks,
+    ip: std::net::IpAddr,
     speaker: Arc<NodeSpeaker>,
 ) {
-    let mut a = Announcer {
-        node,
-        blocks,
-        ..Default::default()
+    let asn = podnet_api::bgp::DEFAULT_AS;
+    let mut r = Routing {
+        me: topology::Node {
+            name: node,
+            ip,
+            reflector: false,
+        },
+        asn,
+        blocks: ServiceBlocks::default(),
+        mesh: topology::Mesh { asn, enabled: true },
+        cache: ServiceCache::default(),
+        hosts: BTreeMap::new(),
+        nodes: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        peers: BTreeMap::new(),
     };
     while let Some(b) = sub.next_batch().await {
-        let touched = a.cache.take(&b.deltas);
-        a.plan(touched);
-        speaker.set_routes("services", a.routes()).await;
+        let (sessions, touched) = r.take(&b.deltas);
+        if sessions {
+            let (mesh, peers, mut problems) = r.neighbours();
+            problems.extend(speaker.set_neighbours("mesh", mesh).await);
+            problems.extend(speaker.set_neighbours("peers", peers).await);
+            for p in problems {
+                tracing::warn!("{p}");
+            }
+        }
+        if !touched.is_empty() {
+            r.plan(touched);
+            speaker.set_routes("services", r.routes()).await;
+        }
     }
 }

@@ -126,8 +126,8 @@ pub async fn run(
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
     if let (Some(speaker), Some(sub)) = (bgp::start(&mut overlay).await?, bgp_sub) {
-        let blocks = podnet_bgp::adverts::ServiceBlocks::default();
-        tasks.spawn(bgp::announce(sub, opts.node.clone(), blocks, speaker));
+        let ip = std::net::IpAddr::V4(overlay.underlay().ip);
+        tasks.spawn(bgp::run(sub, opts.node.clone(), ip, speaker));
     }
     if let Some(sub) = l2_sub {
         let u = overlay.underlay();

@@ -26,6 +26,8 @@
 //!   pure;
 //! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
 //!   RIB and the export rules, with the best routes' changes for the owner;
+//! - [`topology`]: who a node peers with (the mesh, route reflectors,
+//!   configured routers), pure;
 //! - [`node`]: a node's one speaker shared by its owners in the agent (the
 //!   overlay's mesh and pod CIDR, Service addresses, configured peers).
 //!
@@ -52,4 +54,5 @@ pub mod node;
 pub mod peer;
 pub mod rib;
 pub mod speaker;
+pub mod topology;
 pub mod wire;

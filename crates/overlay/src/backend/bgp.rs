@@ -4,8 +4,9 @@
 //! default); the best route to each other node's CIDR goes into the
 //! kernel via the next hop it was learned with.
 //!
-//! Who is a neighbour follows the subnet map (each node's public IP), so a
-//! node that joins or leaves changes the mesh without a restart. Only
+//! Who is a neighbour is the agent's business (`podnet_agent::bgp`: the
+//! mesh, route reflectors, configured routers, from the Node objects), so
+//! a node that joins or leaves changes the mesh without a restart. Only
 //! prefixes inside the cluster network are installed, and only via a next
 //! hop on the underlay's segment: a peer cannot steer the node's other
 //! traffic, and a node beyond a router is reported, not half-routed.
@@ -14,7 +15,7 @@
 //! announcer) and attaches it here. Its best-route changes come into the
 //! overlay's loop as [`crate::OverlayInput::Learned`], and the loop plans
 //! from them like any other input (pure); its apply hands the speaker the
-//! mesh and the node's own CIDR.
+//! node's own CIDR.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
-use podnet_bgp::export::{Neighbour, NextHops};
+use podnet_bgp::export::NextHops;
 use podnet_bgp::fsm::Config;
 use podnet_bgp::node::NodeSpeaker;
 use podnet_bgp::rib::{Change, Local};
@@ -72,7 +73,9 @@ impl Bgp {
             local: Local {
                 asn: self.asn,
                 router_id: ip,
-                cluster_id: None,
+                // Set always: reflection happens only towards neighbours
+                // marked as clients (a reflector's, by the topology).
+                cluster_id: Some(ip),
             },
             hops: NextHops { v4: ip, v6: None },
             listen: IpAddr::V4(ip),
@@ -121,29 +124,14 @@ impl Bgp {
         }
     }
 
-    /// Hands the speaker the mesh (every other node) and this node's CIDR
-    /// (the speaker hears only what changed). Runs in the loop's apply, on
-    /// a blocking thread.
-    pub fn set_peers(&self, mine: Ipv4Net, peers: &[(Ipv4Net, Ipv4Addr)]) {
+    /// Hands the speaker this node's CIDR to originate (the speaker hears
+    /// only a change). Runs in the loop's apply, on a blocking thread.
+    pub fn originate(&self, mine: Ipv4Net) {
         let (Some(speaker), Some(rt)) = (&self.speaker, &self.runtime) else {
             return;
         };
-        let mesh: Vec<Neighbour> = peers
-            .iter()
-            .map(|(_, ip)| Neighbour {
-                addr: IpAddr::V4(*ip),
-                asn: self.asn,
-                client: false,
-            })
-            .collect();
-        rt.block_on(async {
-            for p in speaker.set_neighbours("mesh", mesh).await {
-                tracing::warn!("{p}");
-            }
-            speaker
-                .set_routes("pod-cidr", [IpNet::V4(mine)].into_iter().collect())
-                .await;
-        });
+        let own = [IpNet::V4(mine)].into_iter().collect();
+        rt.block_on(speaker.set_routes("pod-cidr", own));
     }
 
     /// Whether routes may be taken out of the kernel: not while a started

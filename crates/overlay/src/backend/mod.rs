@@ -137,13 +137,13 @@ impl Backend {
         }
     }
 
-    /// Tells what runs beside the kernel where every other node is: the
-    /// userspace tunnel its subnets, the BGP speaker its neighbours (and
-    /// this node's own subnet, which it originates).
+    /// Tells what runs beside the kernel where every node is: the
+    /// userspace tunnel the other nodes' subnets, the BGP speaker this
+    /// node's own (which it originates).
     pub fn set_peers(&self, mine: Ipv4Net, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
         match self {
             Backend::Udp(u) => u.set_peers(peers),
-            Backend::Bgp(b) => b.set_peers(mine, &peers),
+            Backend::Bgp(b) => b.originate(mine),
             _ => {}
         }
     }
