@@ -43,17 +43,21 @@ impl Lab {
     }
 
     fn up_in(mode: Mode, tag: &str, backend: &str, nodes: usize) -> Lab {
+        let kube: &[&str] = if mode == Mode::Kube { &["--kube"] } else { &[] };
+        Lab::up_with(tag, backend, nodes, kube)
+    }
+
+    /// A standalone lab (or `--kube` in `extra`) with more `lab up` flags.
+    fn up_with(tag: &str, backend: &str, nodes: usize, extra: &[&str]) -> Lab {
         require_root();
         let name = format!("{tag}{}", std::process::id() % 100_000);
         let lab = Lab {
             name,
-            kube: mode == Mode::Kube,
+            kube: extra.contains(&"--kube"),
         };
         let n = nodes.to_string();
         let mut args = vec!["up", "--nodes", &n, "--backend", backend, "--resync", "1"];
-        if lab.kube {
-            args.push("--kube");
-        }
+        args.extend_from_slice(extra);
         lab.ok(&args);
         lab
     }
@@ -1791,4 +1795,173 @@ fn cni_add_fails_while_the_agent_is_down_and_waits_for_its_return() {
         lab.ok(&["probe", "default/first", &format!("{}:8080", late.ip)]),
         "late"
     );
+}
+
+// ---- BGP, LoadBalancer IPs, two racks (issue 26).
+
+/// An address pool, the cluster's BGP configuration (the pool's block
+/// advertised), the router as every node's peer, and a Local
+/// LoadBalancer Service for pods labelled app=web.
+const LB_OBJECTS: &str = "apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {name: public}\n\
+spec: {addresses: [198.51.100.0/28]}\n\
+---\napiVersion: podnet.io/v1\nkind: BGPConfiguration\nmetadata: {name: default}\n\
+spec: {serviceLoadBalancerIPs: [{cidr: 198.51.100.0/28}]}\n\
+---\napiVersion: podnet.io/v1\nkind: BGPPeer\nmetadata: {name: tor}\n\
+spec: {peerIP: 192.168.200.254, asNumber: 64513}\n\
+---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\n\
+spec: {selector: {app: web}, type: LoadBalancer, externalTrafficPolicy: Local, ports: [{port: 80, targetPort: 8080}]}\n";
+
+impl Lab {
+    /// The first LoadBalancer IP the controller gave Service `svc`.
+    fn lb_ip(&self, svc: &str) -> String {
+        let mut ip = String::new();
+        self.eventually(&format!("{svc}'s LoadBalancer IP"), || {
+            let v = &self.service_json(svc)["status"]["loadBalancer"]["ingress"][0]["ip"];
+            ip = v.as_str().unwrap_or_default().to_string();
+            !ip.is_empty()
+        });
+        ip
+    }
+
+    fn router_ns(&self) -> String {
+        format!("pn-{}-tor", self.name)
+    }
+}
+
+/// LoadBalancer Services over BGP to a real router on the underlay: the
+/// pool gives the Service an address; under Local only the node with the
+/// endpoint advertises the /32 (the block comes from every node); the
+/// router installs it, a client in its namespace reaches the pod, and the
+/// pod sees the client's own address; the last endpoint going withdraws
+/// the /32. The router also learned every node's pod CIDR.
+fn lb_over_bgp(router: &str, tag: &str) {
+    let lab = Lab::up_with(tag, "bgp", 2, &["--router", router]);
+    lab.pod_labelled("web1", "node1", "app=web");
+    lab.apply(LB_OBJECTS);
+    let ip = lab.lb_ip("web");
+    assert!(ip.starts_with("198.51.100."), "{ip}");
+    let tor = lab.router_ns();
+    lab.eventually("the router's route to the LB IP via node1", || {
+        lab.sh(&tor, &format!("ip route show {ip}/32"))
+            .1
+            .contains("via 192.168.200.11")
+    });
+    lab.eventually("both pod CIDRs at the router", || {
+        lab.sh(&tor, "ip route show 10.244.0.0/16 match 10.244.0.0/16")
+            .1
+            .lines()
+            .filter(|l| l.starts_with("10.244."))
+            .count()
+            >= 2
+    });
+    lab.eventually("the LB IP from the router, client address kept", || {
+        ask_from(&lab, &tor, &ip, 80, "clientip").1.trim() == "192.168.200.254"
+    });
+    assert_eq!(ask_from(&lab, &tor, &ip, 80, "hostname").1.trim(), "web1");
+    lab.ok(&["rm", "default/web1"]);
+    lab.eventually("the /32 withdrawn with the last endpoint", || {
+        let r = lab.sh(&tor, &format!("ip route show {ip}/32")).1;
+        !r.contains("via")
+    });
+}
+
+#[test]
+fn lb_over_bgp_with_bird() {
+    lb_over_bgp("bird", "lbb");
+}
+
+#[test]
+fn lb_over_bgp_with_frr() {
+    lb_over_bgp("frr", "lbf");
+}
+
+/// LoadBalancer IPs over L2: one node answers ARP for the address; when
+/// its agent stops answering (frozen: BFD goes quiet), another node takes
+/// the address over with a gratuitous ARP and the client, which flushed
+/// nothing, reaches the Service again.
+#[test]
+fn lb_over_l2_moves_when_the_owner_freezes() {
+    let lab = Lab::up_with("l2f", "vxlan", 2, &["--l2-announce"]);
+    lab.pod_labelled("web1", "node1", "app=web");
+    lab.pod_labelled("web2", "node2", "app=web");
+    lab.apply(
+        "apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {name: lan}\n\
+         spec: {addresses: [192.168.200.240-192.168.200.247]}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\n\
+         spec: {selector: {app: web}, type: LoadBalancer, ports: [{port: 80, targetPort: 8080}]}\n",
+    );
+    let ip = lab.lb_ip("web");
+    // A client on the underlay segment, with no route to the address:
+    // only ARP brings its packets to a node.
+    let out = format!("pn-{}-net", lab.name);
+    let (ok, msg) = lab.sh(&out, "ip addr add 192.168.200.250/24 dev br0");
+    assert!(ok, "{msg}");
+    lab.eventually("the LB IP over L2", || {
+        ask_from(&lab, &out, &ip, 80, "hostname")
+            .1
+            .trim()
+            .starts_with("web")
+    });
+    let mac_of = |ns: &str, dev: &str| {
+        lab.sh(ns, &format!("cat /sys/class/net/{dev}/address"))
+            .1
+            .trim()
+            .to_string()
+    };
+    let macs = [
+        mac_of(&lab.node_ns("node1"), "eth0"),
+        mac_of(&lab.node_ns("node2"), "eth0"),
+    ];
+    let neigh = || lab.sh(&out, &format!("ip neigh show {ip}")).1;
+    let owner = macs
+        .iter()
+        .position(|m| neigh().contains(m.as_str()))
+        .expect("a node's MAC");
+    let owner_node = format!("node{}", owner + 1);
+    let pids = format!("/run/podnet-lab/{}/pids/agent-{owner_node}", lab.name);
+    let _frozen = podnet_testkit::Frozen::pid_file(&pids);
+    let t0 = std::time::Instant::now();
+    lab.eventually("the other node took the address", || {
+        neigh().contains(macs[1 - owner].as_str())
+    });
+    lab.eventually("the LB IP answers again", || {
+        ask_from(&lab, &out, &ip, 80, "hostname")
+            .1
+            .trim()
+            .starts_with("web")
+    });
+    println!(
+        "L2 takeover after freezing {owner_node}'s agent: {:?}",
+        t0.elapsed()
+    );
+}
+
+/// Two racks (underlay subnets) joined by the router, vxlan in its
+/// cross-subnet mode: nodes in one rack route to each other directly,
+/// across racks through the VTEP; every pod reaches every other.
+#[test]
+fn vxlan_cross_subnet_across_two_racks() {
+    let lab = Lab::up_with("xs", "vxlan", 3, &["--racks", "2"]);
+    let ips: Vec<String> = (1..=3)
+        .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
+        .collect();
+    for i in 0..3 {
+        for j in (0..3).filter(|j| *j != i) {
+            assert_eq!(
+                lab.ok(&[
+                    "probe",
+                    &format!("default/p{}", i + 1),
+                    &format!("{}:8080", ips[j])
+                ]),
+                format!("p{}", j + 1),
+                "p{i} -> p{j}"
+            );
+        }
+    }
+    // node1 (rack 1): node3 (rack 1) directly, node2 (rack 2) by VXLAN.
+    let routes = lab.kernel_state("node1");
+    assert!(routes.contains("via 192.168.200.13 dev eth0"), "{routes}");
+    assert_eq!(routes.matches("onlink").count(), 1, "{routes}");
+    let n2 = lab.sh(&lab.node_ns("node2"), "ip -4 addr show eth0").1;
+    assert!(n2.contains("192.168.201.12/24"), "node2 is in rack 2: {n2}");
 }

@@ -37,5 +37,5 @@ pub use etcd::Etcd;
 pub use http::{free_port, http_get};
 pub use nft::{nft, nft_list, nft_list_json};
 pub use ns::{command_in, require_root, sh_in, try_sh_in, unique, TestNs};
-pub use process::Proc;
+pub use process::{Frozen, Proc};
 pub use wait::{eventually, eventually_async, try_eventually, Outcome};

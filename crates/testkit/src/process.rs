@@ -140,3 +140,32 @@ impl Drop for Proc {
         self.kill();
     }
 }
+
+/// A process stopped with SIGSTOP (a frozen daemon: alive, silent), let go
+/// with SIGCONT when dropped, so a failing test never leaves it frozen.
+pub struct Frozen(pub i32);
+
+impl Frozen {
+    pub fn freeze(pid: u32) -> Frozen {
+        // SAFETY: a signal to a process the test started.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Frozen(pid as i32)
+    }
+
+    /// Freezes the process whose pid file is `path` (a lab role's).
+    pub fn pid_file(path: &str) -> Frozen {
+        let pid: u32 = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{path}: not a pid: {e}"));
+        Frozen::freeze(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}

@@ -72,25 +72,10 @@ pub async fn next(
     }
 }
 
-/// A process stopped with SIGSTOP (a hung node), continued when this is
-/// dropped, even when the test fails: a stopped process cannot be
-/// terminated, and its cleanup would wait forever.
-pub struct Frozen(pub i32);
-
-impl Frozen {
-    pub fn freeze(pid: u32) -> Frozen {
-        // SAFETY: a signal to a child the test started.
-        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-        Frozen(pid as i32)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
+/// A frozen process (a hung node), let go even when the test fails: a
+/// stopped process cannot be terminated, and its cleanup would wait
+/// forever.
+pub use podnet_testkit::Frozen;
 
 /// BIRD 2 in `ns` with configuration `conf` (its log and control socket
 /// in `dir`); stopped when dropped.
