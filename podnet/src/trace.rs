@@ -254,12 +254,7 @@ impl TraceContext {
     pub fn backend(&self) -> String {
         match &self.scope {
             Scope::Lab { st, .. } => st.backend.clone(),
-            Scope::Node { .. } => match self.net.backend {
-                podnet_api::netconfig::BackendType::Vxlan => "vxlan",
-                podnet_api::netconfig::BackendType::HostGw => "host-gw",
-                podnet_api::netconfig::BackendType::Udp => "udp",
-            }
-            .into(),
+            Scope::Node { .. } => self.net.backend.name().into(),
         }
     }
 

@@ -51,7 +51,7 @@ pub async fn start(overlay: &mut Overlay) -> Result<Option<Arc<NodeSpeaker>>, Ag
     };
     let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip))
         .await
-        .map_err(|e| AgentError::Other(format!("starting BGP on {ip}:179: {e}")))?;
+        .map_err(|e| AgentError::Other(format!("starting BGP: {e}")))?;
     let speaker = Arc::new(speaker);
     b.attach(speaker.clone(), changes);
     Ok(Some(speaker))

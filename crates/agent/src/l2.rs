@@ -9,8 +9,9 @@
 //! from BFD (`podnet_bgp::bfd_link`, 100 ms × 3) between this node and
 //! every other node's InternalIP: a node is alive from its session's Up
 //! until its Down. A node whose session has never come up counts as alive
-//! for a grace period after it appears (a node that is starting, or whose
-//! agent runs without L2), then as dead until it answers.
+//! for a grace period after it appears (a node that is starting), then as
+//! dead until it answers; so every agent in the cluster must run L2
+//! announcement for any of them to.
 //!
 //! An IP's eligible nodes are the alive ones; for a Service with
 //! `externalTrafficPolicy: Local`, only the alive ones with a ready
@@ -55,6 +56,9 @@ fn timing() -> Timing {
 struct Peer {
     ip: IpAddr,
     up: bool,
+    /// Whether its session was ever up (after that, no grace).
+    ever_up: bool,
+    /// When it appeared.
     since: Instant,
 }
 
@@ -71,7 +75,7 @@ impl State {
         let mut out: BTreeSet<&str> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.up || now.duration_since(p.since) < GRACE)
+            .filter(|(_, p)| p.up || (!p.ever_up && now.duration_since(p.since) < GRACE))
             .map(|(n, _)| n.as_str())
             .collect();
         out.insert(self.node.as_str());
@@ -116,15 +120,13 @@ impl State {
             self.peers.remove(&k.name);
             if let Some(ip) = ip {
                 added.push(ip);
-                let since = now;
-                self.peers.insert(
-                    k.name,
-                    Peer {
-                        ip,
-                        up: false,
-                        since,
-                    },
-                );
+                let p = Peer {
+                    ip,
+                    up: false,
+                    ever_up: false,
+                    since: now,
+                };
+                self.peers.insert(k.name, p);
             }
         }
         (added, gone)
@@ -135,14 +137,14 @@ impl State {
     fn grace_ended(&self, from: Instant, to: Instant) -> bool {
         self.peers.values().any(|p| {
             let end = p.since + GRACE;
-            !p.up && end > from && end <= to
+            !p.ever_up && end > from && end <= to
         })
     }
 
     fn edge(&mut self, ip: IpAddr, e: &Edge) {
         if let Some(p) = self.peers.values_mut().find(|p| p.ip == ip) {
             p.up = matches!(e, Edge::Up);
-            p.since = Instant::now();
+            p.ever_up |= p.up;
         }
     }
 }

@@ -60,7 +60,7 @@ impl ServiceCache {
     /// Every Service, with its key.
     pub fn services(&self) -> impl Iterator<Item = (&SvcKey, &Service)> {
         self.services.iter().filter_map(|(k, o)| match o.as_ref() {
-            Object::Service(s) => Some((k, s)),
+            Object::Service(s) => Some((k, s.as_ref())),
             _ => None,
         })
     }
@@ -71,7 +71,7 @@ impl ServiceCache {
             .into_iter()
             .flat_map(|by| by.values())
             .filter_map(|o| match o.as_ref() {
-                Object::EndpointSlice(s) => Some(s),
+                Object::EndpointSlice(s) => Some(s.as_ref()),
                 _ => None,
             })
             .collect()

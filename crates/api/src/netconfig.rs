@@ -112,6 +112,16 @@ impl BackendType {
             _ => None,
         }
     }
+
+    /// The name flannel's configs and node annotations use.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendType::Vxlan => "vxlan",
+            BackendType::HostGw => "host-gw",
+            BackendType::Udp => "udp",
+            BackendType::Bgp => "bgp",
+        }
+    }
 }
 
 /// The configuration with every default applied and every field parsed.

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::export::Neighbour;
 use crate::rib::Change;
-use crate::speaker::{Speaker, SpeakerConfig};
+use crate::speaker::{Speaker, SpeakerConfig, SpeakerError};
 use crate::wire::Afi;
 
 /// What every owner wants.
@@ -39,7 +39,7 @@ impl NodeSpeaker {
     /// on the receiver.
     pub async fn start(
         cfg: SpeakerConfig,
-    ) -> std::io::Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>)> {
+    ) -> Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>), SpeakerError> {
         let (tx, rx) = mpsc::channel(64);
         let listen = cfg.listen;
         let speaker = Speaker::start(cfg, tx).await?;
