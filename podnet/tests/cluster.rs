@@ -181,6 +181,34 @@ metadata: {name: tor}
 spec: {peerIP: 192.0.2.254, asNumber: 65001, bfd: true}
 "#;
 
+/// podnet's own kinds print the columns their CRDs give kubectl.
+fn own_kinds_print_their_crds_columns(c: &Cluster) {
+    let pools = c.ok(&["get", "ipaddresspools"]);
+    let rows: Vec<&str> = pools.lines().collect();
+    assert_eq!(rows.len(), 2, "{pools}");
+    assert!(
+        rows[0].starts_with("NAME")
+            && rows[0].contains("AUTO ASSIGN   AVOID BUGGY IPS   ADDRESSES"),
+        "{pools}"
+    );
+    let cells: Vec<&str> = rows[1].split_whitespace().collect();
+    assert_eq!(
+        cells[..4],
+        [
+            "lan",
+            "false",
+            "false",
+            "192.0.2.0/28,2001:db8::10-2001:db8::20"
+        ],
+        "{pools}"
+    );
+    let peers = c.ok(&["get", "bgppeer"]);
+    assert!(
+        peers.contains("192.0.2.254") && peers.contains("65001") && peers.contains("<all>"),
+        "{peers}"
+    );
+}
+
 fn check_round_trips(c: &Cluster) {
     let f = c.file("all.yaml", EVERY_KIND);
     let out = c.ok(&["apply", "-f", f.to_str().unwrap()]);
@@ -229,31 +257,7 @@ fn check_round_trips(c: &Cluster) {
     assert!(c
         .ok(&["get", "po", "-A", "-o", "wide"])
         .contains("10.244.1.5"));
-    // podnet's own kinds print the columns their CRDs give kubectl.
-    let pools = c.ok(&["get", "ipaddresspools"]);
-    let rows: Vec<&str> = pools.lines().collect();
-    assert_eq!(rows.len(), 2, "{pools}");
-    assert!(
-        rows[0].starts_with("NAME")
-            && rows[0].contains("AUTO ASSIGN   AVOID BUGGY IPS   ADDRESSES"),
-        "{pools}"
-    );
-    let cells: Vec<&str> = rows[1].split_whitespace().collect();
-    assert_eq!(
-        cells[..4],
-        [
-            "lan",
-            "false",
-            "false",
-            "192.0.2.0/28,2001:db8::10-2001:db8::20"
-        ],
-        "{pools}"
-    );
-    let peers = c.ok(&["get", "bgppeer"]);
-    assert!(
-        peers.contains("192.0.2.254") && peers.contains("65001") && peers.contains("<all>"),
-        "{peers}"
-    );
+    own_kinds_print_their_crds_columns(c);
     assert!(c
         .ok(&["get", "no", "-l", "zone=a", "-o", "name"])
         .contains("node/node-1"));

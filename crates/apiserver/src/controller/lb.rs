@@ -21,6 +21,7 @@ use podnet_api::k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use podnet_api::pool::IPAddressPool;
 use podnet_api::{Kind, Object};
 use podnet_lb::ipam::{self, Allocator, Decision, Holder, Holdings, Pools, Scope, Sharing};
+use podnet_source::ObjectKey;
 use podnet_store::{Op, Store, StoreError};
 
 use super::{Controller, Key, CONTROLLER_ALLOCATIONS_TOTAL};
@@ -157,12 +158,12 @@ impl Controller {
     /// for its labels.
     pub(super) fn lb_watch(
         &mut self,
-        kind: Kind,
-        name: &str,
+        key: &ObjectKey,
         o: Option<&Object>,
         dirty: &mut BTreeSet<Key>,
     ) {
-        let (changed, ns) = match kind {
+        let name = key.name.as_str();
+        let (changed, ns) = match key.kind {
             Kind::IPAddressPool => (self.lb.pool(name, o), None),
             _ => (self.lb.namespace(name, o), Some(name)),
         };

@@ -280,9 +280,7 @@ impl Controller {
                     }
                 }
             }
-            (Kind::IPAddressPool | Kind::Namespace, o) => {
-                self.lb_watch(key.kind, &key.name, o, dirty)
-            }
+            (Kind::IPAddressPool | Kind::Namespace, o) => self.lb_watch(&key, o, dirty),
             (Kind::NetworkConfig, o) if key.name == netconfig::DEFAULT_NAME => match o {
                 Some(Object::NetworkConfig(c)) => match c.resolve() {
                     Ok(r) => self.cfg = r,
