@@ -181,6 +181,34 @@ metadata: {name: tor}
 spec: {peerIP: 192.0.2.254, asNumber: 65001, bfd: true}
 "#;
 
+/// podnet's own kinds print the columns their CRDs give kubectl.
+fn own_kinds_print_their_crds_columns(c: &Cluster) {
+    let pools = c.ok(&["get", "ipaddresspools"]);
+    let rows: Vec<&str> = pools.lines().collect();
+    assert_eq!(rows.len(), 2, "{pools}");
+    assert!(
+        rows[0].starts_with("NAME")
+            && rows[0].contains("AUTO ASSIGN   AVOID BUGGY IPS   ADDRESSES"),
+        "{pools}"
+    );
+    let cells: Vec<&str> = rows[1].split_whitespace().collect();
+    assert_eq!(
+        cells[..4],
+        [
+            "lan",
+            "false",
+            "false",
+            "192.0.2.0/28,2001:db8::10-2001:db8::20"
+        ],
+        "{pools}"
+    );
+    let peers = c.ok(&["get", "bgppeer"]);
+    assert!(
+        peers.contains("192.0.2.254") && peers.contains("65001") && peers.contains("<all>"),
+        "{peers}"
+    );
+}
+
 fn check_round_trips(c: &Cluster) {
     let f = c.file("all.yaml", EVERY_KIND);
     let out = c.ok(&["apply", "-f", f.to_str().unwrap()]);
@@ -229,31 +257,7 @@ fn check_round_trips(c: &Cluster) {
     assert!(c
         .ok(&["get", "po", "-A", "-o", "wide"])
         .contains("10.244.1.5"));
-    // podnet's own kinds print the columns their CRDs give kubectl.
-    let pools = c.ok(&["get", "ipaddresspools"]);
-    let rows: Vec<&str> = pools.lines().collect();
-    assert_eq!(rows.len(), 2, "{pools}");
-    assert!(
-        rows[0].starts_with("NAME")
-            && rows[0].contains("AUTO ASSIGN   AVOID BUGGY IPS   ADDRESSES"),
-        "{pools}"
-    );
-    let cells: Vec<&str> = rows[1].split_whitespace().collect();
-    assert_eq!(
-        cells[..4],
-        [
-            "lan",
-            "false",
-            "false",
-            "192.0.2.0/28,2001:db8::10-2001:db8::20"
-        ],
-        "{pools}"
-    );
-    let peers = c.ok(&["get", "bgppeer"]);
-    assert!(
-        peers.contains("192.0.2.254") && peers.contains("65001") && peers.contains("<all>"),
-        "{peers}"
-    );
+    own_kinds_print_their_crds_columns(c);
     assert!(c
         .ok(&["get", "no", "-l", "zone=a", "-o", "name"])
         .contains("node/node-1"));
@@ -1058,4 +1062,264 @@ fn delete_reads_every_source_before_deleting() {
     );
     assert!(stderr(&o).contains("nothing was deleted"), "{}", stderr(&o));
     assert_eq!(names(&c, "ns"), ["a", "b"]);
+}
+
+// LoadBalancer addresses from IPAddressPools (LB IPAM, issue 26).
+
+fn pool_yaml(name: &str, addresses: &str) -> String {
+    format!("apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {{name: {name}}}\nspec: {{addresses: [{addresses}]}}\n")
+}
+
+/// A LoadBalancer Service `default/<name>`, with `spec` fields added and
+/// `annotations` (a YAML flow map).
+fn lb_yaml(name: &str, spec: &str, annotations: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, annotations: {annotations}}}\n\
+         spec: {{type: LoadBalancer, selector: {{app: {name}}}, ports: [{{port: 80}}]{spec}}}\n"
+    )
+}
+
+/// The load-balancer addresses Service default/`name` shows.
+fn lb_ips(c: &Cluster, name: &str) -> Vec<String> {
+    let v = c.json(&["get", "svc", name]);
+    v["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| i["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every load-balancer reservation: address -> value.
+fn lb_reservations(c: &Cluster) -> std::collections::BTreeMap<String, String> {
+    c.dump()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let ip = k.strip_prefix("/registry/allocations/lbips/")?.to_string();
+            Some((ip, String::from_utf8(v).unwrap()))
+        })
+        .collect()
+}
+
+fn applied(c: &Cluster, yaml: &str) {
+    let o = c.apply(yaml);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A Service gets the lowest address of the pool, reserved under its
+/// name; it loses it (status cleared, reservation released) when it stops
+/// being a LoadBalancer and when its pool goes; another class is left
+/// alone.
+#[test]
+fn lb_service_gets_an_address_from_a_pool() {
+    let mut c = Cluster::sqlite();
+    c.start_controller();
+    applied(&c, &pool_yaml("lan", "192.0.2.0/30"));
+    applied(&c, &lb_yaml("web", "", "{}"));
+    c.eventually("web's address", || lb_ips(&c, "web") == ["192.0.2.0"]);
+    assert_eq!(
+        lb_reservations(&c),
+        [("192.0.2.0".to_string(), "default/web".to_string())].into()
+    );
+    assert!(c.ok(&["get", "svc", "web"]).contains("192.0.2.0"));
+    // Not a LoadBalancer any more: cleared and released.
+    applied(&c, "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {type: ClusterIP, selector: {app: web}, ports: [{port: 80}]}\n");
+    c.eventually("web's address cleared", || {
+        lb_ips(&c, "web").is_empty() && lb_reservations(&c).is_empty()
+    });
+    applied(&c, &lb_yaml("web", "", "{}"));
+    c.eventually("web's address again", || lb_ips(&c, "web") == ["192.0.2.0"]);
+    // Another implementation's Service gets nothing from podnet.
+    applied(
+        &c,
+        &lb_yaml("cloud", ", loadBalancerClass: example.com/cloud", "{}"),
+    );
+    // The pool goes: taken back.
+    c.ok(&["delete", "ipaddresspool", "lan"]);
+    c.eventually("the address taken back", || {
+        lb_ips(&c, "web").is_empty() && lb_reservations(&c).is_empty()
+    });
+    assert!(lb_ips(&c, "cloud").is_empty());
+    let log = c.controllers[0].log();
+    assert!(
+        log.contains("no load-balancer address: there are no IPAddressPools"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("default/cloud"),
+        "another class is not ours: {log}"
+    );
+}
+
+/// An address asked for is given; the same address asked for by another
+/// Service is refused and the controller logs why; deleting the first
+/// frees it for the second.
+#[test]
+fn lb_requested_addresses_honoured_refused_and_freed() {
+    let mut c = Cluster::sqlite();
+    c.start_controller();
+    applied(&c, &pool_yaml("lan", "192.0.2.0/28"));
+    applied(&c, &lb_yaml("a", ", loadBalancerIP: 192.0.2.9", "{}"));
+    c.eventually("a's requested address", || lb_ips(&c, "a") == ["192.0.2.9"]);
+    applied(
+        &c,
+        &lb_yaml("b", "", "{podnet.io/loadBalancerIPs: 192.0.2.9}"),
+    );
+    c.eventually("b refused, with the reason logged", || {
+        c.controllers[0]
+            .log()
+            .contains("no load-balancer address: 192.0.2.9 is already in use by Service default/a")
+    });
+    assert!(lb_ips(&c, "b").is_empty());
+    applied(&c, &lb_yaml("out", ", loadBalancerIP: 198.51.100.1", "{}"));
+    c.eventually("an address outside every pool refused", || {
+        c.controllers[0]
+            .log()
+            .contains("198.51.100.1 is in no IPAddressPool")
+    });
+    c.ok(&["delete", "svc", "a"]);
+    c.eventually("b gets the freed address", || {
+        lb_ips(&c, "b") == ["192.0.2.9"]
+    });
+    assert_eq!(
+        lb_reservations(&c),
+        [("192.0.2.9".to_string(), "default/b".to_string())].into()
+    );
+    // Two Services sharing under one key, ports apart: one address, one
+    // reservation naming both.
+    let share = "{podnet.io/allow-shared-ip: dns}";
+    applied(
+        &c,
+        &lb_yaml("dns-tcp", ", ports: [{port: 53, protocol: TCP}]", share),
+    );
+    applied(
+        &c,
+        &lb_yaml("dns-udp", ", ports: [{port: 53, protocol: UDP}]", share),
+    );
+    c.eventually("dns shares one address", || {
+        let t = lb_ips(&c, "dns-tcp");
+        !t.is_empty() && t == lb_ips(&c, "dns-udp")
+    });
+    let ip = lb_ips(&c, "dns-tcp")[0].clone();
+    assert_eq!(
+        lb_reservations(&c)[&ip],
+        "default/dns-tcp,default/dns-udp;shared=dns"
+    );
+    c.ok(&["delete", "svc", "dns-tcp"]);
+    c.eventually("dns-udp keeps it alone", || {
+        lb_reservations(&c).get(&ip).map(String::as_str) == Some("default/dns-udp;shared=dns")
+    });
+    assert_eq!(lb_ips(&c, "dns-udp"), [ip]);
+}
+
+/// Two controllers on one store, 50 LoadBalancer Services applied at once
+/// for 40 addresses: 40 Services get one address each, never one twice,
+/// 10 get none, and each address has one reservation naming its Service.
+#[test]
+fn two_controllers_never_hand_out_an_lb_address_twice() {
+    let mut c = Cluster::sqlite();
+    applied(&c, &pool_yaml("lan", "192.0.2.1-192.0.2.40"));
+    c.start_controller();
+    c.start_controller();
+    let all: String = (0..50)
+        .map(|i| format!("---\n{}", lb_yaml(&format!("s{i}"), "", "{}")))
+        .collect();
+    applied(&c, &all);
+    let statuses = || -> Vec<(String, Vec<String>)> {
+        let v = c.json(&["get", "svc"]);
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let ips = s["status"]["loadBalancer"]["ingress"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|i| i["ip"].as_str().unwrap().to_string())
+                    .collect();
+                (s["metadata"]["name"].as_str().unwrap().to_string(), ips)
+            })
+            .collect()
+    };
+    c.eventually("40 Services with an address", || {
+        statuses().iter().filter(|(_, ips)| !ips.is_empty()).count() == 40
+    });
+    let check = |st: &[(String, Vec<String>)]| {
+        let mut seen = std::collections::BTreeMap::new();
+        for (name, ips) in st {
+            assert!(ips.len() <= 1, "{name}: {ips:?}");
+            for ip in ips {
+                let last: u8 = ip.strip_prefix("192.0.2.").unwrap().parse().unwrap();
+                assert!((1..=40).contains(&last), "{name}: {ip} outside the pool");
+                if let Some(other) = seen.insert(ip.clone(), name.clone()) {
+                    panic!("{ip} given to {other} and {name}");
+                }
+            }
+        }
+        let want: std::collections::BTreeMap<String, String> = seen
+            .iter()
+            .map(|(ip, n)| (ip.clone(), format!("default/{n}")))
+            .collect();
+        assert_eq!(
+            lb_reservations(&c),
+            want,
+            "one reservation per address, naming its Service"
+        );
+        seen
+    };
+    let seen = check(&statuses());
+    assert_eq!(seen.len(), 40);
+    // Five holders go: five waiting Services take their addresses, still
+    // never one twice.
+    let gone: Vec<String> = seen.values().take(5).cloned().collect();
+    let mut args = vec!["delete", "svc"];
+    args.extend(gone.iter().map(String::as_str));
+    c.ok(&args);
+    c.eventually("the freed addresses given again", || {
+        let st = statuses();
+        st.len() == 45 && st.iter().filter(|(_, ips)| !ips.is_empty()).count() == 40
+    });
+    let again = check(&statuses());
+    assert!(gone.iter().all(|g| !again.values().any(|n| n == g)));
+    assert_eq!(
+        again.keys().collect::<Vec<_>>(),
+        seen.keys().collect::<Vec<_>>(),
+        "the same 40 addresses in use"
+    );
+}
+
+/// A restarted controller keeps every address (rebuilt from the store's
+/// statuses and reservations, even with a new pool sorting first), and
+/// places a new Service without disturbing them.
+#[test]
+fn a_restarted_controller_keeps_every_lb_address() {
+    let mut c = Cluster::sqlite();
+    applied(&c, &pool_yaml("lan", "192.0.2.0/28"));
+    c.start_controller();
+    let names: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    for n in &names {
+        applied(&c, &lb_yaml(n, "", "{}"));
+    }
+    c.eventually("six addresses", || {
+        names.iter().all(|n| lb_ips(&c, n).len() == 1)
+    });
+    let before: Vec<Vec<String>> = names.iter().map(|n| lb_ips(&c, n)).collect();
+    let res = lb_reservations(&c);
+    assert_eq!(res.len(), 6);
+    let st = c.controllers[0].terminate(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
+    c.controllers.clear();
+    // While it is down: a pool that sorts first, and a new Service.
+    applied(&c, &pool_yaml("a-first", "198.51.100.0/30"));
+    applied(&c, &lb_yaml("new", "", "{}"));
+    c.start_controller();
+    c.eventually("the new Service placed", || {
+        lb_ips(&c, "new") == ["198.51.100.0"]
+    });
+    let after: Vec<Vec<String>> = names.iter().map(|n| lb_ips(&c, n)).collect();
+    assert_eq!(after, before, "every address kept");
+    let mut want = res;
+    want.insert("198.51.100.0".into(), "default/new".into());
+    assert_eq!(lb_reservations(&c), want);
 }

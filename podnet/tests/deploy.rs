@@ -633,37 +633,45 @@ fn the_real_apiserver_accepts_the_bundle() {
 /// podnet's kinds on the real API server: the CRDs established, objects
 /// stored with the schema's defaults, bad ones refused by the rules each
 /// names, and the object source (Kubernetes mode) reading them typed.
+/// `kubectl` on the control plane, with `stdin`: whether it succeeded,
+/// and what it said.
+fn kubectl_on(
+    peers: &podnet_lab::kube::Peers,
+    cp: &podnet_lab::kube::ControlPlane,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String) {
+    let mut c = Command::new(&peers.kubectl);
+    c.arg(format!("--kubeconfig={}", cp.admin_kubeconfig().display()))
+        .arg(format!(
+            "--cache-dir={}",
+            cp.dir.join("kubectl-cache").display()
+        ))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut i = child.stdin.take().unwrap();
+        i.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
 fn crds_are_served(
     peers: &podnet_lab::kube::Peers,
     cp: &podnet_lab::kube::ControlPlane,
     rt: &tokio::runtime::Runtime,
 ) {
-    use podnet_api::{Kind, Object};
-    let kubectl = |args: &[&str], stdin: Option<&str>| {
-        let mut c = Command::new(&peers.kubectl);
-        c.arg(format!("--kubeconfig={}", cp.admin_kubeconfig().display()))
-            .arg(format!(
-                "--cache-dir={}",
-                cp.dir.join("kubectl-cache").display()
-            ))
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        {
-            use std::io::Write;
-            let mut i = child.stdin.take().unwrap();
-            i.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
-        }
-        let o = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status.success(), text)
-    };
+    let kubectl = |args: &[&str], stdin: Option<&str>| kubectl_on(peers, cp, args, stdin);
     let crds = repo().join("deploy/parts/05-crds.yaml");
     let (ok, out) = kubectl(&["apply", "-f", crds.to_str().unwrap()], None);
     assert!(ok, "{out}");
@@ -711,7 +719,13 @@ fn crds_are_served(
         assert!(!ok, "accepted: {bad}");
         assert!(out.contains(want), "{bad}: want {want:?} in {out}");
     }
-    // The object source reads them, typed, with the schema's defaults.
+    read_by_the_kube_source(cp, rt);
+}
+
+/// The object source (Kubernetes mode) reads podnet's kinds, typed, with
+/// the schema's defaults filled in by the API server.
+fn read_by_the_kube_source(cp: &podnet_lab::kube::ControlPlane, rt: &tokio::runtime::Runtime) {
+    use podnet_api::{Kind, Object};
     let objs: Vec<Object> = rt.block_on(async {
         let client = podnet_source::kube_client(Some(&cp.admin_kubeconfig()))
             .await

@@ -6,13 +6,16 @@
 //!   server-owned fields, and the Service's reservations in the same
 //!   transaction;
 //! - [`alloc`]: ClusterIP and NodePort allocation, safe across processes;
+//! - [`lbips`]: LoadBalancer address reservations, the same way;
 //! - [`controller`]: `podnet controller`, which allocates what Services
-//!   still lack, releases orphaned reservations, and writes EndpointSlices
-//!   ([`endpoints`] is its pure planner), fed by the object source.
+//!   still lack, releases orphaned reservations, writes EndpointSlices
+//!   ([`endpoints`] is its pure planner) and LoadBalancer Services'
+//!   addresses (`podnet_lb::ipam` decides them), fed by the object source.
 
 pub mod admission;
 pub mod alloc;
 pub mod controller;
 pub mod endpoints;
+pub mod lbips;
 
 pub use controller::{Controller, KINDS};

@@ -7,12 +7,15 @@
 //! - EndpointSlices for every Service with a selector, from ready Pods
 //!   ([`endpoints`] is the pure planner), each endpoint with its Node's
 //!   zone label, and the topology hints of `spec.trafficDistribution`;
-//! - release of reservations a deleted Service held.
+//! - release of reservations a deleted Service held;
+//! - LoadBalancer addresses from the IPAddressPools ([`lb`], LB IPAM),
+//!   each reserved in the transaction that writes the Service's status.
 //!
 //! The controller is a [`Subsystem`] of the one reconcile loop
 //! (`podnet_reconcile`), whose "kernel" is the store: one subscription to
 //! the object source (standalone mode's store source) for Nodes, Services,
-//! Pods, EndpointSlices and the NetworkConfig is its input. Deltas mark
+//! Pods, EndpointSlices, the NetworkConfig, IPAddressPools and Namespaces
+//! (whose labels pools select by) is its input. Deltas mark
 //! Services dirty (a Node whose zone label
 //! changes marks the Services selecting a Pod on that Node, found through
 //! a node -> Pods index, so the cost follows the Node's Pods, not the
@@ -30,8 +33,10 @@
 //! server owns its allocation bitmaps).
 //!
 //! Layout: [`state`] is the cache and its index, [`writes`] the store
-//! writes of `apply`.
+//! writes of `apply`, [`lb`] the LoadBalancer addresses (state, decisions
+//! through `podnet_lb::ipam`, and their writes).
 
+mod lb;
 mod state;
 mod writes;
 
@@ -49,7 +54,7 @@ use podnet_reconcile::{Scope, Subsystem, SyncError};
 use podnet_source::{Delta, Subscription};
 use podnet_store::{KeyValue, Objects, Store, StoreError};
 
-use crate::{alloc, endpoints};
+use crate::{alloc, endpoints, lbips};
 pub use state::{Key, State};
 
 pub(crate) const CONTROLLER_ALLOCATIONS_TOTAL: podnet_daemon::Counter = podnet_daemon::Counter::new(
@@ -76,13 +81,20 @@ pub(crate) const CONTROLLER_SNAPSHOTS_TOTAL: podnet_daemon::Counter = podnet_dae
     "Full passes over every Service and reservation.",
 );
 
+pub(crate) const CONTROLLER_LB_PENDING: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_controller_lb_pending",
+    "LoadBalancer Services without an address (the controller logs why).",
+);
+
 /// What the controller subscribes to.
-pub const KINDS: [Kind; 5] = [
+pub const KINDS: [Kind; 7] = [
     Kind::Node,
     Kind::Service,
     Kind::Pod,
     Kind::EndpointSlice,
     Kind::NetworkConfig,
+    Kind::IPAddressPool,
+    Kind::Namespace,
 ];
 
 pub struct Controller {
@@ -93,6 +105,8 @@ pub struct Controller {
     hint: u64,
     /// Deleted Services whose reservations the next apply releases.
     gone: Vec<Service>,
+    /// Pools, namespaces' labels and reservations for LB IPAM.
+    lb: lb::LbState,
     /// Whether `/readyz` has been told the first sync went through.
     said_ready: bool,
 }
@@ -116,6 +130,8 @@ pub enum SliceWrite {
 pub struct ControllerPlan {
     full: bool,
     services: Vec<(Key, bool, Vec<EndpointSlice>)>,
+    /// The Services whose load-balancer addresses are decided.
+    lb: Vec<Key>,
 }
 
 /// What a sync writes.
@@ -126,6 +142,7 @@ pub struct ControllerChanges {
     reservations: Option<(Vec<KeyValue>, HashSet<String>)>,
     allocate: Vec<Key>,
     slices: Vec<(Key, SliceWrite)>,
+    lb: Vec<Key>,
 }
 
 impl Controller {
@@ -137,6 +154,7 @@ impl Controller {
             state: State::default(),
             hint: std::process::id() as u64 * 7919,
             gone: Vec::new(),
+            lb: lb::LbState::default(),
             said_ready: false,
         }
     }
@@ -262,6 +280,7 @@ impl Controller {
                     }
                 }
             }
+            (Kind::IPAddressPool | Kind::Namespace, o) => self.lb_watch(&key, o, dirty),
             (Kind::NetworkConfig, o) if key.name == netconfig::DEFAULT_NAME => match o {
                 Some(Object::NetworkConfig(c)) => match c.resolve() {
                     Ok(r) => self.cfg = r,
@@ -321,6 +340,7 @@ impl Subsystem for Controller {
             Scope::Full => self.state.all_service_keys(),
             Scope::Only(k) => k.clone(),
         };
+        let lb = self.lb_candidates(&keys);
         let services = keys
             .into_iter()
             .map(|k| {
@@ -336,6 +356,7 @@ impl Subsystem for Controller {
         ControllerPlan {
             full: scope.is_full(),
             services,
+            lb,
         }
     }
 
@@ -361,10 +382,11 @@ impl Subsystem for Controller {
                 let held = svcs
                     .iter()
                     .filter_map(alloc::as_service)
-                    .flat_map(alloc::keys)
+                    .flat_map(|s| alloc::keys(s).into_iter().chain(lbips::keys_shown(s)))
                     .collect();
                 (res, held)
             }),
+            lb: plan.lb,
             ..Default::default()
         };
         for (k, lacks, desired) in plan.services {
@@ -387,6 +409,7 @@ impl Subsystem for Controller {
         let m = &self.metrics;
         m.gauge(&CONTROLLER_SERVICES, "", self.state.services.len() as f64);
         m.gauge(&CONTROLLER_PODS, "", self.state.pods.len() as f64);
+        m.gauge(&CONTROLLER_LB_PENDING, "", self.lb.pending.len() as f64);
         if ok && !self.said_ready {
             self.said_ready = true;
             m.set_ready(true);

@@ -1,6 +1,7 @@
 //! The store writes of the controller's `apply`: reservations released
 //! (a deleted Service's, and orphans in a full sync), addresses and ports
-//! allocated, EndpointSlices created, updated and deleted. Each write is
+//! allocated, EndpointSlices created, updated and deleted, then the
+//! load-balancer addresses (their writes are [`super::lb`]'s). Each write is
 //! conditional on the revision the cache saw, so a concurrent writer makes
 //! it fail (and the loop retry) instead of being overwritten.
 
@@ -16,7 +17,7 @@ use super::{
     Controller, ControllerChanges, Key, SliceWrite, CONTROLLER_ALLOCATIONS_TOTAL,
     CONTROLLER_ENDPOINTSLICE_WRITES_TOTAL, CONTROLLER_ERRORS_TOTAL, CONTROLLER_SNAPSHOTS_TOTAL,
 };
-use crate::alloc;
+use crate::{alloc, lbips};
 
 /// What an apply's writes came to.
 #[derive(Default)]
@@ -41,6 +42,7 @@ impl Controller {
         let mut t = Tally::default();
         for s in std::mem::take(&mut self.gone) {
             self.release_for(&s).await;
+            self.lb_release_gone(&s).await;
         }
         if let Some((res, held)) = c.reservations {
             t.writes += self.release_orphans(res, &held).await;
@@ -60,6 +62,8 @@ impl Controller {
             let r = self.write_slice(w).await.map(|()| 1);
             t.note(&k, r);
         }
+        let r = self.lb_sync(c.lb).await;
+        t.note(&("load balancers".into(), String::new()), r);
         if t.failed.is_empty() {
             return Ok(t.writes);
         }
@@ -96,10 +100,11 @@ impl Controller {
     async fn release_orphans(&mut self, res: Vec<KeyValue>, held: &HashSet<String>) -> usize {
         self.state.ips.clear();
         self.state.ports.clear();
+        self.lb.reserved.clear();
         let mut n = 0;
         for kv in &res {
             if held.contains(&kv.key) {
-                self.state.remember_alloc(&kv.key);
+                self.remember(kv);
                 continue;
             }
             tracing::info!(key = %kv.key, "releasing orphaned reservation");
@@ -113,11 +118,21 @@ impl Controller {
                 .await;
             match released {
                 Ok(_) => n += 1,
-                Err(_) => self.state.remember_alloc(&kv.key),
+                Err(_) => self.remember(kv),
             }
         }
         self.metrics.count(&CONTROLLER_SNAPSHOTS_TOTAL, "", 1.0);
         n
+    }
+
+    /// Takes a reservation the store holds as taken.
+    fn remember(&mut self, kv: &KeyValue) {
+        self.state.remember_alloc(&kv.key);
+        if let Some(ip) = lbips::ip_of(&kv.key) {
+            self.lb
+                .reserved
+                .insert(ip, lbips::Reservation::decode(&kv.value));
+        }
     }
 
     /// Releases a deleted Service's reservations that still name it.
