@@ -247,6 +247,10 @@ impl Controller {
                 self.lb.pending.remove(k);
                 return Ok(0);
             };
+            if self.foreign(a, &svc) {
+                // Another implementation's (or an operator's) address.
+                return Ok(0);
+            }
             let d = a.assign(&svc, &self.lb.labels_of(&k.0));
             self.lb_note(k, &d);
             let r = match &d {
@@ -288,6 +292,18 @@ impl Controller {
             "load-balancer address of {} kept colliding",
             key_str(k)
         )))
+    }
+
+    /// Whether `svc`'s status holds only addresses this controller never
+    /// gave: none in a pool, none reserved. Those are left alone (a load
+    /// balancer outside podnet, or an operator, wrote them), so LB IPAM
+    /// only ever takes back what it handed out.
+    fn foreign(&self, a: &Allocator<'_>, svc: &Service) -> bool {
+        let ips = ipam::status_ips(svc);
+        !ips.is_empty()
+            && ips
+                .iter()
+                .all(|ip| !a.pooled(*ip) && !self.lb.reserved.contains_key(ip))
     }
 
     /// Logs a Service's reason for having no address when it changes.

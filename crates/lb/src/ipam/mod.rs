@@ -123,6 +123,11 @@ impl<'a> Allocator<'a> {
         Allocator { pools, holdings }
     }
 
+    /// Whether some pool holds `ip` (else it is no address of ours).
+    pub fn pooled(&self, ip: IpAddr) -> bool {
+        self.pools.iter().any(|p| p.holds(ip))
+    }
+
     /// Records what `svc`'s status shows as held (for seeding from a
     /// cluster's current state), if the Service is ours.
     pub fn seed(&mut self, svc: &Service) {
