@@ -85,12 +85,29 @@ impl NodeSpeaker {
         }
         all.sort_by_key(|n| n.addr);
         if p.told_neighbours.as_ref() != Some(&all) {
+            let before = p.told_neighbours.clone().unwrap_or_default();
+            for n in all.iter().filter(|n| !before.contains(n)) {
+                self.hello(n.addr);
+            }
             match self.speaker.set_neighbours(all.clone()).await {
                 Ok(()) => p.told_neighbours = Some(all),
                 Err(e) => problems.push(format!("BGP neighbours: {e}")),
             }
         }
         problems
+    }
+
+    /// Makes this node's kernel resolve a new neighbour's address (one
+    /// empty datagram to its BGP port, where nothing listens for UDP). The
+    /// side that only listens would otherwise never send the neighbour a
+    /// frame, and a neighbour that still holds this node's old MAC (a node
+    /// replaced under the same address) would keep dialling into nothing
+    /// until its entry timed out; the ARP request carries the new one.
+    fn hello(&self, to: IpAddr) {
+        let s = std::net::UdpSocket::bind((self.listen, 0));
+        if let Err(e) = s.and_then(|s| s.send_to(&[], (to, crate::speaker::PORT))) {
+            tracing::debug!(%to, "hello to a new BGP neighbour: {e}");
+        }
     }
 
     /// Replaces the prefixes `owner` originates.

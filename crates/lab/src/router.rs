@@ -242,6 +242,17 @@ impl Lab {
         racks: &[(Ipv4Addr, Ipv4Net)],
     ) -> Result<(), LabError> {
         let zserv = dir.join("zserv.api");
+        // The daemons run as FRR's user, and keep their sockets and pid
+        // files here.
+        let st = Command::new("chown")
+            .arg("-R")
+            .arg("frr:frr")
+            .arg(dir)
+            .status()
+            .map_err(|e| io("chown frr:frr on the router's dir", e))?;
+        if !st.success() {
+            return Err(msg(format!("chown frr:frr {}: {st}", dir.display())));
+        }
         for daemon in ["zebra", "bgpd"] {
             let mut cmd = Command::new(format!("/usr/lib/frr/{daemon}"));
             cmd.arg("-f")
@@ -256,8 +267,8 @@ impl Lab {
                 .arg(dir)
                 .arg("-z")
                 .arg(&zserv)
-                // No vty port (labs would collide), no user switch.
-                .args(["-P", "0", "-S"]);
+                // No vty port (labs would collide); FRR's own user.
+                .args(["-P", "0", "-u", "frr", "-g", "frr"]);
             if daemon == "bgpd" {
                 for (me, _) in racks {
                     cmd.arg("-l").arg(me.to_string());
