@@ -21,8 +21,9 @@
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
 //!   machine's actions, announces this speaker's routes (withdrawing what
 //!   it no longer announces) and hands the peer's UPDATEs to its owner;
-//! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
-//!   RIB and the export rules, with the best routes' changes for the owner.
+//! - [`speaker`]: a node's speaker: its listener, a peer per neighbour (the
+//!   set replaced at run time as nodes come and go), the RIB and the export
+//!   rules, with the best routes' changes for the owner.
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
 //! routes both ways in both families, a withdrawal, the daemon's Cease;

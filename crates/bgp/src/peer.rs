@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::fsm::{Action, Config, Event, Negotiated, Session, State, Timer};
-use crate::wire::{pack, pack_withdrawals, Afi, Codec, Message, PathAttrs, Update};
+use crate::wire::{cease, pack, pack_withdrawals, Afi, Codec, Message, PathAttrs, Update};
 
 /// What this speaker announces to the peer: per family, the attributes and
 /// the prefixes carrying them.
@@ -39,7 +39,7 @@ pub enum PeerEvent {
 /// A running peer's handle: what to announce, and a way to stop it.
 pub struct Peer {
     announce: watch::Sender<Announce>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<u8>>,
     inbound: mpsc::Sender<TcpStream>,
     path_down: mpsc::Sender<()>,
     task: tokio::task::JoinHandle<()>,
@@ -97,10 +97,18 @@ impl Peer {
         self.announce.send_replace(a);
     }
 
-    /// Stops the session (a Cease goes to the peer).
-    pub fn stop(mut self) {
+    /// Stops the session (a Cease, Administrative Shutdown, goes to the
+    /// peer).
+    pub fn stop(self) {
+        self.stop_with(cease::ADMINISTRATIVE_SHUTDOWN);
+    }
+
+    /// Stops the session with a Cease of this subcode ([`cease`]): Peer
+    /// De-configured for a neighbour removed, Other Configuration Change
+    /// for one about to start again with new terms (RFC 4486).
+    pub fn stop_with(mut self, cease_subcode: u8) {
         if let Some(s) = self.stop.take() {
-            let _ = s.send(());
+            let _ = s.send(cease_subcode);
         }
     }
 
@@ -139,7 +147,8 @@ struct Link {
 
 /// What woke the loop.
 enum Wake {
-    Stop,
+    /// With the Cease subcode to send.
+    Stop(u8),
     Timer(Timer),
     Read(std::io::Result<usize>),
     Routes,
@@ -148,13 +157,13 @@ enum Wake {
 }
 
 impl Link {
-    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<u8>) {
         self.feed(Event::Start).await;
         loop {
             let wake = self.next(&mut stop).await;
             match wake {
-                Wake::Stop => {
-                    self.feed(Event::Stop).await;
+                Wake::Stop(subcode) => {
+                    self.feed(Event::Stop(subcode)).await;
                     return;
                 }
                 Wake::Timer(t) => {
@@ -198,7 +207,7 @@ impl Link {
     }
 
     /// Waits for the next thing to happen.
-    async fn next(&mut self, stop: &mut tokio::sync::oneshot::Receiver<()>) -> Wake {
+    async fn next(&mut self, stop: &mut tokio::sync::oneshot::Receiver<u8>) -> Wake {
         let Link {
             timers,
             stream,
@@ -228,15 +237,14 @@ impl Link {
             }
         };
         tokio::select! {
-            _ = stop => Wake::Stop,
+            // A handle dropped stops the session as `stop` does.
+            s = stop => Wake::Stop(s.unwrap_or(cease::ADMINISTRATIVE_SHUTDOWN)),
             t = sleep => Wake::Timer(t),
             r = read => Wake::Read(r),
             Some(s) = accepted.recv() => Wake::Accepted(s),
             Some(()) = down.recv() => Wake::PathDown,
-            r = routes.changed() => match r {
-                Ok(()) => Wake::Routes,
-                Err(_) => Wake::Stop,
-            },
+            // Closed only with the handle, which `stop` answers for.
+            Ok(()) = routes.changed() => Wake::Routes,
         }
     }
 
