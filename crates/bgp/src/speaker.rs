@@ -11,13 +11,18 @@
 //! accepted the same way. A connection from an address that is not a
 //! neighbour now is closed at once.
 //!
+//! Each neighbour's session holds what that neighbour is to have from us
+//! ([`crate::adj_out`]): a change of the best routes or of our own hands
+//! each session only the prefixes that changed, and a session that comes up
+//! sends its whole table by itself.
+//!
 //! A neighbour that leaves the set is stopped with a Cease (Peer
 //! De-configured) and its routes leave the RIB at once (the owner hears
 //! it, the other neighbours are sent the withdrawals); one whose AS or
 //! reflector-client flag changed is stopped (Other Configuration Change)
 //! and started again; the others are not touched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -28,7 +33,7 @@ use crate::bfd::{Edge, Timing};
 use crate::bfd_link::Bfd;
 use crate::export::{export, Neighbour, NextHops, Source};
 use crate::fsm::{Config, Negotiated};
-use crate::peer::{Announce, Peer, PeerEvent};
+use crate::peer::{Peer, PeerEvent};
 use crate::rib::{Change, Local, PeerId, Rib};
 use crate::wire::{cease, Afi, PathAttrs};
 
@@ -135,8 +140,7 @@ impl Speaker {
             bfd_down: down_tx,
             up: HashMap::new(),
             rib: Rib::default(),
-            own: Vec::new(),
-            out: HashMap::new(),
+            own: BTreeSet::new(),
             changes,
         };
         let listen = state.cfg.listen;
@@ -206,9 +210,8 @@ struct State {
     /// Sessions that are up, and who is at the other end.
     up: HashMap<IpAddr, PeerId>,
     rib: Rib,
-    own: Vec<(Afi, IpNet)>,
-    /// What each neighbour should hold from us (Adj-RIB-Out, wanted).
-    out: HashMap<IpAddr, BTreeMap<IpNet, PathAttrs>>,
+    /// The prefixes this node originates.
+    own: BTreeSet<IpNet>,
     changes: mpsc::Sender<Vec<Change>>,
 }
 
@@ -239,10 +242,7 @@ impl State {
                     }
                 }
                 Some(cmd) = cmds.recv() => match cmd {
-                    Cmd::Originate(own) => {
-                        self.own = own;
-                        self.export_all();
-                    }
+                    Cmd::Originate(own) => self.originate(own),
                     Cmd::Neighbours(ns) => self.set_neighbours(ns).await,
                 },
                 else => return,
@@ -265,7 +265,7 @@ impl State {
             changes.extend(self.remove(*addr, wanted.contains_key(addr)).await);
         }
         if !changes.is_empty() {
-            self.export_changes(&changes);
+            self.export(changes.iter().map(|(p, _)| *p));
             let _ = self.changes.send(changes).await;
         }
         for n in ns {
@@ -295,6 +295,7 @@ impl State {
                 }
             }
         });
+        peer.update(self.table_for(&n));
         self.peers.insert(n.addr, Running { n, peer, gen });
         if bfd {
             self.start_bfd(n.addr).await;
@@ -329,7 +330,6 @@ impl State {
             true => cease::OTHER_CONFIGURATION_CHANGE,
             false => cease::PEER_DECONFIGURED,
         });
-        self.out.remove(&addr);
         if let (Some((bfd, _)), false) = (&self.bfd, staying) {
             bfd.remove(addr).await;
         }
@@ -344,7 +344,6 @@ impl State {
             PeerEvent::Up(n) => {
                 let id = self.peer_id(addr, &n);
                 self.up.insert(addr, id);
-                self.export_to(addr);
                 return;
             }
             PeerEvent::Down(why) => {
@@ -362,7 +361,7 @@ impl State {
         if changes.is_empty() {
             return;
         }
-        self.export_changes(&changes);
+        self.export(changes.iter().map(|(p, _)| *p));
         let _ = self.changes.send(changes).await;
     }
 
@@ -377,93 +376,51 @@ impl State {
         }
     }
 
-    /// Recomputes what every neighbour holds from us (our own routes
-    /// changed).
-    fn export_all(&mut self) {
-        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
-        for addr in addrs {
-            self.export_to(addr);
-        }
+    /// Replaces our own routes; only the prefixes that came or went are
+    /// exported again.
+    fn originate(&mut self, routes: Vec<(Afi, IpNet)>) {
+        let own: BTreeSet<IpNet> = routes.into_iter().map(|(_, p)| p).collect();
+        let changed: Vec<IpNet> = self.own.symmetric_difference(&own).copied().collect();
+        self.own = own;
+        self.export(changed.into_iter());
     }
 
     /// What `nb` gets for prefix `p` (our own, or the best route).
     fn attrs_for(&self, nb: &Neighbour, p: &IpNet) -> Option<PathAttrs> {
-        let afi = match p {
-            IpNet::V4(_) => Afi::Ipv4,
-            IpNet::V6(_) => Afi::Ipv6,
-        };
-        let (local, hops) = (&self.cfg.local, &self.cfg.hops);
-        if self.own.iter().any(|(_, o)| o == p) {
+        let (local, hops, afi) = (&self.cfg.local, &self.cfg.hops, Afi::of(p));
+        if self.own.contains(p) {
             return export(local, hops, nb, afi, Source::Local);
         }
         let r = self.rib.best(p)?;
         export(local, hops, nb, afi, Source::Learned(r))
     }
 
-    /// Everything neighbour `addr` should hold from us, computed whole (a
-    /// session that came up, our own routes changed).
-    fn export_to(&mut self, addr: IpAddr) {
-        let Some(r) = self.peers.get(&addr) else {
-            return;
-        };
-        let nb = r.n;
-        let prefixes: Vec<IpNet> = self
-            .own
+    /// Everything `nb` is to have from us (a neighbour just added).
+    fn table_for(&self, nb: &Neighbour) -> Vec<(IpNet, Option<PathAttrs>)> {
+        let learned = self
+            .rib
+            .best_routes()
+            .map(|(p, _)| p)
+            .filter(|p| !self.own.contains(p));
+        self.own
             .iter()
-            .map(|(_, p)| *p)
-            .chain(self.rib.best_routes().map(|(p, _)| *p))
-            .collect();
-        let out = prefixes
-            .into_iter()
-            .filter_map(|p| self.attrs_for(&nb, &p).map(|a| (p, a)))
-            .collect();
-        self.out.insert(addr, out);
-        self.announce(addr);
+            .chain(learned)
+            .filter_map(|p| self.attrs_for(nb, p).map(|a| (*p, Some(a))))
+            .collect()
     }
 
-    /// Only the changed prefixes, towards every neighbour that is up: a
-    /// change costs what changed, not the table.
-    fn export_changes(&mut self, changes: &[Change]) {
-        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
-        for addr in addrs {
-            let Some(r) = self.peers.get(&addr) else {
-                continue;
-            };
-            let nb = r.n;
-            let mut touched = false;
-            for (p, _) in changes {
-                let attrs = self.attrs_for(&nb, p);
-                let out = self.out.entry(addr).or_default();
-                let before = match attrs {
-                    Some(a) => out.insert(*p, a.clone()).filter(|b| *b == a).is_none(),
-                    None => out.remove(p).is_some(),
-                };
-                touched |= before;
-            }
-            if touched {
-                self.announce(addr);
-            }
+    /// Hands every neighbour's session these prefixes' routes as they are
+    /// now: a change costs what changed, not the table (each session sends
+    /// only what differs from what its peer holds).
+    fn export(&self, prefixes: impl Iterator<Item = IpNet>) {
+        let prefixes: Vec<IpNet> = prefixes.collect();
+        for r in self.peers.values() {
+            let routes = prefixes
+                .iter()
+                .map(|p| (*p, self.attrs_for(&r.n, p)))
+                .collect();
+            r.peer.update(routes);
         }
-    }
-
-    /// Hands neighbour `addr`'s routes to its session, grouped by
-    /// attributes (one UPDATE carries many prefixes of one group).
-    fn announce(&self, addr: IpAddr) {
-        let (Some(r), Some(out)) = (self.peers.get(&addr), self.out.get(&addr)) else {
-            return;
-        };
-        let mut groups: Vec<(Afi, PathAttrs, Vec<IpNet>)> = Vec::new();
-        for (p, attrs) in out {
-            let afi = match p {
-                IpNet::V4(_) => Afi::Ipv4,
-                IpNet::V6(_) => Afi::Ipv6,
-            };
-            match groups.iter_mut().find(|(f, a, _)| *f == afi && a == attrs) {
-                Some((_, _, ps)) => ps.push(*p),
-                None => groups.push((afi, attrs.clone(), vec![*p])),
-            }
-        }
-        r.peer.announce(Announce { routes: groups });
     }
 }
 
