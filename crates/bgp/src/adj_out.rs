@@ -20,18 +20,37 @@ use crate::wire::{pack, pack_withdrawals, Afi, Codec, PathAttrs, Update};
 pub type Routed = (IpNet, Option<Arc<PathAttrs>>);
 
 /// Changes not yet applied; a later change to a prefix replaces an
-/// earlier one.
+/// earlier one. Attributes are shared ([`share`]): a batch of many
+/// prefixes holds one copy of each set, and a withdrawal costs a pointer.
 #[derive(Debug, Default)]
 pub struct Batch {
     /// A whole new table, applied before `changes`.
-    pub whole: Option<BTreeMap<IpNet, PathAttrs>>,
-    pub changes: BTreeMap<IpNet, Option<PathAttrs>>,
+    pub whole: Option<BTreeMap<IpNet, Arc<PathAttrs>>>,
+    pub changes: BTreeMap<IpNet, Option<Arc<PathAttrs>>>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
         self.whole.is_none() && self.changes.is_empty()
     }
+}
+
+/// Routes with their attributes shared: one [`Arc`] for a run of
+/// prefixes with equal attributes (a table comes mostly in such runs).
+pub fn share(
+    routes: impl IntoIterator<Item = (IpNet, Option<PathAttrs>)>,
+) -> impl Iterator<Item = Routed> {
+    let mut last: Option<Arc<PathAttrs>> = None;
+    routes.into_iter().map(move |(p, a)| {
+        let a = a.map(|a| match last.take() {
+            Some(l) if *l == a => l,
+            _ => Arc::new(a),
+        });
+        if a.is_some() {
+            last = a.clone();
+        }
+        (p, a)
+    })
 }
 
 /// The routes a peer is to hold from us, whether or not its session is up.
@@ -50,64 +69,67 @@ impl AdjOut {
     }
 
     /// Applies `b`; returns the prefixes whose route differs from before,
-    /// with the route now (nothing for a prefix set to what it had, or
-    /// changed and changed back).
+    /// with the route now (nothing for a prefix set to what it had).
     pub fn apply(&mut self, b: Batch) -> Vec<Routed> {
-        // Each touched prefix's route before the batch.
-        let mut before: BTreeMap<IpNet, Option<Arc<PathAttrs>>> = BTreeMap::new();
-        // The last attributes made shared: a batch is mostly runs of
-        // prefixes with the same.
-        let mut last: Option<Arc<PathAttrs>> = None;
-        if let Some(whole) = b.whole {
-            let gone: Vec<IpNet> = self
-                .wanted
-                .keys()
-                .filter(|p| !whole.contains_key(p))
-                .copied()
-                .collect();
-            for p in gone {
-                self.set(&mut before, &mut last, p, None);
+        let Some(mut whole) = b.whole else {
+            let mut out = Vec::new();
+            for (p, a) in b.changes {
+                self.set(&mut out, p, a);
             }
-            for (p, a) in whole {
-                self.set(&mut before, &mut last, p, Some(a));
-            }
-        }
+            return out;
+        };
+        // The changes after a whole table are part of it.
         for (p, a) in b.changes {
-            self.set(&mut before, &mut last, p, a);
+            match a {
+                Some(a) => whole.insert(p, a),
+                None => whole.remove(&p),
+            };
         }
-        before
-            .into_iter()
-            .filter_map(|(p, old)| {
-                let now = self.wanted.get(&p);
-                (now.map(|a| &**a) != old.as_deref()).then(|| (p, now.cloned()))
-            })
-            .collect()
+        if self.wanted.is_empty() {
+            let out = whole.iter().map(|(p, a)| (*p, Some(a.clone()))).collect();
+            self.wanted = whole;
+            return out;
+        }
+        let gone: Vec<IpNet> = self
+            .wanted
+            .keys()
+            .filter(|p| !whole.contains_key(p))
+            .copied()
+            .collect();
+        let mut out = Vec::new();
+        for p in gone {
+            self.set(&mut out, p, None);
+        }
+        for (p, a) in whole {
+            self.set(&mut out, p, Some(a));
+        }
+        out
     }
 
-    fn set(
-        &mut self,
-        before: &mut BTreeMap<IpNet, Option<Arc<PathAttrs>>>,
-        last: &mut Option<Arc<PathAttrs>>,
-        p: IpNet,
-        a: Option<PathAttrs>,
-    ) {
-        let old = match a {
-            // Nothing to withdraw (a prefix this peer is not sent at all).
-            None => match self.wanted.remove(&p) {
-                Some(o) => Some(o),
-                None => return,
-            },
-            Some(a) if self.wanted.get(&p).is_some_and(|o| **o == a) => return,
-            Some(a) => {
-                let shared = match last.take() {
-                    Some(l) if *l == a => l,
-                    _ => Arc::new(a),
-                };
-                *last = Some(shared.clone());
-                self.wanted.insert(p, shared)
+    /// Sets one prefix's route; says so in `out` if it changed.
+    fn set(&mut self, out: &mut Vec<Routed>, p: IpNet, a: Option<Arc<PathAttrs>>) {
+        use std::collections::btree_map::Entry;
+        let changed = match (self.wanted.entry(p), &a) {
+            (Entry::Occupied(o), None) => {
+                o.remove();
+                true
+            }
+            (Entry::Vacant(_), None) => false,
+            (Entry::Occupied(mut o), Some(a)) => {
+                let differs = !same(o.get(), a);
+                if differs {
+                    o.insert(a.clone());
+                }
+                differs
+            }
+            (Entry::Vacant(v), Some(a)) => {
+                v.insert(a.clone());
+                true
             }
         };
-        before.entry(p).or_insert(old);
+        if changed {
+            out.push((p, a));
+        }
     }
 
     /// Every route, for a session that came up.
@@ -117,6 +139,11 @@ impl AdjOut {
             .map(|(p, a)| (*p, Some(a.clone())))
             .collect()
     }
+}
+
+/// Equal attributes, the pointer compared first.
+fn same(a: &Arc<PathAttrs>, b: &Arc<PathAttrs>) -> bool {
+    Arc::ptr_eq(a, b) || **a == **b
 }
 
 /// The UPDATEs that bring a peer's view to `routes`, over a session that
@@ -187,7 +214,7 @@ mod tests {
     fn table() -> (AdjOut, Vec<Update>) {
         let mut out = AdjOut::default();
         let all = out.apply(Batch {
-            changes: (0..10_000).map(|i| (net(i), Some(attrs(0)))).collect(),
+            changes: share((0..10_000).map(|i| (net(i), Some(attrs(0))))).collect(),
             ..Default::default()
         });
         assert_eq!(all.len(), 10_000);
@@ -209,7 +236,7 @@ mod tests {
         assert!(whole.len() < 20, "packed: {} UPDATEs", whole.len());
         // A new MED for one prefix: one UPDATE, that prefix alone.
         let d = out.apply(Batch {
-            changes: [(net(77), Some(attrs(5)))].into(),
+            changes: [(net(77), Some(Arc::new(attrs(5))))].into(),
             ..Default::default()
         });
         let sent = updates(&codec, &[Afi::Ipv4], &d);
@@ -235,20 +262,23 @@ mod tests {
     #[test]
     fn what_the_peer_already_holds_is_not_sent_again() {
         let (mut out, _) = table();
-        let whole =
-            || -> BTreeMap<IpNet, PathAttrs> { (0..10_000).map(|i| (net(i), attrs(0))).collect() };
+        let whole = || -> BTreeMap<IpNet, Arc<PathAttrs>> {
+            let a = Arc::new(attrs(0));
+            (0..10_000).map(|i| (net(i), a.clone())).collect()
+        };
         // The same route again.
         let same = Batch {
-            changes: [(net(1), Some(attrs(0)))].into(),
+            changes: [(net(1), Some(Arc::new(attrs(0))))].into(),
             ..Default::default()
         };
         assert!(out.apply(same).is_empty());
-        // A change undone in the same batch.
+        // A change undone in the same batch: after a whole table, a change
+        // to one of its prefixes.
         let mut changed = whole();
-        changed.insert(net(2), attrs(9));
+        changed.insert(net(2), Arc::new(attrs(9)));
         let undone = Batch {
             whole: Some(changed),
-            changes: [(net(2), Some(attrs(0)))].into(),
+            changes: [(net(2), Some(Arc::new(attrs(0))))].into(),
         };
         assert!(out.apply(undone).is_empty());
         // A whole table that differs in two routes sends those two.
@@ -263,7 +293,8 @@ mod tests {
             whole: Some(back),
             ..Default::default()
         });
-        let got: Vec<(IpNet, bool)> = d.iter().map(|(p, a)| (*p, a.is_some())).collect();
+        let mut got: Vec<(IpNet, bool)> = d.iter().map(|(p, a)| (*p, a.is_some())).collect();
+        got.sort();
         assert_eq!(got, vec![(net(3), true), (net(5), false)]);
     }
 

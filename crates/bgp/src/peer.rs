@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::adj_out::{updates, AdjOut, Batch, Routed};
+use crate::adj_out::{share, updates, AdjOut, Batch, Routed};
 use crate::fsm::{Action, Config, Event, Negotiated, Session, State, Timer};
 use crate::wire::{cease, Afi, Codec, Message, PathAttrs, Update};
 
@@ -120,6 +120,7 @@ impl Peer {
         if changes.is_empty() {
             return;
         }
+        let changes: Vec<Routed> = share(changes).collect();
         lock(&self.pending).changes.extend(changes);
         let _ = self.wake.try_send(());
     }
@@ -131,7 +132,10 @@ impl Peer {
         let whole = a
             .routes
             .into_iter()
-            .flat_map(|(_, attrs, ps)| ps.into_iter().map(move |p| (p, attrs.clone())))
+            .flat_map(|(_, attrs, ps)| {
+                let attrs = Arc::new(attrs);
+                ps.into_iter().map(move |p| (p, attrs.clone()))
+            })
             .collect();
         let mut b = lock(&self.pending);
         b.whole = Some(whole);
