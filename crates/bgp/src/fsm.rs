@@ -16,7 +16,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use crate::wire::{cease, fsm_error, open_error, CEASE, FSM_ERROR, HOLD_TIMER_EXPIRED, OPEN_ERROR};
+use crate::wire::{fsm_error, open_error, CEASE, FSM_ERROR, HOLD_TIMER_EXPIRED, OPEN_ERROR};
 use crate::wire::{Afi, Capability, GracefulRestart, Message, Notification, Open, Safi};
 
 /// RFC 4271 §8.2.2's states.
@@ -64,8 +64,10 @@ pub enum Timer {
 pub enum Event {
     /// Start the session (ManualStart, or its passive form).
     Start,
-    /// Stop it (ManualStop): a Cease is sent if a connection is up.
-    Stop,
+    /// Stop it (ManualStop): a Cease with this subcode ([`crate::wire::cease`]: an
+    /// administrative shutdown, a neighbour de-configured) is sent if a
+    /// connection is up.
+    Stop(u8),
     /// The TCP connection is up (either way).
     Connected,
     /// The connection failed or was closed by the peer.
@@ -178,7 +180,7 @@ impl Session {
             (State::Idle, Event::Start) => self.start(),
             (State::Idle, _) => Vec::new(),
             (_, Event::Start) => Vec::new(),
-            (_, Event::Stop) => self.stop(),
+            (_, Event::Stop(subcode)) => self.stop(subcode),
             (State::Connect | State::Active, ev) => self.connecting(ev),
             (State::OpenSent, ev) => self.open_sent(ev),
             (State::OpenConfirm, ev) => self.open_confirm(ev),
@@ -198,7 +200,7 @@ impl Session {
     }
 
     /// ManualStop: a Cease to a peer we talk to, then Idle.
-    fn stop(&mut self) -> Vec<Action> {
+    fn stop(&mut self, subcode: u8) -> Vec<Action> {
         let talking = matches!(
             self.state,
             State::OpenSent | State::OpenConfirm | State::Established
@@ -207,7 +209,7 @@ impl Session {
         if talking {
             out.push(Action::Send(Message::Notification(Notification {
                 code: CEASE,
-                subcode: cease::ADMINISTRATIVE_SHUTDOWN,
+                subcode,
                 data: Vec::new(),
             })));
         }
@@ -483,7 +485,7 @@ fn kind(m: &Message) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{PathAttrs, Update};
+    use crate::wire::{cease, PathAttrs, Update};
 
     fn config() -> Config {
         Config {
@@ -658,7 +660,8 @@ mod tests {
                 peer_open(64512, [10, 0, 0, 2], 90, ipv4_only()),
                 Some((5, 3)),
             ),
-            (Event::Stop, Some((6, 2))),
+            (Event::Stop(cease::ADMINISTRATIVE_SHUTDOWN), Some((6, 2))),
+            (Event::Stop(cease::PEER_DECONFIGURED), Some((6, 3))),
         ];
         for (ev, sent) in cases {
             let mut s = Session::new(config());

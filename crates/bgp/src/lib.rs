@@ -18,18 +18,22 @@
 //!   UDP for one local address (RFC 5881: port 3784, TTL 255 both ways),
 //!   and a speaker drops a BGP session the moment its BFD goes down
 //!   (RFC 5882);
+//! - [`adj_out`]: what one peer is to hold from this speaker, changed a
+//!   prefix at a time, and the UPDATEs that carry just what changed, pure;
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
-//!   machine's actions, announces this speaker's routes (withdrawing what
-//!   it no longer announces) and hands the peer's UPDATEs to its owner;
+//!   machine's actions, sends the peer the changes of what it is to hold
+//!   (all of it when the session comes up) and hands the peer's UPDATEs
+//!   to its owner;
 //! - [`adverts`]: what a node advertises for Services (the configured
 //!   blocks, and a Local Service's addresses where it has an endpoint),
 //!   pure;
-//! - [`speaker`]: a node's speaker: its listener, a peer per neighbour, the
-//!   RIB and the export rules, with the best routes' changes for the owner;
+//! - [`speaker`]: a node's speaker: its listener, a peer per neighbour (the
+//!   set replaced at run time as nodes come and go), the RIB and the export
+//!   rules, with the best routes' changes for the owner;
 //! - [`topology`]: who a node peers with (the mesh, route reflectors,
 //!   configured routers), pure;
 //! - [`node`]: a node's one speaker shared by its owners in the agent (the
-//!   overlay's mesh and pod CIDR, Service addresses, configured peers).
+//!   overlay's pod CIDR, the mesh and configured peers, Service addresses).
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
 //! routes both ways in both families, a withdrawal, the daemon's Cease;
@@ -45,6 +49,7 @@
 //! carries unicast routes needs a few hundred lines, tested here against
 //! hand-made vectors and, in the lab, against the real daemons.
 
+pub mod adj_out;
 pub mod adverts;
 pub mod bfd;
 pub mod bfd_link;

@@ -1,27 +1,34 @@
 //! One peer over TCP: the edge that carries out what the state machine
 //! ([`crate::fsm`]) decides. It connects, frames and decodes messages
-//! ([`crate::wire`]), keeps the three timers as deadlines, announces this
-//! speaker's routes when the session comes up (then End-of-RIB), and hands
-//! every session change and UPDATE to its owner over a channel. A session
-//! that goes down is started again after the connect-retry time.
+//! ([`crate::wire`]), keeps the three timers as deadlines, holds what the
+//! peer is to have from this speaker (its Adj-RIB-Out, [`crate::adj_out`])
+//! and sends all of it when the session comes up (then End-of-RIB), and
+//! hands every session change and UPDATE to its owner over a channel. A
+//! session that goes down is started again after the connect-retry time.
 //!
 //! It owns no routing decision: what to announce comes in through
-//! [`Peer::announce`], what the peer sends goes out as [`PeerEvent`]s.
+//! [`Peer::update`] (the prefixes that changed: a change costs what
+//! changed, not the table) or [`Peer::announce`] (a whole table), what the
+//! peer sends goes out as [`PeerEvent`]s. Changes wait in a batch that
+//! keeps the last word per prefix, so a session that cannot keep up (or is
+//! down) holds one entry per prefix, never a queue of every change.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::adj_out::{share, updates, AdjOut, Batch, Routed};
 use crate::fsm::{Action, Config, Event, Negotiated, Session, State, Timer};
-use crate::wire::{pack, pack_withdrawals, Afi, Codec, Message, PathAttrs, Update};
+use crate::wire::{cease, Afi, Codec, Message, PathAttrs, Update};
 
-/// What this speaker announces to the peer: per family, the attributes and
-/// the prefixes carrying them.
+/// A whole table to announce ([`Peer::announce`]): per family, the
+/// attributes and the prefixes carrying them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Announce {
     pub routes: Vec<(Afi, PathAttrs, Vec<IpNet>)>,
@@ -36,10 +43,22 @@ pub enum PeerEvent {
     Update(Update),
 }
 
+/// The changes waiting for the session's task, shared with it.
+type Pending = Arc<Mutex<Batch>>;
+
+fn lock(p: &Pending) -> MutexGuard<'_, Batch> {
+    // A batch is whole after every change: a panic elsewhere leaves it
+    // usable.
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A running peer's handle: what to announce, and a way to stop it.
 pub struct Peer {
-    announce: watch::Sender<Announce>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pending: Pending,
+    /// Wakes the task when `pending` has something (one wake stands for
+    /// any number of changes).
+    wake: mpsc::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<u8>>,
     inbound: mpsc::Sender<TcpStream>,
     path_down: mpsc::Sender<()>,
     task: tokio::task::JoinHandle<()>,
@@ -49,7 +68,8 @@ impl Peer {
     /// Starts the session with `remote` (its BGP port); events arrive on
     /// `events`.
     pub fn start(config: Config, remote: SocketAddr, events: mpsc::Sender<PeerEvent>) -> Peer {
-        let (announce, routes) = watch::channel(Announce::default());
+        let pending = Pending::default();
+        let (wake, woken) = mpsc::channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (inbound, accepted) = mpsc::channel(1);
         let (path_down, down) = mpsc::channel(1);
@@ -61,17 +81,18 @@ impl Peer {
             codec: Codec::default(),
             timers: HashMap::new(),
             events,
-            routes,
+            pending: pending.clone(),
+            woken,
+            out: AdjOut::default(),
             inbox: Vec::new(),
             buf: vec![0; 65536],
-            advertised: BTreeMap::new(),
-            eor_sent: false,
             accepted,
             down,
         };
         let task = tokio::spawn(link.run(stopped));
         Peer {
-            announce,
+            pending,
+            wake,
             stop: Some(stop),
             inbound,
             path_down,
@@ -92,15 +113,49 @@ impl Peer {
         let _ = self.path_down.try_send(());
     }
 
-    /// Replaces what is announced; sent when the session is (or comes) up.
-    pub fn announce(&self, a: Announce) {
-        self.announce.send_replace(a);
+    /// Changes the routes of these prefixes only (None: withdrawn); the
+    /// peer is sent what differs from what it holds, at once if the session
+    /// is up, else with everything when it comes up.
+    pub fn update(&self, changes: Vec<(IpNet, Option<PathAttrs>)>) {
+        if changes.is_empty() {
+            return;
+        }
+        let changes: Vec<Routed> = share(changes).collect();
+        lock(&self.pending).changes.extend(changes);
+        let _ = self.wake.try_send(());
     }
 
-    /// Stops the session (a Cease goes to the peer).
-    pub fn stop(mut self) {
+    /// Replaces the whole table (what is not in `a` is withdrawn). It costs
+    /// the table: for a one-off table (a test, a feeder); a running speaker
+    /// says what changed with [`Peer::update`].
+    pub fn announce(&self, a: Announce) {
+        let whole = a
+            .routes
+            .into_iter()
+            .flat_map(|(_, attrs, ps)| {
+                let attrs = Arc::new(attrs);
+                ps.into_iter().map(move |p| (p, attrs.clone()))
+            })
+            .collect();
+        let mut b = lock(&self.pending);
+        b.whole = Some(whole);
+        b.changes.clear();
+        drop(b);
+        let _ = self.wake.try_send(());
+    }
+
+    /// Stops the session (a Cease, Administrative Shutdown, goes to the
+    /// peer).
+    pub fn stop(self) {
+        self.stop_with(cease::ADMINISTRATIVE_SHUTDOWN);
+    }
+
+    /// Stops the session with a Cease of this subcode ([`cease`]): Peer
+    /// De-configured for a neighbour removed, Other Configuration Change
+    /// for one about to start again with new terms (RFC 4486).
+    pub fn stop_with(mut self, cease_subcode: u8) {
         if let Some(s) = self.stop.take() {
-            let _ = s.send(());
+            let _ = s.send(cease_subcode);
         }
     }
 
@@ -121,16 +176,15 @@ struct Link {
     codec: Codec,
     timers: HashMap<Timer, Instant>,
     events: mpsc::Sender<PeerEvent>,
-    routes: watch::Receiver<Announce>,
+    pending: Pending,
+    woken: mpsc::Receiver<()>,
+    /// What the peer is to hold from us; while the session is up, what it
+    /// holds.
+    out: AdjOut,
     /// Bytes read and not yet a whole message.
     inbox: Vec<u8>,
     /// What one read fills.
     buf: Vec<u8>,
-    /// What the peer holds from us (Adj-RIB-Out): a change sends only
-    /// what differs from it.
-    advertised: BTreeMap<(Afi, IpNet), PathAttrs>,
-    /// Whether this session's End-of-RIB went out.
-    eor_sent: bool,
     /// Connections the peer opened, from the speaker's listener.
     accepted: mpsc::Receiver<TcpStream>,
     /// BFD's word that the path is down.
@@ -139,7 +193,8 @@ struct Link {
 
 /// What woke the loop.
 enum Wake {
-    Stop,
+    /// With the Cease subcode to send.
+    Stop(u8),
     Timer(Timer),
     Read(std::io::Result<usize>),
     Routes,
@@ -148,13 +203,13 @@ enum Wake {
 }
 
 impl Link {
-    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<u8>) {
         self.feed(Event::Start).await;
         loop {
             let wake = self.next(&mut stop).await;
             match wake {
-                Wake::Stop => {
-                    self.feed(Event::Stop).await;
+                Wake::Stop(subcode) => {
+                    self.feed(Event::Stop(subcode)).await;
                     return;
                 }
                 Wake::Timer(t) => {
@@ -181,8 +236,9 @@ impl Link {
                 }
                 Wake::PathDown => self.feed(Event::PathDown).await,
                 Wake::Routes => {
+                    let changed = self.take_pending();
                     if self.session.state() == State::Established {
-                        self.send_routes().await;
+                        self.send_routes(&changed).await;
                     }
                 }
             }
@@ -198,11 +254,11 @@ impl Link {
     }
 
     /// Waits for the next thing to happen.
-    async fn next(&mut self, stop: &mut tokio::sync::oneshot::Receiver<()>) -> Wake {
+    async fn next(&mut self, stop: &mut tokio::sync::oneshot::Receiver<u8>) -> Wake {
         let Link {
             timers,
             stream,
-            routes,
+            woken,
             buf,
             accepted,
             down,
@@ -228,15 +284,14 @@ impl Link {
             }
         };
         tokio::select! {
-            _ = stop => Wake::Stop,
+            // A handle dropped stops the session as `stop` does.
+            s = stop => Wake::Stop(s.unwrap_or(cease::ADMINISTRATIVE_SHUTDOWN)),
             t = sleep => Wake::Timer(t),
             r = read => Wake::Read(r),
             Some(s) = accepted.recv() => Wake::Accepted(s),
             Some(()) = down.recv() => Wake::PathDown,
-            r = routes.changed() => match r {
-                Ok(()) => Wake::Routes,
-                Err(_) => Wake::Stop,
-            },
+            // Closed only with the handle, which `stop` answers for.
+            Some(()) = woken.recv() => Wake::Routes,
         }
     }
 
@@ -310,10 +365,9 @@ impl Link {
                 self.codec = Codec {
                     four_octet_as: n.four_octet_as,
                 };
-                self.advertised.clear();
-                self.eor_sent = false;
                 let _ = self.events.send(PeerEvent::Up(n)).await;
-                self.send_routes().await;
+                self.take_pending();
+                self.send_table().await;
                 None
             }
             Action::Down(why) => {
@@ -334,47 +388,45 @@ impl Link {
         }
     }
 
-    /// Brings the peer's view of our routes to what is announced: withdraws
-    /// what went, sends what is new or changed (nothing else), and after
-    /// the first round of a session End-of-RIB per negotiated family.
-    async fn send_routes(&mut self) {
-        let a = self.routes.borrow_and_update().clone();
-        let families: Vec<Afi> = match self.session.negotiated() {
+    /// Applies the changes waiting; those that differ from what the peer
+    /// is to hold.
+    fn take_pending(&mut self) -> Vec<Routed> {
+        let b = std::mem::take(&mut *lock(&self.pending));
+        match b.is_empty() {
+            true => Vec::new(),
+            false => self.out.apply(b),
+        }
+    }
+
+    /// The families the session carries (none unless Established).
+    fn families(&self) -> Vec<Afi> {
+        match self.session.negotiated() {
             Some(n) => n.families.iter().map(|(a, _)| *a).collect(),
-            None => return,
-        };
-        let now: BTreeMap<(Afi, IpNet), &PathAttrs> = a
-            .routes
-            .iter()
-            .filter(|(afi, ..)| families.contains(afi))
-            .flat_map(|(afi, attrs, ps)| ps.iter().map(move |p| ((*afi, *p), attrs)))
-            .collect();
-        let mut updates = Vec::new();
-        for afi in &families {
-            let gone: Vec<IpNet> = self
-                .advertised
-                .keys()
-                .filter(|(f, p)| f == afi && !now.contains_key(&(*f, *p)))
-                .map(|(_, p)| *p)
-                .collect();
-            updates.extend(pack_withdrawals(&self.codec, *afi, &gone));
+            None => Vec::new(),
         }
-        for (afi, attrs, prefixes) in &a.routes {
-            let changed: Vec<IpNet> = prefixes
-                .iter()
-                .filter(|p| {
-                    families.contains(afi) && self.advertised.get(&(*afi, **p)) != Some(attrs)
-                })
-                .copied()
-                .collect();
-            updates.extend(pack(&self.codec, attrs, *afi, &changed));
-        }
-        self.advertised = now.into_iter().map(|(k, v)| (k, v.clone())).collect();
-        if !std::mem::replace(&mut self.eor_sent, true) {
-            updates.extend(families.iter().map(|f| Update::end_of_rib(*f)));
-        }
-        for u in updates {
+    }
+
+    /// Sends what changed (the session is up).
+    async fn send_routes(&mut self, changed: &[Routed]) {
+        let families = self.families();
+        for u in updates(&self.codec, &families, changed) {
             if self.send(&Message::Update(u)).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Sends everything to a session that came up, then End-of-RIB per
+    /// family.
+    async fn send_table(&mut self) {
+        let all = self.out.all();
+        self.send_routes(&all).await;
+        for f in self.families() {
+            if self
+                .send(&Message::Update(Update::end_of_rib(f)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

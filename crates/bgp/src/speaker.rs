@@ -1,16 +1,28 @@
-//! A node's BGP speaker: a listener, one [`Peer`] per configured
-//! neighbour, the [`Rib`], and the export rules ([`crate::export`]) that
-//! say what each neighbour is sent. The owner says which routes this node
-//! originates and hears every change of the best routes (to install them
-//! in the kernel).
+//! A node's BGP speaker: a listener, one [`Peer`] per neighbour, the
+//! [`Rib`], and the export rules ([`crate::export`]) that say what each
+//! neighbour is sent. The owner says which routes this node originates and
+//! who its neighbours are (both may change at any time: nodes join and
+//! leave the mesh), and hears every change of the best routes (to install
+//! them in the kernel).
 //!
 //! Between two speakers one side dials and the other listens (the one
 //! with the higher address waits), so a node mesh never has two
 //! connections for one session; a router that dials us (BIRD, FRR) is
 //! accepted the same way. A connection from an address that is not a
-//! neighbour is closed at once.
+//! neighbour now is closed at once.
+//!
+//! Each neighbour's session holds what that neighbour is to have from us
+//! ([`crate::adj_out`]): a change of the best routes or of our own hands
+//! each session only the prefixes that changed, and a session that comes up
+//! sends its whole table by itself.
+//!
+//! A neighbour that leaves the set is stopped with a Cease (Peer
+//! De-configured) and its routes leave the RIB at once (the owner hears
+//! it, the other neighbours are sent the withdrawals); one whose AS or
+//! reflector-client flag changed is stopped (Other Configuration Change)
+//! and started again; the others are not touched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -21,9 +33,9 @@ use crate::bfd::{Edge, Timing};
 use crate::bfd_link::Bfd;
 use crate::export::{export, Neighbour, NextHops, Source};
 use crate::fsm::{Config, Negotiated};
-use crate::peer::{Announce, Peer, PeerEvent};
+use crate::peer::{Peer, PeerEvent};
 use crate::rib::{Change, Local, PeerId, Rib};
-use crate::wire::{Afi, PathAttrs};
+use crate::wire::{cease, Afi, PathAttrs};
 
 /// The BGP port.
 pub const PORT: u16 = 179;
@@ -38,15 +50,49 @@ pub struct SpeakerConfig {
     /// The session template (AS, timers, families); `peer_as` and
     /// `passive` are set per neighbour.
     pub session: Config,
+    /// The neighbours it starts with; [`Speaker::set_neighbours`] replaces
+    /// them.
     pub neighbours: Vec<Neighbour>,
     /// BFD with every neighbour, at this timing: a session whose BFD goes
     /// down is dropped at once (RFC 5882), not after the hold time.
     pub bfd: Option<Timing>,
 }
 
-/// A running speaker; dropped, it stops (its sessions just close).
+/// Why a speaker did not start, or refused a neighbour set.
+#[derive(Debug, thiserror::Error)]
+pub enum SpeakerError {
+    #[error("binding the BGP listener on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("starting BFD on {addr}: {source}")]
+    Bfd {
+        addr: IpAddr,
+        source: std::io::Error,
+    },
+    #[error("neighbour {0} is listed twice")]
+    Duplicate(IpAddr),
+    #[error("neighbour {0} is this speaker's own address")]
+    Ourselves(IpAddr),
+    #[error(
+        "neighbour {addr} is not of the family of the address the speaker listens on ({listen})"
+    )]
+    Family { addr: IpAddr, listen: IpAddr },
+    #[error("the speaker has stopped")]
+    Stopped,
+}
+
+/// What the owner asks of the running speaker.
+enum Cmd {
+    Originate(Vec<(Afi, IpNet)>),
+    Neighbours(Vec<Neighbour>),
+}
+
+/// A running speaker; dropped, it stops (a Cease to every neighbour).
 pub struct Speaker {
-    originate: mpsc::Sender<Vec<(Afi, IpNet)>>,
+    listen: IpAddr,
+    cmds: mpsc::Sender<Cmd>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -58,69 +104,211 @@ impl Drop for Speaker {
 
 impl Speaker {
     /// Binds the listener and starts every neighbour's session; best-route
-    /// changes go to `changes`.
+    /// changes go to `changes`, which the owner must keep reading (the
+    /// speaker waits for room there).
     pub async fn start(
         cfg: SpeakerConfig,
         changes: mpsc::Sender<Vec<Change>>,
-    ) -> std::io::Result<Speaker> {
-        let listener = TcpListener::bind(SocketAddr::new(cfg.listen, PORT)).await?;
-        let (originate, wanted) = mpsc::channel(8);
-        let (events_tx, events) = mpsc::channel(256);
-        let mut peers = HashMap::new();
-        for n in &cfg.neighbours {
-            let (tx, mut rx) = mpsc::channel(64);
-            let session = Config {
-                peer_as: n.asn,
-                passive: cfg.listen > n.addr,
-                ..cfg.session.clone()
-            };
-            let peer = Peer::start(session, SocketAddr::new(n.addr, PORT), tx);
-            let (fwd, addr) = (events_tx.clone(), n.addr);
-            tokio::spawn(async move {
-                while let Some(e) = rx.recv().await {
-                    if fwd.send((addr, e)).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            peers.insert(n.addr, (*n, peer));
-        }
+    ) -> Result<Speaker, SpeakerError> {
+        check(cfg.listen, &cfg.neighbours)?;
+        let addr = SocketAddr::new(cfg.listen, PORT);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| SpeakerError::Listen { addr, source })?;
         let (down_tx, bfd_down) = mpsc::channel(16);
         let bfd = match cfg.bfd {
-            Some(t) => Some(start_bfd(&cfg, t, down_tx).await?),
+            Some(t) => {
+                let b = Bfd::start(cfg.listen)
+                    .await
+                    .map_err(|source| SpeakerError::Bfd {
+                        addr: cfg.listen,
+                        source,
+                    })?;
+                Some((b, t))
+            }
             None => None,
         };
-        let state = State {
+        let (cmds, cmd_rx) = mpsc::channel(8);
+        let (events_tx, events) = mpsc::channel(256);
+        let first = cfg.neighbours.clone();
+        let mut state = State {
             cfg,
-            peers,
-            _bfd: bfd,
+            peers: HashMap::new(),
+            next_gen: 0,
+            events: events_tx,
+            bfd,
+            bfd_down: down_tx,
             up: HashMap::new(),
             rib: Rib::default(),
-            own: Vec::new(),
-            out: HashMap::new(),
+            own: BTreeSet::new(),
             changes,
         };
-        let task = tokio::spawn(state.run(listener, events, wanted, bfd_down));
-        Ok(Speaker { originate, task })
+        let listen = state.cfg.listen;
+        for n in first {
+            state.add(n, true).await;
+        }
+        let task = tokio::spawn(state.run(listener, events, cmd_rx, bfd_down));
+        Ok(Speaker { listen, cmds, task })
     }
 
     /// Replaces the routes this node originates.
     pub async fn originate(&self, routes: Vec<(Afi, IpNet)>) {
-        let _ = self.originate.send(routes).await;
+        let _ = self.cmds.send(Cmd::Originate(routes)).await;
+    }
+
+    /// Replaces the neighbours: new ones are started, gone ones stopped
+    /// with a Cease (their routes leave the RIB at once), changed ones
+    /// (AS, reflector client) started again; the others keep their
+    /// sessions. Checked first: a bad set changes nothing.
+    pub async fn set_neighbours(&self, ns: Vec<Neighbour>) -> Result<(), SpeakerError> {
+        check(self.listen, &ns)?;
+        self.cmds
+            .send(Cmd::Neighbours(ns))
+            .await
+            .map_err(|_| SpeakerError::Stopped)
     }
 }
 
-/// BFD with every neighbour; each one's Down goes to `down`.
-async fn start_bfd(
-    cfg: &SpeakerConfig,
-    t: Timing,
-    down: mpsc::Sender<IpAddr>,
-) -> std::io::Result<Bfd> {
-    let bfd = Bfd::start(cfg.listen).await?;
-    for n in &cfg.neighbours {
+/// A neighbour set the speaker can run: no address twice, not its own,
+/// each of its own family.
+fn check(listen: IpAddr, ns: &[Neighbour]) -> Result<(), SpeakerError> {
+    let mut seen = std::collections::HashSet::new();
+    for n in ns {
+        if n.addr == listen {
+            return Err(SpeakerError::Ourselves(n.addr));
+        }
+        if n.addr.is_ipv4() != listen.is_ipv4() {
+            return Err(SpeakerError::Family {
+                addr: n.addr,
+                listen,
+            });
+        }
+        if !seen.insert(n.addr) {
+            return Err(SpeakerError::Duplicate(n.addr));
+        }
+    }
+    Ok(())
+}
+
+/// A neighbour's running session; `gen` tells its events from those of
+/// an earlier session with the same address.
+struct Running {
+    n: Neighbour,
+    peer: Peer,
+    gen: u64,
+}
+
+struct State {
+    cfg: SpeakerConfig,
+    peers: HashMap<IpAddr, Running>,
+    next_gen: u64,
+    /// Every peer's events, with its address and generation.
+    events: mpsc::Sender<(IpAddr, u64, PeerEvent)>,
+    bfd: Option<(Bfd, Timing)>,
+    /// BFD's Down, per neighbour address.
+    bfd_down: mpsc::Sender<IpAddr>,
+    /// Sessions that are up, and who is at the other end.
+    up: HashMap<IpAddr, PeerId>,
+    rib: Rib,
+    /// The prefixes this node originates.
+    own: BTreeSet<IpNet>,
+    changes: mpsc::Sender<Vec<Change>>,
+}
+
+impl State {
+    async fn run(
+        mut self,
+        listener: TcpListener,
+        mut events: mpsc::Receiver<(IpAddr, u64, PeerEvent)>,
+        mut cmds: mpsc::Receiver<Cmd>,
+        mut bfd_down: mpsc::Receiver<IpAddr>,
+    ) {
+        loop {
+            tokio::select! {
+                Ok((s, from)) = listener.accept() => {
+                    match self.peers.get(&from.ip()) {
+                        Some(r) => r.peer.accept(s),
+                        None => tracing::warn!(%from, "BGP connection from a stranger closed"),
+                    }
+                }
+                Some((addr, gen, e)) = events.recv() => {
+                    if self.peers.get(&addr).is_some_and(|r| r.gen == gen) {
+                        self.event(addr, e).await;
+                    }
+                }
+                Some(addr) = bfd_down.recv() => {
+                    if let Some(r) = self.peers.get(&addr) {
+                        r.peer.path_down();
+                    }
+                }
+                Some(cmd) = cmds.recv() => match cmd {
+                    Cmd::Originate(own) => self.originate(own),
+                    Cmd::Neighbours(ns) => self.set_neighbours(ns).await,
+                },
+                else => return,
+            }
+        }
+    }
+
+    /// Stops the neighbours that went or changed, then starts the new and
+    /// the changed ones.
+    async fn set_neighbours(&mut self, ns: Vec<Neighbour>) {
+        let wanted: HashMap<IpAddr, Neighbour> = ns.iter().map(|n| (n.addr, *n)).collect();
+        let going: Vec<IpAddr> = self
+            .peers
+            .iter()
+            .filter(|(addr, r)| wanted.get(addr) != Some(&r.n))
+            .map(|(addr, _)| *addr)
+            .collect();
+        let mut changes = Vec::new();
+        for addr in &going {
+            changes.extend(self.remove(*addr, wanted.contains_key(addr)).await);
+        }
+        if !changes.is_empty() {
+            self.export(changes.iter().map(|(p, _)| *p));
+            let _ = self.changes.send(changes).await;
+        }
+        for n in ns {
+            if !self.peers.contains_key(&n.addr) {
+                self.add(n, !going.contains(&n.addr)).await;
+            }
+        }
+    }
+
+    /// Starts a neighbour's session, and its BFD when `bfd` (a session
+    /// started again keeps the BFD it had).
+    async fn add(&mut self, n: Neighbour, bfd: bool) {
+        let (tx, mut rx) = mpsc::channel(64);
+        let session = Config {
+            peer_as: n.asn,
+            passive: self.cfg.listen > n.addr,
+            ..self.cfg.session.clone()
+        };
+        let peer = Peer::start(session, SocketAddr::new(n.addr, PORT), tx);
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        let (fwd, addr) = (self.events.clone(), n.addr);
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                if fwd.send((addr, gen, e)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        peer.update(self.table_for(&n));
+        self.peers.insert(n.addr, Running { n, peer, gen });
+        if bfd {
+            self.start_bfd(n.addr).await;
+        }
+    }
+
+    /// BFD with `addr`, if the speaker runs BFD; its Down goes to the run
+    /// loop.
+    async fn start_bfd(&mut self, addr: IpAddr) {
+        let Some((bfd, t)) = &self.bfd else { return };
         let (tx, mut rx) = mpsc::channel(4);
-        bfd.add(n.addr, t, tx).await;
-        let (down, addr) = (down.clone(), n.addr);
+        bfd.add(addr, *t, tx).await;
+        let down = self.bfd_down.clone();
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
                 if matches!(e, Edge::Down(_)) && down.send(addr).await.is_err() {
@@ -129,50 +317,25 @@ async fn start_bfd(
             }
         });
     }
-    Ok(bfd)
-}
 
-struct State {
-    cfg: SpeakerConfig,
-    peers: HashMap<IpAddr, (Neighbour, Peer)>,
-    _bfd: Option<Bfd>,
-    /// Sessions that are up, and who is at the other end.
-    up: HashMap<IpAddr, PeerId>,
-    rib: Rib,
-    own: Vec<(Afi, IpNet)>,
-    /// What each neighbour should hold from us (Adj-RIB-Out, wanted).
-    out: HashMap<IpAddr, BTreeMap<IpNet, PathAttrs>>,
-    changes: mpsc::Sender<Vec<Change>>,
-}
-
-impl State {
-    async fn run(
-        mut self,
-        listener: TcpListener,
-        mut events: mpsc::Receiver<(IpAddr, PeerEvent)>,
-        mut wanted: mpsc::Receiver<Vec<(Afi, IpNet)>>,
-        mut bfd_down: mpsc::Receiver<IpAddr>,
-    ) {
-        loop {
-            tokio::select! {
-                Ok((s, from)) = listener.accept() => {
-                    match self.peers.get(&from.ip()) {
-                        Some((_, p)) => p.accept(s),
-                        None => tracing::warn!(%from, "BGP connection from a stranger closed"),
-                    }
-                }
-                Some((addr, e)) = events.recv() => self.event(addr, e).await,
-                Some(addr) = bfd_down.recv() => {
-                    if let Some((_, p)) = self.peers.get(&addr) {
-                        p.path_down();
-                    }
-                }
-                Some(own) = wanted.recv() => {
-                    self.own = own;
-                    self.export_all();
-                }
-                else => return,
-            }
+    /// Stops a neighbour's session with a Cease (and its BFD, unless
+    /// `staying`: it is started again at once); returns the best routes
+    /// that changed as its routes left the RIB.
+    async fn remove(&mut self, addr: IpAddr, staying: bool) -> Vec<Change> {
+        let Some(r) = self.peers.remove(&addr) else {
+            return Vec::new();
+        };
+        tracing::info!(peer = %addr, "BGP neighbour removed");
+        r.peer.stop_with(match staying {
+            true => cease::OTHER_CONFIGURATION_CHANGE,
+            false => cease::PEER_DECONFIGURED,
+        });
+        if let (Some((bfd, _)), false) = (&self.bfd, staying) {
+            bfd.remove(addr).await;
+        }
+        match self.up.remove(&addr) {
+            Some(id) => self.rib.peer_down(&id),
+            None => Vec::new(),
         }
     }
 
@@ -181,7 +344,6 @@ impl State {
             PeerEvent::Up(n) => {
                 let id = self.peer_id(addr, &n);
                 self.up.insert(addr, id);
-                self.export_to(addr);
                 return;
             }
             PeerEvent::Down(why) => {
@@ -199,12 +361,12 @@ impl State {
         if changes.is_empty() {
             return;
         }
-        self.export_changes(&changes);
+        self.export(changes.iter().map(|(p, _)| *p));
         let _ = self.changes.send(changes).await;
     }
 
     fn peer_id(&self, addr: IpAddr, n: &Negotiated) -> PeerId {
-        let client = self.peers.get(&addr).is_some_and(|(nb, _)| nb.client);
+        let client = self.peers.get(&addr).is_some_and(|r| r.n.client);
         PeerId {
             addr,
             router_id: n.peer_id,
@@ -214,92 +376,87 @@ impl State {
         }
     }
 
-    /// Recomputes what every neighbour holds from us (our own routes
-    /// changed).
-    fn export_all(&mut self) {
-        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
-        for addr in addrs {
-            self.export_to(addr);
-        }
+    /// Replaces our own routes; only the prefixes that came or went are
+    /// exported again.
+    fn originate(&mut self, routes: Vec<(Afi, IpNet)>) {
+        let own: BTreeSet<IpNet> = routes.into_iter().map(|(_, p)| p).collect();
+        let changed: Vec<IpNet> = self.own.symmetric_difference(&own).copied().collect();
+        self.own = own;
+        self.export(changed.into_iter());
     }
 
     /// What `nb` gets for prefix `p` (our own, or the best route).
     fn attrs_for(&self, nb: &Neighbour, p: &IpNet) -> Option<PathAttrs> {
-        let afi = match p {
-            IpNet::V4(_) => Afi::Ipv4,
-            IpNet::V6(_) => Afi::Ipv6,
-        };
-        let (local, hops) = (&self.cfg.local, &self.cfg.hops);
-        if self.own.iter().any(|(_, o)| o == p) {
+        let (local, hops, afi) = (&self.cfg.local, &self.cfg.hops, Afi::of(p));
+        if self.own.contains(p) {
             return export(local, hops, nb, afi, Source::Local);
         }
         let r = self.rib.best(p)?;
         export(local, hops, nb, afi, Source::Learned(r))
     }
 
-    /// Everything neighbour `addr` should hold from us, computed whole (a
-    /// session that came up, our own routes changed).
-    fn export_to(&mut self, addr: IpAddr) {
-        let Some((nb, _)) = self.peers.get(&addr) else {
-            return;
-        };
-        let nb = *nb;
-        let prefixes: Vec<IpNet> = self
-            .own
+    /// Everything `nb` is to have from us (a neighbour just added).
+    fn table_for(&self, nb: &Neighbour) -> Vec<(IpNet, Option<PathAttrs>)> {
+        let learned = self
+            .rib
+            .best_routes()
+            .map(|(p, _)| p)
+            .filter(|p| !self.own.contains(p));
+        self.own
             .iter()
-            .map(|(_, p)| *p)
-            .chain(self.rib.best_routes().map(|(p, _)| *p))
-            .collect();
-        let out = prefixes
-            .into_iter()
-            .filter_map(|p| self.attrs_for(&nb, &p).map(|a| (p, a)))
-            .collect();
-        self.out.insert(addr, out);
-        self.announce(addr);
+            .chain(learned)
+            .filter_map(|p| self.attrs_for(nb, p).map(|a| (*p, Some(a))))
+            .collect()
     }
 
-    /// Only the changed prefixes, towards every neighbour that is up: a
-    /// change costs what changed, not the table.
-    fn export_changes(&mut self, changes: &[Change]) {
-        let addrs: Vec<IpAddr> = self.up.keys().copied().collect();
-        for addr in addrs {
-            let Some((nb, _)) = self.peers.get(&addr) else {
-                continue;
-            };
-            let nb = *nb;
-            let mut touched = false;
-            for (p, _) in changes {
-                let attrs = self.attrs_for(&nb, p);
-                let out = self.out.entry(addr).or_default();
-                let before = match attrs {
-                    Some(a) => out.insert(*p, a.clone()).filter(|b| *b == a).is_none(),
-                    None => out.remove(p).is_some(),
-                };
-                touched |= before;
-            }
-            if touched {
-                self.announce(addr);
-            }
+    /// Hands every neighbour's session these prefixes' routes as they are
+    /// now: a change costs what changed, not the table (each session sends
+    /// only what differs from what its peer holds).
+    fn export(&self, prefixes: impl Iterator<Item = IpNet>) {
+        let prefixes: Vec<IpNet> = prefixes.collect();
+        for r in self.peers.values() {
+            let routes = prefixes
+                .iter()
+                .map(|p| (*p, self.attrs_for(&r.n, p)))
+                .collect();
+            r.peer.update(routes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(addr: &str) -> Neighbour {
+        Neighbour {
+            addr: addr.parse().unwrap(),
+            asn: 64512,
+            client: false,
         }
     }
 
-    /// Hands neighbour `addr`'s routes to its session, grouped by
-    /// attributes (one UPDATE carries many prefixes of one group).
-    fn announce(&self, addr: IpAddr) {
-        let (Some((_, peer)), Some(out)) = (self.peers.get(&addr), self.out.get(&addr)) else {
-            return;
-        };
-        let mut groups: Vec<(Afi, PathAttrs, Vec<IpNet>)> = Vec::new();
-        for (p, attrs) in out {
-            let afi = match p {
-                IpNet::V4(_) => Afi::Ipv4,
-                IpNet::V6(_) => Afi::Ipv6,
-            };
-            match groups.iter_mut().find(|(f, a, _)| *f == afi && a == attrs) {
-                Some((_, _, ps)) => ps.push(*p),
-                None => groups.push((afi, attrs.clone(), vec![*p])),
-            }
+    #[test]
+    fn a_neighbour_set_is_refused_naming_what_is_wrong() {
+        let listen: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(check(listen, &[n("10.0.0.2"), n("10.0.0.3")]).is_ok());
+        let cases = [
+            (
+                vec![n("10.0.0.2"), n("10.0.0.2")],
+                "neighbour 10.0.0.2 is listed twice",
+            ),
+            (
+                vec![n("10.0.0.1")],
+                "neighbour 10.0.0.1 is this speaker's own address",
+            ),
+            (
+                vec![n("fd00::2")],
+                "neighbour fd00::2 is not of the family of the address the speaker listens on (10.0.0.1)",
+            ),
+        ];
+        for (ns, want) in cases {
+            let e = check(listen, &ns).unwrap_err();
+            assert_eq!(e.to_string(), want);
         }
-        peer.announce(Announce { routes: groups });
     }
 }

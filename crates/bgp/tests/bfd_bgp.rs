@@ -20,6 +20,11 @@ use podnet_bgp::wire::{Afi, Safi};
 use podnet_testkit::require_root;
 use tokio::sync::mpsc;
 
+/// BIRD peering over eBGP with BFD. Thawed, BIRD's own BFD timers fire
+/// before it reads our packets (it heard nothing while frozen): its
+/// session fails once more, and BIRD waits its `error wait time` before it
+/// tries again, 60 s by default; cut to 1 s, so the return is seen within
+/// the test's bound.
 fn bird_conf(log: &std::path::Path) -> String {
     format!(
         r#"router id {BIRD};
@@ -34,6 +39,7 @@ protocol bgp podnet {{
   neighbor {US} as 64512;
   hold time 90;
   connect retry time 1;
+  error wait time 1, 2;
   bfd on;
   ipv4 {{ import all; export where proto = "st"; }};
 }}

@@ -8,13 +8,14 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw::{bytes, RawPeer};
 use common::{link, next, runtime, session, THEM};
 use podnet_bgp::fsm::Config;
 use podnet_bgp::peer::{Peer, PeerEvent};
-use podnet_bgp::wire::{Afi, Capability, Codec, Message, Notification, Open, Safi};
+use podnet_bgp::wire::{Afi, Capability, Message, Notification, Open, Safi};
 use podnet_testkit::require_root;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// A long connect retry: one connection per case.
@@ -25,72 +26,34 @@ fn config() -> Config {
     }
 }
 
-fn bytes(m: &Message) -> Vec<u8> {
-    let mut out = Vec::new();
-    Codec {
-        four_octet_as: true,
-    }
-    .encode(m, &mut out)
-    .unwrap();
-    out
-}
-
-/// Reads messages until a NOTIFICATION or the end; returns the NOTIFICATION.
-async fn notification_from(s: &mut TcpStream) -> Option<Notification> {
-    let codec = Codec {
-        four_octet_as: true,
-    };
-    let mut inbox = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        while let Ok(Some((m, used))) = codec.decode(&inbox) {
-            inbox.drain(..used);
-            if let Message::Notification(n) = m {
-                return Some(n);
-            }
-        }
-        match tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => inbox.extend_from_slice(&buf[..n]),
-            _ => return None,
-        }
-    }
-}
-
 /// Our speaker connects; the "peer" completes the handshake, then sends
 /// `garbage`. Returns the NOTIFICATION we sent and our Down reason.
 async fn after_handshake(garbage: &[u8]) -> (Notification, String) {
     let l = TcpListener::bind(format!("{THEM}:179")).await.unwrap();
     let (tx, mut rx) = mpsc::channel(64);
     let peer = Peer::start(config(), format!("{THEM}:179").parse().unwrap(), tx);
-    let (mut s, _) = l.accept().await.unwrap();
-    let open = Message::Open(Open {
-        asn: 64513,
-        hold_time: 9,
-        router_id: THEM.parse().unwrap(),
-        capabilities: vec![
-            Capability::Multiprotocol(Afi::Ipv4, Safi::Unicast),
-            Capability::FourOctetAs(64513),
-        ],
-    });
-    s.write_all(&bytes(&open)).await.unwrap();
-    s.write_all(&bytes(&Message::Keepalive)).await.unwrap();
+    let mut raw = RawPeer::accept(&l, 64513, THEM.parse().unwrap()).await;
     let none = || String::new();
     loop {
         if let PeerEvent::Up(_) = next(&mut rx, "the session", &none).await {
             break;
         }
     }
-    s.write_all(garbage).await.unwrap();
-    let n = notification_from(&mut s).await.expect("a NOTIFICATION");
+    raw.s.write_all(garbage).await.unwrap();
+    let n = loop {
+        match raw.next().await {
+            Some(Message::Notification(n)) => break n,
+            Some(_) => {}
+            None => panic!("closed with no NOTIFICATION"),
+        }
+    };
     let why = loop {
         if let PeerEvent::Down(why) = next(&mut rx, "the session going down", &none).await {
             break why;
         }
     };
     // The connection is closed after it.
-    let mut buf = [0u8; 64];
-    let end = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
-    assert!(matches!(end, Ok(Ok(0)) | Ok(Err(_))), "{end:?}");
+    assert!(raw.next().await.is_none(), "the connection stayed open");
     peer.stop();
     (n, why)
 }

@@ -75,8 +75,9 @@ pub struct RawAttr {
 }
 
 /// The attributes of an UPDATE. An absent attribute is None, empty or
-/// false; AS_PATH is sent (empty if need be) whenever ORIGIN is.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// false; AS_PATH is sent (empty if need be) whenever ORIGIN is. Hashed
+/// to group the prefixes that share attributes into one UPDATE.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PathAttrs {
     pub origin: Option<Origin>,
     pub as_path: Vec<AsSegment>,

@@ -28,6 +28,8 @@ mod fuzz;
 #[cfg(test)]
 mod tests;
 
+use ipnet::IpNet;
+
 pub use attrs::{AsSegment, Origin, PathAttrs, RawAttr};
 pub use notification::{
     cease, fsm_error, header_error, open_error, update_error, Notification, RouteRefresh, CEASE,
@@ -95,6 +97,14 @@ impl Afi {
         match self {
             Afi::Ipv4 => 1,
             Afi::Ipv6 => 2,
+        }
+    }
+
+    /// The family of a prefix.
+    pub fn of(p: &IpNet) -> Afi {
+        match p {
+            IpNet::V4(_) => Afi::Ipv4,
+            IpNet::V6(_) => Afi::Ipv6,
         }
     }
 

@@ -28,7 +28,7 @@ pub struct Update {
 }
 
 /// Routes of a family announced through MP_REACH_NLRI (RFC 4760 §3).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MpReach {
     pub afi: Afi,
     pub safi: Safi,
@@ -39,7 +39,7 @@ pub struct MpReach {
 }
 
 /// Routes of a family withdrawn through MP_UNREACH_NLRI (RFC 4760 §4).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MpUnreach {
     pub afi: Afi,
     pub safi: Safi,
@@ -208,10 +208,7 @@ fn family_prefixes(afi: Afi, buf: &[u8]) -> Result<Vec<IpNet>, DecodeError> {
 
 /// The family a prefix belongs to.
 pub(crate) fn afi_of(p: &IpNet) -> Afi {
-    match p {
-        IpNet::V4(_) => Afi::Ipv4,
-        IpNet::V6(_) => Afi::Ipv6,
-    }
+    Afi::of(p)
 }
 
 /// Appends prefixes that must all be of `afi`.

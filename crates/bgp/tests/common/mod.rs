@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::time::Duration;
 
 use podnet_bgp::fsm::{Config, Negotiated};
