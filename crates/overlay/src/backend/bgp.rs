@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,8 @@ pub struct Bgp {
     learned: BTreeMap<Ipv4Net, Ipv4Addr>,
     changes: Option<mpsc::Receiver<Vec<Change>>>,
     started: Option<Instant>,
+    /// Latched: once settled, a lost route is a lost route.
+    settled: AtomicBool,
 }
 
 impl Bgp {
@@ -63,6 +66,7 @@ impl Bgp {
             learned: BTreeMap::new(),
             changes: None,
             started: None,
+            settled: AtomicBool::new(false),
         }
     }
 
@@ -139,10 +143,17 @@ impl Bgp {
     /// restart never drops a route that is coming back (the kernel keeps
     /// forwarding, as graceful restart's peers keep ours). Settled once a
     /// route to every other node's subnet is learned, or after
-    /// [`SETTLE`].
+    /// [`SETTLE`]; from then on (a peer that goes away later is kept by
+    /// graceful restart in the RIB, not here).
     pub fn settled(&self, others: &[Ipv4Net]) -> bool {
+        if self.settled.load(Ordering::Relaxed) {
+            return true;
+        }
         let learned = |s: &Ipv4Net| self.learned.keys().any(|l| l.contains(s));
-        self.started.is_none_or(|t| t.elapsed() >= SETTLE) || others.iter().all(learned)
+        let now =
+            self.started.is_none_or(|t| t.elapsed() >= SETTLE) || others.iter().all(learned);
+        self.settled.store(now, Ordering::Relaxed);
+        now
     }
 
     pub fn plan(
@@ -256,12 +267,15 @@ mod tests {
 
     #[test]
     fn settled_once_every_other_subnet_is_learned() {
+        assert!(Bgp::new(DEFAULT_ASN).settled(&[net("10.244.2.0/24")]), "never started");
         let mut b = Bgp::new(DEFAULT_ASN);
-        assert!(b.settled(&[net("10.244.2.0/24")]), "never started");
         b.started = Some(Instant::now());
         assert!(!b.settled(&[net("10.244.2.0/24")]));
         b.learned = learned(&[("10.244.2.0/24", "192.168.9.2")]);
-        assert!(b.settled(&[net("10.244.2.0/24")]));
         assert!(!b.settled(&[net("10.244.2.0/24"), net("10.244.3.0/24")]));
+        assert!(b.settled(&[net("10.244.2.0/24")]));
+        // Latched: a node lost later no longer holds deletions back.
+        b.learned.clear();
+        assert!(b.settled(&[net("10.244.2.0/24")]));
     }
 }
