@@ -413,7 +413,9 @@ fn bgp_mesh_follows_nodes_and_survives_agent_restarts() {
     lab.ok(&["restart-agent", "node2"]);
     lab.agent_ready("node1");
     lab.agent_ready("node2");
-    lab.eventually("the routes as before", || lab.kernel_state("node1") == before);
+    lab.eventually("the routes as before", || {
+        lab.kernel_state("node1") == before
+    });
     // ping prints its count on SIGINT.
     unsafe { libc::kill(ping.id() as i32, libc::SIGINT) };
     let out = String::from_utf8_lossy(&ping.wait_with_output().unwrap().stdout).into_owned();

@@ -450,6 +450,59 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
     Ok(())
 }
 
+/// podnet's CustomResourceDefinitions, as shipped.
+pub const CRDS: &str = include_str!("../../../deploy/parts/05-crds.yaml");
+
+/// Creates or updates the CustomResourceDefinitions of a multi-document
+/// YAML text (server-side apply) and waits until the API server serves
+/// each (its `Established` condition), so a watch started next finds it.
+pub async fn apply_crds(c: &kube::Client, text: &str) -> Result<(), KubeError> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use serde::Deserialize;
+    let api = kube::Api::<CustomResourceDefinition>::all(c.clone());
+    let pp = kube::api::PatchParams::apply("podnet-lab").force();
+    let mut names = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v =
+            serde_json::Value::deserialize(doc).map_err(|e| KubeError::Manifest(e.to_string()))?;
+        let name = v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if v["kind"] != "CustomResourceDefinition" {
+            continue;
+        }
+        api.patch(&name, &pp, &kube::api::Patch::Apply(&v))
+            .await
+            .map_err(|e| KubeError::Api(format!("applying CRD {name}"), e))?;
+        names.push(name);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for name in names {
+        loop {
+            let crd = api
+                .get(&name)
+                .await
+                .map_err(|e| KubeError::Api(format!("reading CRD {name}"), e))?;
+            let established = crd
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(KubeError::Manifest(format!(
+                    "CRD {name} never became Established"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
 /// A loopback port nobody listens on right now. Another lab can take it
 /// before our process binds it; [`ControlPlane::start`] retries then.
 fn free_port() -> Result<u16, KubeError> {

@@ -75,6 +75,7 @@ impl Lab {
             .map_err(|e| io("writing the lab's net-conf.json", e))?;
         let c = cp.client().await?;
         // The daemons' identities and rights, exactly as deploy/ ships them.
+        kube::apply_crds(&c, kube::CRDS).await?;
         kube::apply_rbac(&c, kube::AGENT_RBAC).await?;
         kube::apply_rbac(&c, kube::AGENT_ADMISSION).await?;
         kube::apply_rbac(&c, kube::DNS_RBAC).await?;

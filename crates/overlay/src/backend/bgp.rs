@@ -150,8 +150,7 @@ impl Bgp {
             return true;
         }
         let learned = |s: &Ipv4Net| self.learned.keys().any(|l| l.contains(s));
-        let now =
-            self.started.is_none_or(|t| t.elapsed() >= SETTLE) || others.iter().all(learned);
+        let now = self.started.is_none_or(|t| t.elapsed() >= SETTLE) || others.iter().all(learned);
         self.settled.store(now, Ordering::Relaxed);
         now
     }
@@ -267,7 +266,10 @@ mod tests {
 
     #[test]
     fn settled_once_every_other_subnet_is_learned() {
-        assert!(Bgp::new(DEFAULT_ASN).settled(&[net("10.244.2.0/24")]), "never started");
+        assert!(
+            Bgp::new(DEFAULT_ASN).settled(&[net("10.244.2.0/24")]),
+            "never started"
+        );
         let mut b = Bgp::new(DEFAULT_ASN);
         b.started = Some(Instant::now());
         assert!(!b.settled(&[net("10.244.2.0/24")]));
