@@ -334,9 +334,10 @@ pub async fn agent(
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
     // Beside the standard pages: the flow log, and kube-proxy's
     // `/proxyMode` (which tools and upstream's e2e read on :10249).
-    let (flows, proxy) = (opts.flows.clone(), opts.proxy);
+    let (flows, proxy, bgp) = (opts.flows.clone(), opts.proxy, opts.bgp_status.clone());
     let pages: Option<podnet_daemon::Pages> = Some(std::sync::Arc::new(move |p: &str| match p {
         "/proxyMode" if proxy => Some((200, "text/plain", "nftables".to_string())),
+        "/bgp" => Some((200, "application/json", bgp.json())),
         _ => flows
             .as_ref()
             .and_then(|log| podnet_agent::flows::page(log, p)),

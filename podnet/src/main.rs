@@ -4,6 +4,7 @@
 //! `podnet`, it parses subcommands. This file only parses arguments and calls
 //! one function per command.
 
+mod bgp;
 mod cmd;
 mod dns;
 mod kubectl;
@@ -155,6 +156,11 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:10280")]
         listen: String,
     },
+    /// BGP on this node (the bgp backend).
+    Bgp {
+        #[command(subcommand)]
+        command: BgpCmd,
+    },
     /// NetworkPolicy tools.
     Policy {
         #[command(subcommand)]
@@ -291,6 +297,24 @@ struct AgentArgs {
     flow_buffer: usize,
     #[command(flatten)]
     kube: cmd::KubeArgs,
+}
+
+#[derive(Subcommand)]
+enum BgpCmd {
+    /// Each BGP neighbour: its AS, session state, uptime, prefixes
+    /// received and sent, BFD state and last error (`calicoctl node
+    /// status`, `birdc show protocols`).
+    Status {
+        /// The agent's metrics address.
+        #[arg(long, default_value = "127.0.0.1:10249")]
+        agent: String,
+        /// Every node of this lab instead.
+        #[arg(long)]
+        lab: Option<String>,
+        /// table or json.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -593,6 +617,9 @@ fn run(command: Cmd, store: &str) -> anyhow::Result<()> {
         } => block_on(trace::run(&at.target(store), &src, &dst, &output)),
         Cmd::Flows(a) => trace::flows(a),
         Cmd::Ui { at, listen } => block_on(ui::run(&at.target(store), &listen)),
+        Cmd::Bgp {
+            command: BgpCmd::Status { agent, lab, output },
+        } => bgp::status(&agent, lab.as_deref(), &output),
         Cmd::Policy {
             command:
                 PolicyCmd::Explain {
@@ -696,6 +723,7 @@ fn agent(args: AgentArgs, store: &str) -> anyhow::Result<()> {
         policy: !no_policy,
         policy_strict,
         l2_announce,
+        bgp_status: Default::default(),
         flows: (!no_flows).then(|| {
             std::sync::Arc::new(std::sync::Mutex::new(podnet_trace::flows::FlowLog::new(
                 flow_buffer,

@@ -44,12 +44,15 @@ pub const KINDS: &[Kind] = &[
 
 /// With the bgp backend: starts the node's speaker and attaches it to the
 /// overlay; None for the other backends.
-pub async fn start(overlay: &mut Overlay) -> Result<Option<Arc<NodeSpeaker>>, AgentError> {
+pub async fn start(
+    overlay: &mut Overlay,
+    board: podnet_bgp::status::Board,
+) -> Result<Option<Arc<NodeSpeaker>>, AgentError> {
     let ip = overlay.underlay().ip;
     let Backend::Bgp(b) = overlay.backend_mut() else {
         return Ok(None);
     };
-    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip))
+    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board)
         .await
         .map_err(|e| AgentError::Other(format!("starting BGP: {e}")))?;
     let speaker = Arc::new(speaker);

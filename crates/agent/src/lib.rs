@@ -79,6 +79,9 @@ pub struct Options {
     pub policy_strict: bool,
     /// L2 announcement of LoadBalancer IPs ([`l2`]).
     pub l2_announce: bool,
+    /// Where the node's BGP sessions are shown (`/bgp`, `podnet bgp
+    /// status`), with the bgp backend.
+    pub bgp_status: podnet_bgp::status::Board,
     /// The node's flow log, fed by this agent (None: `--no-flows`).
     pub flows: Option<Arc<std::sync::Mutex<podnet_trace::flows::FlowLog>>>,
 }
@@ -125,7 +128,8 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
-    if let (Some(speaker), Some(sub)) = (bgp::start(&mut overlay).await?, bgp_sub) {
+    let speaker = bgp::start(&mut overlay, opts.bgp_status.clone()).await?;
+    if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
         let ip = std::net::IpAddr::V4(overlay.underlay().ip);
         tasks.spawn(bgp::run(sub, opts.node.clone(), ip, speaker));
     }

@@ -32,6 +32,7 @@
 //!   rules, with the best routes' changes for the owner;
 //! - [`topology`]: who a node peers with (the mesh, route reflectors,
 //!   configured routers), pure;
+//! - [`status`]: each neighbour's session as `podnet bgp status` shows it;
 //! - [`node`]: a node's one speaker shared by its owners in the agent (the
 //!   overlay's pod CIDR, the mesh and configured peers, Service addresses).
 //!
@@ -59,5 +60,6 @@ pub mod node;
 pub mod peer;
 pub mod rib;
 pub mod speaker;
+pub mod status;
 pub mod topology;
 pub mod wire;

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, Mutex};
 use crate::export::Neighbour;
 use crate::rib::Change;
 use crate::speaker::{Speaker, SpeakerConfig, SpeakerError};
+use crate::status::Board;
 use crate::wire::Afi;
 
 /// What every owner wants.
@@ -39,10 +40,11 @@ impl NodeSpeaker {
     /// on the receiver.
     pub async fn start(
         cfg: SpeakerConfig,
+        board: Board,
     ) -> Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>), SpeakerError> {
         let (tx, rx) = mpsc::channel(64);
         let listen = cfg.listen;
-        let speaker = Speaker::start(cfg, tx).await?;
+        let speaker = Speaker::start_with(cfg, tx, board).await?;
         Ok((
             NodeSpeaker {
                 speaker,
