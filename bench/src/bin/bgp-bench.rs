@@ -57,6 +57,7 @@ fn session(local_as: u32, peer_as: u32, id: Ipv4Addr) -> Config {
         passive: false,
         families: vec![(Afi::Ipv4, Safi::Unicast)],
         graceful_restart: None,
+        ttl_security: false,
     }
 }
 
@@ -80,6 +81,7 @@ async fn receive(n: usize) -> Result<()> {
             addr: IpAddr::V4(FEEDER),
             asn: 64513,
             client: false,
+            ttl_security: false,
         }],
         bfd: None,
     };

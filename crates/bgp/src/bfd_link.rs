@@ -2,14 +2,14 @@
 //! edge that carries out [`crate::bfd`]'s state machines. One socket
 //! receives on port 3784 of the local address and hands each packet to the
 //! session of its source; each session sends from a port of its own. Both
-//! ways TTL 255, and the kernel drops anything that arrives with a lower
-//! TTL (`IP_MINTTL`), so only a neighbour on the link can move a session.
+//! ways TTL (IPv6: hop limit) 255, and the kernel drops anything that
+//! arrives with less ([`crate::gtsm`]), so only a neighbour on the link
+//! can move a session.
 //! Each session's Up and Down go to whoever added it; a BGP session follows
 //! them (RFC 5882).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
@@ -17,27 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::bfd::{Edge, Packet, Session, Timing, PORT};
-
-/// The TTL every BFD packet is sent with, and the least one accepted.
-const TTL: u32 = 255;
-
-fn min_ttl(s: &UdpSocket) -> std::io::Result<()> {
-    let v: libc::c_int = TTL as libc::c_int;
-    // SAFETY: a valid socket, an int option of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MINTTL,
-            &v as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    match r {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
+use crate::gtsm;
 
 enum Cmd {
     Add(IpAddr, Timing, mpsc::Sender<Edge>),
@@ -60,7 +40,7 @@ impl Bfd {
     /// Binds the receiving socket on `local`.
     pub async fn start(local: IpAddr) -> std::io::Result<Bfd> {
         let rx = UdpSocket::bind(SocketAddr::new(local, PORT)).await?;
-        min_ttl(&rx)?;
+        gtsm::min_ttl(&rx, local.is_ipv6(), true)?;
         let (cmd, cmds) = mpsc::channel(16);
         let mux = Mux {
             local,
@@ -143,7 +123,7 @@ impl Mux {
     async fn add(&mut self, neighbour: IpAddr, timing: Timing, edges: mpsc::Sender<Edge>) {
         let tx = async {
             let tx = UdpSocket::bind(SocketAddr::new(self.local, 0)).await?;
-            tx.set_ttl(TTL)?;
+            gtsm::send_255(&tx, self.local.is_ipv6())?;
             tx.connect(SocketAddr::new(neighbour, PORT)).await?;
             Ok::<_, std::io::Error>(tx)
         };

@@ -21,13 +21,33 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::rib::{Local, Route};
 use crate::wire::{Afi, AsSegment, MpReach, Origin, PathAttrs, Safi};
 
-/// A neighbour as the export rules see it.
+/// A neighbour of a speaker: who it is for the export rules (its
+/// address, AS, and whether it is a reflector client), and how its
+/// session is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Neighbour {
     pub addr: IpAddr,
     pub asn: u32,
     /// A route-reflector client of this speaker.
     pub client: bool,
+    /// GTSM (RFC 5082, [`crate::gtsm`]): the neighbour is on the link, and
+    /// a packet of the session that arrives with TTL below 255 is dropped
+    /// (a pod or a host behind a router that forges the neighbour's
+    /// address never reaches the session). The neighbour must send with
+    /// 255 too: BIRD's `ttl security`, FRR's `ttl-security hops 1`.
+    pub ttl_security: bool,
+}
+
+impl Neighbour {
+    /// A node of the mesh: on the link, not a reflector client, GTSM on.
+    pub fn new(addr: IpAddr, asn: u32) -> Neighbour {
+        Neighbour {
+            addr,
+            asn,
+            client: false,
+            ttl_security: true,
+        }
+    }
 }
 
 /// The addresses this speaker puts as next hop, per family.
@@ -157,6 +177,7 @@ mod tests {
             addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)),
             asn,
             client,
+            ttl_security: false,
         }
     }
 

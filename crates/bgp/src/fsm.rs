@@ -47,6 +47,11 @@ pub struct Config {
     /// Advertise graceful restart with this restart time (seconds);
     /// `restarting` when this speaker came back within it (RFC 4724).
     pub graceful_restart: Option<(u16, bool)>,
+    /// GTSM (RFC 5082, [`crate::gtsm`]): the peer is on the link, sends
+    /// with TTL 255, and anything that arrives with less is dropped. The
+    /// peer must do the same (BIRD's `ttl security`, FRR's
+    /// `ttl-security hops 1`).
+    pub ttl_security: bool,
 }
 
 /// The timers the caller keeps.
@@ -497,6 +502,7 @@ mod tests {
             passive: false,
             families: vec![(Afi::Ipv4, Safi::Unicast), (Afi::Ipv6, Safi::Unicast)],
             graceful_restart: Some((120, false)),
+            ttl_security: false,
         }
     }
 

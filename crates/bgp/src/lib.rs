@@ -18,6 +18,8 @@
 //!   UDP for one local address (RFC 5881: port 3784, TTL 255 both ways),
 //!   and a speaker drops a BGP session the moment its BFD goes down
 //!   (RFC 5882);
+//! - [`gtsm`]: RFC 5082's TTL check on a socket (send 255, take only
+//!   255), so that only a neighbour on the link reaches a session;
 //! - [`adj_out`]: what one peer is to hold from this speaker, changed a
 //!   prefix at a time, and the UPDATEs that carry just what changed, pure;
 //! - [`peer`]: one peer over TCP, the edge that carries out the state
@@ -37,7 +39,9 @@
 //!   overlay's pod CIDR, the mesh and configured peers, Service addresses).
 //!
 //! Tested against BIRD 2, FRR's bgpd and GoBGP (`tests/`): a session,
-//! routes both ways in both families, a withdrawal, the daemon's Cease;
+//! routes both ways in both families, a withdrawal, the daemon's Cease,
+//! BIRD's `ttl security` (`tests/gtsm.rs`, where a host beyond a router
+//! never gets a connection);
 //! and BFD against BIRD's (`tests/bfd_bird.rs`, `tests/bfd_bgp.rs`): a
 //! frozen BIRD is noticed within the detection time, and its routes are
 //! withdrawn then (268 ms with 100 ms × 3), not after the 90 s hold time.
@@ -56,6 +60,7 @@ pub mod bfd;
 pub mod bfd_link;
 pub mod export;
 pub mod fsm;
+pub mod gtsm;
 pub mod node;
 pub mod peer;
 pub mod rib;

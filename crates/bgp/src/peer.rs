@@ -19,12 +19,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::adj_out::{share, updates, AdjOut, Batch, Routed};
 use crate::fsm::{Action, Config, Event, Negotiated, Session, State, Timer};
+use crate::gtsm;
 use crate::wire::{cease, Afi, Codec, Message, PathAttrs, Update};
 
 /// A whole table to announce ([`Peer::announce`]): per family, the
@@ -167,6 +168,19 @@ impl Peer {
     }
 }
 
+/// Opens the connection; with GTSM its SYN leaves with TTL 255 and the
+/// answer must arrive with 255.
+async fn dial(remote: SocketAddr, ttl_security: bool) -> std::io::Result<TcpStream> {
+    let s = match remote {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if ttl_security {
+        gtsm::secure(&s, remote.is_ipv6())?;
+    }
+    s.connect(remote).await
+}
+
 /// The connection and the timers of one session.
 struct Link {
     session: Session,
@@ -224,16 +238,7 @@ impl Link {
                     inbox.extend_from_slice(&buf[..n]);
                     self.take_messages().await;
                 }
-                Wake::Accepted(s) => {
-                    let waiting = matches!(self.session.state(), State::Active | State::Connect);
-                    if waiting && self.stream.is_none() {
-                        let _ = s.set_nodelay(true);
-                        self.stream = Some(s);
-                        self.inbox.clear();
-                        self.codec = Codec::default();
-                        self.feed(Event::Connected).await;
-                    }
-                }
+                Wake::Accepted(s) => self.accepted(s).await,
                 Wake::PathDown => self.feed(Event::PathDown).await,
                 Wake::Routes => {
                     let changed = self.take_pending();
@@ -295,6 +300,34 @@ impl Link {
         }
     }
 
+    /// A connection the peer opened: taken while this side has none, with
+    /// this session's TTL check (the listener's may differ).
+    async fn accepted(&mut self, s: TcpStream) {
+        let waiting = matches!(self.session.state(), State::Active | State::Connect);
+        if !waiting || self.stream.is_some() {
+            return;
+        }
+        let v6 = self.remote.is_ipv6();
+        let checked = match self.config.ttl_security {
+            true => gtsm::secure(&s, v6),
+            false => gtsm::min_ttl(&s, v6, false),
+        };
+        if let Err(e) = checked {
+            tracing::warn!(peer = %self.remote, "connection dropped, its TTL check not set: {e}");
+            return;
+        }
+        self.attach(s);
+        self.feed(Event::Connected).await;
+    }
+
+    /// Makes `s` the session's connection, a fresh codec reading it.
+    fn attach(&mut self, s: TcpStream) {
+        let _ = s.set_nodelay(true);
+        self.stream = Some(s);
+        self.inbox.clear();
+        self.codec = Codec::default();
+    }
+
     /// Decodes every whole message in the inbox and feeds it in.
     async fn take_messages(&mut self) {
         loop {
@@ -336,16 +369,17 @@ impl Link {
     async fn act(&mut self, a: Action) -> Option<Event> {
         match a {
             Action::Connect => {
-                let dial = TcpStream::connect(self.remote);
+                let dial = dial(self.remote, self.config.ttl_security);
                 match tokio::time::timeout(self.config.connect_retry, dial).await {
                     Ok(Ok(s)) => {
-                        let _ = s.set_nodelay(true);
-                        self.stream = Some(s);
-                        self.inbox.clear();
-                        self.codec = Codec::default();
+                        self.attach(s);
                         Some(Event::Connected)
                     }
-                    _ => Some(Event::ConnectionLost),
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %self.remote, "connecting: {e}");
+                        Some(Event::ConnectionLost)
+                    }
+                    Err(_) => Some(Event::ConnectionLost),
                 }
             }
             Action::Send(m) => self.send(&m).await.err().map(|_| Event::ConnectionLost),

@@ -11,6 +11,12 @@
 //! accepted the same way. A connection from an address that is not a
 //! neighbour now is closed at once.
 //!
+//! A neighbour on the link is guarded by GTSM (RFC 5082,
+//! [`crate::gtsm`]): its session sends with TTL 255 and drops whatever
+//! arrives with less, and while every neighbour is such, so does the
+//! listener, so a SYN from beyond a router (a pod forging a node's
+//! address) never even opens a connection.
+//!
 //! Each neighbour's session holds what that neighbour is to have from us
 //! ([`crate::adj_out`]): a change of the best routes or of our own hands
 //! each session only the prefixes that changed, and a session that comes up
@@ -18,21 +24,22 @@
 //!
 //! A neighbour that leaves the set is stopped with a Cease (Peer
 //! De-configured) and its routes leave the RIB at once (the owner hears
-//! it, the other neighbours are sent the withdrawals); one whose AS or
-//! reflector-client flag changed is stopped (Other Configuration Change)
-//! and started again; the others are not touched.
+//! it, the other neighbours are sent the withdrawals); one whose AS,
+//! reflector-client flag or GTSM changed is stopped (Other Configuration
+//! Change) and started again; the others are not touched.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::mpsc;
 
 use crate::bfd::{Edge, Timing};
 use crate::bfd_link::Bfd;
 use crate::export::{export, Neighbour, NextHops, Source};
 use crate::fsm::{Config, Negotiated};
+use crate::gtsm;
 use crate::peer::{Peer, PeerEvent};
 use crate::rib::{Change, Local, PeerId, Rib};
 use crate::wire::{cease, Afi, PathAttrs};
@@ -47,8 +54,8 @@ pub struct SpeakerConfig {
     pub hops: NextHops,
     /// The address it listens and dials from.
     pub listen: IpAddr,
-    /// The session template (AS, timers, families); `peer_as` and
-    /// `passive` are set per neighbour.
+    /// The session template (AS, timers, families); `peer_as`, `passive`
+    /// and `ttl_security` are set per neighbour.
     pub session: Config,
     /// The neighbours it starts with; [`Speaker::set_neighbours`] replaces
     /// them.
@@ -112,9 +119,7 @@ impl Speaker {
     ) -> Result<Speaker, SpeakerError> {
         check(cfg.listen, &cfg.neighbours)?;
         let addr = SocketAddr::new(cfg.listen, PORT);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| SpeakerError::Listen { addr, source })?;
+        let listener = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
         let (down_tx, bfd_down) = mpsc::channel(16);
         let bfd = match cfg.bfd {
             Some(t) => {
@@ -133,6 +138,7 @@ impl Speaker {
         let first = cfg.neighbours.clone();
         let mut state = State {
             cfg,
+            listener,
             peers: HashMap::new(),
             next_gen: 0,
             events: events_tx,
@@ -147,7 +153,8 @@ impl Speaker {
         for n in first {
             state.add(n, true).await;
         }
-        let task = tokio::spawn(state.run(listener, events, cmd_rx, bfd_down));
+        state.guard_listener();
+        let task = tokio::spawn(state.run(events, cmd_rx, bfd_down));
         Ok(Speaker { listen, cmds, task })
     }
 
@@ -158,7 +165,7 @@ impl Speaker {
 
     /// Replaces the neighbours: new ones are started, gone ones stopped
     /// with a Cease (their routes leave the RIB at once), changed ones
-    /// (AS, reflector client) started again; the others keep their
+    /// (AS, reflector client, GTSM) started again; the others keep their
     /// sessions. Checked first: a bad set changes nothing.
     pub async fn set_neighbours(&self, ns: Vec<Neighbour>) -> Result<(), SpeakerError> {
         check(self.listen, &ns)?;
@@ -167,6 +174,19 @@ impl Speaker {
             .await
             .map_err(|_| SpeakerError::Stopped)
     }
+}
+
+/// The listener: it answers with TTL 255 (a GTSM neighbour checks the
+/// SYN-ACK too); which TTL it takes is [`State::guard_listener`]'s.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let s = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    s.set_reuseaddr(true)?;
+    gtsm::send_255(&s, addr.is_ipv6())?;
+    s.bind(addr)?;
+    s.listen(1024)
 }
 
 /// A neighbour set the speaker can run: no address twice, not its own,
@@ -200,6 +220,7 @@ struct Running {
 
 struct State {
     cfg: SpeakerConfig,
+    listener: TcpListener,
     peers: HashMap<IpAddr, Running>,
     next_gen: u64,
     /// Every peer's events, with its address and generation.
@@ -218,14 +239,13 @@ struct State {
 impl State {
     async fn run(
         mut self,
-        listener: TcpListener,
         mut events: mpsc::Receiver<(IpAddr, u64, PeerEvent)>,
         mut cmds: mpsc::Receiver<Cmd>,
         mut bfd_down: mpsc::Receiver<IpAddr>,
     ) {
         loop {
             tokio::select! {
-                Ok((s, from)) = listener.accept() => {
+                Ok((s, from)) = self.listener.accept() => {
                     match self.peers.get(&from.ip()) {
                         Some(r) => r.peer.accept(s),
                         None => tracing::warn!(%from, "BGP connection from a stranger closed"),
@@ -273,6 +293,19 @@ impl State {
                 self.add(n, !going.contains(&n.addr)).await;
             }
         }
+        self.guard_listener();
+    }
+
+    /// GTSM on the listener when every neighbour has it: a SYN that
+    /// arrives with TTL below 255 is dropped before any connection exists
+    /// (RFC 5082 §3). With a neighbour without it, the listener takes any
+    /// TTL, and the check of a GTSM neighbour's connection starts once it
+    /// is accepted (what arrived before, its OPEN say, was taken).
+    fn guard_listener(&self) {
+        let all = self.peers.values().all(|r| r.n.ttl_security);
+        if let Err(e) = gtsm::min_ttl(&self.listener, self.cfg.listen.is_ipv6(), all) {
+            tracing::error!("BGP listener's TTL check not set: {e}");
+        }
     }
 
     /// Starts a neighbour's session, and its BFD when `bfd` (a session
@@ -282,6 +315,7 @@ impl State {
         let session = Config {
             peer_as: n.asn,
             passive: self.cfg.listen > n.addr,
+            ttl_security: n.ttl_security,
             ..self.cfg.session.clone()
         };
         let peer = Peer::start(session, SocketAddr::new(n.addr, PORT), tx);
@@ -429,11 +463,7 @@ mod tests {
     use super::*;
 
     fn n(addr: &str) -> Neighbour {
-        Neighbour {
-            addr: addr.parse().unwrap(),
-            asn: 64512,
-            client: false,
-        }
+        Neighbour::new(addr.parse().unwrap(), 64512)
     }
 
     #[test]

@@ -66,6 +66,7 @@ fn speaker() -> SpeakerConfig {
             addr: BIRD.parse().unwrap(),
             asn: 64513,
             client: false,
+            ttl_security: false,
         }],
         bfd: Some(Timing {
             desired_min_tx: Duration::from_millis(100),

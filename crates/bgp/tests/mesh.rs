@@ -21,6 +21,10 @@ use podnet_bgp::wire::{Afi, Safi};
 use podnet_testkit::{require_root, TestNs};
 use tokio::sync::{mpsc, Barrier};
 
+mod common;
+
+use common::{meet, runtime};
+
 fn addr(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 98, 0, i as u8 + 1)
 }
@@ -72,13 +76,13 @@ fn config(i: usize, neighbours: Vec<(usize, bool)>, reflector: bool) -> SpeakerC
             passive: false,
             families: vec![(Afi::Ipv4, Safi::Unicast)],
             graceful_restart: None,
+            ttl_security: true,
         },
         neighbours: neighbours
             .into_iter()
             .map(|(j, client)| Neighbour {
-                addr: IpAddr::V4(addr(j)),
-                asn: 64512,
                 client,
+                ..Neighbour::new(IpAddr::V4(addr(j)), 64512)
             })
             .collect(),
         bfd: None,
@@ -110,23 +114,6 @@ async fn until(
             other => panic!("waiting for {what}: {other:?}; the table: {t:?}"),
         }
     }
-}
-
-/// Waits at `b` with the other nodes (each on a runtime of its own),
-/// without blocking the runtime: the speaker goes on answering its peers
-/// (a blocked runtime misses keepalives). Bounded: a node that failed
-/// never comes, and the others must fail too, not hang.
-async fn meet(b: &Arc<Barrier>) {
-    tokio::time::timeout(Duration::from_secs(60), b.wait())
-        .await
-        .expect("another node never came to the meeting point (it failed: see above)");
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
@@ -225,11 +212,7 @@ fn a_neighbour_added_at_run_time_comes_up_and_one_removed_gets_a_cease_and_its_r
     let removed = Arc::new(Barrier::new(3));
     let checked = Arc::new(Barrier::new(3));
     let restarted = Arc::new(Barrier::new(2));
-    let neighbour = |j: usize| Neighbour {
-        addr: IpAddr::V4(addr(j)),
-        asn: 64512,
-        client: false,
-    };
+    let neighbour = |j: usize| Neighbour::new(IpAddr::V4(addr(j)), 64512);
     std::thread::scope(|s| {
         let (a, r, c) = (added.clone(), removed.clone(), checked.clone());
         let again = restarted.clone();
@@ -304,6 +287,7 @@ async fn bare(i: usize, meetings: [Arc<Barrier>; 4]) {
         passive: false,
         families: vec![(Afi::Ipv4, Safi::Unicast)],
         graceful_restart: None,
+        ttl_security: true,
     };
     let (tx, mut rx) = mpsc::channel(64);
     let peer = Peer::start(cfg, (addr(2), 179).into(), tx);

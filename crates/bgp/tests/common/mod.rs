@@ -47,6 +47,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Waits at `b` with the other threads of a test (each on a runtime of
+/// its own) without blocking the runtime: the speaker goes on answering
+/// its peers (a blocked runtime misses keepalives). Bounded: a thread
+/// that failed never comes, and the others must fail too, not hang.
+pub async fn meet(b: &std::sync::Arc<tokio::sync::Barrier>) {
+    tokio::time::timeout(Duration::from_secs(60), b.wait())
+        .await
+        .expect("another thread never came to the meeting point (it failed: see above)");
+}
+
 /// Polls `f` until it holds (20 s at most) without blocking the runtime,
 /// so the peer's task goes on meanwhile.
 pub async fn until(what: &str, diag: &dyn Fn() -> String, mut f: impl FnMut() -> bool) {
@@ -120,7 +130,7 @@ impl Drop for Bird<'_> {
 }
 
 /// Our side of a session with `peer_as` (AS 64512, hold time 9 s, a
-/// connect retry of 1 s).
+/// connect retry of 1 s, no GTSM: the daemons' default).
 pub fn session(peer_as: u32, families: Vec<(Afi, Safi)>) -> Config {
     Config {
         local_as: 64512,
@@ -131,6 +141,7 @@ pub fn session(peer_as: u32, families: Vec<(Afi, Safi)>) -> Config {
         passive: false,
         families,
         graceful_restart: None,
+        ttl_security: false,
     }
 }
 
