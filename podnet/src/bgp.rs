@@ -12,7 +12,11 @@ fn one(ns: Option<&podnet_kernel::Netns>, addr: SocketAddr, json: bool) -> Resul
         .get(addr, "/bgp")
         .with_context(|| format!("asking the agent at {addr} (is it running?)"))?;
     if r.status != 200 {
-        bail!("the agent at {addr} answered /bgp with {}: {}", r.status, r.body.trim());
+        bail!(
+            "the agent at {addr} answered /bgp with {}: {}",
+            r.status,
+            r.body.trim()
+        );
     }
     if json {
         return Ok(r.body + "\n");

@@ -42,6 +42,9 @@ pub const KINDS: &[Kind] = &[
     Kind::BGPPeer,
 ];
 
+/// The owner of the Service addresses on the node's speaker.
+const SERVICES: &str = "services";
+
 /// With the bgp backend: starts the node's speaker and attaches it to the
 /// overlay; None for the other backends.
 pub async fn start(
@@ -52,7 +55,8 @@ pub async fn start(
     let Backend::Bgp(b) = overlay.backend_mut() else {
         return Ok(None);
     };
-    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board)
+    let owners = [podnet_overlay::backend::bgp::OWNER, SERVICES];
+    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board, &owners)
         .await
         .map_err(|e| AgentError::Other(format!("starting BGP: {e}")))?;
     let speaker = Arc::new(speaker);
@@ -74,6 +78,8 @@ struct Routing {
     nodes: BTreeMap<String, topology::Node>,
     labels: BTreeMap<String, String>,
     peers: BTreeMap<String, BGPPeerSpec>,
+    /// The node's underlay segment: mesh neighbours on it get GTSM.
+    segment: Option<IpNet>,
 }
 
 impl Routing {
@@ -164,7 +170,7 @@ impl Routing {
     /// select it.
     fn neighbours(&self) -> (Vec<Neighbour>, Vec<Neighbour>, Vec<String>) {
         let nodes: Vec<topology::Node> = self.nodes.values().cloned().collect();
-        let mesh = topology::mesh(&self.me, &nodes, self.mesh);
+        let mesh = topology::mesh(&self.me, &nodes, self.mesh, self.segment);
         let mine: Vec<topology::Configured> = self
             .peers
             .values()
@@ -228,12 +234,8 @@ fn internal_ip(n: &podnet_api::k8s_openapi::api::core::v1::Node) -> Option<std::
 
 /// Runs the node's BGP side until the subscription ends: the sessions
 /// (mesh, reflectors, configured peers) and the Service addresses.
-pub async fn run(
-    mut sub: Subscription,
-    node: String,
-    ip: std::net::IpAddr,
-    speaker: Arc<NodeSpeaker>,
-) {
+pub async fn run(mut sub: Subscription, node: String, segment: IpNet, speaker: Arc<NodeSpeaker>) {
+    let ip = segment.addr();
     let asn = podnet_api::bgp::DEFAULT_AS;
     let mut r = Routing {
         me: topology::Node {
@@ -249,7 +251,9 @@ pub async fn run(
         nodes: BTreeMap::new(),
         labels: BTreeMap::new(),
         peers: BTreeMap::new(),
+        segment: Some(segment.trunc()),
     };
+    let mut first = true;
     while let Some(b) = sub.next_batch().await {
         let (sessions, touched) = r.take(&b.deltas);
         if sessions {
@@ -260,9 +264,10 @@ pub async fn run(
                 tracing::warn!("{p}");
             }
         }
-        if !touched.is_empty() {
+        // The first batch always speaks: sessions wait for every owner.
+        if !touched.is_empty() || std::mem::take(&mut first) {
             r.plan(touched);
-            speaker.set_routes("services", r.routes()).await;
+            speaker.set_routes(SERVICES, r.routes()).await;
         }
     }
 }

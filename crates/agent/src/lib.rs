@@ -130,8 +130,9 @@ pub async fn run(
     let mut tasks = JoinSet::new();
     let speaker = bgp::start(&mut overlay, opts.bgp_status.clone()).await?;
     if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
-        let ip = std::net::IpAddr::V4(overlay.underlay().ip);
-        tasks.spawn(bgp::run(sub, opts.node.clone(), ip, speaker));
+        let u = overlay.underlay();
+        let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
+        tasks.spawn(bgp::run(sub, opts.node.clone(), segment.into(), speaker));
     }
     if let Some(sub) = l2_sub {
         let u = overlay.underlay();

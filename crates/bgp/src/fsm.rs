@@ -54,6 +54,11 @@ pub struct Config {
     pub ttl_security: bool,
 }
 
+/// Why an Established session went down when its TCP connection ended
+/// with no NOTIFICATION (the peer's process went away): a peer with
+/// graceful restart keeps its routes then (RFC 4724 §4.2).
+pub const CONNECTION_LOST: &str = "the connection was lost";
+
 /// The timers the caller keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Timer {
@@ -316,7 +321,7 @@ impl Session {
             }
             Event::ConnectionLost => {
                 let mut out = vec![Action::Close];
-                out.extend(self.go_idle("the connection was lost".into()));
+                out.extend(self.go_idle(CONNECTION_LOST.into()));
                 out
             }
             Event::Expired(Timer::Hold) => {

@@ -27,6 +27,8 @@ struct Parts {
     routes: BTreeMap<&'static str, BTreeSet<IpNet>>,
     told_neighbours: Option<Vec<Neighbour>>,
     told_routes: Option<BTreeSet<IpNet>>,
+    /// The owners whose routes must be in before any session starts.
+    waiting: BTreeSet<&'static str>,
 }
 
 pub struct NodeSpeaker {
@@ -37,10 +39,14 @@ pub struct NodeSpeaker {
 
 impl NodeSpeaker {
     /// Starts the speaker (its listener bound); best-route changes arrive
-    /// on the receiver.
+    /// on the receiver. No session starts before each of `owners` has
+    /// named its routes once: a restarted node's first table and its
+    /// End-of-RIB would otherwise go out empty, and its peers, which kept
+    /// its routes through the restart, would drop them at that End-of-RIB.
     pub async fn start(
         cfg: SpeakerConfig,
         board: Board,
+        owners: &[&'static str],
     ) -> Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>), SpeakerError> {
         let (tx, rx) = mpsc::channel(64);
         let listen = cfg.listen;
@@ -49,7 +55,10 @@ impl NodeSpeaker {
             NodeSpeaker {
                 speaker,
                 listen,
-                parts: Mutex::new(Parts::default()),
+                parts: Mutex::new(Parts {
+                    waiting: owners.iter().copied().collect(),
+                    ..Default::default()
+                }),
             },
             rx,
         ))
@@ -79,6 +88,16 @@ impl NodeSpeaker {
             .collect();
         let mut p = self.parts.lock().await;
         p.neighbours.insert(owner, ns);
+        problems.extend(self.tell_neighbours(&mut p).await);
+        problems
+    }
+
+    /// Tells the speaker the union of the neighbours, when it changed and
+    /// no owner's routes are still awaited.
+    async fn tell_neighbours(&self, p: &mut Parts) -> Vec<String> {
+        if !p.waiting.is_empty() {
+            return Vec::new();
+        }
         let mut all: Vec<Neighbour> = Vec::new();
         for n in p.neighbours.values().flatten() {
             if !all.iter().any(|a| a.addr == n.addr) {
@@ -86,17 +105,20 @@ impl NodeSpeaker {
             }
         }
         all.sort_by_key(|n| n.addr);
-        if p.told_neighbours.as_ref() != Some(&all) {
-            let before = p.told_neighbours.clone().unwrap_or_default();
-            for n in all.iter().filter(|n| !before.contains(n)) {
-                self.hello(n.addr);
-            }
-            match self.speaker.set_neighbours(all.clone()).await {
-                Ok(()) => p.told_neighbours = Some(all),
-                Err(e) => problems.push(format!("BGP neighbours: {e}")),
-            }
+        if p.told_neighbours.as_ref() == Some(&all) {
+            return Vec::new();
         }
-        problems
+        let before = p.told_neighbours.clone().unwrap_or_default();
+        for n in all.iter().filter(|n| !before.contains(n)) {
+            self.hello(n.addr);
+        }
+        match self.speaker.set_neighbours(all.clone()).await {
+            Ok(()) => {
+                p.told_neighbours = Some(all);
+                Vec::new()
+            }
+            Err(e) => vec![format!("BGP neighbours: {e}")],
+        }
     }
 
     /// Makes this node's kernel resolve a new neighbour's address (one
@@ -121,6 +143,11 @@ impl NodeSpeaker {
             let own = all.iter().map(|n| (family(n), *n)).collect();
             self.speaker.originate(own).await;
             p.told_routes = Some(all);
+        }
+        if p.waiting.remove(owner) && p.waiting.is_empty() {
+            for problem in self.tell_neighbours(&mut p).await {
+                tracing::warn!("{problem}");
+            }
         }
     }
 

@@ -62,6 +62,8 @@ pub struct Peer {
     stop: Option<tokio::sync::oneshot::Sender<u8>>,
     inbound: mpsc::Sender<TcpStream>,
     path_down: mpsc::Sender<()>,
+    /// The size of the peer's Adj-RIB-Out, kept by the task.
+    sent: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -70,6 +72,7 @@ impl Peer {
     /// `events`.
     pub fn start(config: Config, remote: SocketAddr, events: mpsc::Sender<PeerEvent>) -> Peer {
         let pending = Pending::default();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (wake, woken) = mpsc::channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (inbound, accepted) = mpsc::channel(1);
@@ -85,6 +88,7 @@ impl Peer {
             pending: pending.clone(),
             woken,
             out: AdjOut::default(),
+            sent: sent.clone(),
             inbox: Vec::new(),
             buf: vec![0; 65536],
             accepted,
@@ -93,12 +97,18 @@ impl Peer {
         let task = tokio::spawn(link.run(stopped));
         Peer {
             pending,
+            sent,
             wake,
             stop: Some(stop),
             inbound,
             path_down,
             task,
         }
+    }
+
+    /// How many prefixes the peer is to hold from us.
+    pub fn sent(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Hands over a connection the peer opened to us (the speaker's
@@ -201,6 +211,8 @@ struct Link {
     buf: Vec<u8>,
     /// Connections the peer opened, from the speaker's listener.
     accepted: mpsc::Receiver<TcpStream>,
+    /// How many prefixes the peer is to hold, for the status.
+    sent: Arc<std::sync::atomic::AtomicUsize>,
     /// BFD's word that the path is down.
     down: mpsc::Receiver<()>,
 }
@@ -428,7 +440,12 @@ impl Link {
         let b = std::mem::take(&mut *lock(&self.pending));
         match b.is_empty() {
             true => Vec::new(),
-            false => self.out.apply(b),
+            false => {
+                let changed = self.out.apply(b);
+                self.sent
+                    .store(self.out.len(), std::sync::atomic::Ordering::Relaxed);
+                changed
+            }
         }
     }
 

@@ -70,6 +70,9 @@ pub struct Rib {
     best: BTreeMap<IpNet, Route>,
     /// Per restarting peer, the prefixes it has not announced again.
     stale: BTreeMap<IpAddr, BTreeSet<IpNet>>,
+    /// Per peer, how many prefixes it has routes for (kept as routes come
+    /// and go, for the status).
+    counts: BTreeMap<IpAddr, usize>,
 }
 
 impl Rib {
@@ -124,7 +127,10 @@ impl Rib {
                     let by = self.routes.entry(p).or_default();
                     match by.iter_mut().find(|x| x.from.addr == from.addr) {
                         Some(x) => *x = r,
-                        None => by.push(r),
+                        None => {
+                            by.push(r);
+                            *self.counts.entry(from.addr).or_default() += 1;
+                        }
                     }
                 }
                 _ => self.remove(&p, &from),
@@ -190,12 +196,27 @@ impl Rib {
     }
 
     fn remove(&mut self, p: &IpNet, from: &PeerId) {
-        if let Some(by) = self.routes.get_mut(p) {
-            by.retain(|r| r.from.addr != from.addr);
-            if by.is_empty() {
-                self.routes.remove(p);
+        let Some(by) = self.routes.get_mut(p) else {
+            return;
+        };
+        let before = by.len();
+        by.retain(|r| r.from.addr != from.addr);
+        if by.len() < before {
+            if let Some(c) = self.counts.get_mut(&from.addr) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(&from.addr);
+                }
             }
         }
+        if by.is_empty() {
+            self.routes.remove(p);
+        }
+    }
+
+    /// How many prefixes `addr` has routes for.
+    pub fn received(&self, addr: IpAddr) -> usize {
+        self.counts.get(&addr).copied().unwrap_or(0)
     }
 
     /// Runs the decision process for `touched`; returns what changed.
@@ -456,10 +477,12 @@ mod tests {
         assert_eq!(c, vec![(net(dropped), None)]);
         assert!(!rib.restarting(from.addr));
         assert_eq!(rib.best(&net(kept)).unwrap().from, back);
+        assert_eq!(rib.received(from.addr), 1);
         // A restart that never comes back.
         rib.peer_restarting(&back);
         assert_eq!(rib.peer_down(&back), vec![(net(kept), None)]);
         assert!(!rib.restarting(from.addr));
+        assert_eq!(rib.received(from.addr), 0);
     }
 
     /// A route that comes back (our AS in its path, our ID as its

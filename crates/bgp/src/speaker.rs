@@ -42,6 +42,7 @@ use crate::fsm::{Config, Negotiated};
 use crate::gtsm;
 use crate::peer::{Peer, PeerEvent};
 use crate::rib::{Change, Local, PeerId, Rib};
+use crate::status::Board;
 use crate::wire::{cease, Afi, PathAttrs};
 
 /// The BGP port.
@@ -117,6 +118,15 @@ impl Speaker {
         cfg: SpeakerConfig,
         changes: mpsc::Sender<Vec<Change>>,
     ) -> Result<Speaker, SpeakerError> {
+        Speaker::start_with(cfg, changes, Board::default()).await
+    }
+
+    /// [`Speaker::start`], keeping each neighbour's line on `board`.
+    pub async fn start_with(
+        cfg: SpeakerConfig,
+        changes: mpsc::Sender<Vec<Change>>,
+        board: Board,
+    ) -> Result<Speaker, SpeakerError> {
         check(cfg.listen, &cfg.neighbours)?;
         let addr = SocketAddr::new(cfg.listen, PORT);
         let listener = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
@@ -135,6 +145,7 @@ impl Speaker {
         };
         let (cmds, cmd_rx) = mpsc::channel(8);
         let (events_tx, events) = mpsc::channel(256);
+        let (expired_tx, expired) = mpsc::channel(16);
         let first = cfg.neighbours.clone();
         let mut state = State {
             cfg,
@@ -148,13 +159,17 @@ impl Speaker {
             rib: Rib::default(),
             own: BTreeSet::new(),
             changes,
+            board,
+            restart: HashMap::new(),
+            restarting: HashMap::new(),
+            expired: expired_tx,
         };
         let listen = state.cfg.listen;
         for n in first {
             state.add(n, true).await;
         }
         state.guard_listener();
-        let task = tokio::spawn(state.run(events, cmd_rx, bfd_down));
+        let task = tokio::spawn(state.run(events, cmd_rx, bfd_down, expired));
         Ok(Speaker { listen, cmds, task })
     }
 
@@ -234,6 +249,15 @@ struct State {
     /// The prefixes this node originates.
     own: BTreeSet<IpNet>,
     changes: mpsc::Sender<Vec<Change>>,
+    board: Board,
+    /// Per session that is up, the restart time its peer asked for
+    /// (graceful restart), if any.
+    restart: HashMap<IpAddr, u16>,
+    /// Peers whose routes are kept while they restart, and the session
+    /// generation that went down.
+    restarting: HashMap<IpAddr, (PeerId, u64)>,
+    /// A restart time ran out: (peer, the generation that went down).
+    expired: mpsc::Sender<(IpAddr, u64)>,
 }
 
 impl State {
@@ -242,6 +266,7 @@ impl State {
         mut events: mpsc::Receiver<(IpAddr, u64, PeerEvent)>,
         mut cmds: mpsc::Receiver<Cmd>,
         mut bfd_down: mpsc::Receiver<IpAddr>,
+        mut expired: mpsc::Receiver<(IpAddr, u64)>,
     ) {
         loop {
             tokio::select! {
@@ -253,7 +278,7 @@ impl State {
                 }
                 Some((addr, gen, e)) = events.recv() => {
                     if self.peers.get(&addr).is_some_and(|r| r.gen == gen) {
-                        self.event(addr, e).await;
+                        self.event(addr, gen, e).await;
                     }
                 }
                 Some(addr) = bfd_down.recv() => {
@@ -261,6 +286,7 @@ impl State {
                         r.peer.path_down();
                     }
                 }
+                Some((addr, gen)) = expired.recv() => self.restart_expired(addr, gen).await,
                 Some(cmd) = cmds.recv() => match cmd {
                     Cmd::Originate(own) => self.originate(own),
                     Cmd::Neighbours(ns) => self.set_neighbours(ns).await,
@@ -330,6 +356,7 @@ impl State {
             }
         });
         peer.update(self.table_for(&n));
+        self.board.update(n.addr, |p| p.asn = n.asn);
         self.peers.insert(n.addr, Running { n, peer, gen });
         if bfd {
             self.start_bfd(n.addr).await;
@@ -342,10 +369,13 @@ impl State {
         let Some((bfd, t)) = &self.bfd else { return };
         let (tx, mut rx) = mpsc::channel(4);
         bfd.add(addr, *t, tx).await;
-        let down = self.bfd_down.clone();
+        let (down, board) = (self.bfd_down.clone(), self.board.clone());
+        board.update(addr, |p| p.bfd = "Down".into());
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
-                if matches!(e, Edge::Down(_)) && down.send(addr).await.is_err() {
+                let up = matches!(e, Edge::Up);
+                board.update(addr, |p| p.bfd = if up { "Up" } else { "Down" }.into());
+                if !up && down.send(addr).await.is_err() {
                     return;
                 }
             }
@@ -367,36 +397,116 @@ impl State {
         if let (Some((bfd, _)), false) = (&self.bfd, staying) {
             bfd.remove(addr).await;
         }
-        match self.up.remove(&addr) {
+        self.restart.remove(&addr);
+        if !staying {
+            self.board.remove(addr);
+        }
+        let gone = self.up.remove(&addr);
+        match gone.or(self.restarting.remove(&addr).map(|(id, _)| id)) {
             Some(id) => self.rib.peer_down(&id),
             None => Vec::new(),
         }
     }
 
-    async fn event(&mut self, addr: IpAddr, e: PeerEvent) {
+    async fn event(&mut self, addr: IpAddr, gen: u64, e: PeerEvent) {
         let changes = match e {
             PeerEvent::Up(n) => {
                 let id = self.peer_id(addr, &n);
                 self.up.insert(addr, id);
+                let time = n.peer_restart.as_ref().map_or(0, |g| g.time);
+                self.restart.insert(addr, time);
+                self.board.state(addr, "Established");
+                self.board.update(addr, |p| p.asn = n.peer_as);
                 return;
             }
             PeerEvent::Down(why) => {
                 tracing::info!(peer = %addr, "BGP session down: {why}");
+                self.board.state(addr, "Active");
+                self.board.update(addr, |p| p.last_error = why.clone());
                 match self.up.remove(&addr) {
-                    Some(id) => self.rib.peer_down(&id),
+                    Some(id) => self.session_down(addr, gen, id, &why),
                     None => return,
                 }
             }
             PeerEvent::Update(u) => match self.up.get(&addr) {
-                Some(id) => self.rib.update(&self.cfg.local, *id, &u),
+                Some(id) => {
+                    let id = *id;
+                    let mut c = self.rib.update(&self.cfg.local, id, &u);
+                    if let Some(afi) = u.is_end_of_rib() {
+                        c.extend(self.end_of_rib(addr, id, afi));
+                    }
+                    c
+                }
                 None => return,
             },
         };
+        self.refresh(addr);
         if changes.is_empty() {
             return;
         }
         self.export(changes.iter().map(|(p, _)| *p));
         let _ = self.changes.send(changes).await;
+    }
+
+    /// A session went down: its routes leave the RIB, unless the peer has
+    /// graceful restart and the connection just ended (no NOTIFICATION,
+    /// no BFD Down): then they stay, stale, until it is back and says
+    /// End-of-RIB or its restart time runs out (RFC 4724 §4.2).
+    fn session_down(&mut self, addr: IpAddr, gen: u64, id: PeerId, why: &str) -> Vec<Change> {
+        let time = self.restart.remove(&addr).unwrap_or(0);
+        if time == 0 || why != crate::fsm::CONNECTION_LOST {
+            self.restarting.remove(&addr);
+            return self.rib.peer_down(&id);
+        }
+        tracing::info!(peer = %addr, time, "keeping the peer's routes while it restarts");
+        self.rib.peer_restarting(&id);
+        self.restarting.insert(addr, (id, gen));
+        let tx = self.expired.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(time.into())).await;
+            let _ = tx.send((addr, gen)).await;
+        });
+        Vec::new()
+    }
+
+    /// A restarted peer's End-of-RIB: what it did not announce again goes.
+    fn end_of_rib(&mut self, addr: IpAddr, id: PeerId, afi: Afi) -> Vec<Change> {
+        if !self.rib.restarting(addr) {
+            return Vec::new();
+        }
+        let c = self.rib.end_of_rib(&id, afi == Afi::Ipv6);
+        if !self.rib.restarting(addr) {
+            self.restarting.remove(&addr);
+        }
+        c
+    }
+
+    /// A peer's restart time ran out before it came back with its
+    /// End-of-RIB: its stale routes go.
+    async fn restart_expired(&mut self, addr: IpAddr, gen: u64) {
+        if self.restarting.get(&addr).map(|(_, g)| *g) != Some(gen) {
+            return;
+        }
+        let Some((id, _)) = self.restarting.remove(&addr) else {
+            return;
+        };
+        tracing::info!(peer = %addr, "the peer's restart time ran out; its routes go");
+        let changes = self.rib.peer_down(&id);
+        self.refresh(addr);
+        if !changes.is_empty() {
+            self.export(changes.iter().map(|(p, _)| *p));
+            let _ = self.changes.send(changes).await;
+        }
+    }
+
+    /// The neighbour's counts on the board.
+    fn refresh(&self, addr: IpAddr) {
+        let sent = self.peers.get(&addr).map_or(0, |r| r.peer.sent());
+        let received = self.rib.received(addr);
+        self.board.update(addr, |p| {
+            p.sent = sent;
+            p.received = received;
+        });
     }
 
     fn peer_id(&self, addr: IpAddr, n: &Negotiated) -> PeerId {

@@ -62,7 +62,12 @@ impl Board {
     }
 
     pub fn snapshot(&self) -> Vec<PeerStatus> {
-        self.0.read().expect("bgp status").values().cloned().collect()
+        self.0
+            .read()
+            .expect("bgp status")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The `/bgp` page's body.
@@ -129,7 +134,11 @@ pub fn table(peers: &[PeerStatus], now: u64) -> String {
             _ => "-".to_string(),
         };
         let addr = p.addr.map(|a| a.to_string()).unwrap_or_default();
-        let bfd = if p.bfd.is_empty() { "-" } else { p.bfd.as_str() };
+        let bfd = if p.bfd.is_empty() {
+            "-"
+        } else {
+            p.bfd.as_str()
+        };
         out.push_str(&format!(
             "{:<40} {:>10} {:<12} {:>9} {:>9} {:>9} {:<6} {}\n",
             addr, p.asn, p.state, up, p.received, p.sent, bfd, p.last_error
@@ -172,7 +181,11 @@ mod tests {
             assert!(line.contains(want), "{want} in {line:?}");
         }
         b.state(a, "Active");
-        assert!(table(&b.snapshot(), since + 80).lines().nth(1).unwrap().contains(" - "));
+        assert!(table(&b.snapshot(), since + 80)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(" - "));
         assert!(parse("{}").unwrap_err().contains("no \"peers\""));
     }
 }

@@ -14,6 +14,8 @@
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use crate::export::Neighbour;
 
 /// One node as the topology sees it.
@@ -38,8 +40,9 @@ pub struct Mesh {
     pub enabled: bool,
 }
 
-/// This node's neighbours among the other nodes.
-pub fn mesh(me: &Node, nodes: &[Node], m: Mesh) -> Vec<Neighbour> {
+/// This node's neighbours among the other nodes; GTSM with those on this
+/// node's own segment (`segment`), which are one hop away.
+pub fn mesh(me: &Node, nodes: &[Node], m: Mesh, segment: Option<IpNet>) -> Vec<Neighbour> {
     let any_reflector = nodes.iter().any(|n| n.reflector) || me.reflector;
     let others = nodes.iter().filter(|n| n.name != me.name && n.ip != me.ip);
     let mut out: Vec<Neighbour> = others
@@ -54,6 +57,7 @@ pub fn mesh(me: &Node, nodes: &[Node], m: Mesh) -> Vec<Neighbour> {
             addr: n.ip,
             asn: m.asn,
             client: me.reflector && !n.reflector,
+            ttl_security: segment.is_some_and(|s| s.contains(&n.ip)),
         })
         .collect();
     out.sort_by_key(|n| n.addr);
@@ -75,10 +79,13 @@ pub fn configured(me: &Node, peers: &[Configured]) -> (Vec<Neighbour>, Vec<Strin
             continue;
         }
         if !out.iter().any(|n: &Neighbour| n.addr == p.ip) {
+            // A router's TTL is its own configuration's: GTSM only where
+            // both ends agree, and a BGPPeer cannot say so yet.
             out.push(Neighbour {
                 addr: p.ip,
                 asn: p.asn,
                 client: false,
+                ttl_security: false,
             });
         }
     }
@@ -114,14 +121,22 @@ mod tests {
     #[test]
     fn a_full_mesh_by_default_and_nothing_when_it_is_off() {
         let nodes = vec![node(1, false), node(2, false), node(3, false)];
-        let got = mesh(&nodes[0], &nodes, MESH);
+        let seg: IpNet = "192.168.200.0/24".parse().unwrap();
+        let got = mesh(&nodes[0], &nodes, MESH, Some(seg));
         assert_eq!(addrs(&got), vec![2, 3]);
-        assert!(got.iter().all(|n| n.asn == 64512 && !n.client));
+        assert!(got
+            .iter()
+            .all(|n| n.asn == 64512 && !n.client && n.ttl_security));
+        // A node beyond a router is more than one hop away: no GTSM.
+        let far: IpNet = "192.168.201.0/24".parse().unwrap();
+        assert!(mesh(&nodes[0], &nodes, MESH, Some(far))
+            .iter()
+            .all(|n| !n.ttl_security));
         let off = Mesh {
             enabled: false,
             ..MESH
         };
-        assert!(mesh(&nodes[0], &nodes, off).is_empty());
+        assert!(mesh(&nodes[0], &nodes, off, None).is_empty());
     }
 
     /// Reflectors peer with everyone (ordinary nodes as clients); the
@@ -129,11 +144,11 @@ mod tests {
     #[test]
     fn route_reflectors_replace_the_mesh() {
         let nodes = vec![node(1, true), node(2, true), node(3, false), node(4, false)];
-        let rr = mesh(&nodes[0], &nodes, MESH);
+        let rr = mesh(&nodes[0], &nodes, MESH, None);
         assert_eq!(addrs(&rr), vec![2, 3, 4]);
         let clients: Vec<bool> = rr.iter().map(|n| n.client).collect();
         assert_eq!(clients, vec![false, true, true]);
-        let plain = mesh(&nodes[2], &nodes, MESH);
+        let plain = mesh(&nodes[2], &nodes, MESH, None);
         assert_eq!(addrs(&plain), vec![1, 2]);
         assert!(plain.iter().all(|n| !n.client));
     }

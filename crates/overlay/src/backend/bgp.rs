@@ -34,6 +34,9 @@ use tokio::sync::mpsc;
 
 use crate::plan::{Desired, Dev, NodeView, RouteSpec};
 
+/// The owner of the node's pod CIDR on the node's speaker.
+pub const OWNER: &str = "pod-cidr";
+
 /// The private AS Calico and kube-router give a cluster by default.
 pub const DEFAULT_ASN: u32 = 64512;
 
@@ -92,6 +95,9 @@ impl Bgp {
                 passive: false,
                 families: vec![(Afi::Ipv4, Safi::Unicast)],
                 graceful_restart: Some((RESTART_TIME, false)),
+                // Per neighbour (the topology's: on for the mesh on this
+                // node's segment).
+                ttl_security: false,
             },
             neighbours: Vec::new(),
             bfd: None,
@@ -135,7 +141,7 @@ impl Bgp {
             return;
         };
         let own = [IpNet::V4(mine)].into_iter().collect();
-        rt.block_on(speaker.set_routes("pod-cidr", own));
+        rt.block_on(speaker.set_routes(OWNER, own));
     }
 
     /// Whether routes may be taken out of the kernel: not while a started
