@@ -15,7 +15,8 @@
 //!   (iBGP and eBGP rules, route reflection), pure;
 //! - [`bfd`]: BFD control packets and one asynchronous session's state
 //!   machine (RFC 5880), pure; [`bfd_link`] runs every neighbour's over
-//!   UDP for one local address (RFC 5881: port 3784, TTL 255 both ways),
+//!   UDP for one local address, IPv4 or IPv6 (RFC 5881: port 3784, TTL
+//!   or hop limit 255 both ways),
 //!   and a speaker drops a BGP session the moment its BFD goes down
 //!   (RFC 5882);
 //! - [`gtsm`]: RFC 5082's TTL check on a socket (send 255, take only
