@@ -3,7 +3,8 @@
 //!
 //! Layout, one concept per module, the pure ones first:
 //! - [`wire`]: the messages as bytes and back (RFC 4271 with multiprotocol
-//!   IPv4/IPv6 unicast, 4-octet AS numbers, route refresh, communities and
+//!   IPv4/IPv6 unicast, 4-octet AS numbers (a 2-octet peer's path rebuilt
+//!   from AS4_PATH), route refresh, communities and
 //!   large communities, graceful restart and route reflection attributes);
 //!   a malformed message becomes the NOTIFICATION RFC 4271 §6 names;
 //! - [`fsm`]: one session's finite state machine (RFC 4271 §8), a pure
