@@ -3,7 +3,8 @@
 //!
 //! Layout, one concept per module, the pure ones first:
 //! - [`wire`]: the messages as bytes and back (RFC 4271 with multiprotocol
-//!   IPv4/IPv6 unicast, 4-octet AS numbers, route refresh, communities and
+//!   IPv4/IPv6 unicast, 4-octet AS numbers (a 2-octet peer's path rebuilt
+//!   from AS4_PATH), route refresh, communities and
 //!   large communities, graceful restart and route reflection attributes);
 //!   a malformed message becomes the NOTIFICATION RFC 4271 §6 names;
 //! - [`fsm`]: one session's finite state machine (RFC 4271 §8), a pure
@@ -15,7 +16,8 @@
 //!   (iBGP and eBGP rules, route reflection), pure;
 //! - [`bfd`]: BFD control packets and one asynchronous session's state
 //!   machine (RFC 5880), pure; [`bfd_link`] runs every neighbour's over
-//!   UDP for one local address (RFC 5881: port 3784, TTL 255 both ways),
+//!   UDP for one local address, IPv4 or IPv6 (RFC 5881: port 3784, TTL
+//!   or hop limit 255 both ways),
 //!   and a speaker drops a BGP session the moment its BFD goes down
 //!   (RFC 5882);
 //! - [`gtsm`]: RFC 5082's TTL check on a socket (send 255, take only

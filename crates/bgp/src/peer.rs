@@ -5,6 +5,8 @@
 //! and sends all of it when the session comes up (then End-of-RIB), and
 //! hands every session change and UPDATE to its owner over a channel. A
 //! session that goes down is started again after the connect-retry time.
+//! With GTSM ([`Config::ttl_security`], [`crate::gtsm`]) its connection,
+//! dialled or accepted, sends with TTL 255 and takes nothing less.
 //!
 //! It owns no routing decision: what to announce comes in through
 //! [`Peer::update`] (the prefixes that changed: a change costs what

@@ -173,7 +173,8 @@ impl Speaker {
         Ok(Speaker { listen, cmds, task })
     }
 
-    /// Replaces the routes this node originates.
+    /// Replaces the routes this node originates (the neighbours are sent
+    /// only the prefixes that came or went).
     pub async fn originate(&self, routes: Vec<(Afi, IpNet)>) {
         let _ = self.cmds.send(Cmd::Originate(routes)).await;
     }

@@ -1,26 +1,28 @@
-//! BFD with BIRD 2's `protocol bfd`: a session between our BFD link and
-//! BIRD's over a veth pair comes Up on both sides; BIRD frozen (SIGSTOP, a
-//! hung node) is noticed by us within the detection time, as
+//! BFD with BIRD 2's `protocol bfd`, over IPv4 and over IPv6: a session
+//! between our BFD link and BIRD's over a veth pair comes Up on both sides
+//! (hop limit 255 both ways on IPv6, as TTL 255 on IPv4); BIRD frozen
+//! (SIGSTOP, a hung node) is noticed by us within the detection time, as
 //! DetectionTimeExpired; BIRD thawed, the session comes back Up.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, until, Bird, Frozen, THEM as BIRD, US};
+use common::{link, runtime, until, Bird, Frozen, THEM, THEM6, US, US6};
 use podnet_bgp::bfd::{Diag, Edge, Timing};
 use podnet_bgp::bfd_link::Bfd;
 use podnet_testkit::require_root;
 use tokio::sync::mpsc;
 
-fn bird_conf(log: &std::path::Path) -> String {
+/// BIRD's BFD with us, `ours` and `theirs` the two ends' addresses.
+fn bird_conf(log: &std::path::Path, ours: &str, theirs: &str) -> String {
     format!(
-        r#"router id {BIRD};
+        r#"router id {THEM};
 log "{}" all;
 protocol device {{}}
 protocol bfd {{
   interface "pnb1" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }};
-  neighbor {US} local {BIRD};
+  neighbor {ours} local {theirs};
 }}
 "#,
         log.display()
@@ -37,14 +39,22 @@ async fn edge(rx: &mut mpsc::Receiver<Edge>, what: &str, diag: &dyn Fn() -> Stri
 
 #[test]
 fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
+    with_bird("bfd-bird", US, THEM);
+}
+
+#[test]
+fn bfd_with_bird_over_ipv6_comes_up_notices_a_frozen_peer_and_recovers() {
+    with_bird("bfd-bird6", US6, THEM6);
+}
+
+/// Our BFD session from `ours` with BIRD at `theirs`: Up, a frozen BIRD
+/// noticed, Up again.
+fn with_bird(tag: &str, ours: &str, theirs: &str) {
     require_root();
-    let (us, them) = link("bfd-bird");
+    let (us, them) = link(tag);
     let dir = tempfile::tempdir().unwrap();
-    let bird = Bird::start(
-        &them,
-        dir.path(),
-        &bird_conf(&dir.path().join("bird-daemon.log")),
-    );
+    let log = dir.path().join("bird-daemon.log");
+    let bird = Bird::start(&them, dir.path(), &bird_conf(&log, ours, theirs));
     let birdc = |what: &str| bird.birdc(what);
     let diag = || format!("{}\nbirdc: {}", bird.proc.log(), birdc("show bfd sessions"));
     us.run(|| {
@@ -55,8 +65,8 @@ fn bfd_with_bird_comes_up_notices_a_frozen_peer_and_recovers() {
                 required_min_rx: Duration::from_millis(100),
                 detect_mult: 3,
             };
-            let bfd = Bfd::start(US.parse().unwrap()).await.expect("BFD socket");
-            bfd.add(BIRD.parse().unwrap(), timing, tx).await;
+            let bfd = Bfd::start(ours.parse().unwrap()).await.expect("BFD socket");
+            bfd.add(theirs.parse().unwrap(), timing, tx).await;
             assert_eq!(edge(&mut rx, "Up", &diag).await, Edge::Up);
             until("BIRD's session Up", &diag, || {
                 birdc("show bfd sessions").contains("Up")

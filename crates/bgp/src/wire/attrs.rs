@@ -9,9 +9,10 @@
 //! 4-octet AS (RFC 6793): AS_PATH and AGGREGATOR hold 4-octet numbers
 //! when the session negotiated them, else 2-octet ones, in which case
 //! larger numbers are sent as [`AS_TRANS`] with the real path in AS4_PATH
-//! (and AS4_AGGREGATOR). On decode AS4_PATH and AS4_AGGREGATOR are checked
-//! and then ignored: a path through an old 2-octet speaker keeps its
-//! AS_TRANS entries (the merge of RFC 6793 §4.2.3 is not done).
+//! (and AS4_AGGREGATOR). On decode from such a peer, AS_PATH and
+//! AGGREGATOR are rebuilt with what AS4_PATH and AS4_AGGREGATOR carry
+//! ([`super::as4`], RFC 6793 §4.2.3); from a 4-octet peer those two are
+//! checked and ignored.
 //! Confederation segments (RFC 5065) are refused as a malformed AS_PATH:
 //! a node speaker is never in a confederation.
 //!
@@ -20,6 +21,7 @@
 
 use std::net::Ipv4Addr;
 
+use super::as4::As4;
 use super::bytes::Reader;
 use super::notification::update_error;
 use super::{Codec, DecodeError, EncodeError, MpReach, MpUnreach, AS_TRANS, UPDATE_ERROR};
@@ -237,6 +239,7 @@ impl PathAttrs {
         let mut r = Reader::new(buf);
         let mut seen = Seen([false; 256]);
         let mut attrs = PathAttrs::default();
+        let mut as4 = As4::default();
         while !r.is_empty() {
             let t = next_tlv(&mut r)?;
             if std::mem::replace(&mut seen.0[usize::from(t.code)], true) {
@@ -254,9 +257,21 @@ impl PathAttrs {
                         format!("attribute {} has flags {:#04x}", t.code, t.flags),
                     ))
                 }
-                Some(_) => attrs.decode_known(codec, &t)?,
+                Some(_) => match t.code {
+                    AS4_PATH => {
+                        let p = decode_as_path(t.value, 4).map_err(|e| {
+                            err(update_error::OPTIONAL_ATTRIBUTE, t.whole, e.reason)
+                        })?;
+                        as4.path = Some(p);
+                    }
+                    AS4_AGGREGATOR => as4.aggregator = Some(decode_aggregator(&t, 4)?),
+                    _ => attrs.decode_known(codec, &t)?,
+                },
                 None => attrs.decode_unknown(&t)?,
             }
+        }
+        if !codec.four_octet_as {
+            as4.merge_into(&mut attrs);
         }
         // In the order encoding writes them, whatever order they came in.
         attrs.other.sort_by_key(|a| a.code);
@@ -282,15 +297,9 @@ impl PathAttrs {
             }
             MP_REACH => self.mp_reach = Some(MpReach::decode(t.value, t.whole)?),
             MP_UNREACH => self.mp_unreach = Some(MpUnreach::decode(t.value, t.whole)?),
-            AS4_PATH => {
-                decode_as_path(t.value, 4)
-                    .map_err(|e| err(update_error::OPTIONAL_ATTRIBUTE, t.whole, e.reason))?;
-            }
-            AS4_AGGREGATOR => {
-                decode_aggregator(t, 4)?;
-            }
             LARGE_COMMUNITY => self.large_communities = decode_large(t)?,
-            // Category::of names exactly the codes above.
+            // Category::of names exactly the codes above, and AS4_PATH and
+            // AS4_AGGREGATOR, which `decode` takes.
             _ => {}
         }
         Ok(())

@@ -16,6 +16,7 @@
 //! Every error is the session-resetting kind of RFC 4271 §6; the "treat
 //! as withdraw" handling of RFC 7606 is not done here.
 
+mod as4;
 mod attrs;
 mod bytes;
 mod notification;

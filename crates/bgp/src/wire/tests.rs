@@ -373,6 +373,22 @@ fn ipv6_mp_reach_bytes() {
     assert_eq!(decode(&C4, &b), m);
 }
 
+/// Adds attribute `attr` (its whole TLV) at the end of an encoded
+/// UPDATE's attributes, its lengths updated: what a peer could send that
+/// our encoder never writes.
+fn append_attribute(b: &mut Vec<u8>, attr: &[u8]) {
+    let at = |b: &[u8], i: usize| usize::from(u16::from_be_bytes([b[i], b[i + 1]]));
+    let withdrawn = at(b, 19);
+    let total_at = 19 + 2 + withdrawn;
+    let total = at(b, total_at);
+    let end = total_at + 2 + total;
+    b.splice(end..end, attr.iter().copied());
+    let total = u16::try_from(total + attr.len()).unwrap();
+    b[total_at..total_at + 2].copy_from_slice(&total.to_be_bytes());
+    let len = u16::try_from(b.len()).unwrap();
+    b[16..18].copy_from_slice(&len.to_be_bytes());
+}
+
 #[test]
 fn two_octet_paths_carry_large_ases_in_as4_path() {
     let mut attrs = route_attrs();
@@ -394,13 +410,29 @@ fn two_octet_paths_carry_large_ases_in_as4_path() {
             "{part:02x?} in {b:02x?}"
         );
     }
-    // AS4_PATH and AS4_AGGREGATOR are ignored on decode: AS_TRANS stays.
+    // Decoded from a 2-octet peer, the path and the aggregator are
+    // rebuilt from AS4_PATH and AS4_AGGREGATOR (RFC 6793 §4.2.3).
     let Message::Update(back) = decode(&C2, &b) else {
         panic!()
     };
-    attrs.as_path = path(&[65001, 23456]);
-    attrs.aggregator = Some((23456, Ipv4Addr::new(1, 2, 3, 4)));
     assert_eq!(back.attrs, attrs);
+    // From a 4-octet peer, the same attributes are ignored: AS_TRANS
+    // stays where a 4-octet path has it.
+    let mut trans = attrs.clone();
+    trans.as_path = path(&[65001, 23456]);
+    trans.aggregator = Some((23456, Ipv4Addr::new(1, 2, 3, 4)));
+    let m = Message::Update(Update {
+        attrs: trans.clone(),
+        nlri: vec![v4("10.0.0.0/8")],
+        ..Update::default()
+    });
+    let mut b = encode(&C4, &m);
+    let as4_path = hex("c0 11 0a 02 02 0000fde9 fa56ea00");
+    append_attribute(&mut b, &as4_path);
+    let Message::Update(back) = decode(&C4, &b) else {
+        panic!()
+    };
+    assert_eq!(back.attrs, trans);
 }
 
 #[test]
