@@ -223,6 +223,8 @@ struct Link {
 enum Wake {
     /// With the Cease subcode to send.
     Stop(u8),
+    /// The handle was dropped without a stop: close, no NOTIFICATION.
+    Abandoned,
     Timer(Timer),
     Read(std::io::Result<usize>),
     Routes,
@@ -240,6 +242,7 @@ impl Link {
                     self.feed(Event::Stop(subcode)).await;
                     return;
                 }
+                Wake::Abandoned => return,
                 Wake::Timer(t) => {
                     self.timers.remove(&t);
                     self.feed(Event::Expired(t)).await;
@@ -304,7 +307,11 @@ impl Link {
         };
         tokio::select! {
             // A handle dropped stops the session as `stop` does.
-            s = stop => Wake::Stop(s.unwrap_or(cease::ADMINISTRATIVE_SHUTDOWN)),
+            s = stop => match s {
+                Ok(subcode) => Wake::Stop(subcode),
+                // The handle was dropped: gone as a process that exits.
+                Err(_) => Wake::Abandoned,
+            },
             t = sleep => Wake::Timer(t),
             r = read => Wake::Read(r),
             Some(s) = accepted.recv() => Wake::Accepted(s),

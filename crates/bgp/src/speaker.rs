@@ -97,7 +97,10 @@ enum Cmd {
     Neighbours(Vec<Neighbour>),
 }
 
-/// A running speaker; dropped, it stops (a Cease to every neighbour).
+/// A running speaker; dropped, its sessions just close, with no
+/// NOTIFICATION, as when its process exits (an agent stopping for a
+/// restart or an upgrade): peers with graceful restart keep its routes
+/// until it is back. A neighbour removed from the set gets a Cease.
 pub struct Speaker {
     listen: IpAddr,
     cmds: mpsc::Sender<Cmd>,
