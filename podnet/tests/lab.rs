@@ -1861,6 +1861,21 @@ fn lb_over_bgp(router: &str, tag: &str) {
         ask_from(&lab, &tor, &ip, 80, "clientip").1.trim() == "192.168.200.254"
     });
     assert_eq!(ask_from(&lab, &tor, &ip, 80, "hostname").1.trim(), "web1");
+    // The sessions as `podnet bgp status` and the metrics show them.
+    let status = podnet(&["bgp", "status", "--lab", &lab.name]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    let router = status.lines().filter(|l| l.starts_with("192.168.200.254 "));
+    assert_eq!(
+        router.filter(|l| l.contains("Established")).count(),
+        2,
+        "{status}"
+    );
+    let ns = Netns::named(&lab.node_ns("node1")).unwrap();
+    let addr = "127.0.0.1:10249".parse().unwrap();
+    lab.eventually("the session in node1's metrics", || {
+        http_get(Some(&ns), addr, "/metrics")
+            .is_some_and(|(_, m)| m.contains("podnet_bgp_session_up{peer=\"192.168.200.254\"} 1"))
+    });
     lab.ok(&["rm", "default/web1"]);
     lab.eventually("the /32 withdrawn with the last endpoint", || {
         let r = lab.sh(&tor, &format!("ip route show {ip}/32")).1;

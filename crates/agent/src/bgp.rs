@@ -42,6 +42,55 @@ pub const KINDS: &[Kind] = &[
     Kind::BGPPeer,
 ];
 
+const BGP_SESSION_UP: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_bgp_session_up",
+    "1 while the BGP session with the peer is Established.",
+);
+const BGP_RECEIVED: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_bgp_prefixes_received",
+    "Prefixes the BGP peer has routes to us for.",
+);
+const BGP_SENT: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_bgp_prefixes_sent",
+    "Prefixes we announce to the BGP peer.",
+);
+const BGP_BFD_UP: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_bgp_bfd_up",
+    "1 while the BFD session with the BGP peer is Up (absent without BFD).",
+);
+
+/// Copies the sessions' board into the metrics every few seconds (a
+/// peer that went is set to 0).
+pub async fn metrics(board: podnet_bgp::status::Board, m: Arc<podnet_daemon::Metrics>) {
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let mut now = BTreeSet::new();
+        for p in board.snapshot() {
+            let Some(addr) = p.addr else { continue };
+            let l = format!("peer=\"{addr}\"");
+            m.gauge(
+                &BGP_SESSION_UP,
+                &l,
+                f64::from(u8::from(p.state == "Established")),
+            );
+            m.gauge(&BGP_RECEIVED, &l, p.received as f64);
+            m.gauge(&BGP_SENT, &l, p.sent as f64);
+            if !p.bfd.is_empty() {
+                m.gauge(&BGP_BFD_UP, &l, f64::from(u8::from(p.bfd == "Up")));
+            }
+            now.insert(l);
+        }
+        for l in seen.difference(&now) {
+            for g in [&BGP_SESSION_UP, &BGP_RECEIVED, &BGP_SENT] {
+                m.gauge(g, l, 0.0);
+            }
+        }
+        seen = now;
+    }
+}
+
 /// The owner of the Service addresses on the node's speaker.
 const SERVICES: &str = "services";
 

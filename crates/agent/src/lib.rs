@@ -133,6 +133,7 @@ pub async fn run(
         let u = overlay.underlay();
         let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
         tasks.spawn(bgp::run(sub, opts.node.clone(), segment.into(), speaker));
+        tasks.spawn(bgp::metrics(opts.bgp_status.clone(), metrics.clone()));
     }
     if let Some(sub) = l2_sub {
         let u = overlay.underlay();
