@@ -1810,7 +1810,7 @@ spec: {addresses: [198.51.100.0/28]}\n\
 ---\napiVersion: podnet.io/v1\nkind: BGPConfiguration\nmetadata: {name: default}\n\
 spec: {serviceLoadBalancerIPs: [{cidr: 198.51.100.0/28}]}\n\
 ---\napiVersion: podnet.io/v1\nkind: BGPPeer\nmetadata: {name: tor}\n\
-spec: {peerIP: 192.168.200.254, asNumber: 64513}\n\
+spec: {peerIP: 192.168.200.254, asNumber: 64513, bfd: true}\n\
 ---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\n\
 spec: {selector: {app: web}, type: LoadBalancer, externalTrafficPolicy: Local, ports: [{port: 80, targetPort: 8080}]}\n";
 
@@ -1886,6 +1886,42 @@ fn lb_over_bgp(router: &str, tag: &str) {
 #[test]
 fn lb_over_bgp_with_bird() {
     lb_over_bgp("bird", "lbb");
+}
+
+/// BFD between the nodes and BIRD: a node whose agent freezes (its BFD
+/// goes quiet, its kernel still forwards) is dropped by the router on
+/// BFD's word, not after the 9 s hold time, and its routes go; thawed,
+/// the session comes back.
+#[test]
+fn bfd_drops_a_frozen_node_at_the_router() {
+    let lab = Lab::up_with("bfd", "bgp", 2, &["--router", "bird"]);
+    lab.apply(LB_OBJECTS);
+    let tor = lab.router_ns();
+    let birdc = |cmd: &str| {
+        let ctl = format!("/run/podnet-lab/{}/tor/bird.ctl", lab.name);
+        lab.sh(&tor, &format!("timeout 2 birdc -s {ctl} {cmd}")).1
+    };
+    lab.eventually("BFD up with both nodes", || {
+        birdc("show bfd sessions").matches(" Up ").count() == 2
+    });
+    let node1_cidr = |r: &str| r.lines().any(|l| l.contains("via 192.168.200.11"));
+    assert!(node1_cidr(
+        &lab.sh(&tor, "ip route show root 10.244.0.0/16").1
+    ));
+    let pids = format!("/run/podnet-lab/{}/pids/agent-node1", lab.name);
+    let frozen = podnet_testkit::Frozen::pid_file(&pids);
+    lab.eventually("the router drops node1 on BFD's word", || {
+        birdc("show protocols")
+            .lines()
+            .any(|l| l.starts_with("rack1node1 ") && l.contains("BFD session down"))
+    });
+    lab.eventually("node1's pod CIDR gone from the router", || {
+        !node1_cidr(&lab.sh(&tor, "ip route show root 10.244.0.0/16").1)
+    });
+    drop(frozen);
+    lab.eventually("node1 back at the router", || {
+        node1_cidr(&lab.sh(&tor, "ip route show root 10.244.0.0/16").1)
+    });
 }
 
 #[test]

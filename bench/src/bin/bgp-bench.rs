@@ -82,6 +82,7 @@ async fn receive(n: usize) -> Result<()> {
             asn: 64513,
             client: false,
             ttl_security: false,
+            bfd: false,
         }],
         bfd: None,
     };

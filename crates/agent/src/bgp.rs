@@ -99,13 +99,14 @@ const SERVICES: &str = "services";
 pub async fn start(
     overlay: &mut Overlay,
     board: podnet_bgp::status::Board,
+    bfd: Option<Arc<podnet_bgp::bfd_link::Bfd>>,
 ) -> Result<Option<Arc<NodeSpeaker>>, AgentError> {
     let ip = overlay.underlay().ip;
     let Backend::Bgp(b) = overlay.backend_mut() else {
         return Ok(None);
     };
     let owners = [podnet_overlay::backend::bgp::OWNER, SERVICES];
-    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board, &owners)
+    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board, &owners, bfd)
         .await
         .map_err(|e| AgentError::Other(format!("starting BGP: {e}")))?;
     let speaker = Arc::new(speaker);
@@ -204,6 +205,7 @@ impl Routing {
             );
         }
         self.mesh.enabled = spec.node_to_node_mesh_enabled();
+        self.mesh.bfd = spec.bfd.is_some();
         let cidrs = |v: &[podnet_api::bgp::CidrEntry]| -> Vec<IpNet> {
             v.iter().filter_map(|c| c.cidr.parse().ok()).collect()
         };
@@ -228,6 +230,7 @@ impl Routing {
                 Some(topology::Configured {
                     ip: p.peer_ip.parse().ok()?,
                     asn: p.as_number?,
+                    bfd: p.bfd.unwrap_or(false),
                 })
             })
             .collect();
@@ -294,7 +297,11 @@ pub async fn run(mut sub: Subscription, node: String, segment: IpNet, speaker: A
         },
         asn,
         blocks: ServiceBlocks::default(),
-        mesh: topology::Mesh { asn, enabled: true },
+        mesh: topology::Mesh {
+            asn,
+            enabled: true,
+            bfd: false,
+        },
         cache: ServiceCache::default(),
         hosts: BTreeMap::new(),
         nodes: BTreeMap::new(),

@@ -199,10 +199,10 @@ pub async fn run(
     sub: Subscription,
     node: String,
     iface: String,
-    ip: IpAddr,
+    bfd: Arc<Bfd>,
     metrics: Arc<Metrics>,
 ) {
-    if let Err(e) = run_inner(sub, node, &iface, ip).await {
+    if let Err(e) = run_inner(sub, node, &iface, bfd).await {
         tracing::error!("L2 announcement stopped: {e}");
         metrics.set_unhealthy_for("l2", Some(format!("L2 announcement stopped: {e}")));
     }
@@ -212,12 +212,12 @@ async fn run_inner(
     mut sub: Subscription,
     node: String,
     iface: &str,
-    ip: IpAddr,
+    bfd: Arc<Bfd>,
 ) -> Result<(), String> {
     let responder = Responder::start(iface, Announce::default()).map_err(|e| e.to_string())?;
-    let bfd = Bfd::start(ip)
-        .await
-        .map_err(|e| format!("BFD for node liveness on {ip}: {e}"))?;
+    // Per node, the task hearing its BFD edges: aborted, it leaves the
+    // session (which BGP may share).
+    let mut subs: BTreeMap<IpAddr, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let (edges_tx, mut edges) = mpsc::channel::<(IpAddr, Edge)>(64);
     let mut st = State {
         node,
@@ -235,12 +235,14 @@ async fn run_inner(
                 st.cache.take(&b.deltas);
                 let (added, gone) = st.nodes(&b.deltas, Instant::now());
                 for p in gone {
-                    bfd.remove(p).await;
+                    if let Some(t) = subs.remove(&p) {
+                        t.abort();
+                    }
                 }
                 for p in added {
                     let (tx, fwd) = (mpsc::channel(8), edges_tx.clone());
                     bfd.add(p, timing(), tx.0).await;
-                    tokio::spawn(forward(p, tx.1, fwd));
+                    subs.insert(p, tokio::spawn(forward(p, tx.1, fwd)));
                 }
             }
             Some((p, e)) = edges.recv() => {

@@ -128,7 +128,20 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
-    let speaker = bgp::start(&mut overlay, opts.bgp_status.clone()).await?;
+    // One BFD mux per node (UDP port 3784 on the underlay address), for
+    // BGP's neighbours and L2 announcement's node liveness alike.
+    let bgp_backend = bgp_sub.is_some();
+    let bfd = match bgp_backend || l2_sub.is_some() {
+        true => {
+            let ip = std::net::IpAddr::V4(overlay.underlay().ip);
+            let mux = podnet_bgp::bfd_link::Bfd::start(ip)
+                .await
+                .map_err(|e| AgentError::Other(format!("BFD on {ip}:3784: {e}")))?;
+            Some(Arc::new(mux))
+        }
+        false => None,
+    };
+    let speaker = bgp::start(&mut overlay, opts.bgp_status.clone(), bfd.clone()).await?;
     if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
         let u = overlay.underlay();
         let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
@@ -137,8 +150,9 @@ pub async fn run(
     }
     if let Some(sub) = l2_sub {
         let u = overlay.underlay();
-        let (iface, ip) = (u.name.clone(), std::net::IpAddr::V4(u.ip));
-        tasks.spawn(l2::run(sub, opts.node.clone(), iface, ip, metrics.clone()));
+        let iface = u.name.clone();
+        let mux = bfd.clone().expect("a BFD mux with L2 announcement");
+        tasks.spawn(l2::run(sub, opts.node.clone(), iface, mux, metrics.clone()));
     }
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(

@@ -58,6 +58,9 @@ impl Bfd {
         let _ = self.cmd.send(Cmd::Add(neighbour, timing, edges)).await;
     }
 
+    /// Ends the session with `neighbour`, for every subscriber. A
+    /// subscriber that only leaves drops its receiver instead: a session
+    /// whose subscribers have all gone ends by itself.
     pub async fn remove(&self, neighbour: IpAddr) {
         let _ = self.cmd.send(Cmd::Remove(neighbour)).await;
     }
@@ -69,7 +72,21 @@ struct Sess {
     tx: UdpSocket,
     next_tx: Instant,
     heard: Option<Instant>,
-    edges: mpsc::Sender<Edge>,
+    /// Everyone who added this neighbour (the BGP session, node liveness):
+    /// one session per neighbour, its edges to each.
+    edges: Vec<mpsc::Sender<Edge>>,
+    up: bool,
+}
+
+impl Sess {
+    /// Tells every subscriber, forgetting those that left.
+    async fn tell(&mut self, e: Edge) {
+        self.up = matches!(e, Edge::Up);
+        self.edges.retain(|t| !t.is_closed());
+        for t in &self.edges {
+            let _ = t.send(e).await;
+        }
+    }
 }
 
 impl Sess {
@@ -121,6 +138,14 @@ impl Mux {
     }
 
     async fn add(&mut self, neighbour: IpAddr, timing: Timing, edges: mpsc::Sender<Edge>) {
+        if let Some(sess) = self.sessions.get_mut(&neighbour) {
+            // A second subscriber joins the session as it is.
+            if sess.up {
+                let _ = edges.send(Edge::Up).await;
+            }
+            sess.edges.push(edges);
+            return;
+        }
         let tx = async {
             let tx = UdpSocket::bind(SocketAddr::new(self.local, 0)).await?;
             gtsm::send_255(&tx, self.local.is_ipv6())?;
@@ -141,7 +166,8 @@ impl Mux {
             tx,
             next_tx: Instant::now(),
             heard: None,
-            edges,
+            edges: vec![edges],
+            up: false,
         };
         self.sessions.insert(neighbour, sess);
     }
@@ -149,11 +175,14 @@ impl Mux {
     /// Sends what is due and declares silent neighbours down.
     async fn timers(&mut self) {
         let now = Instant::now();
+        // Sessions nobody listens to any more end.
+        self.sessions
+            .retain(|_, s| s.edges.iter().any(|t| !t.is_closed()));
         for sess in self.sessions.values_mut() {
             if sess.detect_at().is_some_and(|d| d <= now) {
                 sess.heard = None;
                 if let Some(e) = sess.s.expired() {
-                    let _ = sess.edges.send(e).await;
+                    sess.tell(e).await;
                 }
                 sess.next_tx = now;
             }
@@ -176,7 +205,7 @@ impl Mux {
             sess.next_tx = Instant::now();
         }
         if let Some(e) = edge {
-            let _ = sess.edges.send(e).await;
+            sess.tell(e).await;
         }
     }
 }

@@ -36,16 +36,21 @@ pub struct Neighbour {
     /// address never reaches the session). The neighbour must send with
     /// 255 too: BIRD's `ttl security`, FRR's `ttl-security hops 1`.
     pub ttl_security: bool,
+    /// BFD with the neighbour (when the speaker runs BFD): its Down drops
+    /// the session at once (RFC 5882).
+    pub bfd: bool,
 }
 
 impl Neighbour {
-    /// A node of the mesh: on the link, not a reflector client, GTSM on.
+    /// A node of the mesh: on the link, not a reflector client, GTSM on,
+    /// BFD when the speaker runs it.
     pub fn new(addr: IpAddr, asn: u32) -> Neighbour {
         Neighbour {
             addr,
             asn,
             client: false,
             ttl_security: true,
+            bfd: true,
         }
     }
 }
@@ -178,6 +183,7 @@ mod tests {
             asn,
             client,
             ttl_security: false,
+            bfd: false,
         }
     }
 

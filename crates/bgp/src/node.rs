@@ -10,10 +10,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use tokio::sync::{mpsc, Mutex};
 
+use crate::bfd_link::Bfd;
 use crate::export::Neighbour;
 use crate::rib::Change;
 use crate::speaker::{Speaker, SpeakerConfig, SpeakerError};
@@ -47,10 +49,11 @@ impl NodeSpeaker {
         cfg: SpeakerConfig,
         board: Board,
         owners: &[&'static str],
+        bfd: Option<Arc<Bfd>>,
     ) -> Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>), SpeakerError> {
         let (tx, rx) = mpsc::channel(64);
         let listen = cfg.listen;
-        let speaker = Speaker::start_with(cfg, tx, board).await?;
+        let speaker = Speaker::start_shared(cfg, tx, board, bfd).await?;
         Ok((
             NodeSpeaker {
                 speaker,

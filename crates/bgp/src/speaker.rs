@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpSocket};
@@ -130,21 +131,34 @@ impl Speaker {
         changes: mpsc::Sender<Vec<Change>>,
         board: Board,
     ) -> Result<Speaker, SpeakerError> {
+        Speaker::start_shared(cfg, changes, board, None).await
+    }
+
+    /// [`Speaker::start_with`] on a BFD mux shared with others on this
+    /// address (one UDP port 3784 per address; the node's liveness uses
+    /// it too), when the config asks for BFD.
+    pub async fn start_shared(
+        cfg: SpeakerConfig,
+        changes: mpsc::Sender<Vec<Change>>,
+        board: Board,
+        mux: Option<Arc<Bfd>>,
+    ) -> Result<Speaker, SpeakerError> {
         check(cfg.listen, &cfg.neighbours)?;
         let addr = SocketAddr::new(cfg.listen, PORT);
         let listener = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
         let (down_tx, bfd_down) = mpsc::channel(16);
-        let bfd = match cfg.bfd {
-            Some(t) => {
+        let bfd = match (cfg.bfd, mux) {
+            (Some(t), Some(m)) => Some((m, t)),
+            (Some(t), None) => {
                 let b = Bfd::start(cfg.listen)
                     .await
                     .map_err(|source| SpeakerError::Bfd {
                         addr: cfg.listen,
                         source,
                     })?;
-                Some((b, t))
+                Some((Arc::new(b), t))
             }
-            None => None,
+            (None, _) => None,
         };
         let (cmds, cmd_rx) = mpsc::channel(8);
         let (events_tx, events) = mpsc::channel(256);
@@ -157,6 +171,7 @@ impl Speaker {
             next_gen: 0,
             events: events_tx,
             bfd,
+            bfd_subs: HashMap::new(),
             bfd_down: down_tx,
             up: HashMap::new(),
             rib: Rib::default(),
@@ -169,7 +184,7 @@ impl Speaker {
         };
         let listen = state.cfg.listen;
         for n in first {
-            state.add(n, true).await;
+            state.add(n).await;
         }
         state.guard_listener();
         let task = tokio::spawn(state.run(events, cmd_rx, bfd_down, expired));
@@ -244,7 +259,10 @@ struct State {
     next_gen: u64,
     /// Every peer's events, with its address and generation.
     events: mpsc::Sender<(IpAddr, u64, PeerEvent)>,
-    bfd: Option<(Bfd, Timing)>,
+    bfd: Option<(Arc<Bfd>, Timing)>,
+    /// Per neighbour with BFD, the task that hears its session's edges
+    /// (aborted, it leaves the shared session).
+    bfd_subs: HashMap<IpAddr, tokio::task::JoinHandle<()>>,
     /// BFD's Down, per neighbour address.
     bfd_down: mpsc::Sender<IpAddr>,
     /// Sessions that are up, and who is at the other end.
@@ -320,7 +338,7 @@ impl State {
         }
         for n in ns {
             if !self.peers.contains_key(&n.addr) {
-                self.add(n, !going.contains(&n.addr)).await;
+                self.add(n).await;
             }
         }
         self.guard_listener();
@@ -338,9 +356,9 @@ impl State {
         }
     }
 
-    /// Starts a neighbour's session, and its BFD when `bfd` (a session
-    /// started again keeps the BFD it had).
-    async fn add(&mut self, n: Neighbour, bfd: bool) {
+    /// Starts a neighbour's session, and its BFD when it asks for it (a
+    /// session started again keeps the BFD it had).
+    async fn add(&mut self, n: Neighbour) {
         let (tx, mut rx) = mpsc::channel(64);
         let session = Config {
             peer_as: n.asn,
@@ -362,8 +380,14 @@ impl State {
         peer.update(self.table_for(&n));
         self.board.update(n.addr, |p| p.asn = n.asn);
         self.peers.insert(n.addr, Running { n, peer, gen });
-        if bfd {
-            self.start_bfd(n.addr).await;
+        match (n.bfd, self.bfd_subs.contains_key(&n.addr)) {
+            (true, false) => self.start_bfd(n.addr).await,
+            (false, true) => {
+                if let Some(sub) = self.bfd_subs.remove(&n.addr) {
+                    sub.abort();
+                }
+            }
+            _ => {}
         }
     }
 
@@ -375,7 +399,7 @@ impl State {
         bfd.add(addr, *t, tx).await;
         let (down, board) = (self.bfd_down.clone(), self.board.clone());
         board.update(addr, |p| p.bfd = "Down".into());
-        tokio::spawn(async move {
+        let sub = tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
                 let up = matches!(e, Edge::Up);
                 board.update(addr, |p| p.bfd = if up { "Up" } else { "Down" }.into());
@@ -384,6 +408,7 @@ impl State {
                 }
             }
         });
+        self.bfd_subs.insert(addr, sub);
     }
 
     /// Stops a neighbour's session with a Cease (and its BFD, unless
@@ -398,8 +423,10 @@ impl State {
             true => cease::OTHER_CONFIGURATION_CHANGE,
             false => cease::PEER_DECONFIGURED,
         });
-        if let (Some((bfd, _)), false) = (&self.bfd, staying) {
-            bfd.remove(addr).await;
+        if !staying {
+            if let Some(sub) = self.bfd_subs.remove(&addr) {
+                sub.abort();
+            }
         }
         self.restart.remove(&addr);
         if !staying {

@@ -31,6 +31,7 @@ pub struct Node {
 pub struct Configured {
     pub ip: IpAddr,
     pub asn: u32,
+    pub bfd: bool,
 }
 
 /// The cluster-wide settings that shape the mesh.
@@ -38,6 +39,8 @@ pub struct Configured {
 pub struct Mesh {
     pub asn: u32,
     pub enabled: bool,
+    /// BFD with every node (the cluster's BGPConfiguration has `bfd`).
+    pub bfd: bool,
 }
 
 /// This node's neighbours among the other nodes; GTSM with those on this
@@ -58,6 +61,7 @@ pub fn mesh(me: &Node, nodes: &[Node], m: Mesh, segment: Option<IpNet>) -> Vec<N
             asn: m.asn,
             client: me.reflector && !n.reflector,
             ttl_security: segment.is_some_and(|s| s.contains(&n.ip)),
+            bfd: m.bfd,
         })
         .collect();
     out.sort_by_key(|n| n.addr);
@@ -86,6 +90,7 @@ pub fn configured(me: &Node, peers: &[Configured]) -> (Vec<Neighbour>, Vec<Strin
                 asn: p.asn,
                 client: false,
                 ttl_security: false,
+                bfd: p.bfd,
             });
         }
     }
@@ -116,6 +121,7 @@ mod tests {
     const MESH: Mesh = Mesh {
         asn: 64512,
         enabled: true,
+        bfd: false,
     };
 
     #[test]
@@ -160,10 +166,12 @@ mod tests {
             Configured {
                 ip: me.ip,
                 asn: 64513,
+                bfd: false,
             },
             Configured {
                 ip: "192.168.200.254".parse().unwrap(),
                 asn: 64513,
+                bfd: true,
             },
         ];
         let (got, problems) = configured(&me, &peers);

@@ -67,6 +67,7 @@ fn speaker() -> SpeakerConfig {
             asn: 64513,
             client: false,
             ttl_security: false,
+            bfd: true,
         }],
         bfd: Some(Timing {
             desired_min_tx: Duration::from_millis(100),

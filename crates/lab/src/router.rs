@@ -109,7 +109,8 @@ pub fn default_route(rack: usize, oif: u32) -> Route {
 pub fn bird_conf(racks: &[(Ipv4Addr, Ipv4Net)], log: &Path) -> String {
     let mut out = format!(
         "router id {};\nlog \"{}\" all;\nprotocol device {{}}\n\
-         protocol kernel {{\n  merge paths on;\n  ipv4 {{ import none; export all; }};\n}}\n",
+         protocol kernel {{\n  merge paths on;\n  ipv4 {{ import none; export all; }};\n}}\n\
+         protocol bfd {{\n  interface \"*\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }};\n}}\n",
         racks[0].0,
         log.display()
     );
@@ -118,7 +119,7 @@ pub fn bird_conf(racks: &[(Ipv4Addr, Ipv4Net)], log: &Path) -> String {
         out.push_str(&format!(
             "protocol bgp rack{rack} {{\n  local {me} as {TOR_ASN};\n  \
              neighbor range {nodes} as {CLUSTER_ASN};\n  dynamic name \"rack{rack}node\";\n  \
-             hold time 9;\n  graceful restart on;\n  \
+             hold time 9;\n  error wait time 1, 5;\n  graceful restart on;\n  bfd on;\n  \
              ipv4 {{ import all; export none; }};\n}}\n"
         ));
     }
@@ -136,7 +137,7 @@ pub fn frr_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
          router bgp {TOR_ASN}\n bgp router-id {}\n no bgp ebgp-requires-policy\n \
          bgp graceful-restart\n bgp bestpath as-path multipath-relax\n \
          neighbor nodes peer-group\n neighbor nodes remote-as {CLUSTER_ASN}\n \
-         neighbor nodes timers 3 9\n{ranges} address-family ipv4 unicast\n  \
+         neighbor nodes timers 3 9\n neighbor nodes bfd\n{ranges} address-family ipv4 unicast\n  \
          maximum-paths 16\n exit-address-family\n",
         racks[0].0
     )
@@ -233,8 +234,8 @@ impl Lab {
         Ok(())
     }
 
-    /// zebra (the FIB) and bgpd, sharing one zserv socket in the router's
-    /// directory, so several labs' routers never meet.
+    /// zebra (the FIB), bfdd and bgpd, sharing one zserv socket in the
+    /// router's directory, so several labs' routers never meet.
     fn start_frr(
         &self,
         dir: &Path,
@@ -253,7 +254,7 @@ impl Lab {
         if !st.success() {
             return Err(msg(format!("chown frr:frr {}: {st}", dir.display())));
         }
-        for daemon in ["zebra", "bgpd"] {
+        for daemon in ["zebra", "bfdd", "bgpd"] {
             let mut cmd = Command::new(format!("/usr/lib/frr/{daemon}"));
             cmd.arg("-f")
                 .arg(if daemon == "bgpd" {
@@ -273,6 +274,9 @@ impl Lab {
                 for (me, _) in racks {
                     cmd.arg("-l").arg(me.to_string());
                 }
+            }
+            if daemon == "bfdd" {
+                cmd.arg("--bfdctl").arg(dir.join("bfdd.sock"));
             }
             spawn_logged(
                 &self.dir,

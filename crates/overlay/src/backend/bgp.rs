@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
+use podnet_bgp::bfd::Timing;
 use podnet_bgp::export::NextHops;
 use podnet_bgp::fsm::Config;
 use podnet_bgp::node::NodeSpeaker;
@@ -100,7 +101,13 @@ impl Bgp {
                 ttl_security: false,
             },
             neighbours: Vec::new(),
-            bfd: None,
+            // For the neighbours that ask for it (BGPConfiguration's and
+            // BGPPeer's `bfd`): a dead peer is dropped in 300 ms.
+            bfd: Some(Timing {
+                desired_min_tx: Duration::from_millis(100),
+                required_min_rx: Duration::from_millis(100),
+                detect_mult: 3,
+            }),
         }
     }
 
