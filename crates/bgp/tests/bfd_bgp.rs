@@ -9,7 +9,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, session, Bird, Frozen, THEM as BIRD, US};
+use common::{link, runtime, session, Bird, THEM as BIRD, US};
 use ipnet::IpNet;
 use podnet_bgp::bfd::Timing;
 use podnet_bgp::export::{Neighbour, NextHops};
@@ -17,7 +17,7 @@ use podnet_bgp::fsm::Config;
 use podnet_bgp::rib::{Change, Local};
 use podnet_bgp::speaker::{Speaker, SpeakerConfig};
 use podnet_bgp::wire::{Afi, Safi};
-use podnet_testkit::require_root;
+use podnet_testkit::{require_root, Frozen};
 use tokio::sync::mpsc;
 
 /// BIRD peering over eBGP with BFD. Thawed, BIRD's own BFD timers fire

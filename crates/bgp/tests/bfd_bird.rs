@@ -8,10 +8,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{link, runtime, until, Bird, Frozen, THEM, THEM6, US, US6};
+use common::{link, runtime, until, Bird, THEM, THEM6, US, US6};
 use podnet_bgp::bfd::{Diag, Edge, Timing};
 use podnet_bgp::bfd_link::Bfd;
-use podnet_testkit::require_root;
+use podnet_testkit::{require_root, Frozen};
 use tokio::sync::mpsc;
 
 /// BIRD's BFD with us, `ours` and `theirs` the two ends' addresses.

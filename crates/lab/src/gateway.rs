@@ -65,7 +65,7 @@ pub fn rack_net(rack: usize) -> Ipv4Net {
 /// Which rack node `index` is in: with two racks, odd nodes in rack 1 and
 /// even ones in rack 2.
 pub fn rack_of(racks: usize, index: usize) -> usize {
-    if racks > 1 && index % 2 == 0 {
+    if racks > 1 && index.is_multiple_of(2) {
         2
     } else {
         1

@@ -84,11 +84,6 @@ pub async fn next(
     }
 }
 
-/// A frozen process (a hung node), let go even when the test fails: a
-/// stopped process cannot be terminated, and its cleanup would wait
-/// forever.
-pub use podnet_testkit::Frozen;
-
 /// BIRD 2 in `ns` with configuration `conf` (its log and control socket
 /// in `dir`); stopped when dropped.
 pub struct Bird<'a> {
