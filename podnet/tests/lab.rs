@@ -1857,6 +1857,8 @@ fn lb_over_bgp(router: &str, tag: &str) {
             .count()
             >= 2
     });
+    let r = lab.sh(&tor, &format!("ip route show {ip}/32")).1;
+    assert!(!r.contains("192.168.200.12"), "node2 has no endpoint: {r}");
     lab.eventually("the LB IP from the router, client address kept", || {
         ask_from(&lab, &tor, &ip, 80, "clientip").1.trim() == "192.168.200.254"
     });
@@ -1886,6 +1888,39 @@ fn lb_over_bgp(router: &str, tag: &str) {
 #[test]
 fn lb_over_bgp_with_bird() {
     lb_over_bgp("bird", "lbb");
+}
+
+/// GoBGP as the router: it keeps what it learns in its own RIB (no FIB
+/// without zebra), so the check is its RIB: both pod CIDRs, and the LB
+/// IP's /32 from node1 only (the Local Service's endpoint is there).
+#[test]
+fn lb_over_bgp_with_gobgp() {
+    let lab = Lab::up_with("lbg", "bgp", 2, &["--router", "gobgp"]);
+    lab.pod_labelled("web1", "node1", "app=web");
+    lab.apply(LB_OBJECTS);
+    let ip = lab.lb_ip("web");
+    let tor = lab.router_ns();
+    let cli = "/var/cache/podnet-peers/gobgp-v4.8.0/gobgp";
+    let rib = || {
+        lab.sh(&tor, &format!("timeout 2 {cli} global rib -a ipv4"))
+            .1
+    };
+    lab.eventually("the LB IP's /32 from node1 in GoBGP's RIB", || {
+        rib()
+            .lines()
+            .any(|l| l.contains(&format!("{ip}/32")) && l.contains("192.168.200.11"))
+    });
+    let r = rib();
+    assert_eq!(
+        r.lines().filter(|l| l.contains(" 10.244.")).count(),
+        2,
+        "{r}"
+    );
+    assert!(
+        !r.lines()
+            .any(|l| l.contains(&format!("{ip}/32")) && l.contains("192.168.200.12")),
+        "{r}"
+    );
 }
 
 /// BFD between the nodes and BIRD: a node whose agent freezes (its BFD

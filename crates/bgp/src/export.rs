@@ -5,8 +5,13 @@
 //!   neighbour with an empty AS_PATH and LOCAL_PREF 100, to an eBGP one
 //!   with this speaker's AS; next hop itself.
 //! - Routes learned over eBGP: to iBGP neighbours with next hop self (as
-//!   Calico's nodes do, so nothing needs the external next hop), to eBGP
-//!   ones with this AS prepended.
+//!   Calico's nodes do, so nothing needs the external next hop).
+//! - Nothing learned goes to an eBGP neighbour: a node is no transit. Its
+//!   routers hear from each node what that node serves (its pod CIDR, its
+//!   Service addresses), never another node's routes with this node as
+//!   next hop: a Local Service's /32 must come only from nodes with an
+//!   endpoint, and a router that learned every pod CIDR from every node
+//!   would send half its traffic the long way.
 //! - Routes learned over iBGP: never to another iBGP neighbour, unless this
 //!   speaker reflects (a cluster ID is set) and the route came from a
 //!   client or goes to one; a reflected route carries its ORIGINATOR_ID and
@@ -86,7 +91,7 @@ pub fn export(
             ..Default::default()
         },
         Source::Learned(r) => {
-            if r.from.addr == to.addr {
+            if r.from.addr == to.addr || external {
                 return None;
             }
             if !external && !r.from.external {
@@ -287,20 +292,22 @@ mod tests {
         assert!(export(&rr, &HOPS, &other, Afi::Ipv4, Source::Learned(&from_other)).is_none());
     }
 
+    /// A node is no transit: what it learned, over iBGP (another node's
+    /// pod CIDR, its Service /32) or over eBGP (a router's routes), never
+    /// goes to an external neighbour; its own routes do, without iBGP's
+    /// attributes.
     #[test]
-    fn ebgp_strips_ibgp_only_attributes() {
+    fn nothing_learned_goes_to_an_external_neighbour() {
+        let router = neighbour(9, 65009, false);
         let mut r = learned(2, 64512, true, vec![]);
         let a = std::sync::Arc::make_mut(&mut r.attrs);
         a.originator_id = Some(Ipv4Addr::new(10, 0, 0, 2));
         a.cluster_list = vec![Ipv4Addr::new(10, 0, 0, 1)];
-        let e = export(
-            &LOCAL,
-            &HOPS,
-            &neighbour(9, 65009, false),
-            Afi::Ipv4,
-            Source::Learned(&r),
-        )
-        .unwrap();
+        assert!(export(&LOCAL, &HOPS, &router, Afi::Ipv4, Source::Learned(&r)).is_none());
+        let from_router = learned(8, 65008, false, vec![65008]);
+        let learned_ebgp = Source::Learned(&from_router);
+        assert!(export(&LOCAL, &HOPS, &router, Afi::Ipv4, learned_ebgp).is_none());
+        let e = export(&LOCAL, &HOPS, &router, Afi::Ipv4, Source::Local).unwrap();
         assert_eq!(e.local_pref, None);
         assert_eq!(e.originator_id, None);
         assert!(e.cluster_list.is_empty());
