@@ -128,32 +128,7 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
-    // One BFD mux per node (UDP port 3784 on the underlay address), for
-    // BGP's neighbours and L2 announcement's node liveness alike.
-    let bgp_backend = bgp_sub.is_some();
-    let bfd = match bgp_backend || l2_sub.is_some() {
-        true => {
-            let ip = std::net::IpAddr::V4(overlay.underlay().ip);
-            let mux = podnet_bgp::bfd_link::Bfd::start(ip)
-                .await
-                .map_err(|e| AgentError::Other(format!("BFD on {ip}:3784: {e}")))?;
-            Some(Arc::new(mux))
-        }
-        false => None,
-    };
-    let speaker = bgp::start(&mut overlay, opts.bgp_status.clone(), bfd.clone()).await?;
-    if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
-        let u = overlay.underlay();
-        let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
-        tasks.spawn(bgp::run(sub, opts.node.clone(), segment.into(), speaker));
-        tasks.spawn(bgp::metrics(opts.bgp_status.clone(), metrics.clone()));
-    }
-    if let Some(sub) = l2_sub {
-        let u = overlay.underlay();
-        let iface = u.name.clone();
-        let mux = bfd.clone().expect("a BFD mux with L2 announcement");
-        tasks.spawn(l2::run(sub, opts.node.clone(), iface, mux, metrics.clone()));
-    }
+    routing(&mut overlay, &opts, bgp_sub, l2_sub, &metrics, &mut tasks).await?;
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(
             sub,
@@ -215,6 +190,41 @@ pub async fn run(
         }
         r = claim => r.map_err(|e| AgentError::Other(e.to_string())),
     }
+}
+
+/// BGP (with the bgp backend) and L2 announcement, as tasks of `tasks`:
+/// one BFD mux per node (UDP port 3784 on the underlay address) serves
+/// BGP's neighbours and L2 announcement's node liveness alike.
+async fn routing(
+    overlay: &mut Overlay,
+    opts: &Options,
+    bgp_sub: Option<podnet_source::Subscription>,
+    l2_sub: Option<podnet_source::Subscription>,
+    metrics: &Arc<Metrics>,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), AgentError> {
+    let bfd = match bgp_sub.is_some() || l2_sub.is_some() {
+        true => {
+            let ip = std::net::IpAddr::V4(overlay.underlay().ip);
+            let mux = podnet_bgp::bfd_link::Bfd::start(ip)
+                .await
+                .map_err(|e| AgentError::Other(format!("BFD on {ip}:3784: {e}")))?;
+            Some(Arc::new(mux))
+        }
+        false => None,
+    };
+    let speaker = bgp::start(overlay, opts.bgp_status.clone(), bfd.clone()).await?;
+    if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
+        let u = overlay.underlay();
+        let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
+        tasks.spawn(bgp::run(sub, opts.node.clone(), segment.into(), speaker));
+        tasks.spawn(bgp::metrics(opts.bgp_status.clone(), metrics.clone()));
+    }
+    if let (Some(sub), Some(mux)) = (l2_sub, bfd) {
+        let iface = overlay.underlay().name.clone();
+        tasks.spawn(l2::run(sub, opts.node.clone(), iface, mux, metrics.clone()));
+    }
+    Ok(())
 }
 
 /// The service proxy's task: its loop, or `/readyz` failing with why it
