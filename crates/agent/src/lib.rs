@@ -113,11 +113,7 @@ pub async fn run(
     let l2_sub = opts.l2_announce.then(|| source.subscribe(l2::KINDS));
     let _source = source.start();
 
-    let paths = Paths {
-        subnet_file: opts.subnet_file.clone(),
-        cni_conf_dir: opts.cni_conf_dir.clone(),
-        cni_data_dir: opts.cni_data_dir.clone(),
-    };
+    let paths = paths(&opts);
     let mut overlay = Overlay::new(
         &opts.node,
         opts.iface.as_deref(),
@@ -258,14 +254,19 @@ fn proxy(
     }
 }
 
-/// Removes everything the agent installed on this node and gives the
-/// subnet back.
-pub async fn cleanup(claim: Option<Claim>, opts: &Options) -> Result<Vec<String>, AgentError> {
-    let paths = Paths {
+/// Where the node's files go.
+fn paths(opts: &Options) -> Paths {
+    Paths {
         subnet_file: opts.subnet_file.clone(),
         cni_conf_dir: opts.cni_conf_dir.clone(),
         cni_data_dir: opts.cni_data_dir.clone(),
-    };
+    }
+}
+
+/// Removes everything the agent installed on this node and gives the
+/// subnet back.
+pub async fn cleanup(claim: Option<Claim>, opts: &Options) -> Result<Vec<String>, AgentError> {
+    let paths = paths(opts);
     let mut done = podnet_overlay::cleanup(opts.iface.as_deref(), &paths)
         .map_err(|e| AgentError::Other(e.to_string()))?;
     for t in podnet_proxy::cleanup().map_err(|e| AgentError::Other(e.to_string()))? {
