@@ -47,7 +47,10 @@ impl Lab {
         let mut p = c.spawn()?;
         if let Some(text) = stdin {
             use std::io::Write;
-            p.stdin.take().context("stdin")?.write_all(text.as_bytes())?;
+            p.stdin
+                .take()
+                .context("stdin")?
+                .write_all(text.as_bytes())?;
         }
         drop(p.stdin.take());
         let out = p.wait_with_output()?;
@@ -113,13 +116,18 @@ fn setup(lab: &Lab) -> Result<IpAddr> {
     lab.lab(&["up", "--nodes", "2", "--backend", "bgp", "--router", "bird"])?;
     for i in 1..=2 {
         let (pod, node) = (format!("default/web{i}"), format!("node{i}"));
-        lab.lab(&["run", &pod, "--node", &node, "--labels", "app=web", "--ports", "8080/tcp"])?;
+        lab.lab(&[
+            "run", &pod, "--node", &node, "--labels", "app=web", "--ports", "8080/tcp",
+        ])?;
     }
     lab.apply(OBJECTS)?;
     let store = format!("sqlite:///run/podnet-lab/{LAB}/state.db");
     let mut ip = None;
     until("the LB IP", Duration::from_secs(30), || {
-        let out = lab.run(&["--store", &store, "get", "svc", "web", "-o", "json"], None);
+        let out = lab.run(
+            &["--store", &store, "get", "svc", "web", "-o", "json"],
+            None,
+        );
         let v: serde_json::Value = out
             .ok()
             .and_then(|o| serde_json::from_str(&o).ok())
@@ -142,7 +150,10 @@ fn settled(bfd: bool) -> bool {
     let r = sh(&tor(), "ip route show 198.51.100.0/28");
     let both = r.contains("192.168.200.11") && r.contains("192.168.200.12");
     let ctl = format!("/run/podnet-lab/{LAB}/tor/bird.ctl");
-    let s = sh(&tor(), &format!("timeout 2 birdc -s {ctl} show bfd sessions"));
+    let s = sh(
+        &tor(),
+        &format!("timeout 2 birdc -s {ctl} show bfd sessions"),
+    );
     both && (!bfd || s.matches(" Up ").count() == 2)
 }
 
@@ -171,7 +182,10 @@ fn client(ip: IpAddr, stop: Arc<AtomicBool>, ok: Arc<Mutex<Vec<Instant>>>) -> Re
 fn failover(ip: IpAddr) -> Result<Duration> {
     let via = sh(&tor(), &format!("ip route get {ip} from 192.168.200.254"));
     let node = if via.contains("192.168.200.11") { 1 } else { 2 };
-    let (stop, ok) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+    let (stop, ok) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(Mutex::new(Vec::new())),
+    );
     client(ip, stop.clone(), ok.clone())?;
     until("the client answered", Duration::from_secs(10), || {
         !ok.lock().expect("answers").is_empty()
@@ -181,7 +195,10 @@ fn failover(ip: IpAddr) -> Result<Duration> {
     sh(&under, &format!("ip link set {port} down"));
     let cut = Instant::now();
     let back = until("an answer after the cut", Duration::from_secs(60), || {
-        ok.lock().expect("answers").iter().any(|t| *t > cut + Duration::from_millis(50))
+        ok.lock()
+            .expect("answers")
+            .iter()
+            .any(|t| *t > cut + Duration::from_millis(50))
     });
     stop.store(true, Ordering::Relaxed);
     sh(&under, &format!("ip link set {port} up"));
@@ -210,18 +227,33 @@ fn main() -> Result<()> {
         for k in 0..2 {
             let bfd = (round + k) % 2 == 0;
             lab.apply(&peer(bfd))?;
-            until("the router settled", Duration::from_secs(60), || settled(bfd))?;
+            until("the router settled", Duration::from_secs(60), || {
+                settled(bfd)
+            })?;
             let t = failover(ip)?;
             eprintln!("round {round}: bfd={bfd}: {:.0} ms", ms(t));
             times[usize::from(!bfd)].push(t);
-            until("the router settled again", Duration::from_secs(90), || settled(bfd))?;
+            until("the router settled again", Duration::from_secs(90), || {
+                settled(bfd)
+            })?;
         }
     }
     let (b, h) = (Stats::of(&times[0]), Stats::of(&times[1]));
     let (b, h) = (b.context("no BFD runs")?, h.context("no hold-time runs")?);
-    println!("bgp-failover: {} rounds each, BIRD router, node cut off at the switch", args.rounds);
-    println!("  with BFD (100 ms x 3): median {:.0} ms, max {:.0} ms", ms(b.median), ms(b.max));
-    println!("  without (hold 9 s):    median {:.0} ms, max {:.0} ms", ms(h.median), ms(h.max));
+    println!(
+        "bgp-failover: {} rounds each, BIRD router, node cut off at the switch",
+        args.rounds
+    );
+    println!(
+        "  with BFD (100 ms x 3): median {:.0} ms, max {:.0} ms",
+        ms(b.median),
+        ms(b.max)
+    );
+    println!(
+        "  without (hold 9 s):    median {:.0} ms, max {:.0} ms",
+        ms(h.median),
+        ms(h.max)
+    );
     println!("  ratio without/with: {:.1}x", ms(h.median) / ms(b.median));
     Ok(())
 }

@@ -180,7 +180,7 @@ impl Routing {
             self.labels = labels;
             return true;
         }
-        let Some(ip) = internal_ip(n) else {
+        let Some(ip) = crate::services::internal_ip(n) else {
             return self.nodes.remove(name).is_some();
         };
         let node = topology::Node {
@@ -270,18 +270,6 @@ impl Routing {
         out.extend(self.hosts.values().flatten().copied());
         out
     }
-}
-
-fn internal_ip(n: &podnet_api::k8s_openapi::api::core::v1::Node) -> Option<std::net::IpAddr> {
-    n.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()
 }
 
 /// Runs the node's BGP side until the subscription ends: the sessions

@@ -91,7 +91,7 @@ impl State {
             if lb.is_empty() {
                 continue;
             }
-            let eligible = match local(svc) {
+            let eligible = match podnet_api::service::external_local(svc) {
                 true => ready_nodes(&self.cache.slices(key), &alive),
                 false => alive.clone(),
             };
@@ -150,38 +150,18 @@ impl State {
 }
 
 fn internal_ip(o: &Object) -> Option<IpAddr> {
-    let Object::Node(n) = o else { return None };
-    n.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()
+    match o {
+        Object::Node(n) => crate::services::internal_ip(n),
+        _ => None,
+    }
 }
 
 fn lb_ips(svc: &Service) -> Vec<IpAddr> {
     let lb = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
-    if !lb {
-        return Vec::new();
+    match lb {
+        true => podnet_api::service::lb_ingress_ips(svc),
+        false => Vec::new(),
     }
-    svc.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect()
-}
-
-fn local(svc: &Service) -> bool {
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.external_traffic_policy.as_deref())
-        == Some("Local")
 }
 
 /// The alive nodes with a ready endpoint in `slices`.

@@ -1,4 +1,5 @@
-//! Services and their EndpointSlices as the agent's announcers read them
+//! Services and their EndpointSlices (and the Nodes' addresses) as the
+//! agent's announcers read them
 //! (BGP's Service addresses, L2 announcement): a cache fed by deltas that
 //! says which Services each batch touched, so the announcers recompute
 //! only those. A slice is filed under its Service by the
@@ -108,6 +109,19 @@ impl ServiceCache {
         }
         Some(key)
     }
+}
+
+/// A Node's InternalIP: the address other nodes and routers reach it at.
+pub fn internal_ip(n: &podnet_api::k8s_openapi::api::core::v1::Node) -> Option<std::net::IpAddr> {
+    n.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

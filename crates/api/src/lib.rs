@@ -16,6 +16,7 @@ pub mod netconfig;
 pub mod object;
 pub mod pool;
 pub mod selector;
+pub mod service;
 pub mod validate;
 
 pub use k8s_openapi;

@@ -69,20 +69,15 @@ pub fn host_routes(
     svc: &Service,
     slices: &[&EndpointSlice],
 ) -> BTreeSet<IpNet> {
-    if !local(svc) || podnet_api::endpoints::ready_on(slices, node) == 0 {
+    if !podnet_api::service::external_local(svc)
+        || podnet_api::endpoints::ready_on(slices, node) == 0
+    {
         return BTreeSet::new();
     }
     addresses(svc, blocks)
         .into_iter()
         .map(IpNet::from)
         .collect()
-}
-
-fn local(svc: &Service) -> bool {
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.external_traffic_policy.as_deref())
-        == Some("Local")
 }
 
 /// A Service's addresses that fall inside the block configured for their
@@ -103,15 +98,7 @@ fn addresses(svc: &Service, blocks: &ServiceBlocks) -> Vec<IpAddr> {
         .and_then(|s| s.external_ips.as_deref())
         .map(parse)
         .unwrap_or_default();
-    let lb: Vec<IpAddr> = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect();
+    let lb = podnet_api::service::lb_ingress_ips(svc);
     let mut out = inside(cluster, &blocks.cluster_ips);
     out.extend(inside(external, &blocks.external_ips));
     out.extend(inside(lb, &blocks.load_balancer_ips));

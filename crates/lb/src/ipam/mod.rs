@@ -104,12 +104,7 @@ pub fn key_of(svc: &Service) -> ServiceKey {
 
 /// The load-balancer addresses a Service's status shows.
 pub fn status_ips(svc: &Service) -> Vec<IpAddr> {
-    svc.status
-        .iter()
-        .flat_map(|s| s.load_balancer.iter())
-        .flat_map(|l| l.ingress.iter().flatten())
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect()
+    podnet_api::service::lb_ingress_ips(svc)
 }
 
 /// Decides Services one at a time against what is already held.
