@@ -21,6 +21,9 @@
 //!
 //! # How the agent uses it
 //!
+//! (`podnet_agent::l2`, `podnet agent --l2-announce`, does exactly this,
+//! with BFD between the nodes for liveness.)
+//!
 //! 1. At start, one [`Responder`] per underlay interface (the agent's
 //!    `--iface`), from inside its tokio runtime:
 //!    `Responder::start(iface, Announce::default())`. It needs
