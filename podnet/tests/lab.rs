@@ -1890,6 +1890,69 @@ fn lb_over_bgp_with_bird() {
     lb_over_bgp("bird", "lbb");
 }
 
+/// Graceful restart with a real router: the agent of the node with the
+/// Local Service's endpoint is killed and started again while a client in
+/// the router's namespace asks the LB IP every 20 ms; BIRD keeps the
+/// node's routes through the restart and no ask fails. (BFD is off for
+/// this peer: BFD lives in the agent, so a restart looks like a failure
+/// to a router that has it, unless the router runs it gracefully.)
+#[test]
+fn the_router_keeps_a_restarting_agents_routes() {
+    let lab = Lab::up_with("grr", "bgp", 2, &["--router", "bird"]);
+    lab.pod_labelled("web1", "node1", "app=web");
+    lab.apply(LB_OBJECTS);
+    lab.apply(
+        "apiVersion: podnet.io/v1\nkind: BGPPeer\nmetadata: {name: tor}\n\
+         spec: {peerIP: 192.168.200.254, asNumber: 64513, bfd: false}\n",
+    );
+    let ip = lab.lb_ip("web");
+    let tor = lab.router_ns();
+    lab.eventually("the LB IP from the router", || {
+        ask_from(&lab, &tor, &ip, 80, "hostname").1.trim() == "web1"
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asker = {
+        let (stop, tor, ip) = (stop.clone(), tor.clone(), ip.clone());
+        std::thread::spawn(move || {
+            let ns = Netns::named(&tor).unwrap();
+            let addr: std::net::SocketAddr = format!("{ip}:80").parse().unwrap();
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = ns
+                    .run(|| podnet_lab::serve::ask(addr, false, "hostname", WAIT))
+                    .unwrap();
+                match r {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+                // The router's own word: the /32 via node1 never goes.
+                let route = try_sh_in(&tor, &format!("ip route show {ip}/32")).1;
+                if !route.contains("192.168.200.11") {
+                    failed.push(format!("the router lost the route: {route:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed)
+        })
+    };
+    lab.ok(&["restart-agent", "node1"]);
+    lab.agent_ready("node1");
+    let status = || podnet(&["bgp", "status", "--lab", &lab.name]).stdout;
+    lab.eventually("node1's session with the router back", || {
+        String::from_utf8_lossy(&status())
+            .lines()
+            .filter(|l| l.starts_with("192.168.200.254 ") && l.contains("Established"))
+            .count()
+            == 2
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = asker.join().unwrap();
+    assert!(
+        ok > 0 && failed.is_empty(),
+        "{ok} answered, failed: {failed:?}"
+    );
+}
+
 /// GoBGP as the router: it keeps what it learns in its own RIB (no FIB
 /// without zebra), so the check is its RIB: both pod CIDRs, and the LB
 /// IP's /32 from node1 only (the Local Service's endpoint is there).
