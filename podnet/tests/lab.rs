@@ -1958,6 +1958,10 @@ fn the_router_keeps_a_restarting_agents_routes() {
 /// IP's /32 from node1 only (the Local Service's endpoint is there).
 #[test]
 fn lb_over_bgp_with_gobgp() {
+    // GoBGP is built from its Go module and cached by version.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");
+    let built = Command::new("bash").arg(script).output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
     let lab = Lab::up_with("lbg", "bgp", 2, &["--router", "gobgp"]);
     lab.pod_labelled("web1", "node1", "app=web");
     lab.apply(LB_OBJECTS);
