@@ -1961,7 +1961,11 @@ fn lb_over_bgp_with_gobgp() {
     // GoBGP is built from its Go module and cached by version.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");
     let built = Command::new("bash").arg(script).output().unwrap();
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let lab = Lab::up_with("lbg", "bgp", 2, &["--router", "gobgp"]);
     lab.pod_labelled("web1", "node1", "app=web");
     lab.apply(LB_OBJECTS);
@@ -2090,6 +2094,44 @@ fn lb_over_l2_moves_when_the_owner_freezes() {
         "L2 takeover after freezing {owner_node}'s agent: {:?}",
         t0.elapsed()
     );
+}
+
+/// The bgp backend across two racks, Calico's way with a top-of-rack
+/// router: each node peers with the router of its rack (a BGPPeer per
+/// node) and advertises its pod CIDR there; the mesh's routes to a node in
+/// the other rack have a next hop beyond the segment and go through the
+/// router (the recursive next hop), which learned that CIDR from its
+/// node. No tunnel anywhere; every pod reaches every other.
+#[test]
+fn bgp_across_two_racks_through_the_router() {
+    let lab = Lab::up_with("bgx", "bgp", 3, &["--racks", "2", "--router", "bird"]);
+    let peers: String = [("node1", 200), ("node2", 201), ("node3", 200)]
+        .iter()
+        .map(|(n, rack)| {
+            format!(
+                "---\napiVersion: podnet.io/v1\nkind: BGPPeer\nmetadata: {{name: tor-{n}}}\n\
+                 spec: {{peerIP: 192.168.{rack}.254, asNumber: 64513, node: {n}}}\n"
+            )
+        })
+        .collect();
+    lab.apply(&peers);
+    let ips: Vec<String> = (1..=3)
+        .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
+        .collect();
+    let routes = lab.kernel_state("node1");
+    assert!(routes.contains("via 192.168.200.13 dev eth0"), "{routes}");
+    assert!(
+        routes.contains("via 192.168.200.254 dev eth0"),
+        "node2 is beyond the router: {routes}"
+    );
+    for i in 0..3 {
+        for j in (0..3).filter(|j| *j != i) {
+            let (from, to) = (format!("default/p{}", i + 1), format!("{}:8080", ips[j]));
+            lab.eventually(&format!("p{i} -> p{j}"), || {
+                lab.run(&["probe", &from, &to]).status.success()
+            });
+        }
+    }
 }
 
 /// Two racks (underlay subnets) joined by the router, vxlan in its

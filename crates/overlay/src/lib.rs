@@ -238,7 +238,7 @@ impl Subsystem for Overlay {
             OverlayInput::Mine(l) => self.mine = Some(l),
             OverlayInput::Learned(c) => {
                 if let Backend::Bgp(b) = &mut self.backend {
-                    b.learn(c);
+                    b.learn(c, self.underlay.net);
                 }
             }
         }

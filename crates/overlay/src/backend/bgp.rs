@@ -127,12 +127,16 @@ impl Bgp {
     }
 
     /// Takes in best-route changes (IPv4 only: the pod network is IPv4).
-    pub fn learn(&mut self, changes: Vec<Change>) {
+    /// A next hop beyond this node's segment (a node in another rack) is
+    /// resolved through the underlay's own routes to the gateway that
+    /// reaches it (the top-of-rack router, which learned the pod CIDR from
+    /// that node): BGP's recursive next hop.
+    pub fn learn(&mut self, changes: Vec<Change>, segment: Ipv4Net) {
         for (prefix, best) in changes {
             let IpNet::V4(p) = prefix else { continue };
             match best.map(|r| r.next_hop) {
                 Some(IpAddr::V4(nh)) => {
-                    self.learned.insert(p, nh);
+                    self.learned.insert(p, resolve(nh, segment));
                 }
                 _ => {
                     self.learned.remove(&p);
@@ -175,6 +179,22 @@ impl Bgp {
         underlay: Ipv4Net,
     ) -> (Desired, Vec<String>) {
         plan(&self.learned, me, network, underlay)
+    }
+}
+
+/// The gateway on `segment` the kernel reaches `nh` through (`nh` itself
+/// when it is on the segment or cannot be resolved; the plan reports it
+/// then).
+fn resolve(nh: Ipv4Addr, segment: Ipv4Net) -> Ipv4Addr {
+    if segment.contains(&nh) {
+        return nh;
+    }
+    let via = podnet_kernel::Handle::new()
+        .and_then(|mut h| h.route_get(IpAddr::V4(nh), None, None))
+        .map(|r| r.route.gateway);
+    match via {
+        Ok(Some(IpAddr::V4(gw))) if segment.contains(&gw) => gw,
+        _ => nh,
     }
 }
 
