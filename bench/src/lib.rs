@@ -18,6 +18,7 @@
 
 pub mod connrate;
 pub mod objects;
+pub mod rtmon;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,6 +126,7 @@ pub struct Stats {
     pub n: usize,
     pub median: Duration,
     pub p90: Duration,
+    pub p99: Duration,
     pub mean: Duration,
     pub min: Duration,
     pub max: Duration,
@@ -146,11 +148,14 @@ impl Stats {
         };
         // Nearest rank: the smallest value with at least 90% of samples at or below it.
         let p90 = s[(n * 9).div_ceil(10).max(1) - 1];
+        // Below 100 samples this is the maximum.
+        let p99 = s[(n * 99).div_ceil(100).max(1) - 1];
         let mean = s.iter().sum::<Duration>() / n as u32;
         Some(Stats {
             n,
             median,
             p90,
+            p99,
             mean,
             min: s[0],
             max: s[n - 1],
@@ -172,6 +177,100 @@ impl Drop for LabGuard {
             eprintln!("lab {} down: {e}", self.0.name);
         }
     }
+}
+
+/// The options of a standalone lab (`podnet lab up --nodes N --backend B
+/// [--l2-announce]`, as the CLI sets them): the lab's store, controller,
+/// one DNS server, no router.
+pub fn lab_options(nodes: usize, backend: &str, l2_announce: bool) -> podnet_lab::UpOptions {
+    podnet_lab::UpOptions {
+        nodes,
+        backend: backend.into(),
+        store: None,
+        resync_secs: 10,
+        kube: false,
+        kube_agents: true,
+        dns_replicas: 1,
+        kubelet: false,
+        images: vec![],
+        daemon_exe: None,
+        router: None,
+        racks: 1,
+        l2_announce,
+    }
+}
+
+/// Brings lab `name` up under a guard, so a failed `up` is taken down too.
+pub fn up_lab(
+    rt: &tokio::runtime::Runtime,
+    exe: &Path,
+    name: &str,
+    o: &podnet_lab::UpOptions,
+) -> Result<LabGuard> {
+    let guard = LabGuard(podnet_lab::Lab::new(name, exe.to_path_buf())?);
+    rt.block_on(guard.0.up(o))
+        .with_context(|| format!("lab {name} up ({} nodes, {})", o.nodes, o.backend))?;
+    Ok(guard)
+}
+
+/// Waits until the agent in namespace `netns` answers `/readyz` with 200
+/// on the lab's metrics address (it has synced its node once).
+pub fn wait_agent_ready(netns: &str, deadline: std::time::Instant) -> Result<()> {
+    let ns = Netns::named(netns)?;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 10249));
+    loop {
+        let got = podnet_daemon::HttpGet::new(Duration::from_secs(1))
+            .netns(Some(&ns))
+            .get(addr, "/readyz");
+        if got.is_ok_and(|r| r.status == 200) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the agent in {netns} is not ready (/readyz) after waiting");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `podnet --store STORE apply -f -` with `manifest` on stdin, as a user
+/// applies objects to a standalone cluster.
+pub fn podnet_apply(exe: &Path, store: &str, manifest: &str) -> Result<()> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut p = Command::new(exe)
+        .args(["--store", store, "apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", exe.display()))?;
+    p.stdin
+        .take()
+        .context("apply's stdin")?
+        .write_all(manifest.as_bytes())?;
+    let out = p.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "podnet apply: {}\n{manifest}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `podnet --store STORE get KIND NAME -o json`, parsed.
+pub fn podnet_get(exe: &Path, store: &str, kind: &str, name: &str) -> Result<serde_json::Value> {
+    let out = std::process::Command::new(exe)
+        .args(["--store", store, "get", kind, name, "-o", "json"])
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "podnet get {kind} {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| format!("podnet get {kind} {name} -o json"))
 }
 
 /// Sets SO_LINGER 0, so closing the socket resets the connection: a rate
@@ -281,6 +380,7 @@ mod tests {
         let s = Stats::of(&d(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])).unwrap();
         assert_eq!(s.median, Duration::from_micros(5500));
         assert_eq!(s.p90, Duration::from_millis(9));
+        assert_eq!(s.p99, Duration::from_millis(10));
         assert_eq!(s.mean, Duration::from_micros(5500));
         assert!(Stats::of(&[]).is_none());
         let s = Stats::of(&d(&[7])).unwrap();
