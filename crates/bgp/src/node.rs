@@ -29,7 +29,7 @@ struct Parts {
     routes: BTreeMap<&'static str, BTreeSet<IpNet>>,
     told_neighbours: Option<Vec<Neighbour>>,
     told_routes: Option<BTreeSet<IpNet>>,
-    /// The owners whose routes must be in before any session starts.
+    /// The owners whose routes must be in before sessions are sent any.
     waiting: BTreeSet<&'static str>,
 }
 
@@ -41,10 +41,12 @@ pub struct NodeSpeaker {
 
 impl NodeSpeaker {
     /// Starts the speaker (its listener bound); best-route changes arrive
-    /// on the receiver. No session starts before each of `owners` has
-    /// named its routes once: a restarted node's first table and its
-    /// End-of-RIB would otherwise go out empty, and its peers, which kept
-    /// its routes through the restart, would drop them at that End-of-RIB.
+    /// on the receiver. Sessions start at once (a neighbour that dials
+    /// is never turned away as a stranger), but nothing is sent to them
+    /// before each of `owners` has named its routes once: a restarted
+    /// node's first table and its End-of-RIB would otherwise go out empty,
+    /// and its peers, which kept its routes through the restart, would drop
+    /// them at that End-of-RIB.
     pub async fn start(
         cfg: SpeakerConfig,
         board: Board,
@@ -53,7 +55,7 @@ impl NodeSpeaker {
     ) -> Result<(NodeSpeaker, mpsc::Receiver<Vec<Change>>), SpeakerError> {
         let (tx, rx) = mpsc::channel(64);
         let listen = cfg.listen;
-        let speaker = Speaker::start_shared(cfg, tx, board, bfd).await?;
+        let speaker = Speaker::start_shared(cfg, tx, board, bfd, !owners.is_empty()).await?;
         Ok((
             NodeSpeaker {
                 speaker,
@@ -95,12 +97,8 @@ impl NodeSpeaker {
         problems
     }
 
-    /// Tells the speaker the union of the neighbours, when it changed and
-    /// no owner's routes are still awaited.
+    /// Tells the speaker the union of the neighbours, when it changed.
     async fn tell_neighbours(&self, p: &mut Parts) -> Vec<String> {
-        if !p.waiting.is_empty() {
-            return Vec::new();
-        }
         let mut all: Vec<Neighbour> = Vec::new();
         for n in p.neighbours.values().flatten() {
             if !all.iter().any(|a| a.addr == n.addr) {
@@ -148,9 +146,7 @@ impl NodeSpeaker {
             p.told_routes = Some(all);
         }
         if p.waiting.remove(owner) && p.waiting.is_empty() {
-            for problem in self.tell_neighbours(&mut p).await {
-                tracing::warn!("{problem}");
-            }
+            self.speaker.release().await;
         }
     }
 

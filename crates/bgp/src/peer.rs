@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
@@ -73,6 +74,20 @@ impl Peer {
     /// Starts the session with `remote` (its BGP port); events arrive on
     /// `events`.
     pub fn start(config: Config, remote: SocketAddr, events: mpsc::Sender<PeerEvent>) -> Peer {
+        Peer::start_gated(config, remote, events, Arc::new(AtomicBool::new(true)))
+    }
+
+    /// [`Peer::start`], sending nothing to the peer (no table, no
+    /// End-of-RIB) while `gate` is shut: a session that comes up before the
+    /// speaker's owner has named its routes waits for them instead of
+    /// telling the peer, with an early End-of-RIB, that there are none.
+    /// Opening the gate takes a [`Peer::wake`].
+    pub fn start_gated(
+        config: Config,
+        remote: SocketAddr,
+        events: mpsc::Sender<PeerEvent>,
+        gate: Arc<AtomicBool>,
+    ) -> Peer {
         let pending = Pending::default();
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (wake, woken) = mpsc::channel(1);
@@ -95,6 +110,8 @@ impl Peer {
             buf: vec![0; 65536],
             accepted,
             down,
+            gate,
+            table_owed: false,
         };
         let task = tokio::spawn(link.run(stopped));
         Peer {
@@ -129,6 +146,11 @@ impl Peer {
     /// Changes the routes of these prefixes only (None: withdrawn); the
     /// peer is sent what differs from what it holds, at once if the session
     /// is up, else with everything when it comes up.
+    /// Has the task look at its routes again (after the gate opened).
+    pub fn wake(&self) {
+        let _ = self.wake.try_send(());
+    }
+
     pub fn update(&self, changes: Vec<(IpNet, Option<PathAttrs>)>) {
         if changes.is_empty() {
             return;
@@ -217,6 +239,11 @@ struct Link {
     sent: Arc<std::sync::atomic::AtomicUsize>,
     /// BFD's word that the path is down.
     down: mpsc::Receiver<()>,
+    /// Shut: nothing goes to the peer yet ([`Peer::start_gated`]).
+    gate: Arc<AtomicBool>,
+    /// The session came up while the gate was shut: its table and
+    /// End-of-RIB go when it opens.
+    table_owed: bool,
 }
 
 /// What woke the loop.
@@ -260,7 +287,7 @@ impl Link {
                 Wake::Routes => {
                     let changed = self.take_pending();
                     if self.session.state() == State::Established {
-                        self.send_routes(&changed).await;
+                        self.send_changes(&changed).await;
                     }
                 }
             }
@@ -422,10 +449,12 @@ impl Link {
                 };
                 let _ = self.events.send(PeerEvent::Up(n)).await;
                 self.take_pending();
-                self.send_table().await;
+                self.table_owed = true;
+                self.send_changes(&[]).await;
                 None
             }
             Action::Down(why) => {
+                self.table_owed = false;
                 let _ = self.events.send(PeerEvent::Down(why)).await;
                 None
             }
@@ -473,6 +502,18 @@ impl Link {
             if self.send(&Message::Update(u)).await.is_err() {
                 return;
             }
+        }
+    }
+
+    /// What the session is owed once the gate is open: the whole table
+    /// (it came up since), else what changed.
+    async fn send_changes(&mut self, changed: &[Routed]) {
+        if !self.gate.load(Ordering::Relaxed) {
+            return;
+        }
+        match std::mem::take(&mut self.table_owed) {
+            true => self.send_table().await,
+            false => self.send_routes(changed).await,
         }
     }
 

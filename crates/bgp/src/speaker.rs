@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -96,6 +97,8 @@ pub enum SpeakerError {
 enum Cmd {
     Originate(Vec<(Afi, IpNet)>),
     Neighbours(Vec<Neighbour>),
+    /// The owner's routes are in: sessions may be sent their tables.
+    Release,
 }
 
 /// A running speaker; dropped, its sessions just close, with no
@@ -105,6 +108,8 @@ enum Cmd {
 pub struct Speaker {
     listen: IpAddr,
     cmds: mpsc::Sender<Cmd>,
+    /// Open once the owner's routes are in ([`Speaker::release`]).
+    gate: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -131,21 +136,29 @@ impl Speaker {
         changes: mpsc::Sender<Vec<Change>>,
         board: Board,
     ) -> Result<Speaker, SpeakerError> {
-        Speaker::start_shared(cfg, changes, board, None).await
+        Speaker::start_shared(cfg, changes, board, None, false).await
     }
 
     /// [`Speaker::start_with`] on a BFD mux shared with others on this
     /// address (one UDP port 3784 per address; the node's liveness uses
-    /// it too), when the config asks for BFD.
+    /// it too), when the config asks for BFD. With `held`, sessions come
+    /// up but are sent nothing, not even End-of-RIB, until
+    /// [`Speaker::release`]: a restarted node whose first table went out
+    /// empty would have its peers, which kept its routes through the
+    /// restart, drop them at that End-of-RIB.
     pub async fn start_shared(
         cfg: SpeakerConfig,
         changes: mpsc::Sender<Vec<Change>>,
         board: Board,
         mux: Option<Arc<Bfd>>,
+        held: bool,
     ) -> Result<Speaker, SpeakerError> {
+        let gate = Arc::new(AtomicBool::new(!held));
         check(cfg.listen, &cfg.neighbours)?;
         let addr = SocketAddr::new(cfg.listen, PORT);
-        let listener = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
+        let all_gtsm = cfg.neighbours.iter().all(|n| n.ttl_security);
+        let listener =
+            listen(addr, all_gtsm).map_err(|source| SpeakerError::Listen { addr, source })?;
         let (down_tx, bfd_down) = mpsc::channel(16);
         let bfd = match (cfg.bfd, mux) {
             (Some(t), Some(m)) => Some((m, t)),
@@ -178,6 +191,7 @@ impl Speaker {
             own: BTreeSet::new(),
             changes,
             board,
+            gate: gate.clone(),
             restart: HashMap::new(),
             restarting: HashMap::new(),
             expired: expired_tx,
@@ -188,7 +202,19 @@ impl Speaker {
         }
         state.guard_listener();
         let task = tokio::spawn(state.run(events, cmd_rx, bfd_down, expired));
-        Ok(Speaker { listen, cmds, task })
+        Ok(Speaker {
+            listen,
+            cmds,
+            gate,
+            task,
+        })
+    }
+
+    /// Opens the gate of a held speaker: every session gets its table and
+    /// End-of-RIB now.
+    pub async fn release(&self) {
+        self.gate.store(true, Ordering::Relaxed);
+        let _ = self.cmds.send(Cmd::Release).await;
     }
 
     /// Replaces the routes this node originates (the neighbours are sent
@@ -211,14 +237,17 @@ impl Speaker {
 }
 
 /// The listener: it answers with TTL 255 (a GTSM neighbour checks the
-/// SYN-ACK too); which TTL it takes is [`State::guard_listener`]'s.
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// SYN-ACK too), and takes only 255 from the start when every initial
+/// neighbour has GTSM (no window before [`State::guard_listener`]).
+fn listen(addr: SocketAddr, all_gtsm: bool) -> std::io::Result<TcpListener> {
     let s = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     s.set_reuseaddr(true)?;
     gtsm::send_255(&s, addr.is_ipv6())?;
+    // The TTL check is in place before the first SYN can arrive.
+    gtsm::min_ttl(&s, addr.is_ipv6(), all_gtsm)?;
     s.bind(addr)?;
     s.listen(1024)
 }
@@ -272,6 +301,7 @@ struct State {
     own: BTreeSet<IpNet>,
     changes: mpsc::Sender<Vec<Change>>,
     board: Board,
+    gate: Arc<AtomicBool>,
     /// Per session that is up, the restart time its peer asked for
     /// (graceful restart), if any.
     restart: HashMap<IpAddr, u16>,
@@ -312,6 +342,7 @@ impl State {
                 Some(cmd) = cmds.recv() => match cmd {
                     Cmd::Originate(own) => self.originate(own),
                     Cmd::Neighbours(ns) => self.set_neighbours(ns).await,
+                    Cmd::Release => self.peers.values().for_each(|r| r.peer.wake()),
                 },
                 else => return,
             }
@@ -366,7 +397,8 @@ impl State {
             ttl_security: n.ttl_security,
             ..self.cfg.session.clone()
         };
-        let peer = Peer::start(session, SocketAddr::new(n.addr, PORT), tx);
+        let remote = SocketAddr::new(n.addr, PORT);
+        let peer = Peer::start_gated(session, remote, tx, self.gate.clone());
         let gen = self.next_gen;
         self.next_gen += 1;
         let (fwd, addr) = (self.events.clone(), n.addr);

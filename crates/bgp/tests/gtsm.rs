@@ -191,11 +191,13 @@ fn a_syn_from_beyond_a_router_never_reaches_a_gtsm_listener_and_one_on_the_link_
     require_root();
     let lab = lab();
     // The far host has tried (phase one); everyone is done.
+    // The node listens; the far host has tried (phase one); all done.
+    let listening = Arc::new(Barrier::new(2));
     let tried = Arc::new(Barrier::new(2));
     let done = Arc::new(Barrier::new(3));
     let drops_before = min_ttl_drops(&lab.node);
     std::thread::scope(|s| {
-        let (tried_n, done_n) = (tried.clone(), done.clone());
+        let (tried_n, done_n, listening_n) = (tried.clone(), done.clone(), listening.clone());
         let lab = &lab;
         s.spawn(move || {
             lab.node.run(|| {
@@ -203,6 +205,9 @@ fn a_syn_from_beyond_a_router_never_reaches_a_gtsm_listener_and_one_on_the_link_
                     let (tx, mut rx) = mpsc::channel(64);
                     let all_gtsm = vec![neighbour(NEAR, true), neighbour(FAR, true)];
                     let sp = Speaker::start(speaker(all_gtsm), tx).await.unwrap();
+                    // A refused connect would prove nothing: the far host
+                    // tries only once the node listens.
+                    meet(&listening_n).await;
                     learn(&mut rx, prefix(NEAR), "the neighbour on the link").await;
                     meet(&tried_n).await;
                     let drops = min_ttl_drops(&lab.node);
@@ -234,14 +239,18 @@ fn a_syn_from_beyond_a_router_never_reaches_a_gtsm_listener_and_one_on_the_link_
                 })
             })
         });
-        s.spawn(move || lab.far.run(|| runtime().block_on(far(tried, done))));
+        s.spawn(move || {
+            lab.far
+                .run(|| runtime().block_on(far(listening, tried, done)))
+        });
     });
 }
 
 /// The far host: its session (without GTSM, so that it comes up once the
 /// node lets it), and a connect sent with TTL 255 (taking any answer)
 /// that must time out.
-async fn far(tried: Arc<Barrier>, done: Arc<Barrier>) {
+async fn far(listening: Arc<Barrier>, tried: Arc<Barrier>, done: Arc<Barrier>) {
+    meet(&listening).await;
     let (peer, mut rx) = bare(FAR, false);
     let sock = TcpSocket::new_v4().unwrap();
     gtsm::send_255(&sock, false).unwrap();
