@@ -228,6 +228,11 @@ async fn run_inner(
             Some((p, e)) = edges.recv() => {
                 tracing::info!(node_ip = %p, up = matches!(e, Edge::Up), "node liveness");
                 st.edge(p, &e);
+                if matches!(e, Edge::Up) {
+                    // It may have taken some of ours while it could not
+                    // hear us (a cut link): our clients must hear us again.
+                    responder.announce_again();
+                }
             }
             _ = tick.tick() => {
                 let now = Instant::now();

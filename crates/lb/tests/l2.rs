@@ -291,3 +291,37 @@ fn drop_cap_net_raw() {
     let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
     assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
 }
+
+/// A node that was cut off comes back: the other node had taken its
+/// address meanwhile (the client now points there) and gives it back as
+/// the election says; the returning owner never lost it in its own view,
+/// so only announcing again moves the client back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_announces_again_and_the_client_comes_back() {
+    let seg = Segment::new();
+    let a = start(&seg.a);
+    let b = start(&seg.b);
+    let count = u64::from(Announce::default().count);
+    a.set_owned([ip(LB4)]);
+    eventually("a ping through node A", DEADLINE, || seg.ping(LB4).0);
+    // A's announcements are over: nothing of A's is still on its way.
+    eventually("node A's announcements sent", DEADLINE, || {
+        a.stats().announcements >= count
+    });
+    let (mac_a, mac_b) = (format_mac(&a.mac()), format_mac(&b.mac()));
+    b.set_owned([ip(LB4)]);
+    eventually("the client moved to node B", DEADLINE, || {
+        seg.neigh_mac(LB4).as_deref() == Some(mac_b.as_str())
+    });
+    eventually("node B's announcements sent", DEADLINE, || {
+        b.stats().announcements >= count
+    });
+    b.set_owned([]);
+    assert_eq!(seg.neigh_mac(LB4).as_deref(), Some(mac_b.as_str()));
+    let before = a.stats().announcements;
+    a.announce_again();
+    eventually("the client back on node A", DEADLINE, || {
+        seg.neigh_mac(LB4).as_deref() == Some(mac_a.as_str())
+    });
+    assert!(a.stats().announcements > before, "{:?}", a.stats());
+}

@@ -45,6 +45,8 @@ pub struct Responder {
     iface: String,
     mac: Mac,
     owned: watch::Sender<BTreeSet<IpAddr>>,
+    /// Asks the task to announce every owned address again.
+    again: Arc<tokio::sync::Notify>,
     counters: Arc<Counters>,
     task: Option<JoinHandle<Result<(), L2Error>>>,
 }
@@ -118,6 +120,7 @@ impl Responder {
             })
         };
         let counters = Arc::new(Counters::default());
+        let again = Arc::new(tokio::sync::Notify::new());
         let (owned, rx) = watch::channel(BTreeSet::new());
         let task = Task {
             arp: register(s.arp)?,
@@ -128,6 +131,7 @@ impl Responder {
             owned: BTreeSet::new(),
             schedule: Schedule::new(announce),
             counters: counters.clone(),
+            again: again.clone(),
         };
         let task = rt.spawn(async move {
             let iface = task.iface.clone();
@@ -141,6 +145,7 @@ impl Responder {
             iface,
             mac: s.mac,
             owned,
+            again,
             counters,
             task: Some(task),
         })
@@ -151,6 +156,13 @@ impl Responder {
     /// are announced at once; lost ones are no longer answered.
     pub fn set_owned(&self, ips: impl IntoIterator<Item = IpAddr>) {
         self.owned.send_replace(ips.into_iter().collect());
+    }
+
+    /// Announces every owned address again (the same schedule as a gain):
+    /// a node that comes back may have taken some of them over while this
+    /// one could not hear it, and its clients still point at it.
+    pub fn announce_again(&self) {
+        self.again.notify_one();
     }
 
     /// The addresses last given to [`Responder::set_owned`].
@@ -262,6 +274,7 @@ struct Task {
     owned: BTreeSet<IpAddr>,
     schedule: Schedule,
     counters: Arc<Counters>,
+    again: Arc<tokio::sync::Notify>,
 }
 
 impl Task {
@@ -288,6 +301,12 @@ impl Task {
                     self.drain(guard, Kind::Ndp, &mut buf)?;
                 }
                 _ = tokio::time::sleep_until(wake), if next.is_some() => self.announce_due(),
+                _ = self.again.notified() => {
+                    let now = Instant::now();
+                    for ip in &self.owned {
+                        self.schedule.gained(*ip, now);
+                    }
+                }
             }
         }
     }
