@@ -175,10 +175,11 @@ impl Bgp {
     pub fn plan(
         &self,
         me: &NodeView,
+        others: &[&NodeView],
         network: Ipv4Net,
         underlay: Ipv4Net,
     ) -> (Desired, Vec<String>) {
-        plan(&self.learned, me, network, underlay)
+        plan(&self.learned, me, others, network, underlay)
     }
 }
 
@@ -198,11 +199,12 @@ fn resolve(nh: Ipv4Addr, segment: Ipv4Net) -> Ipv4Addr {
     }
 }
 
-/// A route per learned prefix inside the cluster network (not this
-/// node's own), via its next hop on the underlay. Pure.
+/// A route per learned prefix inside another node's leased subnet, via
+/// its next hop on the underlay. Pure.
 pub fn plan(
     learned: &BTreeMap<Ipv4Net, Ipv4Addr>,
     me: &NodeView,
+    others: &[&NodeView],
     network: Ipv4Net,
     underlay: Ipv4Net,
 ) -> (Desired, Vec<String>) {
@@ -210,6 +212,12 @@ pub fn plan(
     let mut problems = Vec::new();
     for (dst, nh) in learned {
         if !network.contains(dst) || dst.contains(&me.subnet) || me.subnet.contains(dst) {
+            continue;
+        }
+        // Only inside a subnet another node holds now: a released lease's
+        // route (kept by its peers through graceful restart) never
+        // competes with the node that leases the subnet next.
+        if !others.iter().any(|n| n.subnet.contains(dst)) {
             continue;
         }
         if !underlay.contains(nh) {
@@ -252,13 +260,56 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// Nodes b, c, d hold 10.244.2-4.0/24.
+    fn leased() -> Vec<&'static NodeView> {
+        static NODES: std::sync::OnceLock<Vec<NodeView>> = std::sync::OnceLock::new();
+        NODES
+            .get_or_init(|| {
+                (2..=4)
+                    .map(|i| NodeView {
+                        name: format!("n{i}"),
+                        subnet: format!("10.244.{i}.0/24").parse().unwrap(),
+                        public_ip: format!("192.168.9.{i}").parse().unwrap(),
+                        vtep_mac: None,
+                    })
+                    .collect()
+            })
+            .iter()
+            .collect()
+    }
+
+    /// A route to a subnet no node leases (a released lease, kept by
+    /// graceful restart at the peers) is not installed.
+    #[test]
+    fn only_subnets_other_nodes_lease_are_installed() {
+        let l = learned(&[
+            ("10.244.2.0/24", "192.168.9.2"),
+            ("10.244.9.0/24", "192.168.9.9"),
+        ]);
+        let (d, _) = plan(
+            &l,
+            &me(),
+            &leased(),
+            net("10.244.0.0/16"),
+            net("192.168.9.0/24"),
+        );
+        let dsts: Vec<Ipv4Net> = d.routes.iter().map(|r| r.dst).collect();
+        assert_eq!(dsts, vec![net("10.244.2.0/24")]);
+    }
+
     #[test]
     fn a_route_per_learned_subnet_via_its_next_hop() {
         let l = learned(&[
             ("10.244.2.0/24", "192.168.9.2"),
             ("10.244.3.0/24", "192.168.9.3"),
         ]);
-        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        let (d, p) = plan(
+            &l,
+            &me(),
+            &leased(),
+            net("10.244.0.0/16"),
+            net("192.168.9.0/24"),
+        );
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(d.routes.len(), 2);
         assert!(d.routes.contains(&RouteSpec {
@@ -282,7 +333,13 @@ mod tests {
             ("10.244.1.128/25", "192.168.9.2"),
             ("10.244.2.0/24", "192.168.9.2"),
         ]);
-        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        let (d, p) = plan(
+            &l,
+            &me(),
+            &leased(),
+            net("10.244.0.0/16"),
+            net("192.168.9.0/24"),
+        );
         assert!(p.is_empty(), "{p:?}");
         let dsts: Vec<Ipv4Net> = d.routes.iter().map(|r| r.dst).collect();
         assert_eq!(dsts, vec![net("10.244.2.0/24")]);
@@ -291,7 +348,13 @@ mod tests {
     #[test]
     fn a_next_hop_off_the_segment_is_reported_not_installed() {
         let l = learned(&[("10.244.4.0/24", "10.0.0.4")]);
-        let (d, p) = plan(&l, &me(), net("10.244.0.0/16"), net("192.168.9.0/24"));
+        let (d, p) = plan(
+            &l,
+            &me(),
+            &leased(),
+            net("10.244.0.0/16"),
+            net("192.168.9.0/24"),
+        );
         assert!(d.routes.is_empty());
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("10.244.4.0/24 via 10.0.0.4"), "{}", p[0]);

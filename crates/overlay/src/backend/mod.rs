@@ -125,7 +125,7 @@ impl Backend {
             Backend::Vxlan(v) => v.plan(&others, underlay),
             Backend::HostGw(_) => hostgw::plan(&others, underlay),
             Backend::Udp(_) => udp::plan(network),
-            Backend::Bgp(b) => b.plan(me, network, underlay),
+            Backend::Bgp(b) => b.plan(me, &others, network, underlay),
         }
     }
 
