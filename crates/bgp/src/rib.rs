@@ -138,7 +138,9 @@ impl Rib {
         }
         // What a restarting peer said again is no longer stale.
         if let Some(stale) = self.stale.get_mut(&from.addr) {
-            stale.retain(|p| !touched.contains(p));
+            for p in &touched {
+                stale.remove(p);
+            }
         }
         self.decide(touched)
     }

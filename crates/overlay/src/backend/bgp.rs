@@ -132,11 +132,18 @@ impl Bgp {
     /// reaches it (the top-of-rack router, which learned the pod CIDR from
     /// that node): BGP's recursive next hop.
     pub fn learn(&mut self, changes: Vec<Change>, segment: Ipv4Net) {
+        // Many routes share a next hop: each is resolved once per batch,
+        // over one netlink socket opened only if one is off the segment.
+        let mut resolver = Resolver {
+            segment,
+            handle: None,
+            done: BTreeMap::new(),
+        };
         for (prefix, best) in changes {
             let IpNet::V4(p) = prefix else { continue };
             match best.map(|r| r.next_hop) {
                 Some(IpAddr::V4(nh)) => {
-                    self.learned.insert(p, resolve(nh, segment));
+                    self.learned.insert(p, resolver.resolve(nh));
                 }
                 _ => {
                     self.learned.remove(&p);
@@ -183,19 +190,38 @@ impl Bgp {
     }
 }
 
-/// The gateway on `segment` the kernel reaches `nh` through (`nh` itself
-/// when it is on the segment or cannot be resolved; the plan reports it
-/// then).
-fn resolve(nh: Ipv4Addr, segment: Ipv4Net) -> Ipv4Addr {
-    if segment.contains(&nh) {
-        return nh;
-    }
-    let via = podnet_kernel::Handle::new()
-        .and_then(|mut h| h.route_get(IpAddr::V4(nh), None, None))
-        .map(|r| r.route.gateway);
-    match via {
-        Ok(Some(IpAddr::V4(gw))) if segment.contains(&gw) => gw,
-        _ => nh,
+/// Next hops resolved for one batch of best-route changes.
+struct Resolver {
+    segment: Ipv4Net,
+    handle: Option<podnet_kernel::Handle>,
+    done: BTreeMap<Ipv4Addr, Ipv4Addr>,
+}
+
+impl Resolver {
+    /// The gateway on the segment the kernel reaches `nh` through (`nh`
+    /// itself when it is on the segment or cannot be resolved; the plan
+    /// reports it then).
+    fn resolve(&mut self, nh: Ipv4Addr) -> Ipv4Addr {
+        if self.segment.contains(&nh) {
+            return nh;
+        }
+        if let Some(gw) = self.done.get(&nh) {
+            return *gw;
+        }
+        if self.handle.is_none() {
+            self.handle = podnet_kernel::Handle::new().ok();
+        }
+        let via = self
+            .handle
+            .as_mut()
+            .and_then(|h| h.route_get(IpAddr::V4(nh), None, None).ok())
+            .and_then(|r| r.route.gateway);
+        let gw = match via {
+            Some(IpAddr::V4(gw)) if self.segment.contains(&gw) => gw,
+            _ => nh,
+        };
+        self.done.insert(nh, gw);
+        gw
     }
 }
 
