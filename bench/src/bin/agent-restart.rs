@@ -149,7 +149,7 @@ impl Stream {
         let mut lost = w.iter().filter(|r| !r.back).map(|r| r.sent);
         Ok(lost
             .next()
-            .map(|first| (first, lost.last().unwrap_or(first))))
+            .map(|first| (first, lost.next_back().unwrap_or(first))))
     }
 
     /// Of datagrams `from..to`: (not at p2, not back).
@@ -276,14 +276,14 @@ fn up_side(
 
 /// The routes podnet installed on a node (protocol 112), comparable.
 fn podnet_routes(ns: &str) -> Result<BTreeSet<String>> {
-    Ok(Netns::named(ns)?.run(|| -> Result<BTreeSet<String>> {
+    Netns::named(ns)?.run(|| -> Result<BTreeSet<String>> {
         let mut h = Handle::new()?;
         Ok(h.routes(false, None)?
             .into_iter()
             .filter(|r| r.protocol == Some(112))
             .map(|r| format!("{:?} via {:?} dev {:?}", r.dst, r.gateway, r.oif))
             .collect())
-    })??)
+    })?
 }
 
 /// With the bgp backend: whether the agent in `ns` (its `/bgp` page, what

@@ -223,13 +223,9 @@ fn agents_view(s: &Setup) -> Result<(Vec<usize>, bool)> {
         let p = s.lab.0.log_path(&format!("agent-{name}"));
         let text =
             std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let last = text
-            .lines()
-            .filter(|l| {
-                l.contains(&ip)
-                    && (l.contains("gained: announcing") || l.contains("lost: no longer"))
-            })
-            .next_back();
+        let last = text.lines().rfind(|l| {
+            l.contains(&ip) && (l.contains("gained: announcing") || l.contains("lost: no longer"))
+        });
         if last.is_some_and(|l| l.contains("gained")) {
             claim.push(i);
         }
