@@ -179,6 +179,37 @@ impl Drop for LabGuard {
     }
 }
 
+/// Copies a lab's logs to `to/<lab name>/` when dropped (before the lab's
+/// [`LabGuard`], which removes them: declare it after the guard), so a
+/// run's product logs can be read after the run, also a failed one.
+pub struct KeepLogs {
+    pub lab_dir: PathBuf,
+    pub to: Option<PathBuf>,
+}
+
+impl Drop for KeepLogs {
+    fn drop(&mut self) {
+        let Some(to) = &self.to else { return };
+        let name = self.lab_dir.file_name().unwrap_or_default();
+        let dst = to.join(name);
+        let copy = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dst)?;
+            for e in std::fs::read_dir(self.lab_dir.join("logs"))?.flatten() {
+                std::fs::copy(e.path(), dst.join(e.file_name()))?;
+            }
+            Ok(())
+        };
+        match copy() {
+            Ok(()) => eprintln!(
+                "logs of {} kept in {}",
+                self.lab_dir.display(),
+                dst.display()
+            ),
+            Err(e) => eprintln!("keeping the logs of {}: {e}", self.lab_dir.display()),
+        }
+    }
+}
+
 /// The options of a standalone lab (`podnet lab up --nodes N --backend B
 /// [--l2-announce]`, as the CLI sets them): the lab's store, controller,
 /// one DNS server, no router.

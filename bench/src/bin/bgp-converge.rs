@@ -3,12 +3,12 @@
 //! baseline, over vxlan (the lease itself carries the route), in one run.
 //!
 //! Three standalone labs of 3 nodes stand side by side. In each round every
-//! lab, in an order that rotates from round to round, gets one node added
-//! (`Lab::add_node`, as `podnet lab add-node`) and removed again
-//! (`Lab::remove_node`) twice: first as a node the cluster has never seen
-//! (no Node object), then as the same node coming back (its Node object
-//! kept, as after a reboot); then its Node object is deleted (`podnet
-//! delete node`), so the next round's node is new again.
+//! lab, in an order that rotates from round to round, takes a turn
+//! ([`run_turn`]): a node the cluster has never seen joins (`Lab::add_node`,
+//! as `podnet lab add-node`); it is removed (`Lab::remove_node`) with its
+//! Node object kept, as a rebooting node, and joins again as itself; then
+//! it is decommissioned (removed, and its Node object deleted with `podnet
+//! delete node`), so the next turn's node is new again.
 //!
 //! A join is timed from the grant of the new node's subnet lease (the
 //! store records each lease's deadline, grant time plus TTL, by the
@@ -19,7 +19,10 @@
 //! store finds the lease; its own delay (SQLite is polled every 2 ms) is
 //! printed beside each join and is not part of the figure. A leave is
 //! timed from `remove_node`'s start (the agent is stopped, then `agent
-//! --cleanup` deletes the lease) until the route is gone everywhere.
+//! --cleanup` deletes the lease) until the route is gone everywhere; a
+//! bgp peer keeps a stopped agent's routes (graceful restart), which the
+//! report counts as kept, and a rejoin whose route never left is not
+//! timed.
 //!
 //! The reflector is node1, labelled `podnet.io/route-reflector=true` the
 //! way a user would (`podnet get node -o json`, the label added, `podnet
@@ -268,25 +271,56 @@ fn spread(t0: SystemTime, seen: &[Option<SystemTime>]) -> (Option<Duration>, Str
     (last, each.join(", "))
 }
 
-/// One join and one leave; (join, leave) with None for a leave whose
-/// route was not withdrawn everywhere within [`LEAVE_PATIENCE`]. Returns
-/// the node's name too.
-fn join_and_leave(
-    rt: &tokio::runtime::Runtime,
+/// Whether every monitored node has a route to `subnet` now.
+fn routed_everywhere(c: &Contender, subnet: Ipv4Net) -> Result<bool> {
+    for ns in &c.netns {
+        let has = Netns::named(ns)?.run(|| -> Result<bool> {
+            let mut h = Handle::new()?;
+            Ok(h.routes(false, None)?
+                .iter()
+                .any(|r| r.dst == Some(ipnet::IpNet::V4(subnet))))
+        })??;
+        if !has {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A join's outcome.
+#[derive(Debug, Clone, Copy)]
+enum Join {
+    /// Lease grant -> route on every other node.
+    Timed(Duration),
+    /// The route never left (kept from before the node went): nothing to
+    /// time.
+    Kept,
+}
+
+/// Adds a node and times its join. `kept` is the subnet the node had
+/// before, if the other nodes still route it.
+fn join(
     c: &Contender,
+    leases: &Receiver<LeaseEvent>,
     kind: &str,
-) -> Result<(String, Duration, Option<Duration>)> {
+    kept: Option<Ipv4Net>,
+) -> Result<(String, Ipv4Net, Join)> {
     while c.routes.try_recv().is_ok() {}
-    let (leases_rx, task) = watch_leases(rt, &c.store)?;
-    let _abort = AbortOnDrop(task);
     let node = c.lab.0.add_node()?;
     let (seen_at, lease) = wait_lease(
-        &leases_rx,
+        leases,
         &node.name,
         EventType::Put,
         Instant::now() + PATIENCE,
     )?;
     let subnet = lease.subnet;
+    if kept == Some(subnet) {
+        eprintln!(
+            "bgp-converge:   {} {kind} {} {subnet}: the route never left",
+            c.label, node.name
+        );
+        return Ok((node.name, subnet, Join::Kept));
+    }
     let t0 = granted(&c.db, lease.lease_id, seen_at)?;
     let seen = wait_routes(c, subnet, true, Instant::now() + PATIENCE);
     let (join, each) = spread(t0, &seen);
@@ -302,31 +336,47 @@ fn join_and_leave(
         "bgp-converge:   {} {kind} {} {subnet}: {:.1} ms ({each}; the watch saw the lease {:.1} ms after its grant)",
         c.label, node.name, ms(join), ms(since(seen_at, t0))
     );
-    // A leave starts when the node's agent is stopped (a BGP speaker's
-    // sessions close then, before `--cleanup` deletes the lease).
+    Ok((node.name, subnet, Join::Timed(join)))
+}
+
+/// Removes a node (`remove_node`: its agent stopped, then `agent
+/// --cleanup`, which deletes the lease) and, with `decommission`, its
+/// Node object (`podnet delete node`); the time from the start until the
+/// route is gone everywhere, None if it is still there after `patience`.
+fn leave(
+    c: &Contender,
+    leases: &Receiver<LeaseEvent>,
+    node: &str,
+    subnet: Ipv4Net,
+    decommission: bool,
+    patience: Duration,
+) -> Result<Option<Duration>> {
+    while c.routes.try_recv().is_ok() {}
     let t1 = SystemTime::now();
-    c.lab.0.remove_node(&node.name)?;
-    wait_lease(
-        &leases_rx,
-        &node.name,
-        EventType::Delete,
-        Instant::now() + PATIENCE,
-    )?;
-    let seen = wait_routes(c, subnet, false, Instant::now() + LEAVE_PATIENCE);
-    let (leave, each) = spread(t1, &seen);
-    match leave {
+    c.lab.0.remove_node(node)?;
+    wait_lease(leases, node, EventType::Delete, Instant::now() + PATIENCE)?;
+    if decommission {
+        delete_node(c, node)?;
+    }
+    let seen = wait_routes(c, subnet, false, Instant::now() + patience);
+    let (gone, each) = spread(t1, &seen);
+    let what = if decommission {
+        "decommission"
+    } else {
+        "remove-node"
+    };
+    match gone {
         Some(l) => eprintln!(
-            "bgp-converge:   {} leave {}: {:.1} ms ({each})",
+            "bgp-converge:   {} {what} {node}: {:.1} ms ({each})",
             c.label,
-            node.name,
             ms(l)
         ),
         None => eprintln!(
-            "bgp-converge:   {} leave {}: route NOT withdrawn everywhere within {:?} ({each})",
-            c.label, node.name, LEAVE_PATIENCE
+            "bgp-converge:   {} {what} {node}: route kept ({each}, after {patience:?})",
+            c.label
         ),
     }
-    Ok((node.name, join, leave))
+    Ok(gone)
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -336,41 +386,56 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The joins of one contender and one kind, and the leaves after them.
-#[derive(Default)]
-struct Series {
-    joins: Vec<Duration>,
-    leaves: Vec<Option<Duration>>,
+/// How long a remove-node's route may take to go before it counts as kept
+/// (a bgp peer keeps a stopped agent's routes for its graceful restart).
+const KEPT_AFTER: Duration = Duration::from_secs(2);
+
+/// One contender's turn: a new node joins; it is removed (`remove-node`,
+/// its Node object kept, as a rebooting node) and joins again as itself
+/// (rejoin); then it is decommissioned (removed, and its Node object
+/// deleted), so the next turn's node is new again.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    new_node: Duration,
+    removed: Option<Duration>,
+    rejoin: Join,
+    decommissioned: Duration,
 }
 
-/// The two kinds of join: a node the cluster has not seen (no Node object
-/// yet), and the same node coming back (its Node object kept, as after a
-/// reboot).
-const KINDS: [&str; 2] = ["new node", "rejoin"];
+fn run_turn(rt: &tokio::runtime::Runtime, c: &Contender) -> Result<Turn> {
+    wait_settled(c)?;
+    let (leases, task) = watch_leases(rt, &c.store)?;
+    let _abort = AbortOnDrop(task);
+    let (node, subnet, new_node) = join(c, &leases, "new node", None)?;
+    let Join::Timed(new_node) = new_node else {
+        bail!(
+            "{}: a new node's subnet {subnet} was routed before it joined",
+            c.label
+        );
+    };
+    let removed = leave(c, &leases, &node, subnet, false, KEPT_AFTER)?;
+    let kept = routed_everywhere(c, subnet)?.then_some(subnet);
+    let (node, subnet, rejoin) = join(c, &leases, "rejoin", kept)?;
+    let Some(decommissioned) = leave(c, &leases, &node, subnet, true, LEAVE_PATIENCE)? else {
+        bail!("{}: {node}'s subnet {subnet} still routed {LEAVE_PATIENCE:?} after its Node was deleted; see {}/logs", c.label, c.lab.0.dir.display());
+    };
+    Ok(Turn {
+        new_node,
+        removed,
+        rejoin,
+        decommissioned,
+    })
+}
 
-/// Rounds of joins, the contenders taking turns (the first one rotates).
-/// Each turn: a new node joins and leaves, joins again as itself and
-/// leaves, and its Node object is deleted (`podnet delete node`).
-fn run_rounds(
-    a: &Args,
-    rt: &tokio::runtime::Runtime,
-    cs: &[Contender],
-) -> Result<Vec<[Series; 2]>> {
-    let mut out: Vec<[Series; 2]> = cs.iter().map(|_| Default::default()).collect();
+/// Rounds of turns, the contenders taking turns (the first one rotates).
+fn run_rounds(a: &Args, rt: &tokio::runtime::Runtime, cs: &[Contender]) -> Result<Vec<Vec<Turn>>> {
+    let mut out: Vec<Vec<Turn>> = cs.iter().map(|_| Vec::new()).collect();
     for r in 0..a.rounds {
         eprintln!("bgp-converge: round {}/{}", r + 1, a.rounds);
         for k in 0..cs.len() {
             podnet_bench::check_interrupted()?;
             let i = (r + k) % cs.len();
-            let mut name = String::new();
-            for (kind, series) in KINDS.iter().zip(out[i].iter_mut()) {
-                wait_settled(&cs[i])?;
-                let (n, j, l) = join_and_leave(rt, &cs[i], kind)?;
-                series.joins.push(j);
-                series.leaves.push(l);
-                name = n;
-            }
-            delete_node(&cs[i], &name)?;
+            out[i].push(run_turn(rt, &cs[i])?);
         }
     }
     Ok(out)
@@ -391,47 +456,67 @@ fn delete_node(c: &Contender, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn report(a: &Args, cs: &[Contender], res: &[[Series; 2]]) {
+/// "p50 X  p99 Y" of the timed ones, and how many were not timed.
+fn line(v: &[Option<Duration>], untimed: &str) -> String {
+    let timed: Vec<Duration> = v.iter().flatten().copied().collect();
+    let mut out = match Stats::of(&timed) {
+        Some(s) => format!(
+            "p50 {:>7.1}  p99 {:>7.1}  (n={})",
+            ms(s.median),
+            ms(s.p99),
+            s.n
+        ),
+        None => String::new(),
+    };
+    if timed.len() < v.len() {
+        out += &format!("  {untimed}: {} of {}", v.len() - timed.len(), v.len());
+    }
+    out
+}
+
+fn report(a: &Args, cs: &[Contender], res: &[Vec<Turn>]) {
     println!(
-        "\nnode join: lease in the store -> route on each of the {} other nodes; leave: remove-node (agent stopped, then --cleanup) -> route gone everywhere",
-        a.nodes
+        "\n{} rounds, contenders alternating; ms; with fewer than 100 samples p99 is the maximum",
+        a.rounds
     );
-    println!("{} rounds, contenders alternating; ms\n", a.rounds);
-    println!(
-        "{:<26} {:>5} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>6}",
-        "", "joins", "p50", "p99", "max", "leave p50", "leave p99", "missed"
-    );
-    let f = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.1}", ms(d)));
-    let mut p = BTreeMap::new();
-    for (c, kinds) in cs.iter().zip(res) {
-        for (kind, x) in KINDS.iter().zip(kinds) {
-            let Some(s) = Stats::of(&x.joins) else {
-                continue;
-            };
-            let done: Vec<Duration> = x.leaves.iter().flatten().copied().collect();
-            let l = Stats::of(&done);
-            println!(
-                "{:<26} {:>5} {:>8.1} {:>8.1} {:>8.1}   {:>9} {:>9} {:>6}",
-                format!("{} ({kind})", c.label),
-                s.n,
-                ms(s.median),
-                ms(s.p99),
-                ms(s.max),
-                f(l.map(|l| l.median)),
-                f(l.map(|l| l.p99)),
-                x.leaves.len() - done.len()
-            );
-            p.insert((c.label, *kind), s);
+    println!("join: lease granted -> route on each of the {} other nodes; remove-node / decommission (remove-node, then podnet delete node): start -> route gone everywhere\n", a.nodes);
+    let mut p99 = BTreeMap::new();
+    for (c, v) in cs.iter().zip(res) {
+        let new: Vec<Option<Duration>> = v.iter().map(|t| Some(t.new_node)).collect();
+        let rejoin: Vec<Option<Duration>> = v
+            .iter()
+            .map(|t| match t.rejoin {
+                Join::Timed(d) => Some(d),
+                Join::Kept => None,
+            })
+            .collect();
+        let removed: Vec<Option<Duration>> = v.iter().map(|t| t.removed).collect();
+        let gone: Vec<Option<Duration>> = v.iter().map(|t| Some(t.decommissioned)).collect();
+        println!("{:<14} {:<13} {}", c.label, "new node", line(&new, ""));
+        println!(
+            "{:<14} {:<13} {}",
+            "",
+            "remove-node",
+            line(&removed, &format!("route kept after {KEPT_AFTER:?}"))
+        );
+        println!(
+            "{:<14} {:<13} {}",
+            "",
+            "rejoin",
+            line(&rejoin, "route never left")
+        );
+        println!("{:<14} {:<13} {}", "", "decommission", line(&gone, ""));
+        let joins: Vec<Duration> = v.iter().map(|t| t.new_node).collect();
+        if let Some(s) = Stats::of(&joins) {
+            p99.insert(c.label, s);
         }
     }
     println!();
-    for ((label, kind), s) in p.iter().filter(|((l, _), _)| *l != "vxlan") {
-        let Some(v) = p.get(&("vxlan", *kind)) else {
-            continue;
-        };
+    let Some(v) = p99.get("vxlan") else { return };
+    for (label, s) in p99.iter().filter(|(l, _)| **l != "vxlan") {
         println!(
-            "{:<26} p50 {:>7.1}x  p99 {:>7.1}x   target p99 <= 100 ms: {}",
-            format!("{label}/vxlan ({kind})"),
+            "{:<22} new node p50 {:>6.1}x  p99 {:>6.1}x   target p99 <= 100 ms: {}",
+            format!("{label}/vxlan"),
             ms(s.median) / ms(v.median),
             ms(s.p99) / ms(v.p99),
             if s.p99 <= Duration::from_millis(100) {
