@@ -9,7 +9,7 @@
 //! `recv`, so the stamp trails the change by a thread wake-up.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -90,25 +90,12 @@ pub fn spawn(netns: &str, groups: u32, tag: usize, tx: Sender<Stamped>) -> Resul
 /// `groups`, with a 100 ms receive timeout (so the thread sees its stop
 /// flag) and a large buffer (a burst must not overflow it).
 fn subscribe(groups: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain socket(2).
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is fresh and ours.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = podnet_kernel::nl::rtnl_listener(groups, 4 << 20, false)?;
     let tv = libc::timeval {
         tv_sec: 0,
         tv_usec: 100_000,
     };
-    let buf: libc::c_int = 4 << 20;
-    // SAFETY: setsockopt with correctly sized values on our socket.
+    // SAFETY: setsockopt with a correctly sized timeval on our socket.
     unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -117,28 +104,6 @@ fn subscribe(groups: u32) -> std::io::Result<OwnedFd> {
             &tv as *const libc::timeval as *const libc::c_void,
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         );
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &buf as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-    // SAFETY: a zeroed sockaddr_nl is valid; family and groups set below.
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as u16;
-    sa.nl_groups = groups;
-    // SAFETY: sa is a valid sockaddr_nl of the size given.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
 }

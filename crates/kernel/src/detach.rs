@@ -54,36 +54,7 @@ fn in_ns<T>(ns: Option<&Netns>, f: impl FnOnce() -> io::Result<T>) -> Result<T, 
 
 /// A raw rtnetlink socket subscribed to link notifications.
 fn link_listener() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the descriptor is owned at once.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is fresh and ours.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let _ = crate::nl::set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1 << 20);
-    // SAFETY: a zeroed sockaddr_nl is valid; the group is set below.
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as u16;
-    sa.nl_groups = RTMGRP_LINK;
-    // SAFETY: sa is a valid sockaddr_nl of the size given.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
+    crate::nl::rtnl_listener(RTMGRP_LINK, 1 << 20, true)
 }
 
 /// The ifindexes announced by RTM_DELLINK (family AF_UNSPEC) in one datagram.

@@ -164,6 +164,44 @@ impl<'a> Iterator for Attrs<'a> {
 
 /// `setsockopt` with an `int` value, the shape of nearly every socket
 /// option: one place for the unsafe call and its error.
+/// A NETLINK_ROUTE socket in the calling thread's namespace joined to
+/// the multicast `groups` (RTMGRP_*), its receive buffer `rcvbuf` bytes:
+/// what a caller that follows link, route or neighbour notifications
+/// reads from. `nonblocking` for a caller that polls it.
+pub fn rtnl_listener(
+    groups: u32,
+    rcvbuf: i32,
+    nonblocking: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let flags =
+        libc::SOCK_RAW | libc::SOCK_CLOEXEC | if nonblocking { libc::SOCK_NONBLOCK } else { 0 };
+    // SAFETY: plain socket(2); the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, flags, libc::NETLINK_ROUTE) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is fresh and ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _ = set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
+    // SAFETY: a zeroed sockaddr_nl is valid; family and groups set below.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    sa.nl_groups = groups;
+    // SAFETY: sa is a valid sockaddr_nl of the size given.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 pub fn set_int_opt(
     fd: std::os::fd::RawFd,
     level: libc::c_int,
