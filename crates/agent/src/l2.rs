@@ -34,7 +34,7 @@ use podnet_source::{Delta, Subscription};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::services::ServiceCache;
+use crate::services::{ServiceCache, SvcKey};
 
 /// The kinds L2 announcement reads.
 pub const KINDS: &[Kind] = &[Kind::Service, Kind::EndpointSlice, Kind::Node];
@@ -68,6 +68,8 @@ struct State {
     cache: ServiceCache,
     /// Every other node, by name.
     peers: BTreeMap<String, Peer>,
+    /// This node's share, per Service that has one.
+    mine: BTreeMap<SvcKey, BTreeSet<IpAddr>>,
 }
 
 impl State {
@@ -82,22 +84,53 @@ impl State {
         out
     }
 
-    /// This node's share of the LoadBalancer IPs. Pure, given `now`.
+    /// This node's share of one Service's LoadBalancer IPs (each IP's
+    /// owner is decided on its own, so a Service costs only itself).
+    fn share(&self, key: &SvcKey, alive: &BTreeSet<&str>) -> BTreeSet<IpAddr> {
+        let Some(svc) = self.cache.service(key) else {
+            return BTreeSet::new();
+        };
+        let eligible = match podnet_api::service::external_local(svc) {
+            true => ready_nodes(&self.cache.slices(key), alive),
+            false => alive.clone(),
+        };
+        let ips = lb_ips(svc).into_iter().map(|ip| (ip, eligible.clone()));
+        election::owned_by(&self.node, ips)
+    }
+
+    /// This node's share of every LoadBalancer IP. Pure, given `now`.
     fn owned(&self, now: Instant) -> BTreeSet<IpAddr> {
         let alive = self.alive(now);
-        let mut ips: Vec<(IpAddr, BTreeSet<&str>)> = Vec::new();
-        for (key, svc) in self.cache.services() {
-            let lb = lb_ips(svc);
-            if lb.is_empty() {
-                continue;
+        let keys = self.cache.services().map(|(k, _)| k.clone());
+        keys.flat_map(|k| self.share(&k, &alive)).collect()
+    }
+
+    /// Recomputes the share of `keys` (None: every Service, as liveness
+    /// changed); the whole share, from the per-Service ones.
+    fn refresh(&mut self, keys: Option<BTreeSet<SvcKey>>, now: Instant) -> BTreeSet<IpAddr> {
+        let keys: Vec<SvcKey> = match keys {
+            Some(k) => k.into_iter().collect(),
+            None => {
+                self.mine.clear();
+                self.cache.services().map(|(k, _)| k.clone()).collect()
             }
-            let eligible = match podnet_api::service::external_local(svc) {
-                true => ready_nodes(&self.cache.slices(key), &alive),
-                false => alive.clone(),
+        };
+        let shares: Vec<(SvcKey, BTreeSet<IpAddr>)> = {
+            let alive = self.alive(now);
+            keys.into_iter()
+                .map(|k| {
+                    let s = self.share(&k, &alive);
+                    (k, s)
+                })
+                .collect()
+        };
+        for (k, share) in shares {
+            match share.is_empty() {
+                true => self.mine.remove(&k),
+                false => self.mine.insert(k, share),
             };
-            ips.extend(lb.into_iter().map(|ip| (ip, eligible.clone())));
         }
-        election::owned_by(&self.node, ips)
+        self.mine.values().flatten().copied().collect()
     }
 
     /// Files a batch's Nodes; the nodes that appeared and went.
@@ -203,17 +236,21 @@ async fn run_inner(
         node,
         cache: ServiceCache::default(),
         peers: BTreeMap::new(),
+        mine: BTreeMap::new(),
     };
     // A node past its grace period changes the result with no input.
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last = Instant::now();
     loop {
-        let mut dirty = true;
+        // Which Services to look at again (None: all, liveness changed).
+        let mut dirty: Option<Option<BTreeSet<SvcKey>>> = Some(None);
         tokio::select! {
             b = sub.next_batch() => {
                 let Some(b) = b else { return Ok(()) };
-                st.cache.take(&b.deltas);
+                let touched = st.cache.take(&b.deltas);
                 let (added, gone) = st.nodes(&b.deltas, Instant::now());
+                let nodes_changed = !added.is_empty() || !gone.is_empty();
+                dirty = Some((!nodes_changed).then_some(touched));
                 for p in gone {
                     if let Some(t) = subs.remove(&p) {
                         t.abort();
@@ -236,14 +273,12 @@ async fn run_inner(
             }
             _ = tick.tick() => {
                 let now = Instant::now();
-                dirty = st.grace_ended(last, now);
+                dirty = st.grace_ended(last, now).then_some(None);
                 last = now;
             }
         }
-        if !dirty {
-            continue;
-        }
-        let owned = st.owned(Instant::now());
+        let Some(keys) = dirty else { continue };
+        let owned = st.refresh(keys, Instant::now());
         if owned != responder.owned() {
             tracing::info!(?owned, "L2 announcement: this node's LoadBalancer IPs");
             responder.set_owned(owned);
@@ -303,6 +338,7 @@ mod tests {
             node: me.into(),
             cache: ServiceCache::default(),
             peers: BTreeMap::new(),
+            mine: BTreeMap::new(),
         };
         st.cache.take(deltas);
         st.nodes(deltas, now);
@@ -350,6 +386,25 @@ mod tests {
         let mut a = state("n1", &local, now);
         a.edge(n2, &Edge::Down(podnet_bgp::bfd::Diag::DetectionTimeExpired));
         assert!(a.owned(Instant::now()).is_empty());
+    }
+
+    /// The per-Service share kept across batches is the full one.
+    #[test]
+    fn the_share_kept_per_service_is_the_whole_share() {
+        let now = Instant::now();
+        let mut deltas = vec![node("n2", "192.168.200.12")];
+        deltas.extend((1..=9).map(|i| lb(&format!("s{i}"), &format!("198.51.100.{i}"), "Cluster")));
+        let mut st = state("n1", &deltas, now);
+        let all = st.refresh(None, now);
+        assert_eq!(all, st.owned(now));
+        let touched = st.cache.take(&[Delta::Deleted(podnet_source::ObjectKey {
+            kind: Kind::Service,
+            namespace: Some("default".into()),
+            name: "s1".into(),
+        })]);
+        let after = st.refresh(Some(touched), now);
+        assert_eq!(after, st.owned(now));
+        assert!(!after.contains(&"198.51.100.1".parse::<IpAddr>().unwrap()));
     }
 
     #[test]
