@@ -98,7 +98,9 @@ impl State {
         election::owned_by(&self.node, ips)
     }
 
-    /// This node's share of every LoadBalancer IP. Pure, given `now`.
+    /// This node's share of every LoadBalancer IP, computed afresh (the
+    /// tests' oracle for [`State::refresh`]).
+    #[cfg(test)]
     fn owned(&self, now: Instant) -> BTreeSet<IpAddr> {
         let alive = self.alive(now);
         let keys = self.cache.services().map(|(k, _)| k.clone());
