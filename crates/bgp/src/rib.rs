@@ -61,13 +61,57 @@ pub struct Local {
     pub cluster_id: Option<Ipv4Addr>,
 }
 
-/// Every route learned, per prefix and peer, and the best per prefix.
+/// One prefix's routes, one per peer (a few at most: a vector, not a map,
+/// whose nodes would be sized for many), and which of them is in use.
+/// Never empty: a prefix without routes has no entry.
+#[derive(Debug)]
+struct Entry {
+    routes: Vec<Route>,
+    best: usize,
+}
+
+impl Entry {
+    fn best(&self) -> &Route {
+        &self.routes[self.best]
+    }
+
+    /// Replaces `r.from`'s route, or adds it; whether it was added.
+    fn put(&mut self, r: Route) -> bool {
+        match self.routes.iter_mut().find(|x| x.from.addr == r.from.addr) {
+            Some(x) => {
+                *x = r;
+                false
+            }
+            None => {
+                self.routes.push(r);
+                true
+            }
+        }
+    }
+
+    /// Removes `addr`'s route; whether there was one.
+    fn take(&mut self, addr: IpAddr) -> bool {
+        let before = self.routes.len();
+        self.routes.retain(|r| r.from.addr != addr);
+        self.routes.len() < before
+    }
+
+    /// The decision process over this prefix's routes.
+    fn decide(&mut self) {
+        let best = self
+            .routes
+            .iter()
+            .enumerate()
+            .min_by(|a, b| compare(a.1, b.1));
+        self.best = best.map_or(0, |(i, _)| i);
+    }
+}
+
+/// Every route learned, per prefix and peer, and the best per prefix:
+/// one entry per prefix, so a route costs one search of the table.
 #[derive(Debug, Default)]
 pub struct Rib {
-    /// Per prefix, one route per peer (a few at most: a vector, not a map,
-    /// whose nodes would be sized for many).
-    routes: BTreeMap<IpNet, Vec<Route>>,
-    best: BTreeMap<IpNet, Route>,
+    table: BTreeMap<IpNet, Entry>,
     /// Per restarting peer, the prefixes it has not announced again.
     stale: BTreeMap<IpAddr, BTreeSet<IpNet>>,
     /// Per peer, how many prefixes it has routes for (kept as routes come
@@ -78,30 +122,33 @@ pub struct Rib {
 impl Rib {
     /// The route in use for `prefix`.
     pub fn best(&self, prefix: &IpNet) -> Option<&Route> {
-        self.best.get(prefix)
+        self.table.get(prefix).map(Entry::best)
     }
 
     /// Every prefix with a route in use, and the route.
     pub fn best_routes(&self) -> impl Iterator<Item = (&IpNet, &Route)> {
-        self.best.iter()
+        self.table.iter().map(|(p, e)| (p, e.best()))
     }
 
     /// Takes one UPDATE from `from`: its withdrawals, then its routes (a
     /// route that loops back to this speaker is treated as a withdrawal).
-    /// Returns the best routes that changed.
+    /// Returns the best routes that changed (a prefix at most once).
     pub fn update(&mut self, local: &Local, from: PeerId, u: &Update) -> Vec<Change> {
-        let mut touched = BTreeSet::new();
         let unreach = u
             .attrs
             .mp_unreach
             .iter()
             .flat_map(|m| m.withdrawn.iter().copied());
-        let withdrawn = u.withdrawn.iter().map(|p| IpNet::V4(*p)).chain(unreach);
-        for p in withdrawn {
-            self.remove(&p, &from);
-            touched.insert(p);
+        let withdrawn: Vec<IpNet> = u
+            .withdrawn
+            .iter()
+            .map(|p| IpNet::V4(*p))
+            .chain(unreach)
+            .collect();
+        let mut out = Vec::new();
+        for p in &withdrawn {
+            self.set(&mut out, *p, from.addr, None);
         }
-
         let looped = loops(local, &u.attrs);
         let mut attrs = u.attrs.clone();
         attrs.mp_reach = None;
@@ -115,51 +162,99 @@ impl Rib {
             let hop = m.next_hops.first().copied();
             m.nlri.iter().map(move |p| (*p, hop))
         });
+        let mut announced = 0;
         for (p, hop) in v4.chain(v6) {
-            touched.insert(p);
-            match (looped, hop) {
-                (false, Some(next_hop)) => {
-                    let r = Route {
-                        from,
-                        attrs: attrs.clone(),
-                        next_hop,
-                    };
-                    let by = self.routes.entry(p).or_default();
-                    match by.iter_mut().find(|x| x.from.addr == from.addr) {
-                        Some(x) => *x = r,
-                        None => {
-                            by.push(r);
-                            *self.counts.entry(from.addr).or_default() += 1;
-                        }
+            announced += 1;
+            let r = match (looped, hop) {
+                (false, Some(next_hop)) => Some(Route {
+                    from,
+                    attrs: attrs.clone(),
+                    next_hop,
+                }),
+                _ => None,
+            };
+            self.set(&mut out, p, from.addr, r);
+            self.not_stale(from.addr, &p);
+        }
+        for p in &withdrawn {
+            self.not_stale(from.addr, p);
+        }
+        if !withdrawn.is_empty() && announced > 0 {
+            last_per_prefix(&mut out);
+        }
+        out
+    }
+
+    /// Sets (or, with None, removes) `addr`'s route to `p`; a change of
+    /// the best route goes to `out`.
+    fn set(&mut self, out: &mut Vec<Change>, p: IpNet, addr: IpAddr, r: Option<Route>) {
+        use std::collections::btree_map::Entry as Slot;
+        let (before, after, delta) = match self.table.entry(p) {
+            Slot::Vacant(v) => {
+                let Some(r) = r else { return };
+                let after = r.clone();
+                v.insert(Entry {
+                    routes: vec![r],
+                    best: 0,
+                });
+                (None, Some(after), 1)
+            }
+            Slot::Occupied(mut o) => {
+                let e = o.get_mut();
+                let before = e.best().clone();
+                let delta = match r {
+                    Some(r) => isize::from(e.put(r)),
+                    None => -isize::from(e.take(addr)),
+                };
+                let after = match e.routes.is_empty() {
+                    true => {
+                        o.remove();
+                        None
                     }
-                }
-                _ => self.remove(&p, &from),
+                    false => {
+                        e.decide();
+                        Some(e.best().clone())
+                    }
+                };
+                (Some(before), after, delta)
             }
+        };
+        self.count(addr, delta);
+        if before != after {
+            out.push((p, after));
         }
-        // What a restarting peer said again is no longer stale.
-        if let Some(stale) = self.stale.get_mut(&from.addr) {
-            for p in &touched {
-                stale.remove(p);
-            }
+    }
+
+    fn count(&mut self, addr: IpAddr, delta: isize) {
+        let c = self.counts.entry(addr).or_default();
+        *c = c.saturating_add_signed(delta);
+        if *c == 0 {
+            self.counts.remove(&addr);
         }
-        self.decide(touched)
+    }
+
+    /// What a restarting peer said again is no longer stale.
+    fn not_stale(&mut self, addr: IpAddr, p: &IpNet) {
+        if let Some(stale) = self.stale.get_mut(&addr) {
+            stale.remove(p);
+        }
     }
 
     /// Forgets every route of a peer whose session went down (or whose
     /// restart time ran out).
     pub fn peer_down(&mut self, from: &PeerId) -> Vec<Change> {
         self.stale.remove(&from.addr);
-        let touched = self.prefixes_of(from.addr);
-        for p in &touched {
-            self.remove(p, from);
+        let mut out = Vec::new();
+        for p in self.prefixes_of(from.addr) {
+            self.set(&mut out, p, from.addr, None);
         }
-        self.decide(touched)
+        out
     }
 
     /// The peer's session ended without a NOTIFICATION and it had graceful
     /// restart: its routes stay, stale, while it restarts.
     pub fn peer_restarting(&mut self, from: &PeerId) {
-        let prefixes = self.prefixes_of(from.addr);
+        let prefixes = self.prefixes_of(from.addr).into_iter().collect();
         self.stale.insert(from.addr, prefixes);
     }
 
@@ -174,73 +269,49 @@ impl Rib {
         let Some(stale) = self.stale.get_mut(&from.addr) else {
             return Vec::new();
         };
-        let gone: BTreeSet<IpNet> = stale
+        let gone: Vec<IpNet> = stale
             .iter()
             .filter(|p| matches!(p, IpNet::V6(_)) == v6)
             .copied()
             .collect();
-        stale.retain(|p| !gone.contains(p));
+        for p in &gone {
+            stale.remove(p);
+        }
         if stale.is_empty() {
             self.stale.remove(&from.addr);
         }
-        for p in &gone {
-            self.remove(p, from);
+        let mut out = Vec::new();
+        for p in gone {
+            self.set(&mut out, p, from.addr, None);
         }
-        self.decide(gone)
+        out
     }
 
-    fn prefixes_of(&self, addr: IpAddr) -> BTreeSet<IpNet> {
-        self.routes
+    fn prefixes_of(&self, addr: IpAddr) -> Vec<IpNet> {
+        self.table
             .iter()
-            .filter(|(_, by)| by.iter().any(|r| r.from.addr == addr))
+            .filter(|(_, e)| e.routes.iter().any(|r| r.from.addr == addr))
             .map(|(p, _)| *p)
             .collect()
-    }
-
-    fn remove(&mut self, p: &IpNet, from: &PeerId) {
-        let Some(by) = self.routes.get_mut(p) else {
-            return;
-        };
-        let before = by.len();
-        by.retain(|r| r.from.addr != from.addr);
-        if by.len() < before {
-            if let Some(c) = self.counts.get_mut(&from.addr) {
-                *c -= 1;
-                if *c == 0 {
-                    self.counts.remove(&from.addr);
-                }
-            }
-        }
-        if by.is_empty() {
-            self.routes.remove(p);
-        }
     }
 
     /// How many prefixes `addr` has routes for.
     pub fn received(&self, addr: IpAddr) -> usize {
         self.counts.get(&addr).copied().unwrap_or(0)
     }
+}
 
-    /// Runs the decision process for `touched`; returns what changed.
-    fn decide(&mut self, touched: BTreeSet<IpNet>) -> Vec<Change> {
-        let mut out = Vec::new();
-        for p in touched {
-            let new = self
-                .routes
-                .get(&p)
-                .and_then(|by| by.iter().min_by(|a, b| compare(a, b)))
-                .cloned();
-            if self.best.get(&p) == new.as_ref() {
-                continue;
-            }
-            match &new {
-                Some(r) => self.best.insert(p, r.clone()),
-                None => self.best.remove(&p),
-            };
-            out.push((p, new));
-        }
-        out
-    }
+/// Keeps each prefix's last change only (an UPDATE that withdraws and
+/// announces one prefix, which RFC 4271 does not forbid).
+fn last_per_prefix(out: &mut Vec<Change>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<Change> = out
+        .drain(..)
+        .rev()
+        .filter(|(p, _)| seen.insert(*p))
+        .collect();
+    kept.reverse();
+    *out = kept;
 }
 
 /// Whether a route came back to this speaker: its own AS in the path
@@ -412,6 +483,41 @@ mod tests {
         assert_eq!(c, vec![(net(p), None)]);
         assert!(rib.best(&net(p)).is_none());
         assert!(rib.peer_down(&peer(3, 65003)).is_empty());
+    }
+
+    /// An UPDATE that withdraws a prefix and announces it again says one
+    /// change, the last; the per-peer count follows routes, not UPDATEs.
+    #[test]
+    fn a_prefix_withdrawn_and_announced_in_one_update_is_one_change() {
+        let p = "10.244.3.0/24";
+        let mut rib = Rib::default();
+        let mut u = announce(p, vec![65002], |_| {});
+        rib.update(&LOCAL, peer(2, 65002), &u);
+        assert_eq!(rib.received(peer(2, 65002).addr), 1);
+        u.withdrawn = vec![p.parse().unwrap()];
+        u.attrs.med = Some(9);
+        let c = rib.update(&LOCAL, peer(2, 65002), &u);
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!(c[0].1.as_ref().unwrap().attrs.med, Some(9));
+        assert_eq!(rib.received(peer(2, 65002).addr), 1);
+        // The same route again changes nothing.
+        assert!(rib
+            .update(
+                &LOCAL,
+                peer(2, 65002),
+                &announce(p, vec![65002], |a| a.med = Some(9))
+            )
+            .is_empty());
+        rib.update(
+            &LOCAL,
+            peer(2, 65002),
+            &Update {
+                withdrawn: vec![p.parse().unwrap()],
+                ..Default::default()
+            },
+        );
+        assert_eq!(rib.received(peer(2, 65002).addr), 0);
+        assert!(rib.best_routes().next().is_none());
     }
 
     #[test]
