@@ -243,6 +243,39 @@ pub async fn controller(url: &str, metrics_addr: &str, resync: u64) -> Result<()
     Ok(())
 }
 
+/// `podnet controller` in Kubernetes mode: LB IPAM alone (the cluster's
+/// own controllers allocate ClusterIPs and keep EndpointSlices), by the
+/// replica that holds the Lease `podnet-lb-ipam`.
+pub async fn lb_controller(
+    kube: &KubeArgs,
+    metrics_addr: &str,
+    lease_namespace: &str,
+    id: Option<String>,
+) -> Result<()> {
+    let client = kube.client().await?;
+    let metrics = podnet_daemon::Metrics::new();
+    let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;
+    let listener = podnet_daemon::bind(&addr.to_string())
+        .await
+        .with_context(|| format!("binding metrics address {addr}"))?;
+    tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
+    let id = id.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    tracing::info!(%id, lease_namespace, "LB IPAM controller starting (Kubernetes mode)");
+    let mut source = podnet_source::Source::kube(client.clone(), metrics.store_watch("controller"));
+    let sub = source.subscribe(podnet_lb::kube::KINDS);
+    let _source = source.start();
+    let lease = podnet_lb::kube::lease::LeaseConfig::new(lease_namespace, LB_LEASE, &id);
+    podnet_lb::kube::run(client, sub, lease, podnet_daemon::shutdown_signal()).await;
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+/// The Lease LB IPAM's replicas elect their leader with.
+pub const LB_LEASE: &str = "podnet-lb-ipam";
+
 /// Where `podnet agent` and `podnet dns` read cluster state in Kubernetes
 /// mode.
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -174,14 +174,27 @@ enum Cmd {
         #[command(subcommand)]
         command: LabCmd,
     },
-    /// Allocate ClusterIPs/NodePorts and maintain EndpointSlices.
+    /// Allocate ClusterIPs/NodePorts, maintain EndpointSlices and give
+    /// LoadBalancer Services their addresses (LB IPAM). In Kubernetes mode
+    /// (a kubeconfig, or in a pod) only LB IPAM: the replicas elect one
+    /// through a Lease, and it alone writes.
     Controller {
         /// Address for /metrics, /healthz and /readyz.
         #[arg(long, default_value = "127.0.0.1:10257")]
         metrics_addr: String,
-        /// Full resync period, in seconds.
+        /// Full resync period, in seconds (standalone).
         #[arg(long, default_value_t = 60)]
         resync: u64,
+        #[command(flatten)]
+        kube: cmd::KubeArgs,
+        /// Kubernetes mode: the namespace of the Lease the replicas elect
+        /// a leader with.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+        lease_namespace: String,
+        /// Kubernetes mode: this replica's name in the Lease (default: the
+        /// pod's name, else the host name and process ID).
+        #[arg(long, env = "POD_NAME")]
+        id: Option<String>,
     },
     /// Cluster DNS: Services and endpoints from the store, other names forwarded.
     Dns(dns::DnsArgs),
@@ -633,7 +646,18 @@ fn run(command: Cmd, store: &str) -> anyhow::Result<()> {
         Cmd::Controller {
             metrics_addr,
             resync,
-        } => block_on(cmd::controller(store, &metrics_addr, resync)),
+            kube,
+            lease_namespace,
+            id,
+        } => match kube.enabled() {
+            true => block_on(cmd::lb_controller(
+                &kube,
+                &metrics_addr,
+                &lease_namespace,
+                id,
+            )),
+            false => block_on(cmd::controller(store, &metrics_addr, resync)),
+        },
         Cmd::Dns(args) => block_on(dns::run(store, args)),
     }
 }

@@ -129,14 +129,16 @@ fn the_manifests_are_what_an_operator_expects() {
     assert_eq!(
         count,
         BTreeMap::from([
-            ("ClusterRole", 2),
-            ("ClusterRoleBinding", 2),
+            ("ClusterRole", 3),
+            ("ClusterRoleBinding", 3),
             ("ConfigMap", 1),
             ("CustomResourceDefinition", 3),
             ("DaemonSet", 1),
-            ("Deployment", 1),
+            ("Deployment", 2),
+            ("Role", 1),
+            ("RoleBinding", 1),
             ("Service", 1),
-            ("ServiceAccount", 2),
+            ("ServiceAccount", 3),
             ("ValidatingAdmissionPolicy", 1),
             ("ValidatingAdmissionPolicyBinding", 1),
         ])
@@ -153,7 +155,7 @@ fn the_manifests_are_what_an_operator_expects() {
             }
         }
     }
-    for a in ["podnet-agent", "podnet-dns"] {
+    for a in ["podnet-agent", "podnet-dns", "podnet-lb-ipam"] {
         let _: ServiceAccount = b.one("ServiceAccount", a);
     }
     // The agent writes only its own Node: a policy for its ServiceAccount,
@@ -181,6 +183,7 @@ fn the_manifests_are_what_an_operator_expects() {
     for (role, account) in [
         ("podnet:agent", "podnet-agent"),
         ("podnet:dns", "podnet-dns"),
+        ("podnet:lb-ipam", "podnet-lb-ipam"),
     ] {
         let _: ClusterRole = b.one("ClusterRole", role);
         let crb: ClusterRoleBinding = b.one("ClusterRoleBinding", role);
@@ -273,6 +276,28 @@ fn the_manifests_are_what_an_operator_expects() {
         sspec.selector.unwrap()["k8s-app"],
         spec.template.metadata.unwrap().labels.unwrap()["k8s-app"]
     );
+
+    // LB IPAM: two replicas (one leads, by the Lease), no capability, its
+    // Lease named in its Role; the Role lets it renew only that Lease.
+    let d: Deployment = b.one("Deployment", "podnet-lb-ipam");
+    let spec = d.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("podnet-lb-ipam"));
+    assert_eq!(pod.host_network, None);
+    let c = &pod.containers[0];
+    takes_flags(c);
+    let caps = c.security_context.as_ref().unwrap().capabilities.as_ref();
+    assert_eq!(caps.unwrap().add, None);
+    assert_eq!(probe_path(&c.readiness_probe), "/readyz");
+    let role: podnet_api::k8s_openapi::api::rbac::v1::Role = b.one("Role", "podnet:lb-ipam");
+    let named: Vec<_> = role
+        .rules
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| r.resource_names)
+        .collect();
+    assert_eq!(named, vec![vec!["podnet-lb-ipam".to_string()]]);
 
     // The network config is flannel's fields and resolves, to the same
     // network the kube lab's controller manager hands out.
@@ -611,17 +636,23 @@ fn the_real_apiserver_accepts_the_bundle() {
         [
             "clusterrole.rbac.authorization.k8s.io/podnet:agent",
             "clusterrole.rbac.authorization.k8s.io/podnet:dns",
+            "clusterrole.rbac.authorization.k8s.io/podnet:lb-ipam",
             "clusterrolebinding.rbac.authorization.k8s.io/podnet:agent",
             "clusterrolebinding.rbac.authorization.k8s.io/podnet:dns",
+            "clusterrolebinding.rbac.authorization.k8s.io/podnet:lb-ipam",
             "configmap/podnet-config",
             "customresourcedefinition.apiextensions.k8s.io/bgpconfigurations.podnet.io",
             "customresourcedefinition.apiextensions.k8s.io/bgppeers.podnet.io",
             "customresourcedefinition.apiextensions.k8s.io/ipaddresspools.podnet.io",
             "daemonset.apps/podnet-agent",
             "deployment.apps/podnet-dns",
+            "deployment.apps/podnet-lb-ipam",
+            "role.rbac.authorization.k8s.io/podnet:lb-ipam",
+            "rolebinding.rbac.authorization.k8s.io/podnet:lb-ipam",
             "service/kube-dns",
             "serviceaccount/podnet-agent",
             "serviceaccount/podnet-dns",
+            "serviceaccount/podnet-lb-ipam",
             "validatingadmissionpolicy.admissionregistration.k8s.io/podnet-agent-own-node",
             "validatingadmissionpolicybinding.admissionregistration.k8s.io/podnet-agent-own-node",
         ],
@@ -776,22 +807,28 @@ fn read_by_the_kube_source(cp: &podnet_lab::kube::ControlPlane, rt: &tokio::runt
     assert_eq!(found, 3, "{objs:?}");
 }
 
-/// Each (resource, verb) a ClusterRole of `text` grants.
-fn grants(text: &str) -> Vec<(String, String, String)> {
+/// One grant: API group, resource, verb, and the names it is limited to
+/// (none: every object).
+type Grant = (String, String, String, Vec<String>);
+
+/// Each (resource, verb) a ClusterRole or Role of `text` grants.
+fn grants(text: &str) -> Vec<Grant> {
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
     let mut out = Vec::new();
     for d in docs(text) {
-        if d["kind"] != "ClusterRole" {
+        if d["kind"] != "ClusterRole" && d["kind"] != "Role" {
             continue;
         }
         for r in d["rules"].as_array().unwrap() {
-            for g in r["apiGroups"].as_array().unwrap() {
-                for res in r["resources"].as_array().unwrap() {
-                    for v in r["verbs"].as_array().unwrap() {
-                        out.push((
-                            g.as_str().unwrap().to_string(),
-                            res.as_str().unwrap().to_string(),
-                            v.as_str().unwrap().to_string(),
-                        ));
+            let names = strs(&r["resourceNames"]);
+            for g in strs(&r["apiGroups"]) {
+                for res in strs(&r["resources"]) {
+                    for v in strs(&r["verbs"]) {
+                        out.push((g.clone(), res.clone(), v, names.clone()));
                     }
                 }
             }
@@ -801,25 +838,29 @@ fn grants(text: &str) -> Vec<(String, String, String)> {
 }
 
 /// `text` (one component's RBAC) for ServiceAccount `account`, its
-/// ClusterRole without the one grant `minus`, every name suffixed.
-fn without(text: &str, minus: &(String, String, String), suffix: &str) -> String {
+/// (Cluster)Roles without the one grant `minus`, every name suffixed.
+fn without(text: &str, minus: &Grant, suffix: &str) -> String {
     let mut out = String::new();
     for mut d in docs(text) {
         let name = format!("{}-{suffix}", d["metadata"]["name"].as_str().unwrap());
         d["metadata"]["name"] = name.clone().into();
         match d["kind"].as_str().unwrap() {
-            "ClusterRole" => {
+            "ClusterRole" | "Role" => {
                 let mut rules = Vec::new();
-                for (g, res, v) in grants(&serde_yaml::to_string(&d).unwrap()) {
-                    if (&g, &res, &v) != (&minus.0, &minus.1, &minus.2) {
-                        rules.push(
-                            serde_json::json!({"apiGroups": [g], "resources": [res], "verbs": [v]}),
-                        );
+                for g in grants(&serde_yaml::to_string(&d).unwrap()) {
+                    if &g == minus {
+                        continue;
                     }
+                    let mut r =
+                        serde_json::json!({"apiGroups": [g.0], "resources": [g.1], "verbs": [g.2]});
+                    if !g.3.is_empty() {
+                        r["resourceNames"] = g.3.into();
+                    }
+                    rules.push(r);
                 }
                 d["rules"] = rules.into();
             }
-            "ClusterRoleBinding" => {
+            "ClusterRoleBinding" | "RoleBinding" => {
                 let r = format!("{}-{suffix}", d["roleRef"]["name"].as_str().unwrap());
                 d["roleRef"]["name"] = r.into();
                 let s = format!("{}-{suffix}", d["subjects"][0]["name"].as_str().unwrap());
@@ -844,8 +885,35 @@ const NOT_YET_READ: &[(&str, &str)] = &[
     ("podnet.io", "bgpconfigurations"),
 ];
 
+/// A kubeconfig at `path` for ServiceAccount `kube-system/account`: the
+/// lab's DNS kubeconfig (it names the apiserver on loopback) with a fresh
+/// token of that account.
+fn token_kubeconfig(lab: &KubeLab, l: &podnet_lab::Lab, account: &str, path: &Path) {
+    let out = lab.ok(
+        &[
+            "create",
+            "token",
+            "-n",
+            "kube-system",
+            account,
+            "--duration=1h",
+        ],
+        None,
+    );
+    let token = out.trim();
+    let base = std::fs::read_to_string(l.dns_kubeconfig()).unwrap();
+    let text: String = base
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("token: ") {
+            Some(_) => format!("    token: {token}\n"),
+            None => format!("{line}\n"),
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
 /// The denial the API server gives for `grant`, as the daemons log it.
-fn denial(grant: &(String, String, String)) -> String {
+fn denial(grant: &Grant) -> String {
     format!("cannot {} resource \"{}\"", grant.2, grant.1)
 }
 
@@ -966,30 +1034,7 @@ fn the_rbac_is_exactly_enough() {
     let node1 = st.nodes.iter().find(|n| n.name == "node1").unwrap().clone();
     l.stop_agent("node1", false).unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let token_kubeconfig = |account: &str, path: &Path| {
-        let out = lab.ok(
-            &[
-                "create",
-                "token",
-                "-n",
-                "kube-system",
-                account,
-                "--duration=1h",
-            ],
-            None,
-        );
-        let token = out.trim();
-        // The lab's kubeconfig for the DNS account, with this token.
-        let base = std::fs::read_to_string(l.dns_kubeconfig()).unwrap();
-        let text: String = base
-            .lines()
-            .map(|line| match line.trim_start().strip_prefix("token: ") {
-                Some(_) => format!("    token: {token}\n"),
-                None => format!("{line}\n"),
-            })
-            .collect();
-        std::fs::write(path, text).unwrap();
-    };
+    let token_kubeconfig = |account: &str, path: &Path| token_kubeconfig(&lab, &l, account, path);
     let mut checked = 0;
     let mut not_yet_read = Vec::new();
     for (component, text) in [
@@ -1090,4 +1135,129 @@ fn the_rbac_is_exactly_enough() {
         http_get(Some(&ns), "127.0.0.1:10249".parse().unwrap(), "/readyz")
             .is_some_and(|(c, _)| c == 200)
     });
+}
+
+/// LB IPAM's RBAC (deploy/parts/13-lb-ipam-rbac.yaml) is exactly enough:
+/// the lab's replica, as ServiceAccount `podnet-lb-ipam` with no
+/// capability, gives a LoadBalancer Service its address and is refused
+/// nothing; then, with it stopped, a replica whose ClusterRole or Lease
+/// Role lacks any one grant is refused exactly that grant. Each such run
+/// starts with no Lease (so creating, reading and renewing it are each
+/// needed) and with a LoadBalancer Service waiting for an address (so
+/// writing its status is).
+#[test]
+fn lb_ipams_rbac_is_exactly_enough() {
+    let lab = KubeLab::up(1);
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_podnet"));
+    let l = podnet_lab::Lab::new(&lab.name, exe.clone()).unwrap();
+    let cp = podnet_lab::kube::ControlPlane::open(&l.dir).unwrap();
+    lab.ok(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {name: lan}\n\
+             spec: {addresses: [198.51.100.0/28]}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
+             spec: {type: LoadBalancer, selector: {app: web}, ports: [{port: 80}]}\n",
+        ),
+    );
+    eventually("web gets an address", WAIT, || {
+        lab.json(&["get", "service", "web"])["status"]["loadBalancer"]["ingress"][0]["ip"]
+            .is_string()
+    });
+    let pid = std::fs::read_to_string(l.dir.join("pids").join("lb-ipam-1")).unwrap();
+    let pid: i32 = pid.trim().parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap();
+    assert_eq!(
+        u64::from_str_radix(eff.trim(), 16).unwrap(),
+        0,
+        "capabilities"
+    );
+    let audit = std::fs::read_to_string(cp.audit_log()).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in audit.lines() {
+        let e: Value = serde_json::from_str(line).unwrap();
+        if e["user"]["username"] != "system:serviceaccount:kube-system:podnet-lb-ipam" {
+            continue;
+        }
+        // (A 404 is the Lease not made yet.)
+        let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
+        assert!(code != 401 && code != 403, "refused: {e}");
+        let r = &e["objectRef"];
+        let sub = r["subresource"].as_str().map(|s| format!("/{s}"));
+        seen.insert(format!(
+            "{} {}{}",
+            e["verb"].as_str().unwrap_or_default(),
+            r["resource"].as_str().unwrap_or_default(),
+            sub.unwrap_or_default()
+        ));
+    }
+    for want in [
+        "list services",
+        "watch ipaddresspools",
+        "list namespaces",
+        "update services/status",
+        "create leases",
+    ] {
+        assert!(
+            seen.contains(want),
+            "no {want:?} in the audit log: {seen:?}"
+        );
+    }
+
+    // The lab's replica stops (handing the Lease back); each minus-one
+    // replica runs on this machine's loopback, alone.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    eventually("the lab's replica to exit", WAIT, || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    let st = l.state().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let all = grants(podnet_lab::kube::LB_IPAM_RBAC);
+    for (i, grant) in all.iter().enumerate() {
+        lab.ok(
+            &[
+                "delete",
+                "lease",
+                "-n",
+                "kube-system",
+                "podnet-lb-ipam",
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        let suffix = format!("minus{i}");
+        let text = without(podnet_lab::kube::LB_IPAM_RBAC, grant, &suffix);
+        lab.ok(&["apply", "-f", "-"], Some(&text));
+        let account = format!("podnet-lb-ipam-{suffix}");
+        let kc = logs.path().join(format!("{account}.kubeconfig"));
+        token_kubeconfig(&lab, &l, &account, &kc);
+        let mut args = l.daemon_args(&st, podnet_lab::Daemon::LbIpam { id: &suffix });
+        let at = args.iter().position(|a| a == "--kubeconfig").unwrap();
+        args[at + 1] = kc.display().to_string();
+        let m = args.iter().position(|a| a == "--metrics-addr").unwrap();
+        args[m + 1] = format!("127.0.0.1:{}", podnet_testkit::free_port(None));
+        args.push("--watch-timeout=1s".into());
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args);
+        let mut p = Proc::spawn(&account, cmd, logs.path());
+        lab.ok(
+            &["apply", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb-{suffix}, namespace: default}}\n\
+                 spec: {{type: LoadBalancer, selector: {{app: x}}, ports: [{{port: 80}}]}}\n"
+            )),
+        );
+        let want = denial(grant);
+        eventually(
+            &format!("{account} (without {grant:?}) refused {want:?}"),
+            WAIT,
+            || p.log().contains(&want),
+        );
+        p.terminate(WAIT);
+    }
+    assert_eq!(all.len(), 10, "{all:?}");
 }

@@ -19,7 +19,9 @@
 //!   every node and its name in cluster DNS; deleted, it loses both;
 //! - kube-proxy's URLs answer as kube-proxy's do: `/healthz` on :10256
 //!   (failing while the autoscaler marks the node for removal) and
-//!   `/proxyMode` on :10249.
+//!   `/proxyMode` on :10249;
+//! - LB IPAM's two replicas give LoadBalancer Services pool addresses,
+//!   one at a time by a Lease, and hand over when the leader stops.
 //!
 //! No sleep stands in for readiness: every wait polls a state with a
 //! deadline, and nothing asserts how long anything took.
@@ -520,4 +522,149 @@ fn an_agent_puts_its_tampered_annotations_back() {
         probe("p1", &p2) == Reach::Connected("default/p2".into())
             && probe("p2", &p1) == Reach::Connected("default/p1".into())
     });
+}
+
+/// A Service's load-balancer addresses and podnet's LB IPAM condition
+/// (status, message), as the API holds them.
+fn lb_status(lab: &KubeLab, name: &str) -> (Vec<String>, Option<(String, String)>) {
+    let s = lab.json(&["get", "service", "-n", "default", name]);
+    let ips = s["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|i| i["ip"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let cond = s["status"]["conditions"]
+        .as_array()
+        .and_then(|v| {
+            v.iter()
+                .find(|c| c["type"] == "podnet.io/LoadBalancerAddress")
+        })
+        .map(|c| {
+            let f = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (f("status"), f("message"))
+        });
+    (ips, cond)
+}
+
+fn lease_holder(lab: &KubeLab) -> String {
+    let (ok, out) = lab.kubectl(
+        &[
+            "get",
+            "lease",
+            "-n",
+            "kube-system",
+            "podnet-lb-ipam",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    if !ok {
+        return String::new();
+    }
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// LB IPAM in Kubernetes mode, run as deploy/ runs it (two replicas of
+/// `podnet controller`, each as ServiceAccount `podnet-lb-ipam`):
+/// - LoadBalancer Services created at once, with both replicas running,
+///   get distinct addresses from the pool, and podnet's condition says so;
+/// - a Service asking for an address another holds waits, and its
+///   condition says why;
+/// - one replica holds the Lease; stopped, it hands the Lease over, and
+///   the other one gives the freed address to the waiting Service;
+/// - neither replica was refused anything by the API.
+#[test]
+fn lb_ipam_gives_pool_addresses_and_its_replicas_hand_over() {
+    let lab = KubeLab::up(2);
+    let mut manifest = String::from(
+        "apiVersion: podnet.io/v1\nkind: IPAddressPool\nmetadata: {name: lan}\n\
+         spec: {addresses: [198.51.100.0/29]}\n",
+    );
+    for name in ["a", "b", "c"] {
+        manifest.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec: {{type: LoadBalancer, selector: {{app: {name}}}, ports: [{{port: 80}}]}}\n"
+        ));
+    }
+    lab.ok(&["apply", "-f", "-"], Some(&manifest));
+    let mut given = Vec::new();
+    for name in ["a", "b", "c"] {
+        eventually(&format!("Service {name} has an address"), WAIT, || {
+            !lb_status(&lab, name).0.is_empty()
+        });
+        let (ips, cond) = lb_status(&lab, name);
+        assert_eq!(ips.len(), 1, "{name}: {ips:?}");
+        let ip: std::net::Ipv4Addr = ips[0].parse().unwrap();
+        assert!(
+            "198.51.100.0/29"
+                .parse::<ipnet::Ipv4Net>()
+                .unwrap()
+                .contains(&ip),
+            "{ip}"
+        );
+        assert_eq!(cond, Some(("True".to_string(), ips[0].clone())), "{name}");
+        given.push(ips[0].clone());
+    }
+    let distinct: std::collections::BTreeSet<&String> = given.iter().collect();
+    assert_eq!(distinct.len(), 3, "an address given twice: {given:?}");
+
+    // Asking for a's address: it waits, and says why.
+    lab.ok(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: d, namespace: default, \
+             annotations: {{podnet.io/loadBalancerIPs: \"{}\"}}}}\n\
+             spec: {{type: LoadBalancer, selector: {{app: d}}, ports: [{{port: 80}}]}}\n",
+            given[0]
+        )),
+    );
+    eventually("d's condition says why it waits", WAIT, || {
+        lb_status(&lab, "d").1.is_some()
+    });
+    let (ips, cond) = lb_status(&lab, "d");
+    assert!(ips.is_empty(), "{ips:?}");
+    let (status, why) = cond.unwrap();
+    assert_eq!(status, "False");
+    assert_eq!(
+        why,
+        format!("{} is already in use by Service default/a", given[0])
+    );
+
+    // The leader stops (SIGTERM) and hands the Lease to the other.
+    eventually("a replica holds the Lease", WAIT, || {
+        lease_holder(&lab).starts_with("lb-ipam-")
+    });
+    let leader = lease_holder(&lab);
+    let other = match leader.as_str() {
+        "lb-ipam-1" => "lb-ipam-2",
+        _ => "lb-ipam-1",
+    };
+    let l = lab_of(&lab);
+    let pid = std::fs::read_to_string(l.dir.join("pids").join(&leader)).unwrap();
+    let pid: i32 = pid.trim().parse().unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    eventually(&format!("{other} holds the Lease"), WAIT, || {
+        lease_holder(&lab) == other
+    });
+    // The new leader serves: a's address, freed, goes to d.
+    lab.ok(&["delete", "service", "-n", "default", "a"], None);
+    eventually("d gets the address it asked for", WAIT, || {
+        lb_status(&lab, "d").0 == vec![given[0].clone()]
+    });
+    assert_eq!(lb_status(&lab, "d").1.unwrap().0, "True");
+    // b and c kept theirs across the change of leader.
+    assert_eq!(lb_status(&lab, "b").0, vec![given[1].clone()]);
+    assert_eq!(lb_status(&lab, "c").0, vec![given[2].clone()]);
+    for role in ["lb-ipam-1", "lb-ipam-2"] {
+        let log = std::fs::read_to_string(l.log_path(role)).unwrap();
+        assert!(!log.to_lowercase().contains("forbidden"), "{role}: {log}");
+    }
 }

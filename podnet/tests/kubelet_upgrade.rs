@@ -235,7 +235,9 @@ fn the_kubelets_roll_podnet_under_load_and_its_own_rolls_fail_nothing() {
     let this = std::fs::read_to_string(reallab::repo().join("deploy/podnet.yaml")).unwrap();
     lab.apply_podnet(&this, &host, &port, DEPLOY_IMAGE);
     assert!(
-        lab.podnet_images().iter().all(|(_, i)| i == DEPLOY_IMAGE),
+        lab.podnet_images()
+            .iter()
+            .all(|(_, i, _)| i == DEPLOY_IMAGE),
         "{:?}",
         lab.podnet_images()
     );

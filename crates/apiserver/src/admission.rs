@@ -32,8 +32,8 @@ pub async fn context(objs: &Objects) -> Result<VCtx, StoreError> {
 
 /// The label the API server puts on every Namespace, with the
 /// namespace's name as its value (immutable: policies select namespaces
-/// by name through it).
-pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// by name through it; LB IPAM's pools too).
+pub use podnet_lb::ipam::NAMESPACE_NAME_LABEL;
 
 /// What the API server sets on every create and update, whatever the
 /// document says: a Namespace's [`NAMESPACE_NAME_LABEL`] (a missing or

@@ -35,6 +35,9 @@ pub fn agent_caps(st: &LabState) -> &'static [u32] {
 /// CAP_NET_BIND_SERVICE.
 pub const DNS_CAPS: &[u32] = &[10];
 
+/// LB IPAM talks only to the API: no capability.
+pub const LB_IPAM_CAPS: &[u32] = &[];
+
 /// A daemon the lab runs, for [`Lab::daemon_args`].
 #[derive(Debug, Clone, Copy)]
 pub enum Daemon<'a> {
@@ -45,6 +48,8 @@ pub enum Daemon<'a> {
         node: &'a str,
         upstreams: &'a [String],
     },
+    /// `podnet controller` as LB IPAM's replica `id` (Kubernetes mode).
+    LbIpam { id: &'a str },
 }
 
 impl Lab {
@@ -168,6 +173,19 @@ impl Lab {
                     format!("--upstream={}", upstreams.join(",")),
                     "--upstream-timeout-ms".into(),
                     "1000".into(),
+                ]);
+            }
+            Daemon::LbIpam { id } => {
+                a.push("controller".into());
+                a.push("--kubeconfig".into());
+                a.push(self.lb_ipam_kubeconfig().display().to_string());
+                a.extend([
+                    "--lease-namespace".into(),
+                    kube::RBAC_NAMESPACE.into(),
+                    "--id".into(),
+                    id.into(),
+                    "--metrics-addr".into(),
+                    "127.0.0.1:10257".into(),
                 ]);
             }
         }

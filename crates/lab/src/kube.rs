@@ -381,12 +381,15 @@ pub const AGENT_RBAC: &str = include_str!("../../../deploy/parts/10-agent-rbac.y
 pub const AGENT_ADMISSION: &str = include_str!("../../../deploy/parts/12-agent-admission.yaml");
 /// Cluster DNS's ServiceAccount, ClusterRole and binding, as shipped.
 pub const DNS_RBAC: &str = include_str!("../../../deploy/parts/11-dns-rbac.yaml");
+/// LB IPAM's ServiceAccount, ClusterRole, Lease Role and bindings.
+pub const LB_IPAM_RBAC: &str = include_str!("../../../deploy/parts/13-lb-ipam-rbac.yaml");
 /// The ServiceAccounts those files make.
 pub const AGENT_ACCOUNT: &str = "podnet-agent";
 pub const DNS_ACCOUNT: &str = "podnet-dns";
+pub const LB_IPAM_ACCOUNT: &str = "podnet-lb-ipam";
 
-/// Creates or updates the ServiceAccounts, ClusterRoles,
-/// ClusterRoleBindings, ValidatingAdmissionPolicies and their bindings of
+/// Creates or updates the ServiceAccounts, (Cluster)Roles,
+/// (Cluster)RoleBindings, ValidatingAdmissionPolicies and their bindings of
 /// a multi-document YAML text (server-side apply, so a rerun converges).
 /// Any other kind is refused by name.
 pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
@@ -394,7 +397,7 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
     use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use serde::Deserialize;
     for doc in serde_yaml::Deserializer::from_str(text) {
         let v =
@@ -420,6 +423,14 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
             .patch(&name, &pp, &patch)
             .await
             .map(drop),
+            "Role" => kube::Api::<Role>::namespaced(c.clone(), RBAC_NAMESPACE)
+                .patch(&name, &pp, &patch)
+                .await
+                .map(drop),
+            "RoleBinding" => kube::Api::<RoleBinding>::namespaced(c.clone(), RBAC_NAMESPACE)
+                .patch(&name, &pp, &patch)
+                .await
+                .map(drop),
             "ClusterRole" => kube::Api::<ClusterRole>::all(c.clone())
                 .patch(&name, &pp, &patch)
                 .await

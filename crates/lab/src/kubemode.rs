@@ -13,7 +13,7 @@ use crate::clusterdns::{dns_labels, dns_service, DNS_NAMESPACE};
 use crate::error::{io, msg, LabError};
 use crate::lifecycle::UpOptions;
 use crate::state::{Lab, LabState};
-use crate::{kube, kubelet};
+use crate::{kube, kubelet, Daemon, LB_IPAM_CAPS};
 
 impl Lab {
     /// The kubeconfig of node `node`'s daemons in Kubernetes mode:
@@ -28,6 +28,14 @@ impl Lab {
     /// `kube-system/podnet-dns`: `<lab dir>/dns-kubeconfig`.
     pub fn dns_kubeconfig(&self) -> PathBuf {
         self.dir.join("dns-kubeconfig")
+    }
+
+    /// LB IPAM's kubeconfig in Kubernetes mode, as ServiceAccount
+    /// `kube-system/podnet-lb-ipam`: `<lab dir>/lb-ipam-kubeconfig`. Its
+    /// replicas run in node namespaces, whose forwarder serves the
+    /// apiserver's address on their loopback.
+    pub fn lb_ipam_kubeconfig(&self) -> PathBuf {
+        self.dir.join("lb-ipam-kubeconfig")
     }
 
     /// The network config of a Kubernetes-mode lab's daemons (flannel's
@@ -79,7 +87,11 @@ impl Lab {
         kube::apply_rbac(&c, kube::AGENT_RBAC).await?;
         kube::apply_rbac(&c, kube::AGENT_ADMISSION).await?;
         kube::apply_rbac(&c, kube::DNS_RBAC).await?;
+        kube::apply_rbac(&c, kube::LB_IPAM_RBAC).await?;
         cp.write_service_account_kubeconfig(&c, kube::DNS_ACCOUNT, None, &self.dns_kubeconfig())
+            .await?;
+        let lb = self.lb_ipam_kubeconfig();
+        cp.write_service_account_kubeconfig(&c, kube::LB_IPAM_ACCOUNT, None, &lb)
             .await?;
         // kube-dns first, so no other Service can take its address.
         kubelet::ensure_namespace(&c, DNS_NAMESPACE).await?;
@@ -112,8 +124,21 @@ impl Lab {
         self.start_dns(&st, o.kube_agents).await?;
         if o.kube_agents {
             self.start_dns_replicas(&st, o.dns_replicas).await?;
+            self.start_lb_ipam(&st)?;
         }
         Ok(st)
+    }
+
+    /// LB IPAM as the Deployment in deploy/ runs it: two replicas (on the
+    /// first two nodes; roles `lb-ipam-1`, `lb-ipam-2`, also their names
+    /// in the Lease), one of which leads.
+    pub(crate) fn start_lb_ipam(&self, st: &LabState) -> Result<(), LabError> {
+        for (i, n) in st.nodes.iter().take(2).enumerate() {
+            let id = format!("lb-ipam-{}", i + 1);
+            let args = self.daemon_args(st, Daemon::LbIpam { id: &id });
+            self.spawn_daemon(&id, Some(&n.netns), &args, LB_IPAM_CAPS)?;
+        }
+        Ok(())
     }
 
     /// The `kubernetes` Service's endpoint, and where real kubelets find

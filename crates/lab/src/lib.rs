@@ -72,7 +72,7 @@ pub mod serve;
 pub mod upgrade;
 
 pub use clusterdns::{DNS_NAMESPACE, DNS_POD, DNS_SERVICE};
-pub use daemon::{Daemon, AGENT_CAPS, DNS_CAPS};
+pub use daemon::{Daemon, AGENT_CAPS, DNS_CAPS, LB_IPAM_CAPS};
 pub use error::LabError;
 pub use lifecycle::UpOptions;
 pub use process::SPAWN_MARK;

@@ -5,8 +5,11 @@
 //! - [`ipam`]: address pools and the allocation of LoadBalancer IPs (pure:
 //!   the standalone controller in `podnet-apiserver` stores and reserves
 //!   what it decides);
-//! - `l2`: L2 announcement, one node answering ARP/NDP for each address
+//! - [`kube`]: the same decisions in Kubernetes mode, by the replica that
+//!   holds a Lease, written to each Service's status;
+//! - [`l2`]: L2 announcement, one node answering ARP/NDP for each address
 //!   and another taking over with gratuitous ARP / unsolicited NA.
 
 pub mod ipam;
+pub mod kube;
 pub mod l2;

@@ -242,8 +242,19 @@ impl RealLab {
         assert!(manifest.contains(&format!("image: {image}")));
         self.ok(&["apply", "-f", "-"], Some(&manifest));
         self.rolled_out();
+        // The pods of the components this manifest has (an older one
+        // lacks some: `kubectl apply` leaves those running as they were).
+        let components: Vec<&str> = manifest
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("app.kubernetes.io/component: "))
+            .collect();
         eventually("every podnet pod to run the image", 120, || {
-            let imgs = self.podnet_images();
+            let imgs: Vec<(String, String)> = self
+                .podnet_images()
+                .into_iter()
+                .filter(|(_, _, c)| components.contains(&c.as_str()))
+                .map(|(p, i, _)| (p, i))
+                .collect();
             match imgs.iter().all(|(_, i)| i == image) {
                 true => Ok(()),
                 false => Err(format!("{imgs:?}")),
@@ -251,9 +262,14 @@ impl RealLab {
         });
     }
 
-    /// Waits until the agent DaemonSet and DNS Deployment are rolled out.
+    /// Waits until the agent DaemonSet and the DNS and LB IPAM
+    /// Deployments are rolled out.
     pub fn rolled_out(&self) {
-        for what in ["ds/podnet-agent", "deploy/podnet-dns"] {
+        for what in [
+            "ds/podnet-agent",
+            "deploy/podnet-dns",
+            "deploy/podnet-lb-ipam",
+        ] {
             self.ok(
                 &[
                     "-n",
@@ -269,7 +285,8 @@ impl RealLab {
     }
 
     /// The images podnet's pods in kube-system run, by pod name.
-    pub fn podnet_images(&self) -> Vec<(String, String)> {
+    /// Pod, image and component of each of podnet's pods.
+    pub fn podnet_images(&self) -> Vec<(String, String, String)> {
         let pods = self.json(&["get", "pods", "-n", "kube-system"]);
         pods["items"]
             .as_array()
@@ -278,11 +295,19 @@ impl RealLab {
             .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "podnet")
             .flat_map(|p| {
                 let name = p["metadata"]["name"].as_str().unwrap().to_string();
+                let labels = &p["metadata"]["labels"];
+                let component = labels["app.kubernetes.io/component"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 p["spec"]["containers"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .map(move |c| (name.clone(), c["image"].as_str().unwrap().to_string()))
+                    .map(move |c| {
+                        let image = c["image"].as_str().unwrap().to_string();
+                        (name.clone(), image, component.clone())
+                    })
             })
             .collect()
     }

@@ -17,80 +17,25 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use podnet_api::k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
-use podnet_api::pool::IPAddressPool;
+use podnet_api::k8s_openapi::api::core::v1::Service;
 use podnet_api::{Kind, Object};
-use podnet_lb::ipam::{self, Allocator, Decision, Holder, Holdings, Pools, Scope, Sharing};
+use podnet_lb::ipam::status::{concerns, with_ingress};
+use podnet_lb::ipam::{self, Allocator, Decision, Holder, Holdings, Inputs, Sharing};
 use podnet_source::ObjectKey;
 use podnet_store::{Op, Store, StoreError};
 
 use super::{Controller, Key, CONTROLLER_ALLOCATIONS_TOTAL};
-use crate::admission::NAMESPACE_NAME_LABEL;
 use crate::lbips::{self, Reservation};
 
 /// What the controller knows for LB IPAM besides Services.
 #[derive(Default)]
 pub struct LbState {
-    /// Every IPAddressPool, as stored.
-    pools_stored: BTreeMap<String, IPAddressPool>,
-    pools: Pools,
-    /// Namespace name -> its labels.
-    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// The pools and namespaces' labels.
+    pub inputs: Inputs,
     /// Reservations known, by address.
     pub reserved: BTreeMap<IpAddr, Reservation>,
     /// Services without an address, with the reason last logged.
     pub pending: BTreeMap<Key, String>,
-}
-
-/// Whether the LB duty has anything to do with a Service.
-fn concerns(s: &Service) -> bool {
-    ipam::request::scope(s) != Scope::NotLoadBalancer || !ipam::status_ips(s).is_empty()
-}
-
-impl LbState {
-    /// Takes a pool's change; true if the pools changed.
-    pub fn pool(&mut self, name: &str, o: Option<&Object>) -> bool {
-        let before = self.pools_stored.get(name).cloned();
-        match o {
-            Some(Object::IPAddressPool(p)) => {
-                self.pools_stored.insert(name.to_string(), (**p).clone());
-            }
-            _ => {
-                self.pools_stored.remove(name);
-            }
-        }
-        if self.pools_stored.get(name) == before.as_ref() {
-            return false;
-        }
-        let (pools, bad) = Pools::new(self.pools_stored.values());
-        for (name, why) in bad {
-            tracing::warn!(pool = %name, "IPAddressPool {name} is ignored: {why}");
-        }
-        self.pools = pools;
-        true
-    }
-
-    /// Takes a namespace's change; true if its labels changed.
-    pub fn namespace(&mut self, name: &str, o: Option<&Object>) -> bool {
-        let labels = match o {
-            Some(Object::Namespace(n)) => n.metadata.labels.clone().unwrap_or_default(),
-            _ => BTreeMap::new(),
-        };
-        if labels.is_empty() {
-            self.namespaces.remove(name).is_some()
-        } else {
-            self.namespaces.insert(name.to_string(), labels.clone()) != Some(labels)
-        }
-    }
-
-    /// A namespace's labels; one not known has the name label the API
-    /// server gives every namespace.
-    fn labels_of(&self, ns: &str) -> BTreeMap<String, String> {
-        self.namespaces
-            .get(ns)
-            .cloned()
-            .unwrap_or_else(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), ns.into())]))
-    }
 }
 
 /// Why a write must be decided again.
@@ -121,25 +66,6 @@ fn parse_owner(h: &str) -> Key {
     }
 }
 
-/// `svc` with exactly `ips` as its load-balancer ingress.
-fn with_ingress(svc: &Service, ips: &[IpAddr]) -> Service {
-    let mut new = svc.clone();
-    let lb = new
-        .status
-        .get_or_insert_with(Default::default)
-        .load_balancer
-        .get_or_insert_with(Default::default);
-    lb.ingress = (!ips.is_empty()).then(|| {
-        ips.iter()
-            .map(|ip| LoadBalancerIngress {
-                ip: Some(ip.to_string()),
-                ..Default::default()
-            })
-            .collect()
-    });
-    new
-}
-
 impl Controller {
     /// The Services the LB duty looks at this sync: those of `keys` it
     /// concerns, and every one still waiting for an address.
@@ -164,8 +90,8 @@ impl Controller {
     ) {
         let name = key.name.as_str();
         let (changed, ns) = match key.kind {
-            Kind::IPAddressPool => (self.lb.pool(name, o), None),
-            _ => (self.lb.namespace(name, o), Some(name)),
+            Kind::IPAddressPool => (self.lb.inputs.pool(name, o), None),
+            _ => (self.lb.inputs.namespace(name, o), Some(name)),
         };
         if !changed {
             return;
@@ -185,7 +111,7 @@ impl Controller {
     /// an address checks the store itself, and a collision there says who
     /// really holds it.
     fn lb_holdings(&self) -> Holdings {
-        let mut a = Allocator::new(&self.lb.pools, Holdings::default());
+        let mut a = Allocator::new(self.lb.inputs.pools(), Holdings::default());
         for s in self.state.services.values() {
             a.seed(s);
         }
@@ -220,7 +146,7 @@ impl Controller {
         if keys.is_empty() {
             return Ok(0);
         }
-        let pools = self.lb.pools.clone();
+        let pools = self.lb.inputs.pools().clone();
         let mut a = Allocator::new(&pools, self.lb_holdings());
         let mut keys = keys;
         keys.sort_by_key(|k| {
@@ -251,7 +177,7 @@ impl Controller {
                 // Another implementation's (or an operator's) address.
                 return Ok(0);
             }
-            let d = a.assign(&svc, &self.lb.labels_of(&k.0));
+            let d = a.assign(&svc, &self.lb.inputs.labels_of(&k.0));
             self.lb_note(k, &d);
             let r = match &d {
                 Decision::OtherClass(_) => self.lb_release(&svc, &[]).await,
@@ -542,67 +468,5 @@ impl Controller {
             tracing::warn!(service = %lbips::owner(s), "releasing load-balancer addresses: {e}");
         }
         self.lb.pending.remove(&ipam::key_of(s));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn ingress_is_written_and_cleared() {
-        let s: Service = serde_json::from_value(json!({"metadata": {"name": "w"},
-            "spec": {"type": "LoadBalancer"},
-            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9", "hostname": "x"}]}}}))
-        .unwrap();
-        let ips: Vec<IpAddr> = vec!["192.0.2.1".parse().unwrap(), "2001:db8::1".parse().unwrap()];
-        let n = with_ingress(&s, &ips);
-        assert_eq!(ipam::status_ips(&n), ips);
-        let v = serde_json::to_value(&n.status).unwrap();
-        assert_eq!(
-            v,
-            json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"ip": "2001:db8::1"}]}})
-        );
-        let cleared = with_ingress(&n, &[]);
-        assert_eq!(
-            serde_json::to_value(&cleared.status).unwrap(),
-            json!({"loadBalancer": {}})
-        );
-        assert!(concerns(&cleared), "a LoadBalancer concerns the duty");
-        let mut plain = cleared.clone();
-        plain.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        assert!(!concerns(&plain));
-        assert!(
-            concerns(&with_ingress(&plain, &ips)),
-            "its stale ingress does"
-        );
-    }
-
-    #[test]
-    fn pools_and_namespaces_report_changes() {
-        let mut st = LbState::default();
-        let p: IPAddressPool = serde_json::from_value(
-            json!({"metadata": {"name": "lan"}, "spec": {"addresses": ["192.0.2.0/28"]}}),
-        )
-        .unwrap();
-        let o = Object::IPAddressPool(Box::new(p));
-        assert!(st.pool("lan", Some(&o)));
-        assert!(!st.pool("lan", Some(&o)), "the same pool again");
-        assert!(st.pools.hold("192.0.2.3".parse().unwrap()));
-        assert!(st.pool("lan", None));
-        assert!(st.pools.is_empty());
-        assert_eq!(
-            st.labels_of("shop"),
-            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), "shop".to_string())])
-        );
-        let ns: podnet_api::k8s_openapi::api::core::v1::Namespace =
-            serde_json::from_value(json!({"metadata": {"name": "shop", "labels": {"team": "a"}}}))
-                .unwrap();
-        let o = Object::Namespace(Box::new(ns));
-        assert!(st.namespace("shop", Some(&o)));
-        assert!(!st.namespace("shop", Some(&o)));
-        assert_eq!(st.labels_of("shop")["team"], "a");
-        assert!(st.namespace("shop", None));
     }
 }

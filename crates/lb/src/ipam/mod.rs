@@ -30,8 +30,10 @@
 //! it keeps current; [`assign_all`] decides a whole cluster (a restart).
 
 pub mod holdings;
+pub mod inputs;
 pub mod pools;
 pub mod request;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,6 +42,7 @@ use std::net::IpAddr;
 use podnet_api::k8s_openapi::api::core::v1::Service;
 
 pub use holdings::{Holder, Holdings};
+pub use inputs::{Inputs, NAMESPACE_NAME_LABEL};
 pub use pools::{Pool, Pools};
 pub use request::{
     Request, Scope, Sharing, IPS_ANNOTATION, LB_CLASS, POOL_ANNOTATION, SHARING_ANNOTATION,
