@@ -268,7 +268,8 @@ pub async fn lb_controller(
     let sub = source.subscribe(podnet_lb::kube::KINDS);
     let _source = source.start();
     let lease = podnet_lb::kube::lease::LeaseConfig::new(lease_namespace, LB_LEASE, &id);
-    podnet_lb::kube::run(client, sub, lease, podnet_daemon::shutdown_signal()).await;
+    let ready = move || metrics.set_ready(true);
+    podnet_lb::kube::run(client, sub, lease, ready, podnet_daemon::shutdown_signal()).await;
     tracing::info!("controller stopped");
     Ok(())
 }

@@ -638,6 +638,15 @@ fn lb_ipam_gives_pool_addresses_and_its_replicas_hand_over() {
         format!("{} is already in use by Service default/a", given[0])
     );
 
+    // Both replicas are ready (the one that does not lead too).
+    for node in ["node1", "node2"] {
+        let ns = podnet_kernel::netns::Netns::named(&lab.node_ns(node)).unwrap();
+        let addr = "127.0.0.1:10257".parse().unwrap();
+        eventually(&format!("LB IPAM on {node} ready"), WAIT, || {
+            podnet_testkit::http_get(Some(&ns), addr, "/readyz").is_some_and(|(c, _)| c == 200)
+        });
+    }
+
     // The leader stops (SIGTERM) and hands the Lease to the other.
     eventually("a replica holds the Lease", WAIT, || {
         lease_holder(&lab).starts_with("lb-ipam-")

@@ -1838,7 +1838,16 @@ impl Lab {
 /// pod sees the client's own address; the last endpoint going withdraws
 /// the /32. The router also learned every node's pod CIDR.
 fn lb_over_bgp(router: &str, tag: &str) {
-    let lab = Lab::up_with(tag, "bgp", 2, &["--router", router]);
+    lb_over_bgp_in(router, tag, &[]);
+}
+
+/// [`lb_over_bgp`] in a lab with more `lab up` flags (`--kube`: the
+/// address comes from LB IPAM's Kubernetes-mode replicas, through the
+/// API).
+fn lb_over_bgp_in(router: &str, tag: &str, extra: &[&str]) {
+    let mut flags = vec!["--router", router];
+    flags.extend_from_slice(extra);
+    let lab = Lab::up_with(tag, "bgp", 2, &flags);
     lab.pod_labelled("web1", "node1", "app=web");
     lab.apply(LB_OBJECTS);
     let ip = lab.lb_ip("web");
@@ -1888,6 +1897,13 @@ fn lb_over_bgp(router: &str, tag: &str) {
 #[test]
 fn lb_over_bgp_with_bird() {
     lb_over_bgp("bird", "lbb");
+}
+
+/// The same in Kubernetes mode: the pool, the BGP kinds and the Service
+/// through the API; LB IPAM's elected replica gives the address.
+#[test]
+fn lb_over_bgp_with_bird_in_kubernetes_mode() {
+    lb_over_bgp_in("bird", "lbk", &["--kube"]);
 }
 
 /// Graceful restart with a real router: the agent of the node with the

@@ -51,13 +51,17 @@ pub enum KubeLbError {
 }
 
 /// Runs LB IPAM on `sub` (subscribed to [`KINDS`]) until `shutdown`,
-/// then hands the Lease back if it holds it.
+/// then hands the Lease back if it holds it. `on_ready` is called once
+/// the view is complete (a replica that does not lead is ready too: it
+/// can take over at once).
 pub async fn run(
     client: Client,
     mut sub: Subscription,
     lease_cfg: LeaseConfig,
+    on_ready: impl FnOnce(),
     shutdown: impl Future<Output = ()>,
 ) {
+    let mut on_ready = Some(on_ready);
     let leases = Api::namespaced(client.clone(), &lease_cfg.namespace);
     let (tx, mut rx) = watch::channel(None);
     let campaign = tokio::spawn(lease::campaign(leases.clone(), lease_cfg.clone(), tx));
@@ -72,6 +76,9 @@ pub async fn run(
                 let Some(b) = b else { break };
                 view.take(&b.deltas, &mut dirty);
                 ready |= b.ready;
+                if let Some(f) = on_ready.take_if(|_| ready) {
+                    f();
+                }
             }
             r = rx.changed() => {
                 if r.is_err() {
