@@ -123,7 +123,10 @@ pub async fn campaign(api: Api<Lease>, cfg: LeaseConfig, tx: watch::Sender<Optio
 
 fn set(tx: &watch::Sender<Option<Instant>>, v: Option<Instant>) {
     tx.send_if_modified(|cur| {
-        let flipped = cur.is_some() != v.is_some();
+        // Leading is a deadline not yet passed: one that passed (renewals
+        // failed) and is renewed again is a new leadership too.
+        let now = Instant::now();
+        let flipped = cur.is_some_and(|t| now < t) != v.is_some_and(|t| now < t);
         if flipped {
             let who = if v.is_some() { "acquired" } else { "lost" };
             tracing::info!("leader election: {who} the lease");
