@@ -7,7 +7,7 @@
 //! Measured per run: the time from the feeder's session coming up to the
 //! receiver holding every route in its RIB (received and selected; not
 //! installed in the kernel: no receiver here exports to it), read by
-//! polling each receiver's own view every 20 ms (podnet's process says so
+//! polling each receiver's own view every `--poll-ms` (20; podnet's process says so
 //! itself), and the receiver's peak memory (VmHWM). Printed: medians, and
 //! the ratio of each against BIRD.
 
@@ -42,6 +42,10 @@ struct Args {
     /// Receivers to run, in turn.
     #[arg(long, default_value = "podnet,bird,frr,gobgp")]
     receivers: String,
+    /// How often a daemon is asked how many routes it holds (its CLI's
+    /// answer is late by up to this much plus the CLI's own time).
+    #[arg(long, default_value_t = 20)]
+    poll_ms: u64,
     /// Internal: run podnet's speaker as the receiver of this many routes.
     #[arg(long, hide = true)]
     receive: Option<usize>,
@@ -269,7 +273,7 @@ fn start_receiver(which: &str, ns: &TestNs, n: usize, gobgpd: &Path) -> Result<R
 /// every route held. Returns (seconds, VmHWM MiB). The feeder's runtime
 /// has worker threads made in the feeder's namespace, so its session goes
 /// on while this thread polls the receiver.
-fn run_one(feeder: &TestNs, r: &mut Receiver, n: usize) -> Result<(f64, f64)> {
+fn run_one(feeder: &TestNs, r: &mut Receiver, n: usize, poll: Duration) -> Result<(f64, f64)> {
     let rt = feeder.run(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -322,7 +326,7 @@ fn run_one(feeder: &TestNs, r: &mut Receiver, n: usize) -> Result<(f64, f64)> {
             bail!("{} holds {} of {n} routes after 300 s", r.name, (r.count)());
         }
         if r.lines.is_none() {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(poll);
         }
     }
     let took = t0.elapsed().as_secs_f64();
@@ -379,7 +383,7 @@ fn main() -> Result<()> {
         for (i, which) in receivers.iter().enumerate() {
             let (feeder, recv) = pair()?;
             let mut r = start_receiver(which, &recv, a.routes, &gobgpd)?;
-            let (t, mem) = run_one(&feeder, &mut r, a.routes)?;
+            let (t, mem) = run_one(&feeder, &mut r, a.routes, Duration::from_millis(a.poll_ms))?;
             eprintln!(
                 "round {}: {which}: {} routes in {t:.3} s, VmHWM {mem:.1} MiB",
                 round + 1,
