@@ -1176,25 +1176,7 @@ fn lb_ipams_rbac_is_exactly_enough() {
         0,
         "capabilities"
     );
-    let audit = std::fs::read_to_string(cp.audit_log()).unwrap();
-    let mut seen = std::collections::BTreeSet::new();
-    for line in audit.lines() {
-        let e: Value = serde_json::from_str(line).unwrap();
-        if e["user"]["username"] != "system:serviceaccount:kube-system:podnet-lb-ipam" {
-            continue;
-        }
-        // (A 404 is the Lease not made yet.)
-        let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
-        assert!(code != 401 && code != 403, "refused: {e}");
-        let r = &e["objectRef"];
-        let sub = r["subresource"].as_str().map(|s| format!("/{s}"));
-        seen.insert(format!(
-            "{} {}{}",
-            e["verb"].as_str().unwrap_or_default(),
-            r["resource"].as_str().unwrap_or_default(),
-            sub.unwrap_or_default()
-        ));
-    }
+    let seen = lb_ipam_requests(&cp);
     for want in [
         "list services",
         "watch ipaddresspools",
@@ -1260,4 +1242,29 @@ fn lb_ipams_rbac_is_exactly_enough() {
         p.terminate(WAIT);
     }
     assert_eq!(all.len(), 10, "{all:?}");
+}
+
+/// What LB IPAM's account asked the API server (verb and resource, as
+/// `update services/status`), by the audit log; none of it refused.
+fn lb_ipam_requests(cp: &podnet_lab::kube::ControlPlane) -> std::collections::BTreeSet<String> {
+    let audit = std::fs::read_to_string(cp.audit_log()).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in audit.lines() {
+        let e: Value = serde_json::from_str(line).unwrap();
+        if e["user"]["username"] != "system:serviceaccount:kube-system:podnet-lb-ipam" {
+            continue;
+        }
+        // (A 404 is the Lease not made yet.)
+        let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
+        assert!(code != 401 && code != 403, "refused: {e}");
+        let r = &e["objectRef"];
+        let sub = r["subresource"].as_str().map(|s| format!("/{s}"));
+        seen.insert(format!(
+            "{} {}{}",
+            e["verb"].as_str().unwrap_or_default(),
+            r["resource"].as_str().unwrap_or_default(),
+            sub.unwrap_or_default()
+        ));
+    }
+    seen
 }
