@@ -1908,13 +1908,23 @@ fn lb_over_bgp_with_bird_in_kubernetes_mode() {
 
 /// Graceful restart with a real router: the agent of the node with the
 /// Local Service's endpoint is killed and started again while a client in
-/// the router's namespace asks the LB IP every 20 ms; BIRD keeps the
-/// node's routes through the restart and no ask fails. (BFD is off for
-/// this peer: BFD lives in the agent, so a restart looks like a failure
-/// to a router that has it, unless the router runs it gracefully.)
+/// the router's namespace asks the LB IP every 20 ms; the router (BIRD,
+/// or FRR: both put what they learn in the kernel) keeps the node's
+/// routes through the restart and no ask fails. (BFD is off for this
+/// peer: BFD lives in the agent, so a restart looks like a failure to a
+/// router that has it, unless the router runs it gracefully.)
 #[test]
 fn the_router_keeps_a_restarting_agents_routes() {
-    let lab = Lab::up_with("grr", "bgp", 2, &["--router", "bird"]);
+    router_keeps_a_restarting_agents_routes("bird", "grr");
+}
+
+#[test]
+fn frr_keeps_a_restarting_agents_routes() {
+    router_keeps_a_restarting_agents_routes("frr", "grf");
+}
+
+fn router_keeps_a_restarting_agents_routes(router: &str, tag: &str) {
+    let lab = Lab::up_with(tag, "bgp", 2, &["--router", router]);
     lab.pod_labelled("web1", "node1", "app=web");
     lab.apply(LB_OBJECTS);
     lab.apply(
@@ -2026,24 +2036,103 @@ fn bfd_drops_a_frozen_node_at_the_router() {
     lab.eventually("BFD up with both nodes", || {
         birdc("show bfd sessions").matches(" Up ").count() == 2
     });
-    let node1_cidr = |r: &str| r.lines().any(|l| l.contains("via 192.168.200.11"));
-    assert!(node1_cidr(
-        &lab.sh(&tor, "ip route show root 10.244.0.0/16").1
-    ));
+    let dropped = || birdc("show protocols").contains("BFD session down");
+    frozen_node_dropped(&lab, &dropped, &|| kernel_has_node1_cidr(&lab));
+}
+
+/// Whether the router's kernel routes a pod CIDR via node1 (BIRD and FRR
+/// install what they learn).
+fn kernel_has_node1_cidr(lab: &Lab) -> bool {
+    lab.sh(&lab.router_ns(), "ip route show root 10.244.0.0/16")
+        .1
+        .lines()
+        .any(|l| l.contains("via 192.168.200.11"))
+}
+
+/// The same with FRR (bfdd beside bgpd): its BFD peers up with both
+/// nodes, then the frozen node's session closed with a Cease, BFD Down
+/// (6/10), as bgpd logs it. (The dynamic neighbour is deleted with its
+/// session, so its reset reason is gone from `show bgp neighbors`.)
+#[test]
+fn bfd_drops_a_frozen_node_at_frr() {
+    let lab = Lab::up_with("bff", "bgp", 2, &["--router", "frr"]);
+    lab.apply(LB_OBJECTS);
+    let tor = lab.router_ns();
+    let vtysh = |cmd: &str| {
+        let dir = format!("/run/podnet-lab/{}/tor", lab.name);
+        lab.sh(
+            &tor,
+            &format!("timeout 2 vtysh --vty_socket {dir} -c '{cmd}'"),
+        )
+        .1
+    };
+    lab.eventually("BFD up with both nodes", || {
+        vtysh("show bfd peers brief").matches(" up ").count() == 2
+    });
+    let log = format!("/run/podnet-lab/{}/logs/tor-bgpd.log", lab.name);
+    let dropped = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("sent to neighbor 192.168.200.11 6/10 (Cease/BFD Down)")
+    };
+    frozen_node_dropped(&lab, &dropped, &|| kernel_has_node1_cidr(&lab));
+}
+
+/// The same with GoBGP's own BFD (on the nodes' peer group): its BFD up
+/// with both nodes, then node1's BFD session expired by its word, and
+/// node1's pod CIDR gone from its RIB (GoBGP keeps no FIB).
+#[test]
+fn bfd_drops_a_frozen_node_at_gobgp() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");
+    let built = Command::new("bash").arg(script).output().unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let lab = Lab::up_with("bfg", "bgp", 2, &["--router", "gobgp"]);
+    lab.apply(LB_OBJECTS);
+    let tor = lab.router_ns();
+    let cli = "/var/cache/podnet-peers/gobgp-v4.8.0/gobgp";
+    let gobgp = |args: &str| lab.sh(&tor, &format!("timeout 2 {cli} {args}")).1;
+    // (`-j` gives the BFD state as its enum's number: 1 is UP.)
+    let bfd_up = |p: &serde_json::Value| {
+        let st = &p["state"]["bfd_state"]["session_state"];
+        st == 1 || st == "BFD_SESSION_STATE_UP"
+    };
+    lab.eventually("BFD up with both nodes", || {
+        let v: serde_json::Value = serde_json::from_str(&gobgp("-j neighbor")).unwrap_or_default();
+        v.as_array()
+            .is_some_and(|a| a.iter().filter(|p| bfd_up(p)).count() == 2)
+    });
+    let log = format!("/run/podnet-lab/{}/logs/tor-gobgpd.log", lab.name);
+    let dropped = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("\"msg\":\"Expired\"") && l.contains("\"Peer\":\"192.168.200.11\""))
+    };
+    let in_rib = || {
+        gobgp("global rib -a ipv4")
+            .lines()
+            .any(|l| l.contains(" 10.244.") && l.contains("192.168.200.11"))
+    };
+    frozen_node_dropped(&lab, &dropped, &in_rib);
+}
+
+/// node1's agent frozen: the router drops it (`dropped` says so in the
+/// router's own words) and its pod CIDR goes from the router's table
+/// (`has_cidr`); thawed, it comes back.
+fn frozen_node_dropped(lab: &Lab, dropped: &dyn Fn() -> bool, has_cidr: &dyn Fn() -> bool) {
+    lab.eventually("node1's pod CIDR at the router", has_cidr);
     let pids = format!("/run/podnet-lab/{}/pids/agent-node1", lab.name);
     let frozen = podnet_testkit::Frozen::pid_file(&pids);
-    // BIRD names its dynamic sessions in the order they came up, so the
-    // frozen node's is whichever one says so.
-    lab.eventually("the router drops node1 on BFD's word", || {
-        birdc("show protocols").contains("BFD session down")
-    });
-    lab.eventually("node1's pod CIDR gone from the router", || {
-        !node1_cidr(&lab.sh(&tor, "ip route show root 10.244.0.0/16").1)
-    });
+    // (BIRD names its dynamic sessions in the order they came up, so the
+    // frozen node's is whichever one says so.)
+    lab.eventually("the router drops node1 on BFD's word", dropped);
+    lab.eventually("node1's pod CIDR gone from the router", || !has_cidr());
     drop(frozen);
-    lab.eventually("node1 back at the router", || {
-        node1_cidr(&lab.sh(&tor, "ip route show root 10.244.0.0/16").1)
-    });
+    lab.eventually("node1 back at the router", has_cidr);
 }
 
 #[test]

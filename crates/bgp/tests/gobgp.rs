@@ -3,6 +3,9 @@
 //! peers over a veth pair, IPv4 and IPv6 unicast on one session. Routes go
 //! both ways (gobgpd's added with its CLI), a withdrawal reaches gobgpd,
 //! and gobgpd disabling the neighbor is seen as the session going down.
+//! Graceful restart (gobgpd as the receiving, helper side): our route is
+//! kept across a dropped connection while it has the capability, and goes
+//! at once without.
 
 mod common;
 
@@ -37,6 +40,11 @@ fn gobgpd() -> PathBuf {
 }
 
 fn conf() -> String {
+    conf_with("")
+}
+
+/// The configuration, with `extra` at the end of the neighbor's section.
+fn conf_with(extra: &str) -> String {
     let family = |name: &str| {
         format!("  [[neighbors.afi-safis]]\n    [neighbors.afi-safis.config]\n      afi-safi-name = \"{name}\"\n")
     };
@@ -53,26 +61,33 @@ fn conf() -> String {
     connect-retry = 1
     hold-time = 9
     keepalive-interval = 3
-{}{}"#,
+{}{}{extra}"#,
         family("ipv4-unicast"),
         family("ipv6-unicast")
+    )
+}
+
+/// gobgpd in `ns` with `conf`, its CLI, once its API answers.
+fn start_gobgpd(ns: &podnet_testkit::TestNs, dir: &Path, conf: &str) -> (Proc, PathBuf) {
+    let daemon = gobgpd();
+    let conf_path = dir.join("gobgpd.toml");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut cmd = ns.command(&daemon);
+    cmd.arg("-f")
+        .arg(&conf_path)
+        .args(["-t", "toml", "--pprof-disable"]);
+    (
+        Proc::spawn("gobgpd", cmd, dir),
+        daemon.with_file_name("gobgp"),
     )
 }
 
 #[test]
 fn a_session_with_gobgp_carries_ipv4_and_ipv6_routes_both_ways() {
     require_root();
-    let daemon = gobgpd();
-    let cli = daemon.with_file_name("gobgp");
     let (us, them) = link("bgp-gobgp");
     let dir = tempfile::tempdir().unwrap();
-    let conf_path = dir.path().join("gobgpd.toml");
-    std::fs::write(&conf_path, conf()).unwrap();
-    let mut cmd = them.command(&daemon);
-    cmd.arg("-f")
-        .arg(&conf_path)
-        .args(["-t", "toml", "--pprof-disable"]);
-    let mut gobgpd = Proc::spawn("gobgpd", cmd, dir.path());
+    let (mut gobgpd, cli) = start_gobgpd(&them, dir.path(), &conf());
     let gobgp = |args: &str| them.try_sh(&format!("{} {args}", cli.display())).1;
     let diag = || {
         format!(
@@ -132,6 +147,82 @@ fn a_session_with_gobgp_carries_ipv4_and_ipv6_routes_both_ways() {
             gobgp(&format!("neighbor {US} disable"));
             let down = down(&mut rx, &diag).await;
             assert!(down.contains("Cease"), "{down}");
+            peer.stop();
+        })
+    });
+    gobgpd.terminate(Duration::from_secs(5));
+}
+
+/// Graceful restart with gobgpd as the helper: with the capability our
+/// route stays in its RIB after our connection drops without a
+/// NOTIFICATION (gobgpd no longer Established), and our restarted
+/// speaker's End-of-RIB ends the wait with the route in place; without
+/// the capability the route goes with the connection.
+#[test]
+fn gobgp_keeps_our_routes_across_a_restart_with_graceful_restart_and_not_without() {
+    require_root();
+    let (us, them) = link("bgp-gobgp-gr");
+    let dir = tempfile::tempdir().unwrap();
+    let gr = "  [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 120\n";
+    let (mut gobgpd, cli) = start_gobgpd(&them, dir.path(), &conf_with(gr));
+    let gobgp = |args: &str| {
+        them.try_sh(&format!("timeout 2 {} {args}", cli.display()))
+            .1
+    };
+    let diag = || {
+        format!(
+            "gobgpd's log:\n{}\nneighbor: {}",
+            gobgpd.log(),
+            gobgp(&format!("neighbor {US}"))
+        )
+    };
+    let held = || gobgp("global rib -a ipv4 10.244.1.0/24").contains("64512");
+    let established = || gobgp(&format!("neighbor {US}")).contains("STATE_ESTABLISHED");
+    us.run(|| {
+        runtime().block_on(async {
+            until("gobgpd's API", &diag, || {
+                them.try_sh(&format!("{} global", cli.display())).0
+            })
+            .await;
+            let start = |restart: Option<(u16, bool)>| {
+                let (tx, rx) = mpsc::channel(64);
+                let config = podnet_bgp::fsm::Config {
+                    graceful_restart: restart,
+                    ..session(64515, vec![(Afi::Ipv4, Safi::Unicast)])
+                };
+                let peer = Peer::start(config, format!("{GOBGP}:179").parse().unwrap(), tx);
+                peer.announce(ours(false));
+                (peer, rx)
+            };
+            // Without the capability: gone with the connection.
+            let (peer, mut rx) = start(None);
+            up(&mut rx, &diag).await;
+            until("gobgpd to hold our route", &diag, held).await;
+            peer.abandon();
+            until(
+                "gobgpd to drop our route (no graceful restart)",
+                &diag,
+                || !held(),
+            )
+            .await;
+            // With it: kept while we are away...
+            let (peer, mut rx) = start(Some((120, false)));
+            up(&mut rx, &diag).await;
+            until("gobgpd to hold our route again", &diag, held).await;
+            until("gobgpd to see our graceful restart", &diag, || {
+                gobgp(&format!("neighbor {US}")).lines().any(|l| {
+                    l.contains("graceful-restart:") && l.contains("advertised and received")
+                })
+            })
+            .await;
+            peer.abandon();
+            until("gobgpd to see the session gone", &diag, || !established()).await;
+            assert!(held(), "the route was kept\n{}", diag());
+            // ...and after we are back with End-of-RIB.
+            let (peer, mut rx) = start(Some((120, true)));
+            up(&mut rx, &diag).await;
+            until("gobgpd established again", &diag, established).await;
+            assert!(held(), "{}", diag());
             peer.stop();
         })
     });

@@ -126,7 +126,8 @@ pub fn bird_conf(racks: &[(Ipv4Addr, Ipv4Net)], log: &Path) -> String {
     out
 }
 
-/// FRR (zebra and bgpd): the same, as `bgp listen range`.
+/// FRR (zebra and bgpd): the same, as `bgp listen range`; session
+/// changes logged with their reasons (`tor-bgpd.log`).
 pub fn frr_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
     let ranges: String = racks
         .iter()
@@ -135,6 +136,7 @@ pub fn frr_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
     format!(
         "frr defaults traditional\nhostname tor\nlog stdout informational\n\
          router bgp {TOR_ASN}\n bgp router-id {}\n no bgp ebgp-requires-policy\n \
+         bgp log-neighbor-changes\n \
          bgp graceful-restart\n bgp bestpath as-path multipath-relax\n \
          neighbor nodes peer-group\n neighbor nodes remote-as {CLUSTER_ASN}\n \
          neighbor nodes timers 3 9\n neighbor nodes bfd\n{ranges} address-family ipv4 unicast\n  \
@@ -143,13 +145,16 @@ pub fn frr_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
     )
 }
 
-/// GoBGP: the same, as dynamic neighbours of a peer group.
+/// GoBGP: the same, as dynamic neighbours of a peer group (BFD at
+/// 100 ms × 3 on the group).
 pub fn gobgp_conf(racks: &[(Ipv4Addr, Ipv4Net)]) -> String {
     let locals: Vec<String> = racks.iter().map(|(a, _)| format!("\"{a}\"")).collect();
     let mut out = format!(
         "[global.config]\n  as = {TOR_ASN}\n  router-id = \"{}\"\n  local-address-list = [{}]\n\n\
          [[peer-groups]]\n  [peer-groups.config]\n    peer-group-name = \"nodes\"\n    \
-         peer-as = {CLUSTER_ASN}\n  [[peer-groups.afi-safis]]\n    \
+         peer-as = {CLUSTER_ASN}\n  [peer-groups.bfd.config]\n    enabled = true\n    \
+         desired-minimum-tx-interval = 100000\n    required-minimum-receive = 100000\n    \
+         detection-multiplier = 3\n  [[peer-groups.afi-safis]]\n    \
          [peer-groups.afi-safis.config]\n      afi-safi-name = \"ipv4-unicast\"\n",
         racks[0].0,
         locals.join(", ")
