@@ -6,10 +6,10 @@
 //! (the elected controller is the only writer), so the Service carries
 //! it: the condition [`CONDITION`] in `status.conditions`, True with the
 //! addresses, False with the reason a Service waits (what a user reads in
-//! `kubectl get svc -o yaml`). An address in a Service's status without
-//! that condition and in no pool is another load balancer's or an
-//! operator's, and left alone; one with it is podnet's, taken back when
-//! its pool goes.
+//! `kubectl get svc -o yaml`). An address in a Service's status that is
+//! in no pool and not listed by a True condition is another load
+//! balancer's or an operator's, and left alone; one listed is podnet's,
+//! taken back when its pool goes.
 
 use std::net::IpAddr;
 
@@ -63,18 +63,35 @@ pub fn desired(
     now: Timestamp,
 ) -> Option<ServiceStatus> {
     let shown = status_ips(svc);
+    let given = given_by_podnet(svc);
     let marked = condition(svc).is_some();
-    let ours = marked || shown.iter().any(|ip| pooled(*ip));
+    let ours = shown.iter().any(|ip| pooled(*ip) || given.contains(ip));
     let (ips, cond): (Vec<IpAddr>, Option<(&str, &str, String)>) = match d {
         _ if !shown.is_empty() && !ours => return None,
         Decision::Assigned(ips) => (ips.clone(), Some(("True", "Assigned", list(ips)))),
         Decision::Pending(why) => (Vec::new(), Some(("False", "NoAddress", why.clone()))),
-        Decision::NotLoadBalancer | Decision::OtherClass(_) if ours => (Vec::new(), None),
+        Decision::NotLoadBalancer | Decision::OtherClass(_) if ours || marked => (Vec::new(), None),
         Decision::NotLoadBalancer | Decision::OtherClass(_) => return None,
     };
     let mut new = with_ingress(svc, &ips).status.unwrap_or_default();
     set_condition(&mut new, cond, svc.metadata.generation, now);
     (svc.status.as_ref() != Some(&new)).then_some(new)
+}
+
+/// The addresses podnet's condition says it gave (True, its message the
+/// list); none when it is False or absent. Only these and pooled ones are
+/// podnet's to take back: a False condition left on a Service whose
+/// status someone else then filled (a merge patch keeps conditions)
+/// claims nothing.
+fn given_by_podnet(svc: &Service) -> Vec<IpAddr> {
+    match condition(svc) {
+        Some(c) if c.status == "True" => c
+            .message
+            .split(',')
+            .filter_map(|s| s.parse().ok())
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn list(ips: &[IpAddr]) -> String {
@@ -220,5 +237,18 @@ mod tests {
         }]);
         let st = desired(&ours, &why, in_pool, t).expect("taken back");
         assert!(st.load_balancer.unwrap().ingress.is_none());
+        // podnet said it had none to give (False), then an operator
+        // merge-patched an address in: the condition stays, the address is
+        // not podnet's.
+        let mut patched = svc(json!({"metadata": {"name": "w"}, "spec": {"type": "LoadBalancer"}}));
+        patched.status = desired(&patched, &why, in_pool, t);
+        assert_eq!(condition(&patched).unwrap().status, "False");
+        patched.status.as_mut().unwrap().load_balancer =
+            foreign.status.clone().unwrap().load_balancer;
+        assert_eq!(
+            desired(&patched, &why, in_pool, t),
+            None,
+            "the operator's address stays"
+        );
     }
 }
