@@ -116,15 +116,36 @@ pub(crate) fn wait_gone(pid: i32) {
     }
 }
 
-/// Every process but this one, by pid.
+/// Every process but this one and those it runs under, by pid: a
+/// `timeout`, `sudo` or shell that started `podnet lab --name X down`
+/// names the lab too, and must not be taken for one of its strays.
 fn other_pids() -> impl Iterator<Item = i32> {
-    let me = std::process::id() as i32;
+    let mine = lineage(std::process::id() as i32);
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-        .filter(move |pid| *pid != me)
+        .filter(move |pid| !mine.contains(pid))
+}
+
+/// `pid` and its ancestors, up to init.
+fn lineage(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut cur = pid;
+    while let Some(parent) = parent_of(cur).filter(|p| *p > 1 && !out.contains(p)) {
+        out.push(parent);
+        cur = parent;
+    }
+    out
+}
+
+/// A process's parent, from `/proc/PID/stat` (its fourth field, after the
+/// parenthesised name, which may itself hold spaces and parentheses).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub(crate) fn processes_mentioning(marker: &str) -> Vec<i32> {
@@ -147,4 +168,27 @@ pub(crate) fn processes_in_netns(ns_path: &Path) -> Vec<i32> {
                 .is_ok_and(|m| m.ino() == target.ino() && m.dev() == target.dev())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod lineage_tests {
+    use super::*;
+
+    /// The process that runs this one (the test harness's parent, as a
+    /// `timeout` or `sudo` would be) is never among the others.
+    #[test]
+    fn a_process_never_counts_its_ancestors_as_others() {
+        let me = std::process::id() as i32;
+        // SAFETY: getppid(2) cannot fail.
+        let parent = unsafe { libc::getppid() };
+        let line = lineage(me);
+        assert_eq!(line[0], me);
+        assert_eq!(parent_of(me), Some(parent));
+        if parent > 1 {
+            assert!(line.contains(&parent), "{line:?}");
+        }
+        let others: Vec<i32> = other_pids().collect();
+        assert!(!others.contains(&me) && !others.contains(&parent));
+        assert!(!others.is_empty(), "init at least is another process");
+    }
 }
