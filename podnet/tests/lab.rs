@@ -1979,12 +1979,8 @@ fn router_keeps_a_restarting_agents_routes(router: &str, tag: &str) {
     );
 }
 
-/// GoBGP as the router: it keeps what it learns in its own RIB (no FIB
-/// without zebra), so the check is its RIB: both pod CIDRs, and the LB
-/// IP's /32 from node1 only (the Local Service's endpoint is there).
-#[test]
-fn lb_over_bgp_with_gobgp() {
-    // GoBGP is built from its Go module and cached by version.
+/// GoBGP, built from its Go module and cached by version.
+fn build_gobgp() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");
     let built = Command::new("bash").arg(script).output().unwrap();
     assert!(
@@ -1992,6 +1988,14 @@ fn lb_over_bgp_with_gobgp() {
         "{}",
         String::from_utf8_lossy(&built.stderr)
     );
+}
+
+/// GoBGP as the router: it keeps what it learns in its own RIB (no FIB
+/// without zebra), so the check is its RIB: both pod CIDRs, and the LB
+/// IP's /32 from node1 only (the Local Service's endpoint is there).
+#[test]
+fn lb_over_bgp_with_gobgp() {
+    build_gobgp();
     let lab = Lab::up_with("lbg", "bgp", 2, &["--router", "gobgp"]);
     lab.pod_labelled("web1", "node1", "app=web");
     lab.apply(LB_OBJECTS);
@@ -2083,13 +2087,7 @@ fn bfd_drops_a_frozen_node_at_frr() {
 /// node1's pod CIDR gone from its RIB (GoBGP keeps no FIB).
 #[test]
 fn bfd_drops_a_frozen_node_at_gobgp() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");
-    let built = Command::new("bash").arg(script).output().unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    build_gobgp();
     let lab = Lab::up_with("bfg", "bgp", 2, &["--router", "gobgp"]);
     lab.apply(LB_OBJECTS);
     let tor = lab.router_ns();
