@@ -1979,6 +1979,43 @@ fn router_keeps_a_restarting_agents_routes(router: &str, tag: &str) {
     );
 }
 
+/// The nodes' AS comes from the BGPConfiguration: the mesh runs in 64512
+/// until the cluster's says 65010; agents started after that run their
+/// speakers in 65010 (their mesh neighbour established in it).
+#[test]
+fn the_nodes_as_comes_from_the_bgp_configuration() {
+    nodes_as_from_the_bgp_configuration(Lab::up("bas", "bgp", 2));
+}
+
+/// The same in Kubernetes mode (the agent lists the kind's one object at
+/// its start: its role grants list and watch, no get).
+#[test]
+fn the_nodes_as_comes_from_the_bgp_configuration_kube() {
+    nodes_as_from_the_bgp_configuration(Lab::up_in(Mode::Kube, "bak", "bgp", 2));
+}
+
+fn nodes_as_from_the_bgp_configuration(lab: Lab) {
+    let status = || {
+        String::from_utf8_lossy(&podnet(&["bgp", "status", "--lab", &lab.name]).stdout).into_owned()
+    };
+    let mesh_in = |asn: &str| {
+        let s = status();
+        let up = |peer: &str| {
+            s.lines().any(|l| {
+                l.starts_with(peer) && l.contains(&format!(" {asn} ")) && l.contains("Established")
+            })
+        };
+        up("192.168.200.11 ") && up("192.168.200.12 ")
+    };
+    lab.eventually("the mesh established in 64512", || mesh_in("64512"));
+    lab.apply("apiVersion: podnet.io/v1\nkind: BGPConfiguration\nmetadata: {name: default}\nspec: {asNumber: 65010}\n");
+    for node in ["node1", "node2"] {
+        lab.ok(&["restart-agent", node]);
+        lab.agent_ready(node);
+    }
+    lab.eventually("the mesh established in 65010", || mesh_in("65010"));
+}
+
 /// GoBGP, built from its Go module and cached by version.
 fn build_gobgp() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gobgp.sh");

@@ -98,6 +98,7 @@ const SERVICES: &str = "services";
 /// overlay; None for the other backends.
 pub async fn start(
     overlay: &mut Overlay,
+    asn: u32,
     board: podnet_bgp::status::Board,
     bfd: Option<Arc<podnet_bgp::bfd_link::Bfd>>,
 ) -> Result<Option<Arc<NodeSpeaker>>, AgentError> {
@@ -105,6 +106,7 @@ pub async fn start(
     let Backend::Bgp(b) = overlay.backend_mut() else {
         return Ok(None);
     };
+    b.asn = asn;
     let owners = [podnet_overlay::backend::bgp::OWNER, SERVICES];
     let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board, &owners, bfd)
         .await
@@ -117,7 +119,8 @@ pub async fn start(
 /// What the node's BGP knows.
 struct Routing {
     me: topology::Node,
-    /// The AS the speaker runs in (fixed at its start).
+    /// The AS the speaker runs in (the BGPConfiguration's when the agent
+    /// started; a change needs an agent restart).
     asn: u32,
     blocks: ServiceBlocks,
     mesh: topology::Mesh,
@@ -273,10 +276,12 @@ impl Routing {
 }
 
 /// Runs the node's BGP side until the subscription ends: the sessions
-/// (mesh, reflectors, configured peers) and the Service addresses.
-pub async fn run(mut sub: Subscription, node: String, segment: IpNet, speaker: Arc<NodeSpeaker>) {
+/// (mesh, reflectors, configured peers) and the Service addresses, for
+/// the node `me` (its name, its underlay segment, and the AS its speaker
+/// runs in).
+pub async fn run(mut sub: Subscription, me: (String, IpNet, u32), speaker: Arc<NodeSpeaker>) {
+    let (node, segment, asn) = me;
     let ip = segment.addr();
-    let asn = podnet_api::bgp::DEFAULT_AS;
     let mut r = Routing {
         me: topology::Node {
             name: node,

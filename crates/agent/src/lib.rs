@@ -111,6 +111,10 @@ pub async fn run(
     let bgp_sub = (cfg.backend == podnet_api::netconfig::BackendType::Bgp)
         .then(|| source.subscribe(bgp::KINDS));
     let l2_sub = opts.l2_announce.then(|| source.subscribe(l2::KINDS));
+    let asn = match bgp_sub.is_some() {
+        true => source.bgp_as().await,
+        false => podnet_api::bgp::DEFAULT_AS,
+    };
     let _source = source.start();
 
     let paths = paths(&opts);
@@ -124,7 +128,8 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
-    routing(&mut overlay, &opts, bgp_sub, l2_sub, &metrics, &mut tasks).await?;
+    let subs = (bgp_sub, l2_sub);
+    routing(&mut overlay, &opts, asn, subs, &metrics, &mut tasks).await?;
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(
             sub,
@@ -194,8 +199,11 @@ pub async fn run(
 async fn routing(
     overlay: &mut Overlay,
     opts: &Options,
-    bgp_sub: Option<podnet_source::Subscription>,
-    l2_sub: Option<podnet_source::Subscription>,
+    asn: u32,
+    (bgp_sub, l2_sub): (
+        Option<podnet_source::Subscription>,
+        Option<podnet_source::Subscription>,
+    ),
     metrics: &Arc<Metrics>,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), AgentError> {
@@ -209,11 +217,12 @@ async fn routing(
         }
         false => None,
     };
-    let speaker = bgp::start(overlay, opts.bgp_status.clone(), bfd.clone()).await?;
+    let speaker = bgp::start(overlay, asn, opts.bgp_status.clone(), bfd.clone()).await?;
     if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
         let u = overlay.underlay();
         let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
-        tasks.spawn(bgp::run(sub, opts.node.clone(), segment.into(), speaker));
+        let me = (opts.node.clone(), segment.into(), asn);
+        tasks.spawn(bgp::run(sub, me, speaker));
         tasks.spawn(bgp::metrics(opts.bgp_status.clone(), metrics.clone()));
     }
     if let (Some(sub), Some(mux)) = (l2_sub, bfd) {

@@ -36,6 +36,19 @@ pub struct KubeSource {
     pub(crate) hub: Hub,
 }
 
+impl KubeSource {
+    /// The cluster's BGPConfiguration `default`, read once (by a list of
+    /// that one name: the agent's role lists and watches the kind, and
+    /// needs no `get` for this).
+    pub(crate) async fn bgp_configuration(&self) -> Result<Option<BGPConfiguration>, String> {
+        let api: Api<BGPConfiguration> = Api::all(self.client.clone());
+        let only = format!("metadata.name={}", podnet_api::bgp::DEFAULT_NAME);
+        let lp = kube::api::ListParams::default().fields(&only);
+        let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+        Ok(list.items.into_iter().next())
+    }
+}
+
 /// One watcher event, made kind-agnostic.
 enum Msg {
     Init,

@@ -325,6 +325,24 @@ impl Source {
         }
     }
 
+    /// The nodes' AS as the cluster's BGPConfiguration `default` says
+    /// (64512 without one, or when it cannot be read now: then a
+    /// warning), read once: a node's speaker runs in one AS for its life,
+    /// and the agent reads this before it starts it.
+    pub async fn bgp_as(&self) -> u32 {
+        let got = match self {
+            Source::Store(s) => s.bgp_configuration().await,
+            Source::Kube(s) => s.bgp_configuration().await,
+        };
+        match got {
+            Ok(c) => c.map_or(podnet_api::bgp::DEFAULT_AS, |c| c.spec.as_number()),
+            Err(e) => {
+                tracing::warn!("reading the BGPConfiguration: {e}; the nodes' AS is the default");
+                podnet_api::bgp::DEFAULT_AS
+            }
+        }
+    }
+
     /// Starts listing and watching; runs until the returned guard drops.
     pub fn start(self) -> Running {
         let task = match self {

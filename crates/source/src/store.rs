@@ -101,6 +101,31 @@ pub async fn network_config(
         }))
 }
 
+/// The cluster's BGPConfiguration `default`, if stored.
+pub async fn bgp_configuration(
+    store: &AnyStore,
+) -> podnet_store::Result<Option<podnet_api::bgp::BGPConfiguration>> {
+    let key = Kind::BGPConfiguration.key(None, podnet_api::bgp::DEFAULT_NAME);
+    Ok(store
+        .get(&key)
+        .await?
+        .and_then(|kv| decode(Kind::BGPConfiguration, &kv))
+        .and_then(|o| match o {
+            Object::BGPConfiguration(c) => Some(*c),
+            _ => None,
+        }))
+}
+
+impl StoreSource {
+    pub(crate) async fn bgp_configuration(
+        &self,
+    ) -> Result<Option<podnet_api::bgp::BGPConfiguration>, String> {
+        bgp_configuration(&self.store)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 enum Step {
     /// Relist (after a gap or a failure).
     Relist,
