@@ -155,24 +155,13 @@ fn read_loop(fd: OwnedFd, tag: usize, tx: Sender<Stamped>, stop: Arc<AtomicBool>
 
 /// The route and neighbour changes in one netlink datagram.
 pub fn parse(buf: &[u8]) -> Vec<Change> {
-    let mut out = Vec::new();
-    let mut off = 0usize;
-    while off + 16 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().expect("4 bytes")) as usize;
-        if len < 16 || off + len > buf.len() {
-            break;
-        }
-        let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-        let body = &buf[off + 16..off + len];
-        let c = match ty {
-            RTM_NEWROUTE | RTM_DELROUTE => route(body, ty == RTM_NEWROUTE),
-            RTM_NEWNEIGH | RTM_DELNEIGH => neigh(body, ty == RTM_NEWNEIGH),
+    podnet_kernel::nl::Messages::new(buf)
+        .filter_map(|m| match m.msg_type {
+            RTM_NEWROUTE | RTM_DELROUTE => route(m.body, m.msg_type == RTM_NEWROUTE),
+            RTM_NEWNEIGH | RTM_DELNEIGH => neigh(m.body, m.msg_type == RTM_NEWNEIGH),
             _ => None,
-        };
-        out.extend(c);
-        off += (len + 3) & !3;
-    }
-    out
+        })
+        .collect()
 }
 
 /// The attributes (type, payload) after a fixed header of `skip` bytes.

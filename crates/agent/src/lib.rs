@@ -108,13 +108,7 @@ pub async fn run(
         .then(|| source.subscribe(podnet_proxy::node::KINDS));
     let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
     let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
-    let bgp_sub = (cfg.backend == podnet_api::netconfig::BackendType::Bgp)
-        .then(|| source.subscribe(bgp::KINDS));
-    let l2_sub = opts.l2_announce.then(|| source.subscribe(l2::KINDS));
-    let asn = match bgp_sub.is_some() {
-        true => source.bgp_as().await,
-        false => podnet_api::bgp::DEFAULT_AS,
-    };
+    let routing_subs = routing_subs(&mut source, &cfg, &opts).await;
     let _source = source.start();
 
     let paths = paths(&opts);
@@ -128,8 +122,7 @@ pub async fn run(
     )
     .map_err(|e| AgentError::Other(e.to_string()))?;
     let mut tasks = JoinSet::new();
-    let subs = (bgp_sub, l2_sub);
-    routing(&mut overlay, &opts, asn, subs, &metrics, &mut tasks).await?;
+    routing(&mut overlay, &opts, routing_subs, &metrics, &mut tasks).await?;
     if let Some(sub) = proxy_sub {
         tasks.spawn(proxy(
             sub,
@@ -196,17 +189,41 @@ pub async fn run(
 /// BGP (with the bgp backend) and L2 announcement, as tasks of `tasks`:
 /// one BFD mux per node (UDP port 3784 on the underlay address) serves
 /// BGP's neighbours and L2 announcement's node liveness alike.
+/// What BGP (with the bgp backend: its subscription, and the AS its
+/// speaker runs in, read before the source starts) and L2 announcement
+/// read.
+struct RoutingSubs {
+    bgp: Option<(podnet_source::Subscription, u32)>,
+    l2: Option<podnet_source::Subscription>,
+}
+
+async fn routing_subs(
+    source: &mut podnet_source::Source,
+    cfg: &podnet_api::netconfig::Resolved,
+    opts: &Options,
+) -> RoutingSubs {
+    let bgp = match cfg.backend == podnet_api::netconfig::BackendType::Bgp {
+        true => Some((source.subscribe(bgp::KINDS), source.bgp_as().await)),
+        false => None,
+    };
+    let l2 = opts.l2_announce.then(|| source.subscribe(l2::KINDS));
+    RoutingSubs { bgp, l2 }
+}
+
 async fn routing(
     overlay: &mut Overlay,
     opts: &Options,
-    asn: u32,
-    (bgp_sub, l2_sub): (
-        Option<podnet_source::Subscription>,
-        Option<podnet_source::Subscription>,
-    ),
+    subs: RoutingSubs,
     metrics: &Arc<Metrics>,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), AgentError> {
+    let RoutingSubs {
+        bgp: bgp_sub,
+        l2: l2_sub,
+    } = subs;
+    let asn = bgp_sub
+        .as_ref()
+        .map_or(podnet_api::bgp::DEFAULT_AS, |(_, asn)| *asn);
     let bfd = match bgp_sub.is_some() || l2_sub.is_some() {
         true => {
             let ip = std::net::IpAddr::V4(overlay.underlay().ip);
@@ -218,7 +235,7 @@ async fn routing(
         false => None,
     };
     let speaker = bgp::start(overlay, asn, opts.bgp_status.clone(), bfd.clone()).await?;
-    if let (Some(speaker), Some(sub)) = (speaker, bgp_sub) {
+    if let (Some(speaker), Some((sub, _))) = (speaker, bgp_sub) {
         let u = overlay.underlay();
         let segment = ipnet::Ipv4Net::new(u.ip, u.net.prefix_len()).expect("prefix");
         let me = (opts.node.clone(), segment.into(), asn);

@@ -61,21 +61,12 @@ fn link_listener() -> io::Result<OwnedFd> {
 /// Bridge-port RTM_DELLINKs (AF_BRIDGE) come earlier in the same batch and
 /// are not the device's own removal, so they are skipped.
 pub fn parse_dellinks(buf: &[u8]) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut off = 0usize;
-    while off + 16 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().expect("4 bytes")) as usize;
-        if len < 16 || off + len > buf.len() {
-            break;
-        }
-        let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-        if ty == RTM_DELLINK && len >= 32 && buf[off + 16] == libc::AF_UNSPEC as u8 {
-            let idx = i32::from_ne_bytes(buf[off + 20..off + 24].try_into().expect("4 bytes"));
-            out.push(idx as u32);
-        }
-        off += (len + 3) & !3;
-    }
-    out
+    crate::nl::Messages::new(buf)
+        .filter(|m| {
+            m.msg_type == RTM_DELLINK && m.body.len() >= 16 && m.body[0] == libc::AF_UNSPEC as u8
+        })
+        .map(|m| i32::from_ne_bytes(m.body[4..8].try_into().expect("4 bytes")) as u32)
+        .collect()
 }
 
 /// Closes every descriptor except `a` and `b` (in the forked helper).

@@ -162,8 +162,6 @@ impl<'a> Iterator for Attrs<'a> {
     }
 }
 
-/// `setsockopt` with an `int` value, the shape of nearly every socket
-/// option: one place for the unsafe call and its error.
 /// A NETLINK_ROUTE socket in the calling thread's namespace joined to
 /// the multicast `groups` (RTMGRP_*), its receive buffer `rcvbuf` bytes:
 /// what a caller that follows link, route or neighbour notifications
@@ -202,6 +200,8 @@ pub fn rtnl_listener(
     Ok(fd)
 }
 
+/// `setsockopt` with an `int` value, the shape of nearly every socket
+/// option: one place for the unsafe call and its error.
 pub fn set_int_opt(
     fd: std::os::fd::RawFd,
     level: libc::c_int,
