@@ -215,19 +215,8 @@ impl Drop for KeepLogs {
 /// one DNS server, no router.
 pub fn lab_options(nodes: usize, backend: &str, l2_announce: bool) -> podnet_lab::UpOptions {
     podnet_lab::UpOptions {
-        nodes,
-        backend: backend.into(),
-        store: None,
-        resync_secs: 10,
-        kube: false,
-        kube_agents: true,
-        dns_replicas: 1,
-        kubelet: false,
-        images: vec![],
-        daemon_exe: None,
-        router: None,
-        racks: 1,
         l2_announce,
+        ..podnet_lab::UpOptions::new(nodes, backend)
     }
 }
 

@@ -74,19 +74,9 @@ impl LabGuard {
         };
         g.lab
             .up(&podnet_lab::UpOptions {
-                nodes: 2,
-                backend: "vxlan".into(),
-                store: None,
                 resync_secs: 5,
                 kube: true,
-                kube_agents: true,
-                dns_replicas: 1,
-                kubelet: false,
-                images: vec![],
-                daemon_exe: None,
-                router: None,
-                racks: 1,
-                l2_announce: false,
+                ..podnet_lab::UpOptions::new(2, "vxlan")
             })
             .await
             .unwrap_or_else(|e| panic!("lab up --kube: {e}"));

@@ -269,19 +269,11 @@ fn upgrade_and_downgrade_under_load_one_daemon_at_a_time() {
         down: false,
     };
     g.block_on(g.lab.up(&UpOptions {
-        nodes: 2,
-        backend: "vxlan".into(),
-        store: None,
         resync_secs: 5,
         kube: true,
-        kube_agents: true,
         dns_replicas: 2,
-        kubelet: false,
-        images: vec![],
         daemon_exe: Some(v.old.clone()),
-        router: None,
-        racks: 1,
-        l2_announce: false,
+        ..UpOptions::new(2, "vxlan")
     }))
     .unwrap_or_else(|e| panic!("lab up on the old daemons: {e}"));
     // The old binary took the current lab's command lines: its agents and

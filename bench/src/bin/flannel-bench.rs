@@ -191,19 +191,10 @@ fn up_side(
         label: if flannel { "flannel" } else { "podnet" },
     };
     let st = rt.block_on(side.lab.up(&UpOptions {
-        nodes: 2,
-        backend: backend.into(),
-        store: None,
-        resync_secs: 10,
         kube: true,
         kube_agents: !flannel,
         dns_replicas: 0,
-        kubelet: false,
-        images: vec![],
-        daemon_exe: None,
-        router: None,
-        racks: 1,
-        l2_announce: false,
+        ..UpOptions::new(2, backend)
     }))?;
     if flannel {
         write_flannel_conf(&side.lab, backend)?;

@@ -151,21 +151,7 @@ fn up_pair(
     lab: &LabGuard,
     rt: &tokio::runtime::Runtime,
 ) -> Result<(podnet_lab::LabState, PodInfo, PodInfo)> {
-    let st = rt.block_on(lab.0.up(&UpOptions {
-        nodes: 2,
-        backend: "vxlan".into(),
-        store: None,
-        resync_secs: 10,
-        kube: false,
-        kube_agents: true,
-        dns_replicas: 1,
-        kubelet: false,
-        images: vec![],
-        daemon_exe: None,
-        router: None,
-        racks: 1,
-        l2_announce: false,
-    }))?;
+    let st = rt.block_on(lab.0.up(&UpOptions::new(2, "vxlan")))?;
     let ports = [PortSpec::tcp(8080)];
     let cli = rt.block_on(lab.0.run_pod(
         "default",

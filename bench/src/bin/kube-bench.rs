@@ -158,19 +158,8 @@ fn lab_up(a: &Args, lab: &podnet_lab::Lab, rt: &tokio::runtime::Runtime) -> Resu
         lab.name, a.nodes
     );
     rt.block_on(lab.up(&podnet_lab::UpOptions {
-        nodes: a.nodes,
-        backend: "vxlan".into(),
-        store: None,
-        resync_secs: 10,
         kube: true,
-        kube_agents: true,
-        dns_replicas: 1,
-        kubelet: false,
-        images: vec![],
-        daemon_exe: None,
-        router: None,
-        racks: 1,
-        l2_announce: false,
+        ..podnet_lab::UpOptions::new(a.nodes, "vxlan")
     }))?;
     Ok(())
 }

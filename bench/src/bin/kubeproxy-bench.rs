@@ -837,19 +837,8 @@ fn open_bench(a: &Args, kube_proxy: PathBuf) -> Result<Bench> {
         .build()?;
     eprintln!("kubeproxy-bench: lab {name} up (--kube, {} nodes)", a.nodes);
     rt.block_on(lab.0.up(&podnet_lab::UpOptions {
-        nodes: a.nodes,
-        backend: "vxlan".into(),
-        store: None,
-        resync_secs: 10,
         kube: true,
-        kube_agents: true,
-        dns_replicas: 1,
-        kubelet: false,
-        images: vec![],
-        daemon_exe: None,
-        router: None,
-        racks: 1,
-        l2_announce: false,
+        ..podnet_lab::UpOptions::new(a.nodes, "vxlan")
     }))?;
     let client = rt.block_on(lab.0.kube_client())?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), NS);

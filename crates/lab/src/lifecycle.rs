@@ -54,6 +54,30 @@ pub struct UpOptions {
     pub l2_announce: bool,
 }
 
+impl UpOptions {
+    /// A standalone lab of `nodes` on `backend` with the lab's own store,
+    /// the agent's default resync (10 s; `lab up`'s flag says 5), one DNS
+    /// server, one rack, no router. Callers change the rest with struct
+    /// update syntax.
+    pub fn new(nodes: usize, backend: &str) -> UpOptions {
+        UpOptions {
+            nodes,
+            backend: backend.into(),
+            store: None,
+            resync_secs: 10,
+            kube: false,
+            kube_agents: true,
+            dns_replicas: 1,
+            kubelet: false,
+            images: vec![],
+            daemon_exe: None,
+            router: None,
+            racks: 1,
+            l2_announce: false,
+        }
+    }
+}
+
 impl Lab {
     pub async fn up(&self, o: &UpOptions) -> Result<LabState, LabError> {
         if self.state_path().exists() {

@@ -641,19 +641,10 @@ mod tests {
     #[test]
     fn more_dns_replicas_need_kubernetes_mode() {
         let o = UpOptions {
-            nodes: 2,
-            backend: "vxlan".into(),
-            store: None,
             resync_secs: 1,
-            kube: false,
             kube_agents: false,
             dns_replicas: 2,
-            kubelet: false,
-            images: vec![],
-            daemon_exe: None,
-            router: None,
-            racks: 1,
-            l2_announce: false,
+            ..UpOptions::new(2, "vxlan")
         };
         assert!(check_options(&o).is_err());
         let k = UpOptions {
