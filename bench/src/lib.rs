@@ -210,6 +210,20 @@ impl Drop for KeepLogs {
     }
 }
 
+/// The start every lab benchmark shares: root, Ctrl-C turned into a
+/// clean stop, the podnet binary (`--podnet`, else beside this one), and
+/// a runtime of two workers for the lab's async calls.
+pub fn lab_bench_start(podnet: Option<&Path>) -> Result<(PathBuf, tokio::runtime::Runtime)> {
+    require_root()?;
+    catch_interrupts();
+    let exe = locate_podnet(podnet)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    Ok((exe, rt))
+}
+
 /// The options of a standalone lab (`podnet lab up --nodes N --backend B
 /// [--l2-announce]`, as the CLI sets them): the lab's store, controller,
 /// one DNS server, no router.

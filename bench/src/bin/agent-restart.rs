@@ -490,16 +490,10 @@ fn report(a: &Args, sides: &[Side], res: &[Vec<Sample>]) {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    podnet_bench::require_root()?;
-    podnet_bench::catch_interrupts();
     if a.rounds == 0 || a.interval_ms == 0 {
         bail!("--rounds and --interval-ms must be at least 1");
     }
-    let exe = podnet_bench::locate_podnet(a.podnet.as_deref())?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let (exe, rt) = podnet_bench::lab_bench_start(a.podnet.as_deref())?;
     let id = std::process::id() % 10000;
     let sides = [
         up_side(&rt, &exe, &format!("arb{id}"), "bgp", &a)?,

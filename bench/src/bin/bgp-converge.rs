@@ -530,16 +530,10 @@ fn report(a: &Args, cs: &[Contender], res: &[Vec<Turn>]) {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    podnet_bench::require_root()?;
-    podnet_bench::catch_interrupts();
     if a.rounds == 0 || a.nodes < 2 {
         bail!("--rounds must be at least 1 and --nodes at least 2");
     }
-    let exe = podnet_bench::locate_podnet(a.podnet.as_deref())?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let (exe, rt) = podnet_bench::lab_bench_start(a.podnet.as_deref())?;
     let id = std::process::id() % 10000;
     let mut cs = Vec::new();
     for (tag, label, backend) in [

@@ -525,16 +525,10 @@ fn report(a: &Args, res: &BTreeMap<&'static str, Vec<Sample>>) {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    podnet_bench::require_root()?;
-    podnet_bench::catch_interrupts();
     if a.rounds == 0 || a.interval_ms == 0 {
         bail!("--rounds and --interval-ms must be at least 1");
     }
-    let exe = podnet_bench::locate_podnet(a.podnet.as_deref())?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let (exe, rt) = podnet_bench::lab_bench_start(a.podnet.as_deref())?;
     let s = setup(&rt, &exe, &format!("lf{}", std::process::id() % 10000))?;
     let _logs = KeepLogs {
         lab_dir: s.lab.0.dir.clone(),
