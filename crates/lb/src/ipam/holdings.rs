@@ -72,7 +72,8 @@ impl Holdings {
 
     /// Whether `me` may hold `ip` beside its other holders: there are none,
     /// or `me` shares and every one of them shares compatibly. The error
-    /// names a holder in the way ("Service shop/web").
+    /// names a holder in the way ("Service shop/web") if it is in `me`'s
+    /// namespace.
     pub fn usable_by(
         &self,
         ip: IpAddr,
@@ -81,8 +82,13 @@ impl Holdings {
     ) -> Result<(), String> {
         for h in self.others(ip, me) {
             let ok = matches!((sharing, &h.sharing), (Some(a), Some(b)) if a.compatible(b));
-            if !ok {
+            // The reason reaches the Service's status, which its own
+            // namespace reads: another namespace's Service is not named.
+            if !ok && h.service.0 == me.0 {
                 return Err(format!("Service {}/{}", h.service.0, h.service.1));
+            }
+            if !ok {
+                return Err("a Service in another namespace".into());
             }
         }
         Ok(())
@@ -146,6 +152,12 @@ mod tests {
         assert_eq!(
             h.usable_by(ip, &key("b"), sharing("k", 81).as_ref()),
             Ok(())
+        );
+        // A Service of another namespace learns no name from the refusal.
+        let elsewhere: ServiceKey = ("dev".into(), "b".into());
+        assert_eq!(
+            h.usable_by(ip, &elsewhere, None),
+            Err("a Service in another namespace".into())
         );
         h.hold(
             ip,
