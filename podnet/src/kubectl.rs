@@ -18,6 +18,7 @@ use podnet_apiserver::admission::{apply_one, commit, context, delete_one, plan, 
 use podnet_store::Objects;
 
 mod table;
+mod table_l7;
 use table::print_table;
 
 /// What `podnet apply --help` says about reading and ordering.

@@ -11,6 +11,8 @@
 pub mod bgp;
 pub mod cidr;
 pub mod endpoints;
+pub mod gateway;
+pub mod ingress;
 pub mod manifest;
 pub mod netconfig;
 pub mod object;
@@ -37,7 +39,7 @@ impl std::fmt::Display for FieldError {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
-    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig, IPAddressPool, BGPConfiguration, BGPPeer)")]
+    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig, IPAddressPool, BGPConfiguration, BGPPeer, Secret, Ingress, IngressClass, GatewayClass, Gateway, HTTPRoute, ReferenceGrant)")]
     UnknownKind(String),
     #[error("{field}: {msg}")]
     Invalid { field: String, msg: String },

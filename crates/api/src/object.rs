@@ -6,13 +6,14 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, NetworkPolicy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::bgp::{BGPConfiguration, BGPPeer};
+use crate::gateway::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant};
 use crate::netconfig::NetworkConfig;
 use crate::pool::IPAddressPool;
 use crate::ApiError;
@@ -29,10 +30,17 @@ pub enum Kind {
     IPAddressPool,
     BGPConfiguration,
     BGPPeer,
+    Secret,
+    Ingress,
+    IngressClass,
+    GatewayClass,
+    Gateway,
+    HTTPRoute,
+    ReferenceGrant,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Namespace,
         Kind::Node,
         Kind::NetworkConfig,
@@ -43,6 +51,13 @@ impl Kind {
         Kind::IPAddressPool,
         Kind::BGPConfiguration,
         Kind::BGPPeer,
+        Kind::Secret,
+        Kind::Ingress,
+        Kind::IngressClass,
+        Kind::GatewayClass,
+        Kind::Gateway,
+        Kind::HTTPRoute,
+        Kind::ReferenceGrant,
     ];
 
     /// Parses a kind the way kubectl does: name, plural or short name,
@@ -63,6 +78,13 @@ impl Kind {
                 Kind::BGPConfiguration
             }
             "bgppeer" | "bgppeers" => Kind::BGPPeer,
+            "secret" | "secrets" => Kind::Secret,
+            "ingress" | "ingresses" | "ing" => Kind::Ingress,
+            "ingressclass" | "ingressclasses" => Kind::IngressClass,
+            "gatewayclass" | "gatewayclasses" | "gc" => Kind::GatewayClass,
+            "gateway" | "gateways" | "gtw" => Kind::Gateway,
+            "httproute" | "httproutes" => Kind::HTTPRoute,
+            "referencegrant" | "referencegrants" | "refgrant" => Kind::ReferenceGrant,
             _ => {
                 return Err(ApiError::UnknownKind(s.to_string()));
             }
@@ -81,6 +103,13 @@ impl Kind {
             Kind::IPAddressPool => "IPAddressPool",
             Kind::BGPConfiguration => "BGPConfiguration",
             Kind::BGPPeer => "BGPPeer",
+            Kind::Secret => "Secret",
+            Kind::Ingress => "Ingress",
+            Kind::IngressClass => "IngressClass",
+            Kind::GatewayClass => "GatewayClass",
+            Kind::Gateway => "Gateway",
+            Kind::HTTPRoute => "HTTPRoute",
+            Kind::ReferenceGrant => "ReferenceGrant",
         }
     }
 
@@ -96,14 +125,24 @@ impl Kind {
             Kind::IPAddressPool => "ipaddresspools",
             Kind::BGPConfiguration => "bgpconfigurations",
             Kind::BGPPeer => "bgppeers",
+            Kind::Secret => "secrets",
+            Kind::Ingress => "ingresses",
+            Kind::IngressClass => "ingressclasses",
+            Kind::GatewayClass => "gatewayclasses",
+            Kind::Gateway => "gateways",
+            Kind::HTTPRoute => "httproutes",
+            Kind::ReferenceGrant => "referencegrants",
         }
     }
 
     pub fn api_version(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::Node | Kind::Pod | Kind::Service => "v1",
+            Kind::Namespace | Kind::Node | Kind::Pod | Kind::Service | Kind::Secret => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
-            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::NetworkPolicy | Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
+            Kind::GatewayClass | Kind::Gateway | Kind::HTTPRoute | Kind::ReferenceGrant => {
+                crate::gateway::API_VERSION
+            }
             Kind::NetworkConfig | Kind::IPAddressPool | Kind::BGPConfiguration | Kind::BGPPeer => {
                 crate::netconfig::API_VERSION
             }
@@ -119,7 +158,18 @@ impl Kind {
                 | Kind::IPAddressPool
                 | Kind::BGPConfiguration
                 | Kind::BGPPeer
+                | Kind::IngressClass
+                | Kind::GatewayClass
         )
+    }
+
+    /// Versions also accepted on input (the Gateway API serves v1beta1
+    /// beside v1 for the same schema).
+    fn also_accepts(self, api_version: &str) -> bool {
+        matches!(
+            self,
+            Kind::GatewayClass | Kind::Gateway | Kind::HTTPRoute | Kind::ReferenceGrant
+        ) && api_version == "gateway.networking.k8s.io/v1beta1"
     }
 
     /// The store key prefix for every object of this kind (and namespace).
@@ -192,6 +242,13 @@ pub enum Object {
     IPAddressPool(Box<IPAddressPool>),
     BGPConfiguration(Box<BGPConfiguration>),
     BGPPeer(Box<BGPPeer>),
+    Secret(Box<Secret>),
+    Ingress(Box<Ingress>),
+    IngressClass(Box<IngressClass>),
+    GatewayClass(Box<GatewayClass>),
+    Gateway(Box<Gateway>),
+    HTTPRoute(Box<HTTPRoute>),
+    ReferenceGrant(Box<ReferenceGrant>),
 }
 
 macro_rules! each {
@@ -207,6 +264,13 @@ macro_rules! each {
             Object::IPAddressPool($o) => $e,
             Object::BGPConfiguration($o) => $e,
             Object::BGPPeer($o) => $e,
+            Object::Secret($o) => $e,
+            Object::Ingress($o) => $e,
+            Object::IngressClass($o) => $e,
+            Object::GatewayClass($o) => $e,
+            Object::Gateway($o) => $e,
+            Object::HTTPRoute($o) => $e,
+            Object::ReferenceGrant($o) => $e,
         }
     };
 }
@@ -224,6 +288,13 @@ impl Object {
             Object::IPAddressPool(_) => Kind::IPAddressPool,
             Object::BGPConfiguration(_) => Kind::BGPConfiguration,
             Object::BGPPeer(_) => Kind::BGPPeer,
+            Object::Secret(_) => Kind::Secret,
+            Object::Ingress(_) => Kind::Ingress,
+            Object::IngressClass(_) => Kind::IngressClass,
+            Object::GatewayClass(_) => Kind::GatewayClass,
+            Object::Gateway(_) => Kind::Gateway,
+            Object::HTTPRoute(_) => Kind::HTTPRoute,
+            Object::ReferenceGrant(_) => Kind::ReferenceGrant,
         }
     }
 
@@ -282,7 +353,7 @@ impl Object {
             return Err(ApiError::UnknownKind(kind_s));
         }
         if let Some(av) = v.get("apiVersion").and_then(|a| a.as_str()) {
-            if av != kind.api_version() {
+            if av != kind.api_version() && !kind.also_accepts(av) {
                 return Err(ApiError::Invalid {
                     field: "apiVersion".into(),
                     msg: format!(
@@ -308,6 +379,13 @@ impl Object {
             Kind::IPAddressPool => Object::IPAddressPool(de(v)?),
             Kind::BGPConfiguration => Object::BGPConfiguration(de(v)?),
             Kind::BGPPeer => Object::BGPPeer(de(v)?),
+            Kind::Secret => Object::Secret(de(v)?),
+            Kind::Ingress => Object::Ingress(de(v)?),
+            Kind::IngressClass => Object::IngressClass(de(v)?),
+            Kind::GatewayClass => Object::GatewayClass(de(v)?),
+            Kind::Gateway => Object::Gateway(de(v)?),
+            Kind::HTTPRoute => Object::HTTPRoute(de(v)?),
+            Kind::ReferenceGrant => Object::ReferenceGrant(de(v)?),
         })
     }
 

@@ -12,6 +12,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::gateway::validate as gateway;
 use crate::object::Object;
 use crate::{netconfig, FieldError};
 
@@ -241,9 +242,33 @@ pub fn validate(o: &Object, ctx: &Context) -> Vec<FieldError> {
         Object::IPAddressPool(p) => e.0.extend(p.validate()),
         Object::BGPConfiguration(c) => e.0.extend(c.validate()),
         Object::BGPPeer(p) => e.0.extend(p.validate()),
-        Object::Namespace(_) => {}
+        Object::GatewayClass(c) => e.0.extend(gateway::gateway_class(c)),
+        Object::Gateway(g) => e.0.extend(gateway::gateway(g)),
+        Object::HTTPRoute(r) => e.0.extend(gateway::http_route(r)),
+        Object::ReferenceGrant(g) => e.0.extend(gateway::reference_grant(g)),
+        Object::Ingress(i) => e.0.extend(crate::ingress::validate(i)),
+        Object::Secret(s) => secret(&mut e, s),
+        Object::Namespace(_) | Object::IngressClass(_) => {}
     }
     e.0
+}
+
+/// A `kubernetes.io/tls` Secret carries both halves of its pair.
+fn secret(e: &mut Errs, s: &k8s_openapi::api::core::v1::Secret) {
+    if s.type_.as_deref() == Some("kubernetes.io/tls") {
+        let data = s.data.as_ref();
+        let string_data = s.string_data.as_ref();
+        for key in ["tls.crt", "tls.key"] {
+            let has = data.is_some_and(|d| d.contains_key(key))
+                || string_data.is_some_and(|d| d.contains_key(key));
+            if !has {
+                e.add(
+                    format!("data[{key}]"),
+                    "required for type kubernetes.io/tls",
+                );
+            }
+        }
+    }
 }
 
 fn service(e: &mut Errs, s: &Service, ctx: &Context) {

@@ -19,9 +19,10 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event as WEvent};
 use kube::Client;
 use podnet_api::bgp::{BGPConfiguration, BGPPeer};
-use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use podnet_api::gateway::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant};
+use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
-use podnet_api::k8s_openapi::api::networking::v1::NetworkPolicy;
+use podnet_api::k8s_openapi::api::networking::v1::{Ingress, IngressClass, NetworkPolicy};
 use podnet_api::pool::IPAddressPool;
 use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
@@ -168,6 +169,21 @@ fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>>
             watch_kind::<BGPConfiguration>(client, kind, |o| Object::BGPConfiguration(Box::new(o)))
         }
         Kind::BGPPeer => watch_kind::<BGPPeer>(client, kind, |o| Object::BGPPeer(Box::new(o))),
+        Kind::Secret => watch_kind::<Secret>(client, kind, |o| Object::Secret(Box::new(o))),
+        Kind::Ingress => watch_kind::<Ingress>(client, kind, |o| Object::Ingress(Box::new(o))),
+        Kind::IngressClass => {
+            watch_kind::<IngressClass>(client, kind, |o| Object::IngressClass(Box::new(o)))
+        }
+        Kind::GatewayClass => {
+            watch_kind::<GatewayClass>(client, kind, |o| Object::GatewayClass(Box::new(o)))
+        }
+        Kind::Gateway => watch_kind::<Gateway>(client, kind, |o| Object::Gateway(Box::new(o))),
+        Kind::HTTPRoute => {
+            watch_kind::<HTTPRoute>(client, kind, |o| Object::HTTPRoute(Box::new(o)))
+        }
+        Kind::ReferenceGrant => {
+            watch_kind::<ReferenceGrant>(client, kind, |o| Object::ReferenceGrant(Box::new(o)))
+        }
     })
 }
 
@@ -211,6 +227,21 @@ async fn list(client: &Client, kinds: &BTreeSet<Kind>) -> Result<Vec<Object>, ku
                     .await?
             }
             Kind::BGPPeer => list_of::<BGPPeer>(client, |o| Object::BGPPeer(Box::new(o))).await?,
+            Kind::Secret => list_of::<Secret>(client, |o| Object::Secret(Box::new(o))).await?,
+            Kind::Ingress => list_of::<Ingress>(client, |o| Object::Ingress(Box::new(o))).await?,
+            Kind::IngressClass => {
+                list_of::<IngressClass>(client, |o| Object::IngressClass(Box::new(o))).await?
+            }
+            Kind::GatewayClass => {
+                list_of::<GatewayClass>(client, |o| Object::GatewayClass(Box::new(o))).await?
+            }
+            Kind::Gateway => list_of::<Gateway>(client, |o| Object::Gateway(Box::new(o))).await?,
+            Kind::HTTPRoute => {
+                list_of::<HTTPRoute>(client, |o| Object::HTTPRoute(Box::new(o))).await?
+            }
+            Kind::ReferenceGrant => {
+                list_of::<ReferenceGrant>(client, |o| Object::ReferenceGrant(Box::new(o))).await?
+            }
         });
     }
     Ok(out)

@@ -70,6 +70,13 @@ pub fn decode(kind: Kind, kv: &KeyValue) -> Option<Object> {
         Kind::IPAddressPool => Object::IPAddressPool(de::<IPAddressPool>(&kv.value)?),
         Kind::BGPConfiguration => Object::BGPConfiguration(de::<BGPConfiguration>(&kv.value)?),
         Kind::BGPPeer => Object::BGPPeer(de::<BGPPeer>(&kv.value)?),
+        Kind::Secret => Object::Secret(de(&kv.value)?),
+        Kind::Ingress => Object::Ingress(de(&kv.value)?),
+        Kind::IngressClass => Object::IngressClass(de(&kv.value)?),
+        Kind::GatewayClass => Object::GatewayClass(de(&kv.value)?),
+        Kind::Gateway => Object::Gateway(de(&kv.value)?),
+        Kind::HTTPRoute => Object::HTTPRoute(de(&kv.value)?),
+        Kind::ReferenceGrant => Object::ReferenceGrant(de(&kv.value)?),
     };
     o.meta_mut().resource_version = Some(kv.mod_rev.to_string());
     Some(o)

@@ -14,8 +14,10 @@ use podnet_api::netconfig::NetworkConfig;
 use podnet_api::pool::IPAddressPool;
 use podnet_api::Object;
 
+use super::table_l7 as l7;
+
 /// A table's header and one object's cells, in the same order.
-type Row = (Vec<&'static str>, Vec<String>);
+pub(super) type Row = (Vec<&'static str>, Vec<String>);
 
 fn age(o: &Object) -> String {
     let Some(t) = &o.meta().creation_timestamp else {
@@ -56,6 +58,13 @@ fn table_row(o: &Object, wide: bool) -> Row {
         Object::IPAddressPool(p) => ip_address_pool_row(p, name, age),
         Object::BGPConfiguration(c) => bgp_configuration_row(c, name, age),
         Object::BGPPeer(p) => bgp_peer_row(p, name, age),
+        Object::Secret(s) => l7::secret_row(s, name, age),
+        Object::Ingress(i) => l7::ingress_row(i, name, age),
+        Object::IngressClass(c) => l7::ingress_class_row(c, name, age),
+        Object::GatewayClass(c) => l7::gateway_class_row(c, name, age),
+        Object::Gateway(g) => l7::gateway_row(g, name, age),
+        Object::HTTPRoute(r) => l7::http_route_row(r, name, age),
+        Object::ReferenceGrant(_) => l7::plain_row(name, age),
     }
 }
 

@@ -1,0 +1,275 @@
+//! The builder against the Gateway API's and Ingress's rules, on objects
+//! as users write them.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::model::matcher::Request;
+use podnet_api::Object;
+
+fn world(objs: Vec<Value>) -> World {
+    let mut w = World::default();
+    for v in objs {
+        w.put(Object::from_value(v).unwrap());
+    }
+    w
+}
+
+fn class() -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "podnet"},
+           "spec": {"controllerName": "podnet.io/gateway"}})
+}
+
+fn gateway(ns: &str, name: &str, listeners: Value) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": name, "namespace": ns},
+           "spec": {"gatewayClassName": "podnet", "listeners": listeners}})
+}
+
+fn service(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+           "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": 3000}]}})
+}
+
+fn route(ns: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": name, "namespace": ns}, "spec": spec})
+}
+
+/// The route name and backend service a GET of `host` `path` on `port`
+/// takes (None: 404).
+fn served(b: &Built, port: u16, host: &str, path: &str) -> Option<(String, Option<String>)> {
+    let h = http::HeaderMap::new();
+    let (p, q) = path
+        .split_once('?')
+        .map_or((path, None), |(p, q)| (p, Some(q)));
+    let r = Request {
+        method: &http::Method::GET,
+        path: p,
+        query: q,
+        headers: &h,
+    };
+    let f = b.table.route(port, host, &r)?;
+    Some((
+        f.rule.route.name.clone(),
+        f.rule
+            .backends
+            .first()
+            .and_then(|b| b.key.as_ref())
+            .map(|k| k.service.clone()),
+    ))
+}
+
+#[test]
+fn routes_attach_with_hostnames_and_precedence() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "infra",
+            "gw",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com",
+                                        "allowedRoutes": {"namespaces": {"from": "All"}}}]),
+        ),
+        service("app", "web"),
+        service("app", "api"),
+        route(
+            "app",
+            "web",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra"}],
+            "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+        route(
+            "app",
+            "api",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra"}], "hostnames": ["api.example.com"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}], "backendRefs": [{"name": "api", "port": 8080}]}]}),
+        ),
+        route(
+            "app",
+            "elsewhere",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra"}], "hostnames": ["x.example.net"],
+            "rules": [{"backendRefs": [{"name": "api", "port": 8080}]}]}),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    assert_eq!(
+        served(&b, 80, "www.example.com", "/"),
+        Some(("web".into(), Some("web".into())))
+    );
+    assert_eq!(
+        served(&b, 80, "api.example.com", "/v1/x"),
+        Some(("api".into(), Some("api".into())))
+    );
+    assert_eq!(
+        served(&b, 80, "api.example.com", "/v2"),
+        None,
+        "the exact host's routes only"
+    );
+    assert_eq!(served(&b, 80, "example.org", "/"), None);
+    let st = &b.statuses;
+    let reason = |n: &str| {
+        st.routes[&("app".to_string(), n.to_string())].1[0]
+            .accepted
+            .reason
+    };
+    assert_eq!(
+        (reason("web"), reason("api"), reason("elsewhere")),
+        ("Accepted", "Accepted", "NoMatchingListenerHostname")
+    );
+    let g = &st.gateways[&("infra".to_string(), "gw".to_string())];
+    assert_eq!(g.listeners[0].attached_routes, 2);
+    assert!(g.programmed.ok);
+}
+
+#[test]
+fn listeners_admit_routes_by_namespace_and_section() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "infra",
+            "gw",
+            json!([{"name": "same", "port": 80, "protocol": "HTTP"},
+                                      {"name": "other", "port": 8080, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"team": "a"}}}}}]),
+        ),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "app", "labels": {"team": "a"}}}),
+        service("app", "web"),
+        route(
+            "app",
+            "r",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra", "sectionName": "same"}], "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+        route(
+            "app",
+            "s",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra", "sectionName": "other"}], "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+        route(
+            "app",
+            "t",
+            json!({"parentRefs": [{"name": "gw", "namespace": "infra", "sectionName": "nope"}]}),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    let reason = |n: &str| {
+        b.statuses.routes[&("app".to_string(), n.to_string())].1[0]
+            .accepted
+            .reason
+    };
+    assert_eq!(
+        (reason("r"), reason("s"), reason("t")),
+        ("NotAllowedByListeners", "Accepted", "NoMatchingParent")
+    );
+    assert_eq!(
+        served(&b, 8080, "any", "/"),
+        Some(("s".into(), Some("web".into())))
+    );
+    assert_eq!(served(&b, 80, "any", "/"), None);
+}
+
+#[test]
+fn a_backend_in_another_namespace_needs_a_grant() {
+    let mut objs = vec![
+        class(),
+        gateway(
+            "app",
+            "gw",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        ),
+        service("backends", "web"),
+        route(
+            "app",
+            "r",
+            json!({"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "web", "namespace": "backends", "port": 8080}]}]}),
+        ),
+    ];
+    let b = build(&world(objs.clone()), &Config::default());
+    let p = &b.statuses.routes[&("app".to_string(), "r".to_string())].1[0];
+    assert_eq!(
+        (p.accepted.ok, p.resolved_refs.reason),
+        (true, "RefNotPermitted")
+    );
+    assert_eq!(
+        served(&b, 80, "h", "/"),
+        Some(("r".into(), None)),
+        "an invalid backend answers 500"
+    );
+    objs.push(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant", "metadata": {"name": "g", "namespace": "backends"},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "app"}], "to": [{"group": "", "kind": "Service"}]}}));
+    let b = build(&world(objs), &Config::default());
+    assert_eq!(
+        served(&b, 80, "h", "/"),
+        Some(("r".into(), Some("web".into())))
+    );
+}
+
+#[test]
+fn gateways_of_other_classes_and_bad_listeners_are_judged() {
+    let w = world(vec![
+        class(),
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "other"}, "spec": {"controllerName": "example.com/gw"}}),
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "theirs", "namespace": "x"},
+               "spec": {"gatewayClassName": "other", "listeners": [{"name": "h", "port": 80, "protocol": "HTTP"}]}}),
+        gateway(
+            "x",
+            "gw",
+            json!([{"name": "udp", "port": 53, "protocol": "UDP"},
+                                   {"name": "a", "port": 81, "protocol": "HTTP"}, {"name": "b", "port": 81, "protocol": "HTTP"},
+                                   {"name": "tls", "port": 443, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "missing"}]}}]),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    assert_eq!(b.statuses.classes.keys().collect::<Vec<_>>(), ["podnet"]);
+    assert!(!b
+        .statuses
+        .gateways
+        .contains_key(&("x".to_string(), "theirs".to_string())));
+    let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
+    let l: Vec<(&str, bool, &str)> = g
+        .listeners
+        .iter()
+        .map(|l| (l.name.as_str(), l.programmed.ok, l.accepted.reason))
+        .collect();
+    assert_eq!(
+        l,
+        [
+            ("udp", false, "UnsupportedProtocol"),
+            ("a", false, "Accepted"),
+            ("b", false, "Accepted"),
+            ("tls", false, "Accepted")
+        ]
+    );
+    assert_eq!(
+        g.listeners[1].conflicted.as_ref().unwrap().reason,
+        "HostnameConflict"
+    );
+    assert_eq!(g.listeners[3].resolved_refs.reason, "InvalidCertificateRef");
+    assert!(!g.accepted.ok, "no listener is valid");
+    assert!(b.table.ports.is_empty());
+}
+
+#[test]
+fn ingresses_route_by_host_and_path_with_a_default_backend() {
+    let ing = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "i", "namespace": "app"},
+        "spec": {"ingressClassName": "podnet", "defaultBackend": {"service": {"name": "fallback", "port": {"number": 8080}}},
+                 "rules": [{"host": "shop.example", "http": {"paths": [
+                    {"path": "/cart", "pathType": "Prefix", "backend": {"service": {"name": "cart", "port": {"name": "http"}}}},
+                    {"path": "/cart/exact", "pathType": "Exact", "backend": {"service": {"name": "web", "port": {"number": 8080}}}}]}}]}});
+    let other = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "o", "namespace": "app"},
+        "spec": {"ingressClassName": "nginx", "rules": [{"host": "n.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 8080}}}}]}}]}});
+    let w = world(vec![
+        ing,
+        other,
+        service("app", "cart"),
+        service("app", "web"),
+        service("app", "fallback"),
+    ]);
+    let b = build(&w, &Config::default());
+    let svc = |host: &str, path: &str| served(&b, 80, host, path).and_then(|s| s.1);
+    assert_eq!(svc("shop.example", "/cart/x").as_deref(), Some("cart"));
+    assert_eq!(svc("shop.example", "/cart/exact").as_deref(), Some("web"));
+    assert_eq!(svc("shop.example", "/cartx").as_deref(), Some("fallback"));
+    assert_eq!(
+        svc("n.example", "/").as_deref(),
+        Some("fallback"),
+        "another class's Ingress is not ours"
+    );
+    assert_eq!(b.statuses.ingresses.len(), 1);
+}

@@ -1,0 +1,210 @@
+//! The routing table the data plane serves from, compiled (purely) from
+//! Gateways, HTTPRoutes and Ingresses: per port, per host pattern, the
+//! rules in precedence order, each with its filters and weighted
+//! backends. A request is answered by one lookup; nothing here does I/O.
+//!
+//! Backends name a Service port ([`BackendKey`]); which endpoints serve
+//! it is a separate map ([`Endpoints`]) so an endpoint change replaces
+//! one entry and never recompiles the routes.
+//!
+//! Layout: [`hosts`] host patterns and their table, [`matcher`] one
+//! match and precedence, [`build`] objects → table and statuses.
+
+pub mod build;
+pub mod hosts;
+pub mod matcher;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hosts::{Host, HostMap};
+use matcher::{Match, Order, Request};
+
+/// A Service port a rule sends to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKey {
+    pub namespace: String,
+    pub service: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for BackendKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.service, self.port)
+    }
+}
+
+/// The ready endpoints of each backend, and whether it speaks h2c.
+pub type Endpoints = HashMap<BackendKey, Arc<BackendEndpoints>>;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackendEndpoints {
+    pub addrs: Vec<SocketAddr>,
+    /// The Service port's appProtocol is `kubernetes.io/h2c`.
+    pub h2c: bool,
+    /// `kubernetes.io/ws` or `kubernetes.io/wss`.
+    pub websocket: bool,
+}
+
+/// Header edits (RequestHeaderModifier / ResponseHeaderModifier).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderEdit {
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub add: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub remove: Vec<http::HeaderName>,
+}
+
+/// How a path is rewritten or redirected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathEdit {
+    Full(String),
+    /// Replace the matched prefix.
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Redirect {
+    pub scheme: Option<String>,
+    pub hostname: Option<String>,
+    pub path: Option<PathEdit>,
+    pub port: Option<u16>,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rewrite {
+    pub hostname: Option<String>,
+    pub path: Option<PathEdit>,
+}
+
+/// One backend of a rule; `key` None is an invalid reference, whose share
+/// of requests gets a 500 as the spec asks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backend {
+    pub key: Option<BackendKey>,
+    pub weight: u32,
+    pub request_headers: Option<HeaderEdit>,
+    pub response_headers: Option<HeaderEdit>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retry {
+    pub codes: Vec<u16>,
+    pub attempts: u32,
+    pub backoff: Option<Duration>,
+}
+
+/// Which object a rule came from, for logs, metrics and `podnet trace`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteRef {
+    /// "HTTPRoute" or "Ingress".
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub rule: usize,
+}
+
+impl std::fmt::Display for RouteRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{} rule {}",
+            self.kind, self.namespace, self.name, self.rule
+        )
+    }
+}
+
+/// What a matched request gets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub route: RouteRef,
+    pub request_headers: Option<HeaderEdit>,
+    pub response_headers: Option<HeaderEdit>,
+    pub redirect: Option<Redirect>,
+    pub rewrite: Option<Rewrite>,
+    pub backends: Vec<Backend>,
+    pub mirrors: Vec<(BackendKey, f64)>,
+    /// The whole request, retries included.
+    pub timeout: Option<Duration>,
+    /// One try at a backend.
+    pub backend_timeout: Option<Duration>,
+    pub retry: Option<Retry>,
+}
+
+impl Rule {
+    pub fn total_weight(&self) -> u64 {
+        self.backends.iter().map(|b| b.weight as u64).sum()
+    }
+}
+
+/// One match of one rule, in a host's precedence list.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub m: Match,
+    pub order: Order,
+    pub rule: Arc<Rule>,
+}
+
+/// A listener's certificate, as PEM (turned into a rustls key by the
+/// data plane).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Certificate {
+    pub host: Host,
+    pub chain_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+/// Everything served on one port.
+#[derive(Debug, Clone, Default)]
+pub struct PortTable {
+    /// TLS is terminated here (HTTPS listeners, Ingress TLS).
+    pub tls: bool,
+    pub hosts: HostMap<Vec<Entry>>,
+    /// Most specific host first; the first that matches the SNI serves.
+    pub certs: Vec<Certificate>,
+}
+
+/// The whole routing state.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    pub ports: BTreeMap<u16, PortTable>,
+}
+
+/// The outcome of a lookup.
+pub struct Found<'a> {
+    pub rule: &'a Arc<Rule>,
+    pub m: &'a Match,
+}
+
+impl Table {
+    /// The rule a request on `port` for `host` takes: the most specific
+    /// host pattern's entries, first match in precedence order.
+    pub fn route<'a>(&'a self, port: u16, host: &str, r: &Request) -> Option<Found<'a>> {
+        let entries = self.ports.get(&port)?.hosts.get(host)?;
+        entries.iter().find(|e| e.m.matches(r)).map(|e| Found {
+            rule: &e.rule,
+            m: &e.m,
+        })
+    }
+
+    /// Sorts every host's entries by precedence (after building).
+    pub fn sort(&mut self) {
+        for p in self.ports.values_mut() {
+            for v in p.hosts.values_mut() {
+                v.sort_by(|a, b| matcher::by_precedence((&a.m, &a.order), (&b.m, &b.order)));
+            }
+            p.certs
+                .sort_by_key(|c| std::cmp::Reverse(host_rank(&c.host)));
+        }
+    }
+}
+
+fn host_rank(h: &Host) -> (u8, usize) {
+    match h {
+        Host::Exact(e) => (2, e.len()),
+        Host::Wildcard { suffix, .. } => (1, suffix.len()),
+        Host::Any => (0, 0),
+    }
+}

@@ -1,0 +1,60 @@
+//! The data plane: listeners that accept HTTP/1.1 and HTTP/2 (plain or
+//! TLS), and a handler that routes each request by the current table.
+//! The table, endpoints and certificates are swapped atomically; a
+//! request in flight keeps the table it started with, so a route change
+//! never drops it.
+//!
+//! Layout: [`listen`] ports and connections, [`handle`] one request,
+//! [`forward`] the backend side (pooled clients, retries, upgrades),
+//! [`filters`] pure request edits, [`stats`] counters.
+
+pub mod filters;
+pub mod forward;
+pub mod handle;
+pub mod listen;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::model::{Endpoints, Table};
+
+/// The state every connection reads.
+pub struct Shared {
+    pub table: ArcSwap<Table>,
+    pub endpoints: ArcSwap<Endpoints>,
+    /// TLS server configs by port.
+    pub tls: ArcSwap<HashMap<u16, Arc<rustls::ServerConfig>>>,
+    pub clients: forward::Clients,
+    pub stats: stats::Stats,
+    /// Log every request (target `podnet::access`).
+    pub access_log: bool,
+}
+
+impl Shared {
+    pub fn new(access_log: bool) -> Arc<Shared> {
+        Arc::new(Shared {
+            table: ArcSwap::from_pointee(Table::default()),
+            endpoints: ArcSwap::from_pointee(Endpoints::default()),
+            tls: ArcSwap::from_pointee(HashMap::new()),
+            clients: forward::Clients::new(),
+            stats: stats::Stats::default(),
+            access_log,
+        })
+    }
+
+    /// Serves `table` from now on, with TLS configs rebuilt for its ports.
+    pub fn set_table(&self, table: Table) {
+        let mut tls = HashMap::new();
+        for (port, t) in &table.ports {
+            if t.tls {
+                let r = Arc::new(crate::tls::Resolver::new(&t.certs));
+                tls.insert(*port, crate::tls::server_config(r));
+            }
+        }
+        self.tls.store(Arc::new(tls));
+        self.table.store(Arc::new(table));
+    }
+}

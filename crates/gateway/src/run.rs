@@ -1,0 +1,203 @@
+//! The gateway's loop: deltas from the object source → the world; a
+//! change to routes (or what they refer to) recompiles the table and
+//! swaps it in, an EndpointSlice change re-resolves only the endpoints;
+//! ports follow the table; statuses that differ are written behind, in
+//! their own task, so a slow API never delays routing.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podnet_api::Kind;
+use podnet_daemon::{Gauge, Histogram, Metrics};
+use podnet_source::{Delta, Subscription};
+use tokio::sync::watch;
+
+use crate::model::build::{self, endpoints, Config, World};
+use crate::proxy::listen::Ports;
+use crate::proxy::Shared;
+use crate::write::{self, WriteStatus};
+
+const BUILD_SECONDS: Histogram = Histogram::new(
+    "podnet_gateway_build_seconds",
+    "Time to compile the routing table after a change.",
+);
+const ROUTES: Gauge = Gauge::new("podnet_gateway_routes", "HTTPRoutes and Ingresses served.");
+
+/// How the gateway runs.
+#[derive(Clone)]
+pub struct Options {
+    pub config: Config,
+    /// The local address every port binds.
+    pub address: IpAddr,
+    /// The addresses Gateways' and Ingresses' statuses show.
+    pub status_addresses: Vec<String>,
+}
+
+/// Runs until `shutdown`; then stops accepting and lets open
+/// connections finish.
+pub async fn run(
+    opts: Options,
+    mut sub: Subscription,
+    shared: Arc<Shared>,
+    writer: Option<WriteStatus>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut world = World::default();
+    let mut ports = Ports::new(shared.clone(), opts.address);
+    let (status_tx, status_rx) = watch::channel(Vec::new());
+    if let Some(w) = writer {
+        tokio::spawn(writer_task(w, status_rx));
+    }
+    let mut ready = false;
+    let mut backends = BTreeSet::new();
+    let mut flush = tokio::time::interval(Duration::from_secs(2));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            b = sub.next_batch() => {
+                let Some(b) = b else { break };
+                let (routes_dirty, eps_dirty) = absorb(&mut world, b.deltas);
+                ready |= b.ready;
+                if !ready || !(routes_dirty || eps_dirty) {
+                    continue;
+                }
+                if routes_dirty {
+                    backends = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
+                }
+                shared.endpoints.store(Arc::new(endpoints::resolve(&world, &backends)));
+                metrics.set_ready(true);
+            }
+            _ = flush.tick() => shared.stats.flush(&metrics),
+            _ = &mut shutdown => break,
+        }
+    }
+    ports.drain();
+}
+
+/// Compiles and swaps the table in, opens its ports, queues statuses;
+/// returns the backends it refers to.
+async fn rebuild(
+    opts: &Options,
+    world: &World,
+    shared: &Shared,
+    ports: &mut Ports,
+    metrics: &Metrics,
+    status_tx: &watch::Sender<Vec<podnet_api::Object>>,
+) -> BTreeSet<crate::model::BackendKey> {
+    let t0 = Instant::now();
+    let built = build::build(world, &opts.config);
+    let want: BTreeSet<u16> = built.table.ports.keys().copied().collect();
+    shared.set_table(built.table);
+    metrics.sample(&BUILD_SECONDS, "", t0.elapsed().as_secs_f64());
+    metrics.gauge(
+        &ROUTES,
+        "",
+        (built.statuses.routes.len() + built.statuses.ingresses.len()) as f64,
+    );
+    for e in ports.reconcile(&want).await {
+        tracing::warn!("{e}");
+    }
+    let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
+    let changed = write::changed(
+        world,
+        &built.statuses,
+        &opts.status_addresses,
+        &opts.config.controller_name,
+        now,
+    );
+    if !changed.is_empty() {
+        let _ = status_tx.send(changed);
+    }
+    built.backends
+}
+
+/// Applies deltas; returns whether the routes must be recompiled and
+/// whether endpoints changed. A delta that changed only an object's
+/// status (ours, written back) recompiles nothing.
+fn absorb(world: &mut World, deltas: Vec<Delta>) -> (bool, bool) {
+    let (mut routes, mut eps) = (false, false);
+    for d in deltas {
+        let kind = d.kind();
+        let key = d.key();
+        let dirty = match d.object() {
+            Some(o) => {
+                let same = same_but_status(world, o);
+                world.put(o.clone());
+                !same
+            }
+            None => {
+                world.remove(kind, key.namespace.as_deref(), &key.name);
+                true
+            }
+        };
+        match kind {
+            Kind::EndpointSlice => eps |= dirty,
+            _ => routes |= dirty,
+        }
+    }
+    (routes, eps)
+}
+
+/// Whether `o` differs from the stored version only in status and
+/// resourceVersion.
+fn same_but_status(world: &World, o: &podnet_api::Object) -> bool {
+    use podnet_api::Object as O;
+    let k = (
+        o.namespace().unwrap_or_default().to_string(),
+        o.name().to_string(),
+    );
+    match o {
+        O::Gateway(n) => eq_but_status(world.gateways.get(&k), n),
+        O::HTTPRoute(n) => eq_but_status(world.routes.get(&k), n),
+        O::GatewayClass(n) => eq_but_status(world.classes.get(&k.1), n),
+        O::Ingress(n) => eq_but_status(world.ingresses.get(&k), n),
+        _ => false,
+    }
+}
+
+fn eq_but_status<T: Clone + PartialEq + ClearStatus>(old: Option<&T>, new: &T) -> bool {
+    old.is_some_and(|old| {
+        let (mut a, mut b) = (old.clone(), new.clone());
+        a.clear();
+        b.clear();
+        a == b
+    })
+}
+
+/// Clears what a status write changes.
+trait ClearStatus {
+    fn clear(&mut self);
+}
+
+macro_rules! clear_status {
+    ($t:ty) => {
+        impl ClearStatus for $t {
+            fn clear(&mut self) {
+                self.status = None;
+                self.metadata.resource_version = None;
+                self.metadata.managed_fields = None;
+            }
+        }
+    };
+}
+clear_status!(podnet_api::gateway::Gateway);
+clear_status!(podnet_api::gateway::HTTPRoute);
+clear_status!(podnet_api::gateway::GatewayClass);
+clear_status!(podnet_api::k8s_openapi::api::networking::v1::Ingress);
+
+/// Writes the latest wanted statuses, one object at a time; a failed
+/// write is logged and tried again with the next change.
+async fn writer_task(w: WriteStatus, mut rx: watch::Receiver<Vec<podnet_api::Object>>) {
+    while rx.changed().await.is_ok() {
+        let batch = rx.borrow_and_update().clone();
+        for o in batch {
+            if let Err(e) = w(o).await {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Status writes: which objects' statuses differ from what the builder
+//! decided (pure), and the writer that sends them — injected, so the
+//! Kubernetes API (a merge patch of the `status` subresource) and the
+//! standalone store (the binary's compare-and-swap update) share the
+//! loop.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use podnet_api::k8s_openapi::api::networking::v1::{
+    IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus,
+};
+use podnet_api::k8s_openapi::jiff::Timestamp;
+use podnet_api::{Kind, Object};
+
+use crate::model::build::{Statuses, World};
+use crate::status;
+
+/// Writes the status of the object given (its other fields identify it).
+pub type WriteStatus =
+    Arc<dyn Fn(Object) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// The objects whose status must change, with the new status in place.
+pub fn changed(
+    w: &World,
+    s: &Statuses,
+    addresses: &[String],
+    controller: &str,
+    now: Timestamp,
+) -> Vec<Object> {
+    let mut out = Vec::new();
+    for (name, (gen, v)) in &s.classes {
+        let Some(c) = w.classes.get(name) else {
+            continue;
+        };
+        let new = status::gateway_class(c.status.as_ref(), *gen, v, now);
+        if !status::unchanged(c.status.as_ref(), &new) {
+            let mut c = c.clone();
+            c.status = Some(new);
+            out.push(Object::GatewayClass(Box::new(c)));
+        }
+    }
+    for (k, g) in &s.gateways {
+        let Some(o) = w.gateways.get(k) else { continue };
+        let new = status::gateway(o.status.as_ref(), g, addresses, now);
+        if !status::unchanged(o.status.as_ref(), &new) {
+            let mut o = o.clone();
+            o.status = Some(new);
+            out.push(Object::Gateway(Box::new(o)));
+        }
+    }
+    for (k, (gen, parents)) in &s.routes {
+        let Some(o) = w.routes.get(k) else { continue };
+        let new = status::route(o.status.as_ref(), *gen, parents, controller, now);
+        if !status::unchanged(o.status.as_ref(), &new) {
+            let mut o = o.clone();
+            o.status = Some(new);
+            out.push(Object::HTTPRoute(Box::new(o)));
+        }
+    }
+    for k in &s.ingresses {
+        let Some(o) = w.ingresses.get(k) else {
+            continue;
+        };
+        let new = ingress_status(addresses);
+        if !status::unchanged(o.status.as_ref(), &new) {
+            let mut o = o.clone();
+            o.status = Some(new);
+            out.push(Object::Ingress(Box::new(o)));
+        }
+    }
+    out
+}
+
+fn ingress_status(addresses: &[String]) -> IngressStatus {
+    let ingress = addresses
+        .iter()
+        .map(|a| match a.parse::<std::net::IpAddr>() {
+            Ok(_) => IngressLoadBalancerIngress {
+                ip: Some(a.clone()),
+                ..Default::default()
+            },
+            Err(_) => IngressLoadBalancerIngress {
+                hostname: Some(a.clone()),
+                ..Default::default()
+            },
+        })
+        .collect();
+    IngressStatus {
+        load_balancer: Some(IngressLoadBalancerStatus {
+            ingress: Some(ingress),
+        }),
+    }
+}
+
+/// The Kubernetes API writer: a merge patch of the `status` subresource
+/// (no resourceVersion: the status is wholly ours to set; other
+/// controllers' route parent entries are carried in it from our view).
+pub fn kube(client: kube::Client) -> WriteStatus {
+    Arc::new(move |o: Object| {
+        let client = client.clone();
+        Box::pin(async move {
+            let v = o.to_value();
+            let patch = kube::api::Patch::Merge(serde_json::json!({"status": v["status"]}));
+            let pp = kube::api::PatchParams::default();
+            let ns = o.namespace().unwrap_or_default().to_string();
+            let name = o.name().to_string();
+            let r = match o.kind() {
+                Kind::GatewayClass => api_all::<podnet_api::gateway::GatewayClass>(&client)
+                    .patch_status(&name, &pp, &patch)
+                    .await
+                    .map(drop),
+                Kind::Gateway => api_ns::<podnet_api::gateway::Gateway>(&client, &ns)
+                    .patch_status(&name, &pp, &patch)
+                    .await
+                    .map(drop),
+                Kind::HTTPRoute => api_ns::<podnet_api::gateway::HTTPRoute>(&client, &ns)
+                    .patch_status(&name, &pp, &patch)
+                    .await
+                    .map(drop),
+                Kind::Ingress => {
+                    api_ns::<podnet_api::k8s_openapi::api::networking::v1::Ingress>(&client, &ns)
+                        .patch_status(&name, &pp, &patch)
+                        .await
+                        .map(drop)
+                }
+                k => return Err(format!("no status to write for {k}")),
+            };
+            r.map_err(|e| format!("writing the status of {}: {e}", o.describe()))
+        })
+    })
+}
+
+fn api_all<
+    K: kube::Resource<DynamicType = (), Scope = podnet_api::k8s_openapi::ClusterResourceScope>,
+>(
+    c: &kube::Client,
+) -> kube::Api<K> {
+    kube::Api::all(c.clone())
+}
+
+fn api_ns<
+    K: kube::Resource<DynamicType = (), Scope = podnet_api::k8s_openapi::NamespaceResourceScope>,
+>(
+    c: &kube::Client,
+    ns: &str,
+) -> kube::Api<K> {
+    kube::Api::namespaced(c.clone(), ns)
+}
