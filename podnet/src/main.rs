@@ -7,6 +7,7 @@
 mod bgp;
 mod cmd;
 mod dns;
+mod gateway;
 mod kubectl;
 mod plugin_log;
 mod policy;
@@ -198,6 +199,12 @@ enum Cmd {
     },
     /// Cluster DNS: Services and endpoints from the store, other names forwarded.
     Dns(dns::DnsArgs),
+    /// The L7 gateway: Gateway API (GatewayClass controller
+    /// `podnet.io/gateway`, Gateways, HTTPRoutes, ReferenceGrants) and
+    /// Ingress (class `podnet`), proxied over HTTP/1.1 and HTTP/2 with TLS
+    /// termination straight to the pods EndpointSlices list; statuses
+    /// written as the specs ask.
+    Gateway(gateway::GatewayArgs),
 }
 
 /// kubectl's verbs against the store (they show among the top-level
@@ -564,7 +571,7 @@ fn main() {
     podnet_daemon::set_watch_timeout(cli.watch_timeout);
     let daemon = matches!(
         cli.command,
-        Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_)
+        Cmd::Controller { .. } | Cmd::Agent { .. } | Cmd::Dns(_) | Cmd::Gateway(_)
     );
     init_logs(if daemon { "info" } else { "warn" });
     if let Err(e) = run(cli.command, &cli.store) {
@@ -659,6 +666,7 @@ fn run(command: Cmd, store: &str) -> anyhow::Result<()> {
             false => block_on(cmd::controller(store, &metrics_addr, resync)),
         },
         Cmd::Dns(args) => block_on(dns::run(store, args)),
+        Cmd::Gateway(args) => block_on(gateway::run(store, args)),
     }
 }
 

@@ -53,6 +53,8 @@ pub async fn run(
         tokio::spawn(writer_task(w, status_rx));
     }
     let mut ready = false;
+    // Changes not yet applied (all of them until the first full list).
+    let (mut routes_dirty, mut eps_dirty) = (true, true);
     let mut backends = BTreeSet::new();
     let mut flush = tokio::time::interval(Duration::from_secs(2));
     tokio::pin!(shutdown);
@@ -60,7 +62,9 @@ pub async fn run(
         tokio::select! {
             b = sub.next_batch() => {
                 let Some(b) = b else { break };
-                let (routes_dirty, eps_dirty) = absorb(&mut world, b.deltas);
+                let (r, e) = absorb(&mut world, b.deltas);
+                routes_dirty |= r;
+                eps_dirty |= e;
                 ready |= b.ready;
                 if !ready || !(routes_dirty || eps_dirty) {
                     continue;
@@ -69,6 +73,7 @@ pub async fn run(
                     backends = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
                 }
                 shared.endpoints.store(Arc::new(endpoints::resolve(&world, &backends)));
+                (routes_dirty, eps_dirty) = (false, false);
                 metrics.set_ready(true);
             }
             _ = flush.tick() => shared.stats.flush(&metrics),

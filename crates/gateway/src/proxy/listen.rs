@@ -24,27 +24,35 @@ pub struct BindError {
     pub err: std::io::Error,
 }
 
+/// Where a table port is bound (the production binder is the port on
+/// one address; tests bind port 0 and ask [`Ports::local`]).
+pub type Binder = Arc<dyn Fn(u16) -> SocketAddr + Send + Sync>;
+
 /// The open ports, and the signal that tells their connections to finish.
 pub struct Ports {
     shared: Arc<Shared>,
-    address: IpAddr,
+    bind: Binder,
     open: BTreeMap<u16, (SocketAddr, watch::Sender<bool>)>,
     /// Closes every connection gracefully at shutdown.
     draining: watch::Sender<bool>,
 }
 
 impl Ports {
+    /// Ports bound on `address`.
     pub fn new(shared: Arc<Shared>, address: IpAddr) -> Ports {
+        Ports::with_binder(shared, Arc::new(move |p| SocketAddr::new(address, p)))
+    }
+
+    pub fn with_binder(shared: Arc<Shared>, bind: Binder) -> Ports {
         Ports {
             shared,
-            address,
+            bind,
             open: BTreeMap::new(),
             draining: watch::channel(false).0,
         }
     }
 
-    /// The address a port is bound at (port 0 in the table binds an
-    /// ephemeral port, for tests).
+    /// The address a table port is bound at.
     pub fn local(&self, port: u16) -> Option<SocketAddr> {
         self.open.get(&port).map(|(a, _)| *a)
     }
@@ -70,7 +78,7 @@ impl Ports {
             .copied()
             .collect();
         for p in new {
-            let addr = SocketAddr::new(self.address, p);
+            let addr = (self.bind)(p);
             match TcpListener::bind(addr).await {
                 Ok(l) => {
                     let local = l.local_addr().unwrap_or(addr);

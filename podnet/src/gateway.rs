@@ -1,0 +1,137 @@
+//! `podnet gateway`: flags, the object source and status writer for the
+//! mode (store or Kubernetes API), and the glue to [`podnet_gateway::run`].
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use podnet_api::{Kind, Object};
+use podnet_gateway::write::WriteStatus;
+
+/// Flags of `podnet gateway`.
+#[derive(clap::Args)]
+pub struct GatewayArgs {
+    #[command(flatten)]
+    kube: crate::cmd::KubeArgs,
+    /// The local address every listener port binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    address: IpAddr,
+    /// The address(es) Gateway and Ingress statuses show (where clients
+    /// reach this gateway: the node's address when it runs with the
+    /// host's network); repeatable or comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    status_address: Vec<String>,
+    /// The IngressClass whose Ingresses this gateway serves.
+    #[arg(long, default_value = podnet_api::ingress::CLASS)]
+    ingress_class: String,
+    /// The port Ingresses are served on without TLS.
+    #[arg(long, default_value_t = 80)]
+    ingress_http_port: u16,
+    /// The port Ingresses with `tls` are served on.
+    #[arg(long, default_value_t = 443)]
+    ingress_https_port: u16,
+    /// Log every request (client, host, path, status, the route that
+    /// matched, the backend).
+    #[arg(long)]
+    access_log: bool,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "127.0.0.1:10290")]
+    metrics_addr: String,
+}
+
+/// Runs the gateway until SIGTERM.
+pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
+    let metrics = podnet_daemon::Metrics::new();
+    let (mut source, writer, kinds) = if a.kube.enabled() {
+        let client = a.kube.client().await?;
+        let kinds = kube_kinds(&client).await;
+        let source = podnet_source::Source::kube(client.clone(), metrics.store_watch("gateway"));
+        (source, podnet_gateway::write::kube(client), kinds)
+    } else {
+        let store = podnet_store::open(url)
+            .await
+            .with_context(|| format!("opening store {url}"))?;
+        let writer = store_writer(podnet_store::objects::Objects::new(store.clone()));
+        let source = podnet_source::Source::store(store, metrics.store_watch("gateway"));
+        (source, writer, podnet_gateway::KINDS.to_vec())
+    };
+    let sub = source.subscribe(&kinds);
+    let _source = source.start();
+    let maddr = podnet_daemon::listen_addr(&a.metrics_addr).map_err(anyhow::Error::msg)?;
+    let listener = podnet_daemon::bind(&maddr.to_string())
+        .await
+        .with_context(|| format!("binding metrics address {maddr}"))?;
+    tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
+    let opts = podnet_gateway::run::Options {
+        config: podnet_gateway::model::build::Config {
+            ingress_class: a.ingress_class,
+            ingress_http_port: a.ingress_http_port,
+            ingress_https_port: a.ingress_https_port,
+            ..Default::default()
+        },
+        address: a.address,
+        status_addresses: a.status_address,
+    };
+    tracing::info!(store = url, metrics = %maddr, "gateway starting");
+    let shared = podnet_gateway::proxy::Shared::new(a.access_log);
+    podnet_gateway::run::run(
+        opts,
+        sub,
+        shared,
+        Some(writer),
+        metrics,
+        podnet_daemon::shutdown_signal(),
+    )
+    .await;
+    tracing::info!("gateway stopped");
+    Ok(())
+}
+
+/// The kinds to watch in a cluster: the Gateway API's only where its
+/// CRDs are installed (a cluster without them still gets Ingress).
+async fn kube_kinds(client: &kube::Client) -> Vec<Kind> {
+    let api: kube::Api<podnet_api::gateway::GatewayClass> = kube::Api::all(client.clone());
+    let installed = match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        // Anything else (forbidden, unreachable) shows up in the watch.
+        Err(_) => true,
+    };
+    if !installed {
+        tracing::warn!(
+            "the Gateway API CRDs (gateway.networking.k8s.io/v1) are not installed: serving Ingress only; install them and restart to serve Gateways"
+        );
+    }
+    podnet_gateway::KINDS
+        .iter()
+        .copied()
+        .filter(|k| installed || !k.api_version().starts_with(podnet_api::gateway::GROUP))
+        .collect()
+}
+
+/// The standalone writer: the object's current version with the new
+/// status, compare-and-swapped (re-read on a conflict).
+fn store_writer(objs: podnet_store::objects::Objects) -> WriteStatus {
+    let objs = Arc::new(objs);
+    Arc::new(move |o: Object| {
+        let objs = objs.clone();
+        Box::pin(async move {
+            let mut last = String::new();
+            for _ in 0..3 {
+                let cur = objs
+                    .get(o.kind(), o.namespace(), o.name())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let Some(cur) = cur else { return Ok(()) };
+                let mut v = cur.to_value();
+                v["status"] = o.to_value()["status"].clone();
+                let new = Object::from_value(v).map_err(|e| e.to_string())?;
+                match objs.update(new, Vec::new()).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(format!("writing the status of {}: {last}", o.describe()))
+        })
+    })
+}
