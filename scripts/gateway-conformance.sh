@@ -8,6 +8,8 @@
 #
 #   scripts/gateway-conformance.sh                  # the pinned version
 #   GATEWAY_API_VERSION=v1.6.3 scripts/gateway-conformance.sh
+#   scripts/gateway-conformance.sh --crds           # only standard-crds.yaml
+#                                                   # (seconds; CI's kube-lab tests)
 #
 # Cached by version at /var/cache/podnet-peers/gateway-api-<version>/:
 #   conformance.test       the suite (base/, tests/ and mesh/ manifests are
@@ -74,6 +76,33 @@ report() {
     while read -r r; do echo "archive=$(file_of "$r")"; done <"$DIR/images.list"
     echo "GATEWAY_CONFORMANCE=$DIR"
 }
+
+write_crds() {   # $1: gateway-api's source dir, $2: the file to write
+    local f
+    for f in "$1"/config/crd/standard/gateway*.yaml; do
+        printf -- '---\n#\n# config/crd/standard/%s (sigs.k8s.io/gateway-api@%s)\n#\n' "${f##*/}" "$V"
+        cat "$f"
+        [ -z "$(tail -c1 "$f")" ] || echo
+    done >"$2"
+    grep -q "gateway.networking.k8s.io/bundle-version: $V" "$2" ||
+        die "standard CRDs of $V carry no 'gateway.networking.k8s.io/bundle-version: $V' annotation (the suite checks it)"
+}
+
+if [ "${1:-}" = "--crds" ]; then
+    if [ ! -s "$DIR/standard-crds.yaml" ]; then
+        . scripts/lib/go.sh
+        find_go
+        go_env 0
+        trap 'rm -f "$LOG"' EXIT
+        run_go "module sigs.k8s.io/gateway-api@$V cannot be had" "${TMPDIR:-/tmp}" mod download -json "sigs.k8s.io/gateway-api@$V"
+        src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' "$LOG" | head -1)
+        mkdir -p "$DIR"
+        write_crds "$src" "$DIR/.standard-crds.yaml.$$"
+        mv -f "$DIR/.standard-crds.yaml.$$" "$DIR/standard-crds.yaml"
+    fi
+    echo "GATEWAY_API_CRDS=$DIR/standard-crds.yaml"
+    exit 0
+fi
 
 if works; then report; exit 0; fi
 
@@ -156,13 +185,7 @@ say "built echo-basic in $(( $(date +%s) - t0 )) s"
 # The CRDs (and the ValidatingAdmissionPolicy that guards their upgrades), as
 # upstream's hack/build-install-yaml.sh writes standard-install.yaml: each
 # file after a `---` and a comment naming it.
-for f in "$api"/config/crd/standard/gateway*.yaml; do
-    printf -- '---\n#\n# config/crd/standard/%s (sigs.k8s.io/gateway-api@%s)\n#\n' "${f##*/}" "$V"
-    cat "$f"
-    [ -z "$(tail -c1 "$f")" ] || echo
-done >"$work/standard-crds.yaml"
-grep -q "gateway.networking.k8s.io/bundle-version: $V" "$work/standard-crds.yaml" ||
-    die "standard CRDs of $V carry no 'gateway.networking.k8s.io/bundle-version: $V' annotation (the suite checks it)"
+write_crds "$api" "$work/standard-crds.yaml"
 
 echo "$refs" >"$work/images.list"
 case "$(uname -m)" in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; *) ARCH=$(uname -m) ;; esac

@@ -50,3 +50,9 @@ fi
 if [ "${PODNET_COREDNS:-}" != skip ]; then
   bash "$here/coredns.sh" >/dev/null
 fi
+
+# The Gateway API's standard-channel CRDs (v1.6.3), which the kube lab
+# installs before the L7 gateway starts (podnet/tests/gateway.rs): only the
+# module's YAML, cached by version (seconds). The conformance suite itself
+# builds from the same script without --crds (scripts/gateway-conformance.md).
+bash "$here/gateway-conformance.sh" --crds >/dev/null

@@ -129,16 +129,16 @@ fn the_manifests_are_what_an_operator_expects() {
     assert_eq!(
         count,
         BTreeMap::from([
-            ("ClusterRole", 3),
-            ("ClusterRoleBinding", 3),
+            ("ClusterRole", 4),
+            ("ClusterRoleBinding", 4),
             ("ConfigMap", 1),
             ("CustomResourceDefinition", 3),
             ("DaemonSet", 1),
-            ("Deployment", 2),
+            ("Deployment", 3),
             ("Role", 1),
             ("RoleBinding", 1),
             ("Service", 1),
-            ("ServiceAccount", 3),
+            ("ServiceAccount", 4),
             ("ValidatingAdmissionPolicy", 1),
             ("ValidatingAdmissionPolicyBinding", 1),
         ])
@@ -155,7 +155,12 @@ fn the_manifests_are_what_an_operator_expects() {
             }
         }
     }
-    for a in ["podnet-agent", "podnet-dns", "podnet-lb-ipam"] {
+    for a in [
+        "podnet-agent",
+        "podnet-dns",
+        "podnet-lb-ipam",
+        "podnet-gateway",
+    ] {
         let _: ServiceAccount = b.one("ServiceAccount", a);
     }
     // The agent writes only its own Node: a policy for its ServiceAccount,
@@ -184,6 +189,7 @@ fn the_manifests_are_what_an_operator_expects() {
         ("podnet:agent", "podnet-agent"),
         ("podnet:dns", "podnet-dns"),
         ("podnet:lb-ipam", "podnet-lb-ipam"),
+        ("podnet:gateway", "podnet-gateway"),
     ] {
         let _: ClusterRole = b.one("ClusterRole", role);
         let crb: ClusterRoleBinding = b.one("ClusterRoleBinding", role);
@@ -636,9 +642,11 @@ fn the_real_apiserver_accepts_the_bundle() {
         [
             "clusterrole.rbac.authorization.k8s.io/podnet:agent",
             "clusterrole.rbac.authorization.k8s.io/podnet:dns",
+            "clusterrole.rbac.authorization.k8s.io/podnet:gateway",
             "clusterrole.rbac.authorization.k8s.io/podnet:lb-ipam",
             "clusterrolebinding.rbac.authorization.k8s.io/podnet:agent",
             "clusterrolebinding.rbac.authorization.k8s.io/podnet:dns",
+            "clusterrolebinding.rbac.authorization.k8s.io/podnet:gateway",
             "clusterrolebinding.rbac.authorization.k8s.io/podnet:lb-ipam",
             "configmap/podnet-config",
             "customresourcedefinition.apiextensions.k8s.io/bgpconfigurations.podnet.io",
@@ -646,12 +654,14 @@ fn the_real_apiserver_accepts_the_bundle() {
             "customresourcedefinition.apiextensions.k8s.io/ipaddresspools.podnet.io",
             "daemonset.apps/podnet-agent",
             "deployment.apps/podnet-dns",
+            "deployment.apps/podnet-gateway",
             "deployment.apps/podnet-lb-ipam",
             "role.rbac.authorization.k8s.io/podnet:lb-ipam",
             "rolebinding.rbac.authorization.k8s.io/podnet:lb-ipam",
             "service/kube-dns",
             "serviceaccount/podnet-agent",
             "serviceaccount/podnet-dns",
+            "serviceaccount/podnet-gateway",
             "serviceaccount/podnet-lb-ipam",
             "validatingadmissionpolicy.admissionregistration.k8s.io/podnet-agent-own-node",
             "validatingadmissionpolicybinding.admissionregistration.k8s.io/podnet-agent-own-node",

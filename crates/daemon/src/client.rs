@@ -61,6 +61,8 @@ pub struct HttpGet<'a> {
     netns: Option<&'a Netns>,
     connect_timeout: Duration,
     read_timeout: Duration,
+    /// The Host header (default: the address).
+    host: Option<&'a str>,
 }
 
 impl<'a> HttpGet<'a> {
@@ -71,6 +73,16 @@ impl<'a> HttpGet<'a> {
             netns: None,
             connect_timeout: timeout,
             read_timeout: timeout,
+            host: None,
+        }
+    }
+
+    /// Names `host` in the Host header (a virtual host behind one address,
+    /// as an HTTP router routes by it).
+    pub fn host(self, host: &'a str) -> HttpGet<'a> {
+        HttpGet {
+            host: Some(host),
+            ..self
         }
     }
 
@@ -108,7 +120,8 @@ impl<'a> HttpGet<'a> {
         .map_err(io_err)?;
         s.set_read_timeout(Some(self.read_timeout))
             .map_err(io_err)?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        let host = self.host.map_or_else(|| addr.to_string(), str::to_string);
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
             .map_err(io_err)?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).map_err(io_err)?;

@@ -50,6 +50,9 @@ pub enum Daemon<'a> {
     },
     /// `podnet controller` as LB IPAM's replica `id` (Kubernetes mode).
     LbIpam { id: &'a str },
+    /// `podnet gateway` with node 1's network, its statuses showing
+    /// `address`.
+    Gateway { address: std::net::Ipv4Addr },
 }
 
 impl Lab {
@@ -186,6 +189,18 @@ impl Lab {
                     id.into(),
                     "--metrics-addr".into(),
                     "127.0.0.1:10257".into(),
+                ]);
+            }
+            Daemon::Gateway { address } => {
+                a.push("gateway".into());
+                if st.kube {
+                    a.push("--kubeconfig".into());
+                    a.push(self.gateway_kubeconfig().display().to_string());
+                }
+                a.extend([
+                    format!("--status-address={address}"),
+                    format!("--metrics-addr={}", crate::l7::GATEWAY_METRICS),
+                    "--access-log".into(),
                 ]);
             }
         }

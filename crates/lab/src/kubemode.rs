@@ -90,6 +90,8 @@ impl Lab {
         kube::apply_rbac(&c, kube::LB_IPAM_RBAC).await?;
         cp.write_service_account_kubeconfig(&c, kube::DNS_ACCOUNT, None, &self.dns_kubeconfig())
             .await?;
+        let gateway_api = self.prepare_gateway_kube(&c, &cp).await?;
+        tracing::info!(gateway_api, "Gateway API CRDs installed");
         let lb = self.lb_ipam_kubeconfig();
         cp.write_service_account_kubeconfig(&c, kube::LB_IPAM_ACCOUNT, None, &lb)
             .await?;
@@ -125,6 +127,7 @@ impl Lab {
         if o.kube_agents {
             self.start_dns_replicas(&st, o.dns_replicas).await?;
             self.start_lb_ipam(&st)?;
+            self.start_l7_gateway(&st)?;
         }
         Ok(st)
     }

@@ -66,6 +66,7 @@ pub mod gateway;
 pub mod kube;
 pub mod kubelet;
 pub mod kubeproxy;
+pub mod l7;
 pub mod realnode;
 pub mod router;
 pub mod serve;

@@ -261,6 +261,7 @@ impl Lab {
             self.wait_node_ready(&st, n, deadline)?;
         }
         self.start_dns(&st, true).await?;
+        self.start_l7_gateway(&st)?;
         Ok(st)
     }
 

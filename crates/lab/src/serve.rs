@@ -110,6 +110,38 @@ pub fn answer(namespace: &str, name: &str, request: &str, peer: std::net::IpAddr
     }
 }
 
+/// The HTTP answer when `request` is an HTTP request (a gateway or a
+/// browser asks): the same answers by the path's last segment
+/// (`/clientip`, `/whoami`, anything else the pod name), or `/request`
+/// for the request's own head (what a proxy changed on the way).
+pub fn http_answer(
+    namespace: &str,
+    name: &str,
+    request: &str,
+    peer: std::net::IpAddr,
+) -> Option<String> {
+    let line = request.lines().next()?;
+    let mut parts = line.split_whitespace();
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if !version.starts_with("HTTP/1.") || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    let body = match path.rsplit('/').next().unwrap_or("") {
+        "request" => request
+            .split("\r\n\r\n")
+            .next()
+            .unwrap_or("")
+            .replace("\r\n", "\n"),
+        last => answer(namespace, name, last, peer),
+    };
+    let body = format!("{body}\n");
+    Some(format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
 /// Serves pod `namespace/name` until the process is killed.
 pub fn serve(namespace: &str, name: &str, ports: &[PortSpec]) -> std::io::Result<()> {
     let mut threads = Vec::new();
@@ -140,11 +172,14 @@ pub fn serve(namespace: &str, name: &str, ports: &[PortSpec]) -> std::io::Result
                             Err(_) => return,
                         };
                         let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
-                        let mut buf = [0u8; 256];
+                        let mut buf = [0u8; 4096];
                         let n = c.read(&mut buf).unwrap_or(0);
                         let req = String::from_utf8_lossy(&buf[..n]);
-                        let a = answer(&namespace, &name, &req, peer);
-                        let _ = c.write_all(format!("{a}\n").as_bytes());
+                        let a = match http_answer(&namespace, &name, &req, peer) {
+                            Some(h) => h,
+                            None => format!("{}\n", answer(&namespace, &name, &req, peer)),
+                        };
+                        let _ = c.write_all(a.as_bytes());
                     });
                 }
             }));
@@ -245,6 +280,36 @@ pub fn reach(addr: SocketAddr, udp: bool, timeout: Duration) -> Reach {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_requests_get_http_answers() {
+        let peer: std::net::IpAddr = "10.0.0.9".parse().unwrap();
+        let a = http_answer(
+            "ns",
+            "p",
+            "GET /x/clientip HTTP/1.1\r\nHost: h\r\n\r\n",
+            peer,
+        )
+        .unwrap();
+        assert!(
+            a.starts_with("HTTP/1.1 200 OK\r\n") && a.ends_with("\r\n\r\n10.0.0.9\n"),
+            "{a}"
+        );
+        let a = http_answer(
+            "ns",
+            "p",
+            "GET /request HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n\r\n",
+            peer,
+        )
+        .unwrap();
+        assert!(
+            a.ends_with("GET /request HTTP/1.1\nHost: h\nX-A: 1\n"),
+            "{a}"
+        );
+        assert!(a.contains("Content-Length: 37\r\n"), "{a}");
+        assert_eq!(http_answer("ns", "p", "whoami", peer), None);
+        assert_eq!(http_answer("ns", "p", "hostname\n", peer), None);
+    }
 
     #[test]
     fn ports_parse() {
