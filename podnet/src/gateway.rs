@@ -37,6 +37,10 @@ pub struct GatewayArgs {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:10290")]
     metrics_addr: String,
+    /// Data-plane threads, each serving its share of the connections on
+    /// every port (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
 }
 
 /// Runs the gateway until SIGTERM.
@@ -71,6 +75,7 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
         },
         address: a.address,
         status_addresses: a.status_address,
+        workers: a.workers,
     };
     tracing::info!(store = url, metrics = %maddr, "gateway starting");
     let shared = podnet_gateway::proxy::Shared::new(a.access_log);
@@ -82,7 +87,8 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
         metrics,
         podnet_daemon::shutdown_signal(),
     )
-    .await;
+    .await
+    .context("starting the data plane's threads")?;
     tracing::info!("gateway stopped");
     Ok(())
 }

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::model::build::{self, endpoints, Config, World};
 use crate::proxy::listen::Ports;
+use crate::proxy::workers::Workers;
 use crate::proxy::Shared;
 use crate::write::{self, WriteStatus};
 
@@ -34,6 +35,8 @@ pub struct Options {
     pub address: IpAddr,
     /// The addresses Gateways' and Ingresses' statuses show.
     pub status_addresses: Vec<String>,
+    /// Data-plane threads (0: one per CPU).
+    pub workers: usize,
 }
 
 /// Runs until `shutdown`; then stops accepting and lets open
@@ -45,9 +48,10 @@ pub async fn run(
     writer: Option<WriteStatus>,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
-) {
+) -> std::io::Result<()> {
     let mut world = World::default();
-    let mut ports = Ports::new(shared.clone(), opts.address);
+    let workers = Workers::start(opts.workers)?;
+    let mut ports = Ports::new(shared.clone(), workers, opts.address);
     let (status_tx, status_rx) = watch::channel(Vec::new());
     if let Some(w) = writer {
         tokio::spawn(writer_task(w, status_rx));
@@ -56,6 +60,7 @@ pub async fn run(
     // Changes not yet applied (all of them until the first full list).
     let (mut routes_dirty, mut eps_dirty) = (true, true);
     let mut backends = BTreeSet::new();
+    let mut unbound = false;
     let mut flush = tokio::time::interval(Duration::from_secs(2));
     tokio::pin!(shutdown);
     loop {
@@ -70,21 +75,30 @@ pub async fn run(
                     continue;
                 }
                 if routes_dirty {
-                    backends = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
+                    (backends, unbound) = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
                 }
                 shared.endpoints.store(Arc::new(endpoints::resolve(&world, &backends)));
                 (routes_dirty, eps_dirty) = (false, false);
                 metrics.set_ready(true);
             }
-            _ = flush.tick() => shared.stats.flush(&metrics),
+            _ = flush.tick() => {
+                shared.stats.flush(&metrics);
+                // A port that could not be bound is tried again (another
+                // process may have let it go).
+                if unbound {
+                    (backends, unbound) = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
+                }
+            }
             _ = &mut shutdown => break,
         }
     }
     ports.drain();
+    Ok(())
 }
 
 /// Compiles and swaps the table in, opens its ports, queues statuses;
-/// returns the backends it refers to.
+/// returns the backends it refers to, and whether a port could not be
+/// bound.
 async fn rebuild(
     opts: &Options,
     world: &World,
@@ -92,9 +106,9 @@ async fn rebuild(
     ports: &mut Ports,
     metrics: &Metrics,
     status_tx: &watch::Sender<Vec<podnet_api::Object>>,
-) -> BTreeSet<crate::model::BackendKey> {
+) -> (BTreeSet<crate::model::BackendKey>, bool) {
     let t0 = Instant::now();
-    let built = build::build(world, &opts.config);
+    let mut built = build::build(world, &opts.config);
     let want: BTreeSet<u16> = built.table.ports.keys().copied().collect();
     shared.set_table(built.table);
     metrics.sample(&BUILD_SECONDS, "", t0.elapsed().as_secs_f64());
@@ -103,8 +117,12 @@ async fn rebuild(
         "",
         (built.statuses.routes.len() + built.statuses.ingresses.len()) as f64,
     );
-    for e in ports.reconcile(&want).await {
+    let unbound = ports.reconcile(&want).await;
+    for e in &unbound {
         tracing::warn!("{e}");
+        built
+            .statuses
+            .port_unavailable(e.addr.port(), &e.err.to_string());
     }
     let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
     let changed = write::changed(
@@ -117,7 +135,7 @@ async fn rebuild(
     if !changed.is_empty() {
         let _ = status_tx.send(changed);
     }
-    built.backends
+    (built.backends, !unbound.is_empty())
 }
 
 /// Applies deltas; returns whether the routes must be recompiled and

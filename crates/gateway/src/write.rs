@@ -127,7 +127,11 @@ pub fn kube(client: kube::Client) -> WriteStatus {
                 }
                 k => return Err(format!("no status to write for {k}")),
             };
-            r.map_err(|e| format!("writing the status of {}: {e}", o.describe()))
+            match r {
+                // Deleted since: nothing to write.
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                r => r.map_err(|e| format!("writing the status of {}: {e}", o.describe())),
+            }
         })
     })
 }

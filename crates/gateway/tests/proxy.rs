@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use podnet_api::Object;
 use podnet_gateway::model::build::{self, endpoints, Config, World};
 use podnet_gateway::proxy::listen::Ports;
+use podnet_gateway::proxy::workers::Workers;
 use podnet_gateway::proxy::Shared;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -106,8 +107,11 @@ struct Gw {
 impl Gw {
     async fn start(w: &World) -> Gw {
         let shared = Shared::new(false);
-        let ports =
-            Ports::with_binder(shared.clone(), Arc::new(|_| "127.0.0.1:0".parse().unwrap()));
+        let ports = Ports::with_binder(
+            shared.clone(),
+            Workers::start(2).unwrap(),
+            Arc::new(|_| "127.0.0.1:0".parse().unwrap()),
+        );
         let mut g = Gw { shared, ports };
         g.serve(w).await;
         g

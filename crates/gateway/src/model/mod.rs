@@ -42,6 +42,8 @@ pub type Endpoints = HashMap<BackendKey, Arc<BackendEndpoints>>;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackendEndpoints {
     pub addrs: Vec<SocketAddr>,
+    /// `addrs` as URI authorities, made once.
+    pub authorities: Vec<http::uri::Authority>,
     /// The Service port's appProtocol is `kubernetes.io/h2c`.
     pub h2c: bool,
     /// `kubernetes.io/ws` or `kubernetes.io/wss`.

@@ -33,7 +33,18 @@ impl TryError {
     }
 }
 
-/// One pool per protocol, shared by every route (clones share the pools).
+thread_local! {
+    /// Each data-plane thread keeps its own pools: a request never waits
+    /// on another thread's connection, and no lock is shared.
+    static CLIENTS: Clients = Clients::new();
+}
+
+/// This thread's pools.
+pub fn clients() -> Clients {
+    CLIENTS.with(Clients::clone)
+}
+
+/// One pool per protocol (clones share the pools).
 #[derive(Clone)]
 pub struct Clients {
     http1: Client<HttpConnector, Body>,

@@ -56,8 +56,10 @@ pub async fn handle(
     let start = Instant::now();
     let table = shared.table.load_full();
     let host = request_host(req.uri(), req.headers());
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // Only the access log needs these after the request is consumed.
+    let logged = shared
+        .access_log
+        .then(|| (req.method().clone(), req.uri().path().to_string()));
     let found = table.route(
         conn.port,
         &host,
@@ -69,60 +71,46 @@ pub async fn handle(
         },
     );
     let Some(found) = found else {
-        shared.stats.record(None, "", 404, start.elapsed());
-        log(&shared, &conn, &method, &host, &path, 404, None, "");
+        shared.stats.record(None, None, 404, start.elapsed());
+        log(&conn, logged, &host, 404, None, None);
         return Ok(status(StatusCode::NOT_FOUND, "no route"));
     };
-    let rule = found.rule.clone();
-    let m = found.m.clone();
+    let (rule, m) = (found.rule, found.m);
     let (resp, backend) = match &rule.redirect {
-        Some(r) => (redirect(r, &conn, &host, &req, &m), String::new()),
+        Some(r) => (redirect(r, &conn, &host, &req, m), None),
         None => {
-            let fut = proxy(&shared, &conn, &rule, &m, host.clone(), req);
+            let fut = proxy(&shared, &conn, rule, m, &host, req);
             match rule.timeout {
                 Some(t) => match tokio::time::timeout(t, fut).await {
                     Ok(r) => r,
-                    Err(_) => (
-                        status(StatusCode::GATEWAY_TIMEOUT, "request timeout"),
-                        String::new(),
-                    ),
+                    Err(_) => (status(StatusCode::GATEWAY_TIMEOUT, "request timeout"), None),
                 },
                 None => fut.await,
             }
         }
     };
     let code = resp.status().as_u16();
+    let key = backend.and_then(|i| rule.backends[i].key.as_ref());
     shared
         .stats
-        .record(Some(&rule.route), &backend, code, start.elapsed());
-    log(
-        &shared,
-        &conn,
-        &method,
-        &host,
-        &path,
-        code,
-        Some(&rule),
-        &backend,
-    );
+        .record(Some(&rule.route), key, code, start.elapsed());
+    log(&conn, logged, &host, code, Some(rule), key);
     Ok(resp)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn log(
-    s: &Shared,
     c: &Conn,
-    method: &http::Method,
+    logged: Option<(http::Method, String)>,
     host: &str,
-    path: &str,
     code: u16,
     rule: Option<&Rule>,
-    backend: &str,
+    backend: Option<&crate::model::BackendKey>,
 ) {
-    if s.access_log {
+    if let Some((method, path)) = logged {
         let route = rule
             .map(|r| r.route.to_string())
             .unwrap_or_else(|| "-".into());
+        let backend = backend.map(|b| b.to_string()).unwrap_or_default();
         tracing::info!(target: "podnet::access", client = %c.remote, port = c.port, %method, host, path, code, route, backend);
     }
 }
@@ -148,14 +136,17 @@ fn redirect(
     resp
 }
 
-/// Picks a backend by weight; None when every weight is 0.
-fn pick(rule: &Rule) -> Option<&Backend> {
+/// Picks a backend (its index) by weight; None when every weight is 0.
+fn pick(rule: &Rule) -> Option<usize> {
+    if let [only] = rule.backends.as_slice() {
+        return (only.weight > 0).then_some(0);
+    }
     let total = rule.total_weight();
     if total == 0 {
         return None;
     }
     let mut at = next_random() % total;
-    rule.backends.iter().find(|b| {
+    rule.backends.iter().position(|b| {
         let hit = at < u64::from(b.weight);
         at = at.saturating_sub(u64::from(b.weight));
         hit
@@ -202,32 +193,33 @@ fn is_upgrade(h: &HeaderMap) -> bool {
         })
 }
 
-/// Forwards to a backend of `rule`; returns the response and the backend
-/// that gave it.
+/// Forwards to a backend of `rule`; returns the response and the index
+/// of the backend that gave it.
 async fn proxy(
     shared: &Shared,
     conn: &Conn,
     rule: &Rule,
     m: &Match,
-    host: String,
+    host: &str,
     mut req: Request<Incoming>,
-) -> (Response<Body>, String) {
-    let Some(b) = pick(rule) else {
+) -> (Response<Body>, Option<usize>) {
+    let Some(bi) = pick(rule) else {
         return (
             status(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "every backend has weight 0",
             ),
-            String::new(),
+            None,
         );
     };
+    let b = &rule.backends[bi];
     let Some(key) = &b.key else {
         return (
             status(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the route's backend reference is invalid",
             ),
-            String::new(),
+            Some(bi),
         );
     };
     let eps = shared
@@ -239,16 +231,16 @@ async fn proxy(
     if eps.addrs.is_empty() {
         return (
             status(StatusCode::SERVICE_UNAVAILABLE, "no ready endpoint"),
-            key.to_string(),
+            Some(bi),
         );
     }
     let upgrading = is_upgrade(req.headers()) && req.version() == http::Version::HTTP_11;
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    edit_request(&mut parts, conn, rule, b, m, &host, upgrading);
+    edit_request(&mut parts, conn, rule, b, m, host, upgrading);
     let replayable = body.is_end_stream();
     mirror(shared, rule, &parts, replayable);
-    let mut resp = match send(shared, rule, &eps, parts, body, replayable).await {
+    let mut resp = match send(rule, &eps, parts, body, replayable).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("{e}");
@@ -257,7 +249,7 @@ async fn proxy(
                 TryError::Connect(..) => StatusCode::SERVICE_UNAVAILABLE,
                 TryError::Request(..) => StatusCode::BAD_GATEWAY,
             };
-            return (status(code, &e.to_string()), key.to_string());
+            return (status(code, &e.to_string()), Some(bi));
         }
     };
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -272,7 +264,7 @@ async fn proxy(
     {
         filters::edit_headers(&mut rp.headers, e);
     }
-    (Response::from_parts(rp, stream(rb)), key.to_string())
+    (Response::from_parts(rp, stream(rb)), Some(bi))
 }
 
 fn edit_request(
@@ -338,7 +330,6 @@ fn edit_request(
 /// failure after sending is retried only as the route's retry allows,
 /// and only for a request without a body.
 async fn send(
-    shared: &Shared,
     rule: &Rule,
     eps: &BackendEndpoints,
     parts: http::request::Parts,
@@ -347,49 +338,59 @@ async fn send(
 ) -> Result<Response<Incoming>, TryError> {
     let retry = rule.retry.as_ref();
     let attempts = 1 + retry.map_or(0, |r| r.attempts) as usize;
+    // More than one try needs the request head again.
+    let again_possible = replayable && (attempts > 1 || eps.addrs.len() > 1);
+    let spare = again_possible.then(|| parts.clone());
+    let mut parts = Some(parts);
     let mut body = Some(stream(body));
     let mut connect_retry = true;
     let mut tried = 0;
     let start = next_random() as usize;
     loop {
-        let addr = eps.addrs[(start + tried) % eps.addrs.len()];
+        let i = (start + tried) % eps.addrs.len();
         tried += 1;
-        let mut req = Request::from_parts(
-            parts.clone(),
-            body.take().unwrap_or_else(|| full(Vec::new())),
-        );
-        if let Ok(u) = Uri::builder()
-            .scheme("http")
-            .authority(addr.to_string())
-            .path_and_query(
-                parts
-                    .uri
-                    .path_and_query()
-                    .map(|p| p.as_str())
-                    .unwrap_or("/"),
-            )
-            .build()
-        {
-            *req.uri_mut() = u;
-        }
-        let res = shared
-            .clients
-            .send(addr, req, eps.h2c, rule.backend_timeout)
+        let mut head = match parts.take() {
+            Some(p) => p,
+            None => spare.clone().expect("a spare head when trying again"),
+        };
+        head.uri = backend_uri(&eps.authorities[i], &head.uri);
+        let req = Request::from_parts(head, body.take().unwrap_or_else(|| full(Vec::new())));
+        let res = forward::clients()
+            .send(eps.addrs[i], req, eps.h2c, rule.backend_timeout)
             .await;
         let again = tried < attempts && replayable;
         match res {
             Ok(r) if again && retry.is_some_and(|rt| rt.codes.contains(&r.status().as_u16())) => {}
             Ok(r) => return Ok(r),
-            Err(e) if e.before_sending() && replayable && connect_retry && eps.addrs.len() > 1 => {
+            Err(e)
+                if e.before_sending() && again_possible && connect_retry && eps.addrs.len() > 1 =>
+            {
                 connect_retry = false
             }
             Err(_) if again => {}
             Err(e) => return Err(e),
         }
+        if spare.is_none() {
+            // Nothing to send again with.
+            return Err(TryError::Request(eps.addrs[i], "no retry possible".into()));
+        }
         if let Some(b) = retry.and_then(|r| r.backoff) {
             tokio::time::sleep(b).await;
         }
     }
+}
+
+/// `http://ENDPOINT/path?query`, without parsing anything again.
+fn backend_uri(authority: &http::uri::Authority, uri: &Uri) -> Uri {
+    let mut p = http::uri::Parts::default();
+    p.scheme = Some(http::uri::Scheme::HTTP);
+    p.authority = Some(authority.clone());
+    p.path_and_query = Some(
+        uri.path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    Uri::from_parts(p).unwrap_or_else(|_| uri.clone())
 }
 
 /// Sends a copy of a bodiless request to each mirror (the share it asks
@@ -422,7 +423,7 @@ fn mirror(shared: &Shared, rule: &Rule, parts: &http::request::Parts, replayable
             continue;
         };
         *req.uri_mut() = u;
-        let clients = shared.clients.clone();
+        let clients = forward::clients();
         tokio::spawn(async move {
             let _ = clients
                 .send(addr, req, e.h2c, Some(std::time::Duration::from_secs(10)))

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::handle::{handle, Conn};
+use super::workers::Workers;
 use super::Shared;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,7 @@ pub type Binder = Arc<dyn Fn(u16) -> SocketAddr + Send + Sync>;
 /// The open ports, and the signal that tells their connections to finish.
 pub struct Ports {
     shared: Arc<Shared>,
+    workers: Workers,
     bind: Binder,
     open: BTreeMap<u16, (SocketAddr, watch::Sender<bool>)>,
     /// Closes every connection gracefully at shutdown.
@@ -39,13 +41,18 @@ pub struct Ports {
 
 impl Ports {
     /// Ports bound on `address`.
-    pub fn new(shared: Arc<Shared>, address: IpAddr) -> Ports {
-        Ports::with_binder(shared, Arc::new(move |p| SocketAddr::new(address, p)))
+    pub fn new(shared: Arc<Shared>, workers: Workers, address: IpAddr) -> Ports {
+        Ports::with_binder(
+            shared,
+            workers,
+            Arc::new(move |p| SocketAddr::new(address, p)),
+        )
     }
 
-    pub fn with_binder(shared: Arc<Shared>, bind: Binder) -> Ports {
+    pub fn with_binder(shared: Arc<Shared>, workers: Workers, bind: Binder) -> Ports {
         Ports {
             shared,
+            workers,
             bind,
             open: BTreeMap::new(),
             draining: watch::channel(false).0,
@@ -78,24 +85,37 @@ impl Ports {
             .copied()
             .collect();
         for p in new {
-            let addr = (self.bind)(p);
-            match TcpListener::bind(addr).await {
-                Ok(l) => {
-                    let local = l.local_addr().unwrap_or(addr);
-                    let (tx, rx) = watch::channel(false);
-                    tokio::spawn(accept(
-                        l,
-                        p,
-                        self.shared.clone(),
-                        rx,
-                        self.draining.subscribe(),
-                    ));
-                    self.open.insert(p, (local, tx));
-                }
-                Err(err) => errs.push(BindError { addr, err }),
+            match self.open_port(p) {
+                Ok((local, tx)) => drop(self.open.insert(p, (local, tx))),
+                Err(e) => errs.push(e),
             }
         }
         errs
+    }
+
+    /// One `SO_REUSEPORT` socket per worker on the port's address (the
+    /// first binds the port, the others join it), each accepted on its
+    /// worker's thread.
+    fn open_port(&mut self, p: u16) -> Result<(SocketAddr, watch::Sender<bool>), BindError> {
+        let mut addr = (self.bind)(p);
+        let (tx, _) = watch::channel(false);
+        for h in self.workers.handles() {
+            let l = reuseport_listener(addr).map_err(|err| BindError { addr, err })?;
+            // Port 0 (tests): the others join the port the first got.
+            addr = l.local_addr().unwrap_or(addr);
+            let (shared, stop, drain) = (
+                self.shared.clone(),
+                tx.subscribe(),
+                self.draining.subscribe(),
+            );
+            h.spawn(async move {
+                match TcpListener::from_std(l) {
+                    Ok(l) => accept(l, p, shared, stop, drain).await,
+                    Err(e) => tracing::warn!(port = p, "listening: {e}"),
+                }
+            });
+        }
+        Ok((addr, tx))
     }
 
     /// Stops accepting everywhere and asks every connection to finish.
@@ -105,6 +125,18 @@ impl Ports {
         }
         let _ = self.draining.send(true);
     }
+}
+
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let s = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.bind(addr)?;
+    let l = s.listen(1024)?;
+    l.into_std()
 }
 
 async fn accept(

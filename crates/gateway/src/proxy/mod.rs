@@ -6,13 +6,15 @@
 //!
 //! Layout: [`listen`] ports and connections, [`handle`] one request,
 //! [`forward`] the backend side (pooled clients, retries, upgrades),
-//! [`filters`] pure request edits, [`stats`] counters.
+//! [`filters`] pure request edits, [`stats`] counters, [`workers`] the
+//! data plane's threads.
 
 pub mod filters;
 pub mod forward;
 pub mod handle;
 pub mod listen;
 pub mod stats;
+pub mod workers;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,7 +29,6 @@ pub struct Shared {
     pub endpoints: ArcSwap<Endpoints>,
     /// TLS server configs by port.
     pub tls: ArcSwap<HashMap<u16, Arc<rustls::ServerConfig>>>,
-    pub clients: forward::Clients,
     pub stats: stats::Stats,
     /// Log every request (target `podnet::access`).
     pub access_log: bool,
@@ -39,7 +40,6 @@ impl Shared {
             table: ArcSwap::from_pointee(Table::default()),
             endpoints: ArcSwap::from_pointee(Endpoints::default()),
             tls: ArcSwap::from_pointee(HashMap::new()),
-            clients: forward::Clients::new(),
             stats: stats::Stats::default(),
             access_log,
         })

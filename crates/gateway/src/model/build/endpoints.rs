@@ -60,8 +60,13 @@ fn one(
         false => ready,
     };
     let app = port.app_protocol.as_deref().unwrap_or("");
+    let authorities = addrs
+        .iter()
+        .filter_map(|a| a.to_string().parse().ok())
+        .collect();
     BackendEndpoints {
         addrs,
+        authorities,
         h2c: app == "kubernetes.io/h2c",
         websocket: matches!(app, "kubernetes.io/ws" | "kubernetes.io/wss"),
     }

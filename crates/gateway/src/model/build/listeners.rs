@@ -29,8 +29,11 @@ pub struct Open {
     pub from: From,
     /// Whether HTTPRoute is among its allowed kinds.
     pub takes_http_routes: bool,
-    /// Accepted (routes may attach).
-    pub usable: bool,
+    /// Accepted and in no conflict: routes attach (and count), even
+    /// while its references are unresolved.
+    pub attachable: bool,
+    /// Programmed: traffic is served.
+    pub serving: bool,
     pub state: ListenerState,
 }
 
@@ -76,9 +79,15 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
             continue;
         }
         let listeners = listeners_of(w, k, g, b);
-        let accepted = match listeners.iter().any(|l| l.usable) {
-            true => Verdict::yes("Accepted"),
-            false => Verdict::no("ListenersNotValid", "no listener is valid"),
+        let valid = listeners.iter().filter(|l| l.attachable).count();
+        let accepted = match (valid, listeners.len() - valid) {
+            (0, _) => Verdict::no("ListenersNotValid", "no listener is valid"),
+            (_, 0) => Verdict::yes("Accepted"),
+            (_, bad) => Verdict {
+                ok: true,
+                reason: "ListenersNotValid",
+                message: format!("{bad} listener(s) are not valid; see their conditions"),
+            },
         };
         out.insert(
             k.clone(),
@@ -99,10 +108,10 @@ fn listeners_of(w: &World, k: &Key, g: &Gateway, b: &mut Built) -> Vec<Open> {
         let (mut o, certs) = judge_listener(w, k, l);
         conflicts(&mut o, l, &g.spec.listeners);
         if o.state.conflicted.as_ref().is_some_and(|c| c.ok) {
-            o.usable = false;
+            (o.attachable, o.serving) = (false, false);
             o.state.programmed = Verdict::no("Invalid", "the listener conflicts with another");
         }
-        if o.usable {
+        if o.serving {
             let t = b.table.ports.entry(o.port).or_default();
             t.tls |= l.protocol == "HTTPS";
             t.certs.extend(certs);
@@ -144,6 +153,7 @@ fn judge_listener(w: &World, k: &Key, l: &Listener) -> (Open, Vec<Certificate>) 
     let (kinds, kinds_ok) = route_kinds(l);
     let mut state = ListenerState {
         name: l.name.clone(),
+        port: u16::try_from(l.port).unwrap_or(0),
         accepted: Verdict::yes("Accepted"),
         resolved_refs: Verdict::yes("ResolvedRefs"),
         conflicted: None,
@@ -168,14 +178,17 @@ fn judge_listener(w: &World, k: &Key, l: &Listener) -> (Open, Vec<Certificate>) 
                 "UnsupportedProtocol",
                 format!("{p} is not served (HTTP and HTTPS are)"),
             );
+            // No route kind can attach to a protocol not served.
+            state.supported_kinds.clear();
         }
     }
     if !state.accepted.ok || !state.resolved_refs.ok {
         state.programmed = Verdict::no("Invalid", "see the other conditions");
     }
-    let usable = state.accepted.ok && state.programmed.ok;
+    let attachable = state.accepted.ok;
+    let serving = state.accepted.ok && state.programmed.ok;
     let from = from_of(l);
-    let takes_http_routes = kinds.iter().any(|k| k == "HTTPRoute");
+    let takes_http_routes = state.supported_kinds.iter().any(|k| k == "HTTPRoute");
     (
         Open {
             name: l.name.clone(),
@@ -183,7 +196,8 @@ fn judge_listener(w: &World, k: &Key, l: &Listener) -> (Open, Vec<Certificate>) 
             host,
             from,
             takes_http_routes,
-            usable,
+            attachable,
+            serving,
             state,
         },
         certs,

@@ -72,6 +72,7 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerState {
     pub name: String,
+    pub port: u16,
     pub accepted: Verdict,
     pub resolved_refs: Verdict,
     pub conflicted: Option<Verdict>,
@@ -107,6 +108,23 @@ pub struct Statuses {
     pub routes: BTreeMap<Key, (Option<i64>, Vec<ParentState>)>,
     /// Our Ingresses.
     pub ingresses: BTreeSet<Key>,
+}
+
+impl Statuses {
+    /// Marks the listeners on `port` not programmed: the data plane could
+    /// not bind it (`why`); a Gateway left with no programmed listener
+    /// is not programmed either.
+    pub fn port_unavailable(&mut self, port: u16, why: &str) {
+        for g in self.gateways.values_mut() {
+            for l in g.listeners.iter_mut().filter(|l| l.port == port) {
+                l.programmed =
+                    Verdict::no("Pending", format!("port {port} cannot be bound: {why}"));
+            }
+            if g.programmed.ok && !g.listeners.iter().any(|l| l.programmed.ok) {
+                g.programmed = Verdict::no("Pending", "no listener's port could be bound");
+            }
+        }
+    }
 }
 
 /// The compiled state.

@@ -78,7 +78,9 @@ fn attach_to(
     let mut allowed = 0;
     let mut attached = 0;
     for l in named {
-        if !l.usable || !l.takes_http_routes || !namespace_allowed(w, &l.from, &gw.namespace, &k.0)
+        if !l.attachable
+            || !l.takes_http_routes
+            || !namespace_allowed(w, &l.from, &gw.namespace, &k.0)
         {
             continue;
         }
@@ -89,6 +91,9 @@ fn attach_to(
         }
         attached += 1;
         l.state.attached_routes += 1;
+        if !l.serving {
+            continue;
+        }
         let t = b.table.ports.entry(l.port).or_default();
         for h in &hosts {
             let list = t.hosts.entry(h);

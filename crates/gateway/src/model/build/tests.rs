@@ -241,8 +241,56 @@ fn gateways_of_other_classes_and_bad_listeners_are_judged() {
         "HostnameConflict"
     );
     assert_eq!(g.listeners[3].resolved_refs.reason, "InvalidCertificateRef");
-    assert!(!g.accepted.ok, "no listener is valid");
+    assert!(
+        g.listeners[0].supported_kinds.is_empty(),
+        "nothing attaches to a protocol not served"
+    );
+    // The HTTPS listener is valid (its certificate is not resolved, but
+    // routes may attach to it), so the Gateway is accepted, with the reason
+    // that some listeners are not.
+    assert_eq!(
+        (g.accepted.ok, g.accepted.reason),
+        (true, "ListenersNotValid")
+    );
+    assert!(!g.programmed.ok, "no listener serves");
     assert!(b.table.ports.is_empty());
+}
+
+/// A route attaches to (and counts on) a listener whose certificate is
+/// missing, but no traffic is served there (conformance:
+/// GatewayWithAttachedRoutes).
+#[test]
+fn routes_count_on_a_listener_with_unresolved_references() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "x",
+            "gw",
+            json!([{"name": "tls", "port": 443, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "does-not-exist"}]}}]),
+        ),
+        service("x", "web"),
+        route(
+            "x",
+            "r",
+            json!({"parentRefs": [{"name": "gw", "sectionName": "tls"}], "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
+    assert_eq!(g.listeners[0].attached_routes, 1);
+    assert_eq!(
+        (
+            g.listeners[0].resolved_refs.ok,
+            g.listeners[0].programmed.ok
+        ),
+        (false, false)
+    );
+    assert!(
+        b.statuses.routes[&("x".to_string(), "r".to_string())].1[0]
+            .accepted
+            .ok
+    );
+    assert!(served(&b, 443, "any", "/").is_none());
 }
 
 #[test]
@@ -272,4 +320,31 @@ fn ingresses_route_by_host_and_path_with_a_default_backend() {
         "another class's Ingress is not ours"
     );
     assert_eq!(b.statuses.ingresses.len(), 1);
+}
+
+/// A port the data plane could not bind leaves its listeners, and a
+/// Gateway with no other, not programmed.
+#[test]
+fn an_unbound_port_is_not_programmed() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "x",
+            "gw",
+            json!([{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "b", "port": 81, "protocol": "HTTP"}]),
+        ),
+    ]);
+    let mut b = build(&w, &Config::default());
+    b.statuses.port_unavailable(80, "Permission denied");
+    let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
+    let p: Vec<(bool, &str)> = g
+        .listeners
+        .iter()
+        .map(|l| (l.programmed.ok, l.programmed.reason))
+        .collect();
+    assert_eq!(p, [(false, "Pending"), (true, "Programmed")]);
+    assert!(g.programmed.ok, "one listener still serves");
+    b.statuses.port_unavailable(81, "in use");
+    let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
+    assert_eq!((g.programmed.ok, g.programmed.reason), (false, "Pending"));
 }
