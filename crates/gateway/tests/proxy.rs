@@ -326,11 +326,11 @@ async fn tls_by_sni_http2_h2c_and_websocket() {
 
     // Each name gets its own certificate; a client that trusts only one
     // fails on the other.
-    let t = tls_connect(g.at(443), "two.example", &[root2.clone()])
+    let t = tls_connect(g.at(443), "two.example", std::slice::from_ref(&root2))
         .await
         .unwrap();
     assert_eq!(t.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
-    let err = tls_connect(g.at(443), "two.example", &[root1.clone()])
+    let err = tls_connect(g.at(443), "two.example", std::slice::from_ref(&root1))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("certificate"), "{err}");
@@ -452,5 +452,15 @@ async fn a_table_swap_keeps_requests_in_flight() {
         StatusCode::NOT_FOUND,
         "new requests see the new table"
     );
-    let _ = g.shared.stats.flush(&podnet_daemon::Metrics::new());
+    // Both answers are counted: the 200 on the route, the 404 on none.
+    let m = podnet_daemon::Metrics::new();
+    g.shared.stats.flush(&m);
+    let text = m.render();
+    for want in [
+        "podnet_gateway_requests_total{route=\"HTTPRoute/app/r0/0\",code=\"2xx\"} 1",
+        "podnet_gateway_requests_total{route=\"none///0\",code=\"4xx\"} 1",
+        "podnet_gateway_backend_requests_total{backend=\"app/slow:8080\",code=\"2xx\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} in\n{text}");
+    }
 }
