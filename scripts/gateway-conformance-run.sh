@@ -16,6 +16,8 @@
 #   env:     GWC_TIMEOUTS (the suite's -timeout-config-overrides;
 #              default NamespacesMustBeReady:600, since 23 pods start on a
 #              shared machine)
+#            GWC_POOL (the Gateways' addresses; default
+#              192.168.200.200-192.168.200.239, on the lab's underlay)
 #            GWC_OUT (default /tmp/podnet-gateway-conformance/<time>/)
 #
 # Steps: the suite and its images (scripts/gateway-conformance.sh, cached),
@@ -41,6 +43,7 @@ set -euo pipefail
 main() {
     cd "$(dirname "$0")/.."
     usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2; }
+    GWC_POOL=${GWC_POOL:-192.168.200.200-192.168.200.239}
     NODES=2; KEEP=0; BIN=""; RUN_TEST=""; DEBUG=0
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -141,11 +144,18 @@ main() {
     GW_NODE=$("$KUBECTL" get nodes -o jsonpath='{.items[0].metadata.name}')
     "$KUBECTL" label node "$GW_NODE" podnet.io/gateway=true --overwrite >&2
     say "kubectl apply -f deploy/podnet.yaml (API at $api, gateway on $GW_NODE) ..."
-    sed -e "s|^  # kubernetesServiceHost: .*|  kubernetesServiceHost: \"${api%:*}\"|" \
+    # Each Gateway an address of its own (the suite's Gateways share port
+    # 80), from the underlay's top addresses, which no node uses; the
+    # gateway then needs NET_ADMIN to put them on its node's loopback.
+    sed -e "s|^  # gatewayAddressPool: .*|  gatewayAddressPool: \"$GWC_POOL\"|" \
+        -e "/With gatewayAddressPool set/,/add:/ s|add: \[NET_BIND_SERVICE\]|add: [NET_BIND_SERVICE, NET_ADMIN]|" \
+        -e "s|^  # kubernetesServiceHost: .*|  kubernetesServiceHost: \"${api%:*}\"|" \
         -e "s|^  # kubernetesServicePort: .*|  kubernetesServicePort: \"${api#*:}\"|" \
         deploy/podnet.yaml >"$OUT/podnet.yaml"
     grep -q "kubernetesServiceHost: \"${api%:*}\"" "$OUT/podnet.yaml" ||
         { say "ERROR: deploy/podnet.yaml has no kubernetesServiceHost line to set"; exit 1; }
+    grep -q "gatewayAddressPool: \"$GWC_POOL\"" "$OUT/podnet.yaml" && [ "$(grep -c 'NET_BIND_SERVICE, NET_ADMIN\]' "$OUT/podnet.yaml")" = 1 ] ||
+        { say "ERROR: could not set gatewayAddressPool and NET_ADMIN in deploy/podnet.yaml"; exit 1; }
     grep -q 'name: podnet-gateway' "$OUT/podnet.yaml" ||
         { say "ERROR: deploy/podnet.yaml has no podnet-gateway Deployment"; exit 1; }
     "$KUBECTL" apply -f "$OUT/podnet.yaml" >&2

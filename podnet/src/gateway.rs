@@ -37,6 +37,13 @@ pub struct GatewayArgs {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "127.0.0.1:10290")]
     metrics_addr: String,
+    /// Give each Gateway an address of its own from these (`first-last`
+    /// or CIDRs, comma-separated), put on this node's loopback so the node
+    /// answers for it (needs CAP_NET_ADMIN): Gateways listening on one port
+    /// then keep their routes apart. Without it every Gateway is served on
+    /// --address and shows --status-address.
+    #[arg(long, env = "PODNET_GATEWAY_ADDRESS_POOL")]
+    address_pool: Option<String>,
     /// Data-plane threads, each serving its share of the connections on
     /// every port (0: one per CPU).
     #[arg(long, default_value_t = 0)]
@@ -71,6 +78,13 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
             ingress_class: a.ingress_class,
             ingress_http_port: a.ingress_http_port,
             ingress_https_port: a.ingress_https_port,
+            pool: match &a.address_pool {
+                Some(p) => Some(
+                    podnet_gateway::model::addresses::Pool::parse(p)
+                        .map_err(|e| anyhow::anyhow!("--address-pool {p:?}: {e}"))?,
+                ),
+                None => None,
+            },
             ..Default::default()
         },
         address: a.address,

@@ -9,10 +9,12 @@
 //!   statuses are made of; endpoints resolved apart from routes.
 //! - [`status`]: pure. Verdicts → the conditions the specs define.
 //! - [`tls`]: certificates from Secrets, picked by SNI.
+//! - [`local`]: the Gateways' own addresses on this node's loopback.
 //! - [`proxy`]: the data plane: ports, connections, one request's path.
 //! - [`run`]: the loop that feeds the model from the object source, swaps
 //!   tables in and writes statuses through an injected [`write`]r.
 
+pub mod local;
 pub mod model;
 pub mod proxy;
 pub mod run;

@@ -109,7 +109,7 @@ async fn rebuild(
 ) -> (BTreeSet<crate::model::BackendKey>, bool) {
     let t0 = Instant::now();
     let mut built = build::build(world, &opts.config);
-    let want: BTreeSet<u16> = built.table.ports.keys().copied().collect();
+    let want: BTreeSet<crate::model::Bind> = built.table.ports.keys().copied().collect();
     shared.set_table(built.table);
     metrics.sample(&BUILD_SECONDS, "", t0.elapsed().as_secs_f64());
     metrics.gauge(
@@ -117,12 +117,25 @@ async fn rebuild(
         "",
         (built.statuses.routes.len() + built.statuses.ingresses.len()) as f64,
     );
+    if let Some(pool) = &opts.config.pool {
+        let own = built
+            .statuses
+            .gateways
+            .values()
+            .filter_map(|g| g.address)
+            .collect();
+        match crate::local::sync(pool, &own) {
+            Ok(c) if c.added.is_empty() && c.removed.is_empty() => {}
+            Ok(c) => {
+                tracing::info!(added = ?c.added, removed = ?c.removed, "Gateway addresses on lo")
+            }
+            Err(e) => tracing::warn!("putting the Gateways' addresses on lo: {e}"),
+        }
+    }
     let unbound = ports.reconcile(&want).await;
     for e in &unbound {
         tracing::warn!("{e}");
-        built
-            .statuses
-            .port_unavailable(e.addr.port(), &e.err.to_string());
+        built.statuses.port_unavailable(e.bind, &e.err.to_string());
     }
     let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
     let changed = write::changed(

@@ -119,7 +119,7 @@ impl Gw {
 
     async fn serve(&mut self, w: &World) {
         let b = build::build(w, &Config::default());
-        let want: BTreeSet<u16> = b.table.ports.keys().copied().collect();
+        let want: BTreeSet<podnet_gateway::model::Bind> = b.table.ports.keys().copied().collect();
         self.shared.set_table(b.table);
         self.shared
             .endpoints

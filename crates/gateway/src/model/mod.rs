@@ -10,6 +10,7 @@
 //! Layout: [`hosts`] host patterns and their table, [`matcher`] one
 //! match and precedence, [`build`] objects → table and statuses.
 
+pub mod addresses;
 pub mod build;
 pub mod hosts;
 pub mod matcher;
@@ -168,10 +169,34 @@ pub struct PortTable {
     pub certs: Vec<Certificate>,
 }
 
+/// Where a port table is served: a port on the gateway's own address
+/// (`ip` None: every Gateway without an address of its own, and
+/// Ingresses), or on one Gateway's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Bind {
+    pub ip: Option<std::net::IpAddr>,
+    pub port: u16,
+}
+
+impl From<u16> for Bind {
+    fn from(port: u16) -> Bind {
+        Bind { ip: None, port }
+    }
+}
+
+impl std::fmt::Display for Bind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.ip {
+            Some(ip) => write!(f, "{}", std::net::SocketAddr::new(ip, self.port)),
+            None => write!(f, "*:{}", self.port),
+        }
+    }
+}
+
 /// The whole routing state.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
-    pub ports: BTreeMap<u16, PortTable>,
+    pub ports: BTreeMap<Bind, PortTable>,
 }
 
 /// The outcome of a lookup.
@@ -181,10 +206,15 @@ pub struct Found<'a> {
 }
 
 impl Table {
-    /// The rule a request on `port` for `host` takes: the most specific
+    /// The rule a request on `bind` for `host` takes: the most specific
     /// host pattern's entries, first match in precedence order.
-    pub fn route<'a>(&'a self, port: u16, host: &str, r: &Request) -> Option<Found<'a>> {
-        let entries = self.ports.get(&port)?.hosts.get(host)?;
+    pub fn route<'a>(
+        &'a self,
+        bind: impl Into<Bind>,
+        host: &str,
+        r: &Request,
+    ) -> Option<Found<'a>> {
+        let entries = self.ports.get(&bind.into())?.hosts.get(host)?;
         entries.iter().find(|e| e.m.matches(r)).map(|e| Found {
             rule: &e.rule,
             m: &e.m,

@@ -22,8 +22,8 @@ use crate::model::{Backend, BackendEndpoints, Rule};
 
 /// The connection a request came on.
 pub struct Conn {
-    /// The port the listener serves (the table's key).
-    pub port: u16,
+    /// What the listener serves (the table's key).
+    pub bind: crate::model::Bind,
     pub scheme: &'static str,
     pub remote: SocketAddr,
 }
@@ -61,7 +61,7 @@ pub async fn handle(
         .access_log
         .then(|| (req.method().clone(), req.uri().path().to_string()));
     let found = table.route(
-        conn.port,
+        conn.bind,
         &host,
         &Req {
             method: req.method(),
@@ -111,7 +111,7 @@ fn log(
             .map(|r| r.route.to_string())
             .unwrap_or_else(|| "-".into());
         let backend = backend.map(|b| b.to_string()).unwrap_or_default();
-        tracing::info!(target: "podnet::access", client = %c.remote, port = c.port, %method, host, path, code, route, backend);
+        tracing::info!(target: "podnet::access", client = %c.remote, bind = %c.bind, %method, host, path, code, route, backend);
     }
 }
 
@@ -127,7 +127,7 @@ fn redirect(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let loc = filters::location(r, conn.scheme, host, conn.port, &pq, m);
+    let loc = filters::location(r, conn.scheme, host, conn.bind.port, &pq, m);
     let mut resp = Response::new(full(Vec::new()));
     *resp.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FOUND);
     if let Ok(v) = HeaderValue::try_from(loc) {

@@ -17,24 +17,26 @@ use tokio::sync::watch;
 use super::handle::{handle, Conn};
 use super::workers::Workers;
 use super::Shared;
+use crate::model::Bind;
 
 #[derive(Debug, thiserror::Error)]
 #[error("binding {addr}: {err}")]
 pub struct BindError {
+    pub bind: Bind,
     pub addr: SocketAddr,
     pub err: std::io::Error,
 }
 
 /// Where a table port is bound (the production binder is the port on
 /// one address; tests bind port 0 and ask [`Ports::local`]).
-pub type Binder = Arc<dyn Fn(u16) -> SocketAddr + Send + Sync>;
+pub type Binder = Arc<dyn Fn(Bind) -> SocketAddr + Send + Sync>;
 
 /// The open ports, and the signal that tells their connections to finish.
 pub struct Ports {
     shared: Arc<Shared>,
     workers: Workers,
     bind: Binder,
-    open: BTreeMap<u16, (SocketAddr, watch::Sender<bool>)>,
+    open: BTreeMap<Bind, (SocketAddr, watch::Sender<bool>)>,
     /// Closes every connection gracefully at shutdown.
     draining: watch::Sender<bool>,
 }
@@ -45,7 +47,7 @@ impl Ports {
         Ports::with_binder(
             shared,
             workers,
-            Arc::new(move |p| SocketAddr::new(address, p)),
+            Arc::new(move |b: Bind| SocketAddr::new(b.ip.unwrap_or(address), b.port)),
         )
     }
 
@@ -60,14 +62,14 @@ impl Ports {
     }
 
     /// The address a table port is bound at.
-    pub fn local(&self, port: u16) -> Option<SocketAddr> {
-        self.open.get(&port).map(|(a, _)| *a)
+    pub fn local(&self, bind: impl Into<Bind>) -> Option<SocketAddr> {
+        self.open.get(&bind.into()).map(|(a, _)| *a)
     }
 
     /// Opens the ports `want` has and closes the others; a port that
     /// cannot be bound is returned, the rest proceed.
-    pub async fn reconcile(&mut self, want: &BTreeSet<u16>) -> Vec<BindError> {
-        let gone: Vec<u16> = self
+    pub async fn reconcile(&mut self, want: &BTreeSet<Bind>) -> Vec<BindError> {
+        let gone: Vec<Bind> = self
             .open
             .keys()
             .filter(|p| !want.contains(p))
@@ -79,7 +81,7 @@ impl Ports {
             }
         }
         let mut errs = Vec::new();
-        let new: Vec<u16> = want
+        let new: Vec<Bind> = want
             .iter()
             .filter(|p| !self.open.contains_key(p))
             .copied()
@@ -96,11 +98,11 @@ impl Ports {
     /// One `SO_REUSEPORT` socket per worker on the port's address (the
     /// first binds the port, the others join it), each accepted on its
     /// worker's thread.
-    fn open_port(&mut self, p: u16) -> Result<(SocketAddr, watch::Sender<bool>), BindError> {
+    fn open_port(&mut self, p: Bind) -> Result<(SocketAddr, watch::Sender<bool>), BindError> {
         let mut addr = (self.bind)(p);
         let (tx, _) = watch::channel(false);
         for h in self.workers.handles() {
-            let l = reuseport_listener(addr).map_err(|err| BindError { addr, err })?;
+            let l = reuseport_listener(addr).map_err(|err| BindError { bind: p, addr, err })?;
             // Port 0 (tests): the others join the port the first got.
             addr = l.local_addr().unwrap_or(addr);
             let (shared, stop, drain) = (
@@ -111,7 +113,7 @@ impl Ports {
             h.spawn(async move {
                 match TcpListener::from_std(l) {
                     Ok(l) => accept(l, p, shared, stop, drain).await,
-                    Err(e) => tracing::warn!(port = p, "listening: {e}"),
+                    Err(e) => tracing::warn!(bind = %p, "listening: {e}"),
                 }
             });
         }
@@ -141,7 +143,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 
 async fn accept(
     l: TcpListener,
-    port: u16,
+    bind: Bind,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     draining: watch::Receiver<bool>,
@@ -152,10 +154,10 @@ async fn accept(
             r = l.accept() => match r {
                 Ok((s, remote)) => {
                     let _ = s.set_nodelay(true);
-                    tokio::spawn(connection(s, remote, port, shared.clone(), draining.clone()));
+                    tokio::spawn(connection(s, remote, bind, shared.clone(), draining.clone()));
                 }
                 Err(e) => {
-                    tracing::warn!(port, "accept: {e}");
+                    tracing::warn!(%bind, "accept: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             },
@@ -166,14 +168,14 @@ async fn accept(
 async fn connection(
     s: TcpStream,
     remote: SocketAddr,
-    port: u16,
+    bind: Bind,
     shared: Arc<Shared>,
     draining: watch::Receiver<bool>,
 ) {
-    let tls = shared.tls.load().get(&port).cloned();
+    let tls = shared.tls.load().get(&bind).cloned();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let conn = Arc::new(Conn {
-        port,
+        bind,
         scheme,
         remote,
     });
@@ -184,7 +186,7 @@ async fn connection(
     match tls {
         Some(cfg) => match tokio_rustls::TlsAcceptor::from(cfg).accept(s).await {
             Ok(t) => serve(TokioIo::new(t), svc, draining).await,
-            Err(e) => tracing::debug!(%remote, port, "TLS handshake: {e}"),
+            Err(e) => tracing::debug!(%remote, %bind, "TLS handshake: {e}"),
         },
         None => serve(TokioIo::new(s), svc, draining).await,
     }

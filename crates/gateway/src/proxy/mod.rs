@@ -28,7 +28,7 @@ pub struct Shared {
     pub table: ArcSwap<Table>,
     pub endpoints: ArcSwap<Endpoints>,
     /// TLS server configs by port.
-    pub tls: ArcSwap<HashMap<u16, Arc<rustls::ServerConfig>>>,
+    pub tls: ArcSwap<HashMap<crate::model::Bind, Arc<rustls::ServerConfig>>>,
     pub stats: stats::Stats,
     /// Log every request (target `podnet::access`).
     pub access_log: bool,

@@ -120,7 +120,11 @@ fn one(w: &World, cfg: &Config, k: &Key, i: &Ingress, b: &mut Built) {
             .and_then(|s| w.secrets.get(&(k.0.clone(), s.to_string())))
             .and_then(super::listeners::tls_pair);
         if let Some((chain_pem, key_pem)) = pair {
-            let t = b.table.ports.entry(cfg.ingress_https_port).or_default();
+            let t = b
+                .table
+                .ports
+                .entry(cfg.ingress_https_port.into())
+                .or_default();
             t.tls = true;
             t.certs.push(Certificate {
                 host,
@@ -138,13 +142,17 @@ fn place(cfg: &Config, tls_hosts: &[(Host, Option<&str>)], host: &Host, e: Entry
         .iter()
         .any(|(h, _)| h == host || (*host == Host::Any))
     {
-        let t = b.table.ports.entry(cfg.ingress_https_port).or_default();
+        let t = b
+            .table
+            .ports
+            .entry(cfg.ingress_https_port.into())
+            .or_default();
         t.tls = true;
         t.hosts.entry(host).push(e.clone());
     }
     b.table
         .ports
-        .entry(cfg.ingress_http_port)
+        .entry(cfg.ingress_http_port.into())
         .or_default()
         .hosts
         .entry(host)

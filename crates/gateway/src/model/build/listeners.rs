@@ -10,7 +10,7 @@ use podnet_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{Built, Config, GatewayState, Key, ListenerState, Verdict, World};
 use crate::model::hosts::Host;
-use crate::model::Certificate;
+use crate::model::{Bind, Certificate};
 
 /// Which namespaces' routes a listener takes.
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ pub enum From {
 #[derive(Debug, Clone)]
 pub struct Open {
     pub name: String,
-    pub port: u16,
+    pub bind: Bind,
     pub host: Host,
     pub from: From,
     /// Whether HTTPRoute is among its allowed kinds.
@@ -41,6 +41,8 @@ pub struct Open {
 #[derive(Debug, Clone)]
 pub struct Gw {
     pub namespace: String,
+    /// Its own address, when the gateway has a pool.
+    pub address: Option<std::net::IpAddr>,
     pub generation: Option<i64>,
     pub listeners: Vec<Open>,
     pub accepted: Verdict,
@@ -55,6 +57,7 @@ impl Gw {
             (false, _) => Verdict::no("Invalid", self.accepted.message.clone()),
         };
         GatewayState {
+            address: self.address,
             generation: self.generation,
             accepted: self.accepted,
             programmed,
@@ -73,12 +76,29 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
             );
         }
     }
+    let ours: std::collections::BTreeSet<Key> = w
+        .gateways
+        .iter()
+        .filter(|(_, g)| b.statuses.classes.contains_key(&g.spec.gateway_class_name))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let assigned = match &cfg.pool {
+        Some(p) => crate::model::addresses::assign(&w.gateways, &ours, p),
+        None => BTreeMap::new(),
+    };
     let mut out = BTreeMap::new();
-    for (k, g) in &w.gateways {
-        if !b.statuses.classes.contains_key(&g.spec.gateway_class_name) {
-            continue;
+    for (k, g) in w.gateways.iter().filter(|(k, _)| ours.contains(*k)) {
+        let address = assigned.get(k).copied();
+        let mut listeners = listeners_of(w, k, g, address, b);
+        if cfg.pool.is_some() && address.is_none() {
+            for l in &mut listeners {
+                l.serving = false;
+                l.state.programmed = Verdict::no(
+                    "AddressNotAssigned",
+                    "the gateway's address pool is used up",
+                );
+            }
         }
-        let listeners = listeners_of(w, k, g, b);
         let valid = listeners.iter().filter(|l| l.attachable).count();
         let accepted = match (valid, listeners.len() - valid) {
             (0, _) => Verdict::no("ListenersNotValid", "no listener is valid"),
@@ -93,6 +113,7 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
             k.clone(),
             Gw {
                 namespace: k.0.clone(),
+                address,
                 generation: g.metadata.generation,
                 listeners,
                 accepted,
@@ -102,17 +123,23 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
     out
 }
 
-fn listeners_of(w: &World, k: &Key, g: &Gateway, b: &mut Built) -> Vec<Open> {
+fn listeners_of(
+    w: &World,
+    k: &Key,
+    g: &Gateway,
+    ip: Option<std::net::IpAddr>,
+    b: &mut Built,
+) -> Vec<Open> {
     let mut out: Vec<Open> = Vec::new();
     for l in &g.spec.listeners {
-        let (mut o, certs) = judge_listener(w, k, l);
+        let (mut o, certs) = judge_listener(w, k, l, ip);
         conflicts(&mut o, l, &g.spec.listeners);
         if o.state.conflicted.as_ref().is_some_and(|c| c.ok) {
             (o.attachable, o.serving) = (false, false);
             o.state.programmed = Verdict::no("Invalid", "the listener conflicts with another");
         }
         if o.serving {
-            let t = b.table.ports.entry(o.port).or_default();
+            let t = b.table.ports.entry(o.bind).or_default();
             t.tls |= l.protocol == "HTTPS";
             t.certs.extend(certs);
         }
@@ -149,7 +176,12 @@ fn conflicts(o: &mut Open, l: &Listener, all: &[Listener]) {
 }
 
 /// A listener's verdicts, and its certificates when it has them.
-fn judge_listener(w: &World, k: &Key, l: &Listener) -> (Open, Vec<Certificate>) {
+fn judge_listener(
+    w: &World,
+    k: &Key,
+    l: &Listener,
+    ip: Option<std::net::IpAddr>,
+) -> (Open, Vec<Certificate>) {
     let (kinds, kinds_ok) = route_kinds(l);
     let mut state = ListenerState {
         name: l.name.clone(),
@@ -192,7 +224,7 @@ fn judge_listener(w: &World, k: &Key, l: &Listener) -> (Open, Vec<Certificate>) 
     (
         Open {
             name: l.name.clone(),
-            port,
+            bind: Bind { ip, port },
             host,
             from,
             takes_http_routes,

@@ -29,6 +29,9 @@ pub struct Config {
     /// Where Ingresses are served: plain and TLS.
     pub ingress_http_port: u16,
     pub ingress_https_port: u16,
+    /// Addresses to give each Gateway one of its own (None: every Gateway
+    /// on the gateway's one address).
+    pub pool: Option<crate::model::addresses::Pool>,
 }
 
 impl Default for Config {
@@ -38,6 +41,7 @@ impl Default for Config {
             ingress_class: podnet_api::ingress::CLASS.into(),
             ingress_http_port: 80,
             ingress_https_port: 443,
+            pool: None,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct ListenerState {
 /// A Gateway's judged state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayState {
+    /// Its own address (from the pool).
+    pub address: Option<std::net::IpAddr>,
     pub generation: Option<i64>,
     pub accepted: Verdict,
     pub programmed: Verdict,
@@ -114,8 +120,10 @@ impl Statuses {
     /// Marks the listeners on `port` not programmed: the data plane could
     /// not bind it (`why`); a Gateway left with no programmed listener
     /// is not programmed either.
-    pub fn port_unavailable(&mut self, port: u16, why: &str) {
-        for g in self.gateways.values_mut() {
+    pub fn port_unavailable(&mut self, bind: impl Into<crate::model::Bind>, why: &str) {
+        let bind = bind.into();
+        let port = bind.port;
+        for g in self.gateways.values_mut().filter(|g| g.address == bind.ip) {
             for l in g.listeners.iter_mut().filter(|l| l.port == port) {
                 l.programmed =
                     Verdict::no("Pending", format!("port {port} cannot be bound: {why}"));

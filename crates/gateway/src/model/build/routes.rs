@@ -67,7 +67,7 @@ fn attach_to(
         .listeners
         .iter_mut()
         .filter(|l| p.section_name.as_ref().is_none_or(|s| *s == l.name))
-        .filter(|l| p.port.is_none_or(|port| i32::from(l.port) == port))
+        .filter(|l| p.port.is_none_or(|port| i32::from(l.bind.port) == port))
         .collect();
     if named.is_empty() {
         return Verdict::no(
@@ -94,7 +94,7 @@ fn attach_to(
         if !l.serving {
             continue;
         }
-        let t = b.table.ports.entry(l.port).or_default();
+        let t = b.table.ports.entry(l.bind).or_default();
         for h in &hosts {
             let list = t.hosts.entry(h);
             push_entries(list, k, r, rules);

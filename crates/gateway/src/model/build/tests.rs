@@ -36,7 +36,12 @@ fn route(ns: &str, name: &str, spec: Value) -> Value {
 
 /// The route name and backend service a GET of `host` `path` on `port`
 /// takes (None: 404).
-fn served(b: &Built, port: u16, host: &str, path: &str) -> Option<(String, Option<String>)> {
+fn served(
+    b: &Built,
+    port: impl Into<crate::model::Bind>,
+    host: &str,
+    path: &str,
+) -> Option<(String, Option<String>)> {
     let h = http::HeaderMap::new();
     let (p, q) = path
         .split_once('?')
@@ -347,4 +352,56 @@ fn an_unbound_port_is_not_programmed() {
     b.statuses.port_unavailable(81, "in use");
     let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
     assert_eq!((g.programmed.ok, g.programmed.reason), (false, "Pending"));
+}
+
+/// With an address pool, two Gateways on one port each get an address,
+/// and each address serves only its Gateway's routes (conformance:
+/// HTTPRouteMultipleGateways).
+#[test]
+fn gateways_on_one_port_keep_their_routes_apart_with_a_pool() {
+    let mut objs = vec![
+        class(),
+        gateway(
+            "x",
+            "a",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        ),
+        gateway(
+            "x",
+            "b",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        ),
+        service("x", "va"),
+        service("x", "vb"),
+    ];
+    for (r, gw, svc) in [("ra", "a", "va"), ("rb", "b", "vb")] {
+        objs.push(route("x", r, json!({"parentRefs": [{"name": gw}], "rules": [{"backendRefs": [{"name": svc, "port": 8080}]}]})));
+    }
+    let cfg = Config {
+        pool: Some(crate::model::addresses::Pool::parse("10.1.0.1-10.1.0.9").unwrap()),
+        ..Config::default()
+    };
+    let b = build(&world(objs), &cfg);
+    let addr = |g: &str| {
+        b.statuses.gateways[&("x".to_string(), g.to_string())]
+            .address
+            .unwrap()
+    };
+    assert_ne!(addr("a"), addr("b"));
+    let at = |g: &str| crate::model::Bind {
+        ip: Some(addr(g)),
+        port: 80,
+    };
+    assert_eq!(
+        served(&b, at("a"), "h", "/").unwrap().1.as_deref(),
+        Some("va")
+    );
+    assert_eq!(
+        served(&b, at("b"), "h", "/").unwrap().1.as_deref(),
+        Some("vb")
+    );
+    assert!(
+        served(&b, 80, "h", "/").is_none(),
+        "nothing on the shared address"
+    );
 }
