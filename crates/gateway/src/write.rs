@@ -43,7 +43,14 @@ pub fn changed(
     }
     for (k, g) in &s.gateways {
         let Some(o) = w.gateways.get(k) else { continue };
-        let new = status::gateway(o.status.as_ref(), g, addresses, now);
+        // A Gateway with an address of its own shows that one.
+        let own = g.address.map(|ip| vec![ip.to_string()]);
+        let new = status::gateway(
+            o.status.as_ref(),
+            g,
+            own.as_deref().unwrap_or(addresses),
+            now,
+        );
         if !status::unchanged(o.status.as_ref(), &new) {
             let mut o = o.clone();
             o.status = Some(new);
