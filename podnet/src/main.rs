@@ -12,6 +12,7 @@ mod kubectl;
 mod plugin_log;
 mod policy;
 mod trace;
+mod trace_http;
 mod ui;
 
 use clap::{Parser, Subcommand};
@@ -133,7 +134,9 @@ enum Cmd {
         /// node), or `outside` in a lab.
         src: String,
         /// DST:PORT[/tcp|/udp]: DST a pod (NS/POD), a Service (NS/NAME), a
-        /// node name (for a NodePort) or an address.
+        /// node name (for a NodePort) or an address. Or an http(s):// URL:
+        /// the route the L7 gateway would take for a GET of it (listener,
+        /// host, rule, filters, backends and their endpoints).
         dst: String,
         #[command(flatten)]
         at: TraceAt,

@@ -631,6 +631,9 @@ pub async fn run(target: &Target, src: &str, dst: &str, output: &str) -> Result<
     if !["text", "json"].contains(&output) {
         bail!("-o {output:?}: want text or json");
     }
+    if dst.starts_with("http://") || dst.starts_with("https://") {
+        return crate::trace_http::run(target, dst, output).await;
+    }
     let r = trace_and_print(target, src, dst, output).await;
     match &target.lab {
         None => r.map_err(|e| hint_lab(e, &labs_up())),

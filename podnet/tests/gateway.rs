@@ -213,6 +213,35 @@ fn ingress_and_gateway_in(kube: bool, tag: &str) {
         }
     });
     assert_eq!(lab.http(8000, "api.example", "/v2").map(|r| r.0), Some(404));
+    // `podnet trace` of a URL names the route, the filter and both pods.
+    let o = podnet(
+        &[
+            "trace",
+            "outside",
+            "http://api.example:8000/v1/x",
+            "--lab",
+            &lab.name,
+        ],
+        None,
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for want in [
+        "listener  Gateway default/gw listener http",
+        "route     HTTPRoute default/api rule 0, match: path PathPrefix /v1",
+        "filter    URLRewrite: matched prefix to /",
+    ] {
+        assert!(out.contains(want), "{want:?} in\n{out}");
+    }
+    let backend = out
+        .lines()
+        .find(|l| l.starts_with("backend"))
+        .unwrap_or_default();
+    assert_eq!(backend.matches(":8080").count(), 2, "both pods: {backend}");
     lab.eventually("the statuses", || {
         let gw = lab.get("gateway", "gw");
         let route = lab.get("httproute", "api");

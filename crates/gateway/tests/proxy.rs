@@ -464,3 +464,133 @@ async fn a_table_swap_keeps_requests_in_flight() {
         assert!(text.contains(want), "{want} in\n{text}");
     }
 }
+
+#[tokio::test]
+async fn ingress_tls_and_its_default_backend() {
+    let (a, b) = (echo("a").await, echo("b").await);
+    let (secret, root) = tls_secret("secure", "secure.example");
+    let ingress = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "i", "namespace": "app"},
+        "spec": {"ingressClassName": "podnet", "tls": [{"hosts": ["secure.example"], "secretName": "secure"}],
+                 "defaultBackend": {"service": {"name": "b", "port": {"number": 8080}}},
+                 "rules": [{"host": "secure.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "a", "port": {"number": 8080}}}}]}}]}});
+    let g = Gw::start(&objects(
+        &[("a", a, None), ("b", b, None)],
+        vec![ingress, secret],
+    ))
+    .await;
+    // HTTPS with the Secret's certificate, and plain HTTP, for the TLS host.
+    let t = tls_connect(g.at(443), "secure.example", std::slice::from_ref(&root))
+        .await
+        .unwrap();
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let r = tx
+        .send_request(
+            Request::builder()
+                .uri("/x")
+                .header("host", "secure.example")
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body: Value =
+        serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        (
+            body["backend"].as_str(),
+            body["headers"]["x-forwarded-proto"].as_str()
+        ),
+        (Some("a"), Some("https"))
+    );
+    assert_eq!(
+        get(g.at(80), "secure.example", "/x", &[]).await.2["backend"],
+        "a"
+    );
+    // Any other host: the default backend.
+    assert_eq!(
+        get(g.at(80), "other.example", "/", &[]).await.2["backend"],
+        "b"
+    );
+}
+
+/// Counts requests; answers 503 to the first `fail_first`, then 200.
+async fn counting(fail_first: usize) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n2 = n.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let n = n2.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| {
+                    let seen = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let code = if seen < fail_first { 503 } else { 200 };
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .status(code)
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, n)
+}
+
+#[tokio::test]
+async fn retries_where_the_route_allows_and_mirrors() {
+    let (flaky, tries) = counting(1).await;
+    let (strict, strict_tries) = counting(1).await;
+    let (mirror, mirrored) = counting(0).await;
+    let (a, _) = counting(0).await;
+    let objs = gateway_objects(
+        json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        vec![json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/retry"}}], "retry": {"codes": [503], "attempts": 2},
+             "backendRefs": [{"name": "flaky", "port": 8080}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/noretry"}}], "backendRefs": [{"name": "strict", "port": 8080}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/mirror"}}],
+             "filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "mirror", "port": 8080}}}],
+             "backendRefs": [{"name": "a", "port": 8080}]},
+        ]})],
+    );
+    let g = Gw::start(&objects(
+        &[
+            ("flaky", flaky, None),
+            ("strict", strict, None),
+            ("mirror", mirror, None),
+            ("a", a, None),
+        ],
+        objs,
+    ))
+    .await;
+    assert_eq!(
+        get(g.at(80), "x", "/retry", &[]).await.0,
+        StatusCode::OK,
+        "the 503 was retried"
+    );
+    assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        get(g.at(80), "x", "/noretry", &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no retry without the route's"
+    );
+    assert_eq!(strict_tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(get(g.at(80), "x", "/mirror", &[]).await.0, StatusCode::OK);
+    podnet_testkit::eventually(
+        "the mirrored copy",
+        std::time::Duration::from_secs(10),
+        || mirrored.load(std::sync::atomic::Ordering::SeqCst) == 1,
+    );
+}

@@ -132,6 +132,18 @@ impl<T: Default> HostMap<T> {
 }
 
 impl<T> HostMap<T> {
+    /// The most specific entry for a request's host, with the pattern
+    /// that chose it (for explaining a route).
+    pub fn get_with_pattern(&self, host: &str) -> Option<(Host, &T)> {
+        if let Some(t) = self.exact.get(host) {
+            return Some((Host::Exact(host.to_string()), t));
+        }
+        if let Some((w, t)) = self.wildcards.iter().find(|(w, _)| w.matches(host)) {
+            return Some((w.clone(), t));
+        }
+        self.any.as_ref().map(|t| (Host::Any, t))
+    }
+
     /// The most specific entry for a request's host (lowercase, no port).
     pub fn get(&self, host: &str) -> Option<&T> {
         if let Some(t) = self.exact.get(host) {

@@ -57,6 +57,32 @@ impl PathMatch {
     }
 }
 
+impl std::fmt::Display for PathMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PathMatch::Exact(p) => write!(f, "path Exact {p}"),
+            PathMatch::Prefix(p) => write!(f, "path PathPrefix {p}"),
+            PathMatch::Regex(r) => write!(f, "path RegularExpression {}", r.as_str()),
+        }
+    }
+}
+
+impl std::fmt::Display for Match {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path)?;
+        if let Some(m) = &self.method {
+            write!(f, ", method {m}")?;
+        }
+        for (n, _) in &self.headers {
+            write!(f, ", header {n}")?;
+        }
+        for (n, _) in &self.query {
+            write!(f, ", query {n}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A header or query value test.
 #[derive(Debug, Clone)]
 pub enum ValueMatch {

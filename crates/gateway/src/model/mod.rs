@@ -12,6 +12,7 @@
 
 pub mod addresses;
 pub mod build;
+pub mod explain;
 pub mod hosts;
 pub mod matcher;
 

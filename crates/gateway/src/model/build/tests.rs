@@ -405,3 +405,88 @@ fn gateways_on_one_port_keep_their_routes_apart_with_a_pool() {
         "nothing on the shared address"
     );
 }
+
+/// `podnet trace` of a URL: the route, the match, the backend and its
+/// endpoints, as the data plane would choose them.
+#[test]
+fn a_request_is_explained() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "app",
+            "gw",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        ),
+        service("app", "api"),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "api-1", "namespace": "app", "labels": {"kubernetes.io/service-name": "api"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 3000}], "endpoints": [{"addresses": ["10.244.1.5"]}]}),
+        route(
+            "app",
+            "api",
+            json!({"parentRefs": [{"name": "gw"}], "hostnames": ["api.example.com"],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                       "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}],
+                       "backendRefs": [{"name": "api", "port": 8080}]}]}),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    let eps = endpoints::resolve(&w, &b.backends);
+    let h = http::HeaderMap::new();
+    let req = |path| Request {
+        method: &http::Method::GET,
+        path,
+        query: None,
+        headers: &h,
+    };
+    let e = crate::model::explain::explain(
+        &b.table,
+        &b.statuses,
+        &eps,
+        80.into(),
+        "api.example.com",
+        &req("/v1/users"),
+        &[80, 443],
+    );
+    assert_eq!(e.listeners, ["Gateway app/gw listener http"]);
+    assert_eq!(e.route.as_deref(), Some("HTTPRoute app/api rule 0"));
+    assert_eq!(e.matched.as_deref(), Some("path PathPrefix /v1"));
+    assert_eq!(e.filters, ["URLRewrite: matched prefix to /"]);
+    assert_eq!(
+        e.backends,
+        [(
+            "app/api:8080".to_string(),
+            1,
+            vec!["10.244.1.5:3000".parse().unwrap()]
+        )]
+    );
+    let miss = crate::model::explain::explain(
+        &b.table,
+        &b.statuses,
+        &eps,
+        80.into(),
+        "api.example.com",
+        &req("/v2"),
+        &[80, 443],
+    );
+    assert_eq!(
+        (miss.route, miss.outcome.as_str()),
+        (
+            None,
+            "404: none of the 1 entries for api.example.com matches"
+        )
+    );
+    let closed = crate::model::explain::explain(
+        &b.table,
+        &b.statuses,
+        &eps,
+        81.into(),
+        "x",
+        &req("/"),
+        &[80, 443],
+    );
+    assert!(
+        closed.outcome.starts_with("connection refused"),
+        "{}",
+        closed.outcome
+    );
+}
