@@ -216,3 +216,30 @@ pub fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
     std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     Ok(p)
 }
+
+/// `n` backends on loopback answering "ok" to every request, keeping
+/// connections open (served on `rt`).
+pub fn ok_backends(rt: &tokio::runtime::Runtime, n: usize) -> Result<Vec<SocketAddr>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        out.push(l.local_addr()?);
+        rt.spawn(async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else { return };
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from_static(b"ok\n")),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+    }
+    Ok(out)
+}

@@ -43,32 +43,6 @@ struct Args {
     memory_routes: usize,
 }
 
-/// Serves "ok" to every request, keeping connections open.
-fn backends(rt: &tokio::runtime::Runtime) -> Result<Vec<SocketAddr>> {
-    let mut out = Vec::new();
-    for _ in 0..2 {
-        let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-        out.push(l.local_addr()?);
-        rt.spawn(async move {
-            loop {
-                let Ok((s, _)) = l.accept().await else { return };
-                let _ = s.set_nodelay(true);
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(|_req| async {
-                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from_static(b"ok\n")),
-                        ))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                        .await;
-                });
-            }
-        });
-    }
-    Ok(out)
-}
-
 fn ports() -> Result<Ports> {
     Ok(Ports {
         h1: l7::free_port()?,
@@ -295,7 +269,7 @@ fn main() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let s = Setup {
         dir: tmp.path().to_path_buf(),
-        backends: backends(&rt)?,
+        backends: l7::ok_backends(&rt, 2)?,
         cert: l7::certificate()?,
     };
     let names = ["podnet", "nginx", "haproxy"];

@@ -38,27 +38,6 @@ struct Args {
     churn: usize,
 }
 
-fn backend(rt: &tokio::runtime::Runtime) -> Result<SocketAddr> {
-    let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-    let addr = l.local_addr()?;
-    rt.spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(|_req| async {
-                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                        http_body_util::Full::new(bytes::Bytes::from_static(b"ok\n")),
-                    ))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
-    Ok(addr)
-}
-
 fn status(port: u16, host: &str) -> u16 {
     HttpGet::new(Duration::from_secs(2))
         .host(host)
@@ -87,7 +66,7 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let dir = tempfile::tempdir()?;
-    let be = backend(&rt)?;
+    let be = l7::ok_backends(&rt, 1)?[0];
     let port = l7::free_port()?;
     let p = Ports {
         h1: port,
