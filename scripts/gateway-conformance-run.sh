@@ -18,6 +18,8 @@
 #              shared machine)
 #            GWC_POOL (the Gateways' addresses; default
 #              192.168.200.200-192.168.200.239, on the lab's underlay)
+#            GWC_REPORT (where the report goes; default the repo's
+#              conformance/gateway-api-<version>-report.yaml)
 #            GWC_OUT (default /tmp/podnet-gateway-conformance/<time>/)
 #
 # Steps: the suite and its images (scripts/gateway-conformance.sh, cached),
@@ -57,7 +59,7 @@ main() {
     done
     V=v1.6.3
     LOG=/tmp/gateway-conformance.log
-    REPORT=$PWD/conformance/gateway-api-$V-report.yaml
+    REPORT=${GWC_REPORT:-$PWD/conformance/gateway-api-$V-report.yaml}
     OUT=${GWC_OUT:-/tmp/podnet-gateway-conformance/$(date -u +%Y%m%dT%H%M%SZ)}
     mkdir -p "$OUT" "$(dirname "$REPORT")"
     : >"$LOG"

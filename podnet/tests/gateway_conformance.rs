@@ -1,0 +1,52 @@
+//! Upstream's Gateway API conformance suite v1.6.3, profile GATEWAY-HTTP,
+//! against `podnet gateway` on a fresh real-kubelet lab (issue 27), run by
+//! `scripts/gateway-conformance-run.sh` with the binary under test (packed
+//! by scripts/dev-image.sh): every core test must pass.
+//!
+//! Needs root and the peers of scripts/test-setup.sh (which builds the
+//! suite, echo-basic and its images with scripts/gateway-conformance.sh);
+//! without them the script fails and the test shows why.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_gateway_api_conformance_profile_passes() {
+    let out = tempfile::tempdir().unwrap();
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gateway-conformance-run.sh");
+    let report = out.path().join("report.yaml");
+    let o = Command::new("bash")
+        .arg(&script)
+        .arg("--podnet")
+        .arg(env!("CARGO_BIN_EXE_podnet"))
+        .env("GWC_OUT", out.path())
+        .env("GWC_REPORT", &report)
+        .output()
+        .expect("run scripts/gateway-conformance-run.sh");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let last = stdout.lines().last().unwrap_or("").to_string();
+    if !last.ends_with(" passed, 0 failed, 117 skipped") || !last.starts_with("36 ") {
+        let kept = out.keep();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
+        panic!(
+            "scripts/gateway-conformance-run.sh (exit {:?}) said {last:?}, not 36 passed; its logs \
+             are kept in {} (the suite's in /tmp/gateway-conformance.log); the end of its stderr:\n{}",
+            o.status.code(),
+            kept.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert!(o.status.success(), "exit {:?}", o.status.code());
+    // The report says the profile passed, with every core test.
+    let r = std::fs::read_to_string(&report).expect("the report");
+    for want in [
+        "name: GATEWAY-HTTP",
+        "result: success",
+        "Failed: 0",
+        "Passed: 36",
+    ] {
+        assert!(r.contains(want), "{want:?} not in the report:\n{r}");
+    }
+}
