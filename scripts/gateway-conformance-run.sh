@@ -99,7 +99,7 @@ main() {
         local rc=$?
         trap - EXIT INT TERM
         if [ -n "${KUBECONFIG:-}" ] && [ -f "$KUBECONFIG" ]; then
-            "$KUBECTL" -n kube-system logs deploy/podnet-gateway --tail=-1 >"$OUT/podnet-gateway.log" 2>&1 || true
+            "$KUBECTL" -n kube-system logs ds/podnet-gateway --tail=-1 >"$OUT/podnet-gateway.log" 2>&1 || true
             "$KUBECTL" get pods -A -o wide >"$OUT/pods.txt" 2>&1 || true
             "$KUBECTL" get gatewayclass,gateway,httproute -A -o yaml >"$OUT/gateway-objects.yaml" 2>&1 || true
         fi
@@ -159,11 +159,11 @@ main() {
     grep -q "gatewayAddressPool: \"$GWC_POOL\"" "$OUT/podnet.yaml" && [ "$(grep -c 'NET_BIND_SERVICE, NET_ADMIN\]' "$OUT/podnet.yaml")" = 1 ] ||
         { say "ERROR: could not set gatewayAddressPool and NET_ADMIN in deploy/podnet.yaml"; exit 1; }
     grep -q 'name: podnet-gateway' "$OUT/podnet.yaml" ||
-        { say "ERROR: deploy/podnet.yaml has no podnet-gateway Deployment"; exit 1; }
+        { say "ERROR: deploy/podnet.yaml has no podnet-gateway DaemonSet"; exit 1; }
     "$KUBECTL" apply -f "$OUT/podnet.yaml" >&2
     "$KUBECTL" -n kube-system rollout status ds/podnet-agent --timeout=300s >&2
     "$KUBECTL" -n kube-system rollout status deploy/podnet-dns --timeout=300s >&2
-    "$KUBECTL" -n kube-system rollout status deploy/podnet-gateway --timeout=300s >&2
+    "$KUBECTL" -n kube-system rollout status ds/podnet-gateway --timeout=300s >&2
     "$KUBECTL" wait --for=condition=Ready node --all --timeout=300s >&2
     "$KUBECTL" get pods -n kube-system -o wide | tee "$OUT/kube-system-pods.txt" >&2
 
