@@ -1153,7 +1153,10 @@ fn nodes_route_out_to_a_gateway_that_forwards_nothing() {
         );
         // (iproute2 says "Peer netns reference is invalid" on stderr when a
         // veth's peer namespace goes away meanwhile: another test's.)
-        let (_, links) = lab.sh(ns, "ip -o link show 2>/dev/null | cut -d: -f2 | cut -d@ -f1");
+        let (_, links) = lab.sh(
+            ns,
+            "ip -o link show 2>/dev/null | cut -d: -f2 | cut -d@ -f1",
+        );
         for l in links.split_whitespace() {
             assert!(
                 own.contains(&l) || (ns == &underlay && l.starts_with("to-")),
