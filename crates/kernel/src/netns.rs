@@ -68,6 +68,8 @@ impl Netns {
     pub fn create_named(name: &str) -> Result<Self, KernelError> {
         let op = || format!("creating netns {name}");
         std::fs::create_dir_all(NETNS_RUN_DIR).map_err(|e| KernelError::io(op(), e))?;
+        shared_run_dir()
+            .map_err(|e| KernelError::io(format!("making {NETNS_RUN_DIR} a shared mount"), e))?;
         let path = Path::new(NETNS_RUN_DIR).join(name);
         std::fs::OpenOptions::new()
             .write(true)
@@ -119,6 +121,50 @@ impl Netns {
 fn cstr(p: &Path) -> std::ffi::CString {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+fn mount(src: &Path, dst: &Path, flags: libc::c_ulong) -> io::Result<()> {
+    let (s, d, none) = (cstr(src), cstr(dst), c"none");
+    // SAFETY: valid C strings; no data.
+    match unsafe {
+        libc::mount(
+            s.as_ptr(),
+            d.as_ptr(),
+            none.as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Makes [`NETNS_RUN_DIR`] a shared mount point before the first
+/// namespace is mounted in it, as `ip netns add` does (bound onto itself
+/// when it is not a mount point yet). Otherwise a later `ip netns add`
+/// (anyone's) binds it onto itself then, copying our namespaces' mounts
+/// on top and leaving the originals underneath, where `delete_named`
+/// cannot reach them ("Device or resource busy"). A lock file keeps two
+/// processes from binding it twice.
+fn shared_run_dir() -> io::Result<()> {
+    let dir = Path::new(NETNS_RUN_DIR);
+    let shared = || mount(Path::new(""), dir, libc::MS_SHARED | libc::MS_REC);
+    if shared().is_ok() {
+        return Ok(());
+    }
+    let lock = File::create("/run/podnet-netns.lock")?;
+    // SAFETY: flock on an fd we own; released when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    match shared() {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            mount(dir, dir, libc::MS_BIND | libc::MS_REC)?;
+            shared()
+        }
+        r => r,
+    }
 }
 
 fn bind_mount(src: &str, dst: &Path) -> io::Result<()> {
