@@ -1,8 +1,10 @@
 //! The gateway's loop: deltas from the object source → the world; a
-//! change to routes (or what they refer to) recompiles the table and
-//! swaps it in, an EndpointSlice change re-resolves only the endpoints;
-//! ports follow the table; statuses that differ are written behind, in
-//! their own task, so a slow API never delays routing.
+//! change to an HTTPRoute or Ingress recompiles that object alone (a
+//! change to what every route refers to recompiles everything) and swaps
+//! the table in; an EndpointSlice change re-resolves its Service's
+//! backends only; ports follow the table; statuses that differ are
+//! queued and written behind, in their own task, so a slow API never
+//! delays routing (and every status is compared again now and then).
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -13,10 +15,12 @@ use std::time::{Duration, Instant};
 use podnet_api::Kind;
 use podnet_daemon::{Gauge, Histogram, Metrics};
 use podnet_source::{Delta, Subscription};
-use tokio::sync::watch;
 
-use crate::model::build::{self, endpoints, Config, World};
-use crate::proxy::listen::Ports;
+use crate::model::build::compiler::Compiler;
+use crate::model::build::part::Source;
+use crate::model::build::{endpoints, Config, World};
+use crate::model::{BackendKey, Bind, Endpoints};
+use crate::proxy::listen::{BindError, Ports};
 use crate::proxy::workers::Workers;
 use crate::proxy::Shared;
 use crate::write::{self, WriteStatus};
@@ -49,77 +53,156 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let mut world = World::default();
     let workers = Workers::start(opts.workers)?;
-    let mut ports = Ports::new(shared.clone(), workers, opts.address);
-    let (status_tx, status_rx) = watch::channel(Vec::new());
+    let queue = Arc::new(write::Queue::default());
     if let Some(w) = writer {
-        tokio::spawn(writer_task(w, status_rx));
+        tokio::spawn(write::drain(queue.clone(), w));
     }
+    let mut g = Gateway {
+        ports: Ports::new(shared.clone(), workers, opts.address),
+        opts,
+        world: World::default(),
+        compiler: None,
+        endpoints: Endpoints::new(),
+        shared,
+        metrics,
+        queue,
+        unbound: Vec::new(),
+    };
     let mut ready = false;
     // Changes not yet applied (all of them until the first full list).
-    let (mut routes_dirty, mut eps_dirty) = (true, true);
-    let mut backends = BTreeSet::new();
-    let mut unbound = false;
-    let mut flush = tokio::time::interval(Duration::from_secs(2));
+    let mut dirty = Dirty {
+        all: true,
+        ..Dirty::default()
+    };
+    let mut flush = tokio::time::interval(FLUSH);
+    let mut ticks = 0u32;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             b = sub.next_batch() => {
                 let Some(b) = b else { break };
-                let (r, e) = absorb(&mut world, b.deltas);
-                routes_dirty |= r;
-                eps_dirty |= e;
+                absorb(&mut g.world, b.deltas, &mut dirty);
                 ready |= b.ready;
-                if !ready || !(routes_dirty || eps_dirty) {
-                    continue;
+                if ready && !dirty.is_empty() {
+                    g.apply(std::mem::take(&mut dirty)).await;
+                    g.metrics.set_ready(true);
                 }
-                if routes_dirty {
-                    (backends, unbound) = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
-                }
-                shared.endpoints.store(Arc::new(endpoints::resolve(&world, &backends)));
-                (routes_dirty, eps_dirty) = (false, false);
-                metrics.set_ready(true);
             }
             _ = flush.tick() => {
-                shared.stats.flush(&metrics);
-                // A port that could not be bound is tried again (another
-                // process may have let it go).
-                if unbound {
-                    (backends, unbound) = rebuild(&opts, &world, &shared, &mut ports, &metrics, &status_tx).await;
-                }
+                g.shared.stats.flush(&g.metrics);
+                ticks = ticks.wrapping_add(1);
+                g.tick(ticks).await;
             }
             _ = &mut shutdown => break,
         }
     }
-    ports.drain();
+    g.ports.drain();
     Ok(())
 }
 
-/// Compiles and swaps the table in, opens its ports, queues statuses;
-/// returns the backends it refers to, and whether a port could not be
-/// bound.
-async fn rebuild(
-    opts: &Options,
-    world: &World,
-    shared: &Shared,
-    ports: &mut Ports,
-    metrics: &Metrics,
-    status_tx: &watch::Sender<Vec<podnet_api::Object>>,
-) -> (BTreeSet<crate::model::BackendKey>, bool) {
-    let t0 = Instant::now();
-    let mut built = build::build(world, &opts.config);
-    let want: BTreeSet<crate::model::Bind> = built.table.ports.keys().copied().collect();
-    shared.set_table(built.table);
-    metrics.sample(&BUILD_SECONDS, "", t0.elapsed().as_secs_f64());
-    metrics.gauge(
-        &ROUTES,
-        "",
-        (built.statuses.routes.len() + built.statuses.ingresses.len()) as f64,
-    );
-    if let Some(pool) = &opts.config.pool {
-        let own = built
-            .statuses
+const FLUSH: Duration = Duration::from_secs(2);
+/// Every this many ticks every status is compared again (a write that
+/// failed is retried).
+const FULL_STATUS_TICKS: u32 = 15;
+
+/// What deltas changed since the last apply.
+#[derive(Default)]
+struct Dirty {
+    /// Everything: the first list, or a change every route depends on.
+    all: bool,
+    /// HTTPRoutes and Ingresses added, changed or removed.
+    sources: BTreeSet<Source>,
+    /// Services whose EndpointSlices changed.
+    services: BTreeSet<(String, String)>,
+}
+
+impl Dirty {
+    fn is_empty(&self) -> bool {
+        !self.all && self.sources.is_empty() && self.services.is_empty()
+    }
+}
+
+/// The loop's state: the objects, the compiled routes, the endpoints
+/// served, and the data plane's ports.
+struct Gateway {
+    opts: Options,
+    world: World,
+    compiler: Option<Compiler>,
+    endpoints: Endpoints,
+    shared: Arc<Shared>,
+    ports: Ports,
+    metrics: Arc<Metrics>,
+    queue: Arc<write::Queue>,
+    /// Ports that could not be bound.
+    unbound: Vec<BindError>,
+}
+
+impl Gateway {
+    /// Recompiles what changed, swaps the table in, opens its ports,
+    /// refreshes the endpoints and queues the statuses that differ.
+    async fn apply(&mut self, dirty: Dirty) {
+        let t0 = Instant::now();
+        let only = match (&mut self.compiler, dirty.all) {
+            (Some(c), false) => {
+                if !dirty.sources.is_empty() {
+                    c.update(&self.world, &dirty.sources);
+                }
+                Some(dirty.sources)
+            }
+            _ => {
+                self.compiler = Some(Compiler::new(&self.world, &self.opts.config));
+                None
+            }
+        };
+        let routes_changed = only.as_ref().is_none_or(|o| !o.is_empty());
+        if routes_changed {
+            let c = self.compiler.as_ref().expect("compiled above");
+            self.shared.set_table(c.table().clone());
+            self.metrics
+                .sample(&BUILD_SECONDS, "", t0.elapsed().as_secs_f64());
+            self.metrics.gauge(&ROUTES, "", c.served() as f64);
+            if only.is_none() {
+                self.sync_pool();
+            }
+            let want: BTreeSet<Bind> = c.table().ports.keys().copied().collect();
+            self.unbound = self.ports.reconcile(&want).await;
+            for e in &self.unbound {
+                tracing::warn!("{e}");
+            }
+        }
+        self.sync_endpoints(only.is_none(), routes_changed, &dirty.services);
+        if routes_changed {
+            self.queue_statuses(only.as_ref());
+        }
+    }
+
+    /// The periodic work: ports that could not be bound are tried again
+    /// (another process may have let them go), and now and then every
+    /// status is compared again.
+    async fn tick(&mut self, ticks: u32) {
+        let Some(c) = &self.compiler else { return };
+        let mut statuses = None;
+        if !self.unbound.is_empty() {
+            let want: BTreeSet<Bind> = c.table().ports.keys().copied().collect();
+            self.unbound = self.ports.reconcile(&want).await;
+            statuses = Some(BTreeSet::new());
+        }
+        if ticks.is_multiple_of(FULL_STATUS_TICKS) {
+            statuses = None;
+        } else if statuses.is_none() {
+            return;
+        }
+        self.queue_statuses(statuses.as_ref());
+    }
+
+    /// The Gateways' own addresses on `lo`, when there is a pool.
+    fn sync_pool(&self) {
+        let (Some(pool), Some(c)) = (&self.opts.config.pool, &self.compiler) else {
+            return;
+        };
+        let own = c
+            .statuses(Some(&BTreeSet::new()))
             .gateways
             .values()
             .filter_map(|g| g.address)
@@ -132,34 +215,78 @@ async fn rebuild(
             Err(e) => tracing::warn!("putting the Gateways' addresses on lo: {e}"),
         }
     }
-    let unbound = ports.reconcile(&want).await;
-    for e in &unbound {
-        tracing::warn!("{e}");
-        built.statuses.port_unavailable(e.bind, &e.err.to_string());
+
+    /// Resolves the backends that are new or whose Services' slices
+    /// changed, forgets those no rule sends to; everything on a full
+    /// recompile.
+    fn sync_endpoints(&mut self, full: bool, routes: bool, services: &BTreeSet<(String, String)>) {
+        let Some(c) = &self.compiler else { return };
+        if full {
+            let all: BTreeSet<BackendKey> = c.backends().cloned().collect();
+            self.endpoints = endpoints::resolve(&self.world, &all);
+        } else {
+            let mut stale: BTreeSet<BackendKey> = BTreeSet::new();
+            if routes {
+                let before = self.endpoints.len();
+                self.endpoints.retain(|k, _| c.sends_to(k));
+                stale.extend(
+                    c.backends()
+                        .filter(|k| !self.endpoints.contains_key(*k))
+                        .cloned(),
+                );
+                if stale.is_empty() && before == self.endpoints.len() && services.is_empty() {
+                    return;
+                }
+            }
+            stale.extend(
+                c.backends()
+                    .filter(|k| services.contains(&(k.namespace.clone(), k.service.clone())))
+                    .cloned(),
+            );
+            if stale.is_empty() && !routes {
+                return;
+            }
+            self.endpoints
+                .extend(endpoints::resolve(&self.world, &stale));
+        }
+        self.shared
+            .endpoints
+            .store(Arc::new(self.endpoints.clone()));
     }
-    let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
-    let changed = write::changed(
-        world,
-        &built.statuses,
-        &opts.status_addresses,
-        &opts.config.controller_name,
-        now,
-    );
-    if !changed.is_empty() {
-        let _ = status_tx.send(changed);
+
+    /// Queues the statuses (of Gateways and classes, and of the routes
+    /// and Ingresses in `only`; all: None) that differ from the objects'.
+    fn queue_statuses(&self, only: Option<&BTreeSet<Source>>) {
+        let Some(c) = &self.compiler else { return };
+        let mut statuses = c.statuses(only);
+        for e in &self.unbound {
+            statuses.port_unavailable(e.bind, &e.err.to_string());
+        }
+        let now = podnet_api::k8s_openapi::jiff::Timestamp::now();
+        let changed = write::changed(
+            &self.world,
+            &statuses,
+            &self.opts.status_addresses,
+            &self.opts.config.controller_name,
+            now,
+        );
+        self.queue.push(changed);
     }
-    (built.backends, !unbound.is_empty())
 }
 
-/// Applies deltas; returns whether the routes must be recompiled and
-/// whether endpoints changed. A delta that changed only an object's
-/// status (ours, written back) recompiles nothing.
-fn absorb(world: &mut World, deltas: Vec<Delta>) -> (bool, bool) {
-    let (mut routes, mut eps) = (false, false);
+/// Applies deltas and notes what they changed. A delta that changed
+/// only an object's status (ours, written back) changes nothing.
+fn absorb(world: &mut World, deltas: Vec<Delta>, dirty: &mut Dirty) {
     for d in deltas {
         let kind = d.kind();
         let key = d.key();
-        let dirty = match d.object() {
+        let k = (key.namespace.clone().unwrap_or_default(), key.name.clone());
+        if kind == Kind::EndpointSlice {
+            dirty
+                .services
+                .extend(slice_service(world.slices.get(&k), &k.0));
+        }
+        let changed = match d.object() {
             Some(o) => {
                 let same = same_but_status(world, o);
                 world.put(o.clone());
@@ -170,12 +297,27 @@ fn absorb(world: &mut World, deltas: Vec<Delta>) -> (bool, bool) {
                 true
             }
         };
+        if !changed {
+            continue;
+        }
         match kind {
-            Kind::EndpointSlice => eps |= dirty,
-            _ => routes |= dirty,
+            Kind::EndpointSlice => dirty
+                .services
+                .extend(slice_service(world.slices.get(&k), &k.0)),
+            Kind::HTTPRoute => drop(dirty.sources.insert(Source::Route(k))),
+            Kind::Ingress => drop(dirty.sources.insert(Source::Ingress(k))),
+            _ => dirty.all = true,
         }
     }
-    (routes, eps)
+}
+
+/// The Service a slice belongs to.
+fn slice_service(
+    s: Option<&podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice>,
+    ns: &str,
+) -> Option<(String, String)> {
+    let svc = podnet_api::endpoints::service_name(s?)?;
+    Some((ns.to_string(), svc.to_string()))
 }
 
 /// Whether `o` differs from the stored version only in status and
@@ -224,16 +366,3 @@ clear_status!(podnet_api::gateway::Gateway);
 clear_status!(podnet_api::gateway::HTTPRoute);
 clear_status!(podnet_api::gateway::GatewayClass);
 clear_status!(podnet_api::k8s_openapi::api::networking::v1::Ingress);
-
-/// Writes the latest wanted statuses, one object at a time; a failed
-/// write is logged and tried again with the next change.
-async fn writer_task(w: WriteStatus, mut rx: watch::Receiver<Vec<podnet_api::Object>>) {
-    while rx.changed().await.is_ok() {
-        let batch = rx.borrow_and_update().clone();
-        for o in batch {
-            if let Err(e) = w(o).await {
-                tracing::warn!("{e}");
-            }
-        }
-    }
-}

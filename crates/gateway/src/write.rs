@@ -21,6 +21,50 @@ use crate::status;
 pub type WriteStatus =
     Arc<dyn Fn(Object) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// Statuses waiting to be written, the latest per object: a later
+/// change to an object's status replaces the one not yet written.
+#[derive(Default)]
+pub struct Queue {
+    pending: std::sync::Mutex<std::collections::BTreeMap<(Kind, String, String), Object>>,
+    more: tokio::sync::Notify,
+}
+
+impl Queue {
+    pub fn push(&self, objs: Vec<Object>) {
+        if objs.is_empty() {
+            return;
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for o in objs {
+            let k = (
+                o.kind(),
+                o.namespace().unwrap_or_default().to_string(),
+                o.name().to_string(),
+            );
+            p.insert(k, o);
+        }
+        self.more.notify_one();
+    }
+
+    fn take(&self) -> Vec<Object> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *p).into_values().collect()
+    }
+}
+
+/// Writes what is queued, one object at a time; a failed write is
+/// logged (the next full comparison queues it again).
+pub async fn drain(q: Arc<Queue>, w: WriteStatus) {
+    loop {
+        q.more.notified().await;
+        for o in q.take() {
+            if let Err(e) = w(o).await {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
 /// The objects whose status must change, with the new status in place.
 pub fn changed(
     w: &World,

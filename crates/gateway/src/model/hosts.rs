@@ -132,6 +132,44 @@ impl<T: Default> HostMap<T> {
 }
 
 impl<T> HostMap<T> {
+    /// Sets (Some) or removes (None) the value of pattern `h`.
+    pub fn set(&mut self, h: &Host, v: Option<T>) {
+        match (h, v) {
+            (Host::Any, v) => self.any = v,
+            (Host::Exact(e), Some(v)) => drop(self.exact.insert(e.clone(), v)),
+            (Host::Exact(e), None) => drop(self.exact.remove(e)),
+            (Host::Wildcard { suffix, .. }, v) => {
+                let at = self.wildcards.iter().position(|(w, _)| w == h);
+                match (at, v) {
+                    (Some(i), Some(v)) => self.wildcards[i].1 = v,
+                    (Some(i), None) => drop(self.wildcards.remove(i)),
+                    (None, Some(v)) => {
+                        let i = self.wildcards.partition_point(|(w, _)| match w {
+                            Host::Wildcard { suffix: s, .. } => s.len() >= suffix.len(),
+                            _ => true,
+                        });
+                        self.wildcards.insert(i, (h.clone(), v));
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+    }
+
+    /// Every pattern with its value (exact names in no order).
+    pub fn iter(&self) -> impl Iterator<Item = (Host, &T)> {
+        self.exact
+            .iter()
+            .map(|(e, t)| (Host::Exact(e.clone()), t))
+            .chain(self.wildcards.iter().map(|(w, t)| (w.clone(), t)))
+            .chain(self.any.iter().map(|t| (Host::Any, t)))
+    }
+
+    /// Whether no pattern has a value.
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcards.is_empty() && self.any.is_none()
+    }
+
     /// The most specific entry for a request's host, with the pattern
     /// that chose it (for explaining a route).
     pub fn get_with_pattern(&self, host: &str) -> Option<(Host, &T)> {
@@ -154,13 +192,6 @@ impl<T> HostMap<T> {
             .find(|(w, _)| w.matches(host))
             .map(|(_, t)| t)
             .or(self.any.as_ref())
-    }
-
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.exact
-            .values_mut()
-            .chain(self.wildcards.iter_mut().map(|(_, t)| t))
-            .chain(self.any.iter_mut())
     }
 }
 

@@ -165,7 +165,9 @@ pub struct Certificate {
 pub struct PortTable {
     /// TLS is terminated here (HTTPS listeners, Ingress TLS).
     pub tls: bool,
-    pub hosts: HostMap<Vec<Entry>>,
+    /// Each pattern's entries in precedence order, shared with the
+    /// compiler's copy (a swap clones pointers, not entries).
+    pub hosts: HostMap<Arc<Vec<Entry>>>,
     /// Most specific host first; the first that matches the SNI serves.
     pub certs: Vec<Certificate>,
 }
@@ -221,20 +223,10 @@ impl Table {
             m: &e.m,
         })
     }
-
-    /// Sorts every host's entries by precedence (after building).
-    pub fn sort(&mut self) {
-        for p in self.ports.values_mut() {
-            for v in p.hosts.values_mut() {
-                v.sort_by(|a, b| matcher::by_precedence((&a.m, &a.order), (&b.m, &b.order)));
-            }
-            p.certs
-                .sort_by_key(|c| std::cmp::Reverse(host_rank(&c.host)));
-        }
-    }
 }
 
-fn host_rank(h: &Host) -> (u8, usize) {
+/// Certificates sort most specific host first.
+pub(crate) fn host_rank(h: &Host) -> (u8, usize) {
     match h {
         Host::Exact(e) => (2, e.len()),
         Host::Wildcard { suffix, .. } => (1, suffix.len()),

@@ -45,14 +45,22 @@ impl Shared {
         })
     }
 
-    /// Serves `table` from now on, with TLS configs rebuilt for its ports.
+    /// Serves `table` from now on, with TLS configs rebuilt for the
+    /// ports whose certificates changed (parsing keys is the costly part
+    /// of a swap).
     pub fn set_table(&self, table: Table) {
+        let (old, old_tls) = (self.table.load(), self.tls.load());
         let mut tls = HashMap::new();
-        for (port, t) in &table.ports {
-            if t.tls {
-                let r = Arc::new(crate::tls::Resolver::new(&t.certs));
-                tls.insert(*port, crate::tls::server_config(r));
-            }
+        for (port, t) in table.ports.iter().filter(|(_, t)| t.tls) {
+            let same = old
+                .ports
+                .get(port)
+                .is_some_and(|o| o.tls && o.certs == t.certs);
+            let kept = old_tls.get(port).filter(|_| same).cloned();
+            let config = kept.unwrap_or_else(|| {
+                crate::tls::server_config(Arc::new(crate::tls::Resolver::new(&t.certs)))
+            });
+            tls.insert(*port, config);
         }
         self.tls.store(Arc::new(tls));
         self.table.store(Arc::new(table));

@@ -10,10 +10,21 @@ use std::sync::Arc;
 use super::World;
 use crate::model::{BackendEndpoints, BackendKey, Endpoints};
 
+/// Below this many keys, slices are read per namespace rather than all.
+const FEW: usize = 64;
+
 /// The endpoints of each of `keys`.
 pub fn resolve(w: &World, keys: &BTreeSet<BackendKey>) -> Endpoints {
     let mut by_service: BTreeMap<(&str, &str), Vec<&_>> = BTreeMap::new();
-    for ((ns, _), s) in &w.slices {
+    let slices: Box<dyn Iterator<Item = (&(String, String), &_)>> = match keys.len() < FEW {
+        true => Box::new(namespaces(keys).into_iter().flat_map(|ns| {
+            w.slices
+                .range((ns.to_string(), String::new())..)
+                .take_while(move |((n, _), _)| n == ns)
+        })),
+        false => Box::new(w.slices.iter()),
+    };
+    for ((ns, _), s) in slices {
         if let Some(svc) = podnet_api::endpoints::service_name(s) {
             by_service.entry((ns.as_str(), svc)).or_default().push(s);
         }
@@ -27,6 +38,10 @@ pub fn resolve(w: &World, keys: &BTreeSet<BackendKey>) -> Endpoints {
         out.insert(k.clone(), Arc::new(one(w, k, &slices)));
     }
     out
+}
+
+fn namespaces(keys: &BTreeSet<BackendKey>) -> BTreeSet<&str> {
+    keys.iter().map(|k| k.namespace.as_str()).collect()
 }
 
 fn one(

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use podnet_api::k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+use podnet_api::k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressSpec};
 
-use super::{Built, Config, Key, World};
+use super::part::Part;
+use super::{Config, Key, World};
 use crate::model::hosts::Host;
 use crate::model::matcher::{Match, Order, PathMatch};
 use crate::model::{Backend, BackendKey, Certificate, Entry, RouteRef, Rule};
@@ -40,18 +41,19 @@ pub fn ours(w: &World, cfg: &Config, i: &Ingress) -> bool {
     }
 }
 
-pub fn attach(w: &World, cfg: &Config, b: &mut Built) {
-    for (k, i) in &w.ingresses {
-        if !ours(w, cfg, i) {
-            continue;
-        }
-        b.statuses.ingresses.insert(k.clone());
-        one(w, cfg, k, i, b);
+/// What the Ingress adds, if it is ours.
+pub fn part(w: &World, cfg: &Config, k: &Key, i: &Ingress) -> Option<Part> {
+    if !ours(w, cfg, i) {
+        return None;
     }
+    let mut part = Part::default();
+    if let Some(spec) = &i.spec {
+        one(w, cfg, k, i, spec, &mut part);
+    }
+    Some(part)
 }
 
-fn one(w: &World, cfg: &Config, k: &Key, i: &Ingress, b: &mut Built) {
-    let Some(spec) = &i.spec else { return };
+fn one(w: &World, cfg: &Config, k: &Key, i: &Ingress, spec: &IngressSpec, b: &mut Part) {
     let created = i
         .metadata
         .creation_timestamp
@@ -120,46 +122,36 @@ fn one(w: &World, cfg: &Config, k: &Key, i: &Ingress, b: &mut Built) {
             .and_then(|s| w.secrets.get(&(k.0.clone(), s.to_string())))
             .and_then(super::listeners::tls_pair);
         if let Some((chain_pem, key_pem)) = pair {
-            let t = b
-                .table
-                .ports
-                .entry(cfg.ingress_https_port.into())
-                .or_default();
-            t.tls = true;
-            t.certs.push(Certificate {
-                host,
-                chain_pem,
-                key_pem,
-            });
+            let bind = cfg.ingress_https_port.into();
+            b.ports.insert(bind);
+            b.tls.insert(bind);
+            b.certs.push((
+                bind,
+                Certificate {
+                    host,
+                    chain_pem,
+                    key_pem,
+                },
+            ));
         }
     }
 }
 
 /// Puts an entry on the HTTP port, and on the HTTPS port when the host
 /// is one of the Ingress's TLS hosts.
-fn place(cfg: &Config, tls_hosts: &[(Host, Option<&str>)], host: &Host, e: Entry, b: &mut Built) {
+fn place(cfg: &Config, tls_hosts: &[(Host, Option<&str>)], host: &Host, e: Entry, b: &mut Part) {
     if tls_hosts
         .iter()
         .any(|(h, _)| h == host || (*host == Host::Any))
     {
-        let t = b
-            .table
-            .ports
-            .entry(cfg.ingress_https_port.into())
-            .or_default();
-        t.tls = true;
-        t.hosts.entry(host).push(e.clone());
+        let bind = cfg.ingress_https_port.into();
+        b.tls.insert(bind);
+        b.push(bind, host, [e.clone()]);
     }
-    b.table
-        .ports
-        .entry(cfg.ingress_http_port.into())
-        .or_default()
-        .hosts
-        .entry(host)
-        .push(e);
+    b.push(cfg.ingress_http_port.into(), host, [e]);
 }
 
-fn rule_for(w: &World, k: &Key, ri: usize, be: &IngressBackend, b: &mut Built) -> Rule {
+fn rule_for(w: &World, k: &Key, ri: usize, be: &IngressBackend, b: &mut Part) -> Rule {
     let key = be.service.as_ref().and_then(|s| {
         let svc = w.services.get(&(k.0.clone(), s.name.clone()))?;
         let ports = svc.spec.as_ref()?.ports.as_ref()?;

@@ -2,14 +2,18 @@
 //! status every object should show, in one pure pass.
 //!
 //! Layout: [`world`] the inputs, [`listeners`] GatewayClasses, Gateways
-//! and their listeners (certificates included), [`routes`] HTTPRoutes
+//! and their listeners (certificates included), [`routes`] an HTTPRoute
 //! attached to them, [`rules`] one rule's filters and backends,
-//! [`ingress`] Ingresses, [`endpoints`] a backend's endpoints;
-//! [`crate::status`] turns the verdicts into conditions.
+//! [`ingress`] an Ingress, [`part`] what one route or Ingress adds,
+//! [`compiler`] the parts merged and kept between changes,
+//! [`endpoints`] a backend's endpoints; [`crate::status`] turns the
+//! verdicts into conditions.
 
+pub mod compiler;
 pub mod endpoints;
 pub mod ingress;
 pub mod listeners;
+pub mod part;
 pub mod routes;
 pub mod rules;
 pub mod world;
@@ -146,16 +150,10 @@ pub struct Built {
 
 /// Compiles everything.
 pub fn build(w: &World, cfg: &Config) -> Built {
-    let mut b = Built::default();
-    let mut gateways = listeners::judge(w, cfg, &mut b);
-    routes::attach(w, &mut gateways, &mut b);
-    for (k, g) in gateways {
-        b.statuses.gateways.insert(k, g.into_state());
-    }
-    ingress::attach(w, cfg, &mut b);
-    b.table.sort();
-    b
+    compiler::Compiler::new(w, cfg).built()
 }
 
+#[cfg(test)]
+mod incremental_tests;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
-//! HTTPRoutes attached to our Gateways: for each parent reference, the
-//! listeners that take the route (section, port, allowed namespaces and
-//! kinds, hostname intersection), the route's entries in their port
-//! tables, and the route's verdicts towards that parent.
+//! One HTTPRoute attached to our Gateways: for each parent reference,
+//! the listeners that take the route (section, port, allowed namespaces
+//! and kinds, hostname intersection), the route's entries in their port
+//! tables, and the route's verdicts towards that parent — as the
+//! route's [`Part`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,65 +10,59 @@ use std::sync::Arc;
 use podnet_api::gateway::{HTTPRoute, ParentReference};
 
 use super::listeners::{From, Gw, Open};
-use super::{rules, Built, Key, ParentState, Verdict, World};
+use super::part::Part;
+use super::{rules, Key, ParentState, Verdict, World};
 use crate::model::hosts::Host;
 use crate::model::matcher::Order;
 use crate::model::{Entry, Rule};
 
-/// Attaches every route with a parent of ours.
-pub fn attach(w: &World, gws: &mut BTreeMap<Key, Gw>, b: &mut Built) {
-    for (k, r) in &w.routes {
-        let mut parents = Vec::new();
-        let compiled = rules::compile(w, k, r);
-        for p in r.spec.parent_refs.iter().filter(|p| p.is_gateway()) {
-            let gk = (
-                p.namespace.clone().unwrap_or_else(|| k.0.clone()),
-                p.name.clone(),
-            );
-            let Some(gw) = gws.get_mut(&gk) else { continue };
-            let accepted = attach_to(w, k, r, p, gw, &compiled.rules, b);
-            parents.push(ParentState {
-                parent: p.clone(),
-                accepted,
-                resolved_refs: compiled.resolved.clone(),
-            });
-        }
-        if !parents.is_empty() {
-            b.backends.extend(
-                compiled
-                    .rules
-                    .iter()
-                    .flat_map(|r| r.backends.iter().filter_map(|b| b.key.clone())),
-            );
-            b.backends.extend(
-                compiled
-                    .rules
-                    .iter()
-                    .flat_map(|r| r.mirrors.iter().map(|m| m.0.clone())),
-            );
-            b.statuses
-                .routes
-                .insert(k.clone(), (r.metadata.generation, parents));
-        }
+/// What `r` adds, if it has a parent among our Gateways.
+pub fn part(w: &World, gws: &BTreeMap<Key, Gw>, k: &Key, r: &HTTPRoute) -> Option<Part> {
+    let mut parents = Vec::new();
+    let mut part = Part::default();
+    let compiled = rules::compile(w, k, r);
+    for p in r.spec.parent_refs.iter().filter(|p| p.is_gateway()) {
+        let gk = (
+            p.namespace.clone().unwrap_or_else(|| k.0.clone()),
+            p.name.clone(),
+        );
+        let Some(gw) = gws.get(&gk) else { continue };
+        let accepted = attach_to(w, (k, r), p, (&gk, gw), &compiled.rules, &mut part);
+        parents.push(ParentState {
+            parent: p.clone(),
+            accepted,
+            resolved_refs: compiled.resolved.clone(),
+        });
     }
+    if parents.is_empty() {
+        return None;
+    }
+    for rule in &compiled.rules {
+        part.backends
+            .extend(rule.backends.iter().filter_map(|b| b.key.clone()));
+        part.backends
+            .extend(rule.mirrors.iter().map(|m| m.0.clone()));
+    }
+    part.route_status = Some((r.metadata.generation, parents));
+    Some(part)
 }
 
 /// Attaches one route to the listeners of `gw` that take it; the verdict
 /// is the route's Accepted condition for this parent.
 fn attach_to(
     w: &World,
-    k: &Key,
-    r: &HTTPRoute,
+    (k, r): (&Key, &HTTPRoute),
     p: &ParentReference,
-    gw: &mut Gw,
+    (gk, gw): (&Key, &Gw),
     rules: &[Arc<Rule>],
-    b: &mut Built,
+    part: &mut Part,
 ) -> Verdict {
-    let named: Vec<&mut Open> = gw
+    let named: Vec<(usize, &Open)> = gw
         .listeners
-        .iter_mut()
-        .filter(|l| p.section_name.as_ref().is_none_or(|s| *s == l.name))
-        .filter(|l| p.port.is_none_or(|port| i32::from(l.bind.port) == port))
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| p.section_name.as_ref().is_none_or(|s| *s == l.name))
+        .filter(|(_, l)| p.port.is_none_or(|port| i32::from(l.bind.port) == port))
         .collect();
     if named.is_empty() {
         return Verdict::no(
@@ -77,7 +72,7 @@ fn attach_to(
     }
     let mut allowed = 0;
     let mut attached = 0;
-    for l in named {
+    for (i, l) in named {
         if !l.attachable
             || !l.takes_http_routes
             || !namespace_allowed(w, &l.from, &gw.namespace, &k.0)
@@ -90,14 +85,12 @@ fn attach_to(
             continue;
         }
         attached += 1;
-        l.state.attached_routes += 1;
+        part.attached.push((gk.clone(), i));
         if !l.serving {
             continue;
         }
-        let t = b.table.ports.entry(l.bind).or_default();
         for h in &hosts {
-            let list = t.hosts.entry(h);
-            push_entries(list, k, r, rules);
+            part.push(l.bind, h, entries(k, r, rules));
         }
     }
     match (allowed, attached) {
@@ -113,12 +106,14 @@ fn attach_to(
     }
 }
 
-fn push_entries(list: &mut Vec<Entry>, k: &Key, r: &HTTPRoute, rules: &[Arc<Rule>]) {
+/// The route's entries: one per match of each rule.
+fn entries(k: &Key, r: &HTTPRoute, rules: &[Arc<Rule>]) -> Vec<Entry> {
     let created = r
         .metadata
         .creation_timestamp
         .as_ref()
         .map_or(0, |t| t.0.as_second());
+    let mut out = Vec::new();
     for (ri, (spec, rule)) in r.spec.rules.iter().zip(rules).enumerate() {
         let matches = rules::matches_of(spec);
         for (mi, m) in matches.into_iter().enumerate() {
@@ -128,13 +123,14 @@ fn push_entries(list: &mut Vec<Entry>, k: &Key, r: &HTTPRoute, rules: &[Arc<Rule
                 rule: ri,
                 index: mi,
             };
-            list.push(Entry {
+            out.push(Entry {
                 m,
                 order,
                 rule: rule.clone(),
             });
         }
     }
+    out
 }
 
 /// The route's hostnames as this listener serves them (none: it does not
