@@ -44,6 +44,11 @@ pub struct GatewayArgs {
     /// --address and shows --status-address.
     #[arg(long, env = "PODNET_GATEWAY_ADDRESS_POOL")]
     address_pool: Option<String>,
+    /// The ports Gateway listeners may open on the node (`80,443,1024-
+    /// 65535`: no other privileged port); a listener on any other is not
+    /// accepted (reason PortUnavailable). Ingress ports are not limited.
+    #[arg(long, env = "PODNET_GATEWAY_LISTENER_PORTS", default_value = podnet_gateway::model::ports::DEFAULT)]
+    listener_ports: String,
     /// Data-plane threads, each serving its share of the connections on
     /// every port (0: one per CPU).
     #[arg(long, default_value_t = 0)]
@@ -85,6 +90,8 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
                 ),
                 None => None,
             },
+            listener_ports: podnet_gateway::model::ports::PortSet::parse(&a.listener_ports)
+                .map_err(|e| anyhow::anyhow!("--listener-ports: {e}"))?,
             ..Default::default()
         },
         address: a.address,

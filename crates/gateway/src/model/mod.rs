@@ -15,6 +15,7 @@ pub mod build;
 pub mod explain;
 pub mod hosts;
 pub mod matcher;
+pub mod ports;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

@@ -89,7 +89,7 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
     let mut out = BTreeMap::new();
     for (k, g) in w.gateways.iter().filter(|(k, _)| ours.contains(*k)) {
         let address = assigned.get(k).copied();
-        let mut listeners = listeners_of(w, k, g, address, b);
+        let mut listeners = listeners_of(w, cfg, k, g, address, b);
         if cfg.pool.is_some() && address.is_none() {
             for l in &mut listeners {
                 l.serving = false;
@@ -125,6 +125,7 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
 
 fn listeners_of(
     w: &World,
+    cfg: &Config,
     k: &Key,
     g: &Gateway,
     ip: Option<std::net::IpAddr>,
@@ -132,7 +133,7 @@ fn listeners_of(
 ) -> Vec<Open> {
     let mut out: Vec<Open> = Vec::new();
     for l in &g.spec.listeners {
-        let (mut o, certs) = judge_listener(w, k, l, ip);
+        let (mut o, certs) = judge_listener(w, cfg, k, l, ip);
         conflicts(&mut o, l, &g.spec.listeners);
         if o.state.conflicted.as_ref().is_some_and(|c| c.ok) {
             (o.attachable, o.serving) = (false, false);
@@ -178,6 +179,7 @@ fn conflicts(o: &mut Open, l: &Listener, all: &[Listener]) {
 /// A listener's verdicts, and its certificates when it has them.
 fn judge_listener(
     w: &World,
+    cfg: &Config,
     k: &Key,
     l: &Listener,
     ip: Option<std::net::IpAddr>,
@@ -213,6 +215,15 @@ fn judge_listener(
             // No route kind can attach to a protocol not served.
             state.supported_kinds.clear();
         }
+    }
+    if state.accepted.ok && !cfg.listener_ports.contains(port) {
+        state.accepted = Verdict::no(
+            "PortUnavailable",
+            format!(
+                "port {port} is not one this gateway may open on the node ({}; --listener-ports)",
+                cfg.listener_ports
+            ),
+        );
     }
     if !state.accepted.ok || !state.resolved_refs.ok {
         state.programmed = Verdict::no("Invalid", "see the other conditions");

@@ -36,6 +36,8 @@ pub struct Config {
     /// Addresses to give each Gateway one of its own (None: every Gateway
     /// on the gateway's one address).
     pub pool: Option<crate::model::addresses::Pool>,
+    /// The ports Gateway listeners may open (the node's ports).
+    pub listener_ports: crate::model::ports::PortSet,
 }
 
 impl Default for Config {
@@ -46,6 +48,7 @@ impl Default for Config {
             ingress_http_port: 80,
             ingress_https_port: 443,
             pool: None,
+            listener_ports: Default::default(),
         }
     }
 }

@@ -216,7 +216,7 @@ fn gateways_of_other_classes_and_bad_listeners_are_judged() {
             "x",
             "gw",
             json!([{"name": "udp", "port": 53, "protocol": "UDP"},
-                                   {"name": "a", "port": 81, "protocol": "HTTP"}, {"name": "b", "port": 81, "protocol": "HTTP"},
+                                   {"name": "a", "port": 8081, "protocol": "HTTP"}, {"name": "b", "port": 8081, "protocol": "HTTP"},
                                    {"name": "tls", "port": 443, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "missing"}]}}]),
         ),
     ]);
@@ -336,7 +336,7 @@ fn an_unbound_port_is_not_programmed() {
         gateway(
             "x",
             "gw",
-            json!([{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "b", "port": 81, "protocol": "HTTP"}]),
+            json!([{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "b", "port": 8081, "protocol": "HTTP"}]),
         ),
     ]);
     let mut b = build(&w, &Config::default());
@@ -349,7 +349,7 @@ fn an_unbound_port_is_not_programmed() {
         .collect();
     assert_eq!(p, [(false, "Pending"), (true, "Programmed")]);
     assert!(g.programmed.ok, "one listener still serves");
-    b.statuses.port_unavailable(81, "in use");
+    b.statuses.port_unavailable(8081, "in use");
     let g = &b.statuses.gateways[&("x".to_string(), "gw".to_string())];
     assert_eq!((g.programmed.ok, g.programmed.reason), (false, "Pending"));
 }
@@ -489,4 +489,40 @@ fn a_request_is_explained() {
         "{}",
         closed.outcome
     );
+}
+
+#[test]
+fn listeners_open_only_the_node_ports_allowed() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "tenant",
+            "gw",
+            json!([{"name": "ssh", "port": 22, "protocol": "HTTP"},
+                   {"name": "web", "port": 8080, "protocol": "HTTP"}]),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    let g = &b.statuses.gateways[&("tenant".to_string(), "gw".to_string())];
+    let ssh = &g.listeners[0];
+    assert_eq!(
+        (ssh.accepted.ok, ssh.accepted.reason, ssh.programmed.ok),
+        (false, "PortUnavailable", false)
+    );
+    assert!(
+        ssh.accepted.message.contains("80,443,1024-65535"),
+        "{}",
+        ssh.accepted.message
+    );
+    assert!(g.listeners[1].accepted.ok && g.listeners[1].programmed.ok);
+    let ports: Vec<u16> = b.table.ports.keys().map(|p| p.port).collect();
+    assert_eq!(ports, [8080], "port 22 is not opened");
+    // An operator may allow it.
+    let cfg = Config {
+        listener_ports: crate::model::ports::PortSet::parse("22,8080").unwrap(),
+        ..Config::default()
+    };
+    let b = build(&w, &cfg);
+    let ports: Vec<u16> = b.table.ports.keys().map(|p| p.port).collect();
+    assert_eq!(ports, [22, 8080]);
 }
