@@ -55,6 +55,57 @@ pub struct GatewayArgs {
     workers: usize,
 }
 
+/// The gateway's settings a trace of a URL needs to compile as the
+/// gateway does (from the same environment variables its ConfigMap
+/// sets).
+#[derive(clap::Args, Debug)]
+pub struct TraceArgs {
+    /// For a URL: the gateway's --address-pool.
+    #[arg(long, env = "PODNET_GATEWAY_ADDRESS_POOL")]
+    gateway_address_pool: Option<String>,
+    /// For a URL: the gateway's --listener-ports.
+    #[arg(long, env = "PODNET_GATEWAY_LISTENER_PORTS", default_value = podnet_gateway::model::ports::DEFAULT)]
+    gateway_listener_ports: String,
+    /// For a URL: the gateway's --ingress-class.
+    #[arg(long, default_value = podnet_api::ingress::CLASS)]
+    gateway_ingress_class: String,
+}
+
+impl TraceArgs {
+    pub fn config(&self) -> Result<podnet_gateway::model::build::Config> {
+        config(
+            &self.gateway_ingress_class,
+            (80, 443),
+            self.gateway_address_pool.as_deref(),
+            &self.gateway_listener_ports,
+        )
+    }
+}
+
+/// The compiler's settings from the flags; a bad one is named.
+fn config(
+    ingress_class: &str,
+    (http, https): (u16, u16),
+    pool: Option<&str>,
+    listener_ports: &str,
+) -> Result<podnet_gateway::model::build::Config> {
+    Ok(podnet_gateway::model::build::Config {
+        ingress_class: ingress_class.to_string(),
+        ingress_http_port: http,
+        ingress_https_port: https,
+        pool: match pool {
+            Some(p) => Some(
+                podnet_gateway::model::addresses::Pool::parse(p)
+                    .map_err(|e| anyhow::anyhow!("address pool {p:?}: {e}"))?,
+            ),
+            None => None,
+        },
+        listener_ports: podnet_gateway::model::ports::PortSet::parse(listener_ports)
+            .map_err(|e| anyhow::anyhow!("listener ports: {e}"))?,
+        ..Default::default()
+    })
+}
+
 /// Runs the gateway until SIGTERM.
 pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
     let metrics = podnet_daemon::Metrics::new();
@@ -79,21 +130,12 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
         .with_context(|| format!("binding metrics address {maddr}"))?;
     tokio::spawn(podnet_daemon::serve(listener, metrics.clone()));
     let opts = podnet_gateway::run::Options {
-        config: podnet_gateway::model::build::Config {
-            ingress_class: a.ingress_class,
-            ingress_http_port: a.ingress_http_port,
-            ingress_https_port: a.ingress_https_port,
-            pool: match &a.address_pool {
-                Some(p) => Some(
-                    podnet_gateway::model::addresses::Pool::parse(p)
-                        .map_err(|e| anyhow::anyhow!("--address-pool {p:?}: {e}"))?,
-                ),
-                None => None,
-            },
-            listener_ports: podnet_gateway::model::ports::PortSet::parse(&a.listener_ports)
-                .map_err(|e| anyhow::anyhow!("--listener-ports: {e}"))?,
-            ..Default::default()
-        },
+        config: config(
+            &a.ingress_class,
+            (a.ingress_http_port, a.ingress_https_port),
+            a.address_pool.as_deref(),
+            &a.listener_ports,
+        )?,
         address: a.address,
         status_addresses: a.status_address,
         workers: a.workers,

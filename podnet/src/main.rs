@@ -143,6 +143,8 @@ enum Cmd {
         /// Output: text or json (the same hops as data).
         #[arg(short = 'o', long, default_value = "text")]
         output: String,
+        #[command(flatten)]
+        gateway: gateway::TraceArgs,
     },
     /// The flow log, like `hubble observe`: new connections each node
     /// forwarded and the ones its NetworkPolicy dropped (with the policy),
@@ -637,7 +639,13 @@ fn run(command: Cmd, store: &str) -> anyhow::Result<()> {
             dst,
             at,
             output,
-        } => block_on(trace::run(&at.target(store), &src, &dst, &output)),
+            gateway,
+        } => block_on(trace::run(
+            &at.target(store),
+            (&src, &dst),
+            &output,
+            &gateway.config()?,
+        )),
         Cmd::Flows(a) => trace::flows(a),
         Cmd::Ui { at, listen } => block_on(ui::run(&at.target(store), &listen)),
         Cmd::Bgp {

@@ -626,13 +626,19 @@ fn hint_lab(err: anyhow::Error, labs: &[String]) -> anyhow::Error {
     }
 }
 
-/// `podnet trace`.
-pub async fn run(target: &Target, src: &str, dst: &str, output: &str) -> Result<()> {
+/// `podnet trace`; a URL is compiled with `gateway` (the gateway's
+/// settings).
+pub async fn run(
+    target: &Target,
+    (src, dst): (&str, &str),
+    output: &str,
+    gateway: &podnet_gateway::model::build::Config,
+) -> Result<()> {
     if !["text", "json"].contains(&output) {
         bail!("-o {output:?}: want text or json");
     }
     if dst.starts_with("http://") || dst.starts_with("https://") {
-        return crate::trace_http::run(target, dst, output).await;
+        return crate::trace_http::run(target, dst, output, gateway).await;
     }
     let r = trace_and_print(target, src, dst, output).await;
     match &target.lab {

@@ -42,7 +42,12 @@ async fn world(mut source: podnet_source::Source) -> Result<World> {
 }
 
 /// Runs the trace of `url` and prints it.
-pub async fn run(target: &crate::trace::Target, url: &str, output: &str) -> Result<()> {
+pub async fn run(
+    target: &crate::trace::Target,
+    url: &str,
+    output: &str,
+    cfg: &Config,
+) -> Result<()> {
     let uri: http::Uri = url
         .parse()
         .with_context(|| format!("{url:?} is not a URL"))?;
@@ -59,8 +64,7 @@ pub async fn run(target: &crate::trace::Target, url: &str, output: &str) -> Resu
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let (_ctx, source) = crate::trace::TraceContext::open(target).await?;
     let w = world(source).await?;
-    let cfg = Config::default();
-    let built = build::build(&w, &cfg);
+    let built = build::build(&w, cfg);
     let eps = endpoints::resolve(&w, &built.backends);
     // An address a Gateway holds is that Gateway's; anything else is the
     // gateway's shared address.

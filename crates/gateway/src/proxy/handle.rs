@@ -26,6 +26,21 @@ pub struct Conn {
     pub bind: crate::model::Bind,
     pub scheme: &'static str,
     pub remote: SocketAddr,
+    /// The client's address as a header value (X-Forwarded-For), made
+    /// once per connection.
+    pub remote_ip: HeaderValue,
+}
+
+impl Conn {
+    pub fn new(bind: crate::model::Bind, scheme: &'static str, remote: SocketAddr) -> Conn {
+        let ip = remote.ip().to_string();
+        Conn {
+            bind,
+            scheme,
+            remote,
+            remote_ip: HeaderValue::try_from(ip).expect("an address is a header value"),
+        }
+    }
 }
 
 static TURN: AtomicU64 = AtomicU64::new(0);
@@ -153,18 +168,36 @@ fn pick(rule: &Rule) -> Option<usize> {
     })
 }
 
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
+/// Names made once: a `&str` name is parsed again on every use.
+const HOP_BY_HOP: [header::HeaderName; 8] = [
+    header::CONNECTION,
+    header::HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
 ];
+const X_FORWARDED_FOR: header::HeaderName = header::HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: header::HeaderName = header::HeaderName::from_static("x-forwarded-proto");
 
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
+    if h.contains_key(header::CONNECTION) {
+        strip_connection_named(h, upgrading);
+    }
+    for n in &HOP_BY_HOP {
+        h.remove(n);
+    }
+    if upgrading {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        h.remove(header::UPGRADE);
+    }
+}
+
+/// Removes the headers `Connection` names (but `upgrade` when upgrading).
+fn strip_connection_named(h: &mut HeaderMap, upgrading: bool) {
     let named: Vec<String> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -174,14 +207,6 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
         .collect();
     for n in named {
         h.remove(n.as_str());
-    }
-    for n in HOP_BY_HOP {
-        h.remove(n);
-    }
-    if upgrading {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        h.remove(header::UPGRADE);
     }
 }
 
@@ -276,18 +301,10 @@ fn edit_request(
     host: &str,
     upgrading: bool,
 ) {
-    let authority = parts
-        .uri
-        .authority()
-        .map(|a| a.to_string())
-        .or_else(|| {
-            parts
-                .headers
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(String::from)
-        })
-        .unwrap_or_else(|| host.to_string());
+    // The Host the backend sees: the rewrite's, else the request
+    // target's authority (HTTP/2, absolute-form), else the client's Host
+    // header as it came, else the host routed on.
+    let authority = parts.uri.authority().map(|a| a.as_str().to_string());
     strip_hop_by_hop(&mut parts.headers, upgrading);
     for e in [&rule.request_headers, &b.request_headers]
         .into_iter()
@@ -305,24 +322,29 @@ fn edit_request(
         None => (pq, None),
     };
     parts.uri = Uri::from(pq);
-    let host_value = new_host.unwrap_or(authority);
-    if let Ok(v) = HeaderValue::try_from(host_value) {
+    let host_value = match (new_host, authority) {
+        (Some(h), _) | (None, Some(h)) => Some(h),
+        (None, None) if parts.headers.contains_key(header::HOST) => None,
+        (None, None) => Some(host.to_string()),
+    };
+    if let Some(Ok(v)) = host_value.map(HeaderValue::try_from) {
         parts.headers.insert(header::HOST, v);
     }
-    let xff = match parts
-        .headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(prev) => format!("{prev}, {}", conn.remote.ip()),
-        None => conn.remote.ip().to_string(),
+    let xff = match parts.headers.get(&X_FORWARDED_FOR).map(|v| v.as_bytes()) {
+        Some(prev) => {
+            let mut v = prev.to_vec();
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(conn.remote_ip.as_bytes());
+            HeaderValue::from_bytes(&v).ok()
+        }
+        None => Some(conn.remote_ip.clone()),
     };
-    if let Ok(v) = HeaderValue::try_from(xff) {
-        parts.headers.insert("x-forwarded-for", v);
+    if let Some(v) = xff {
+        parts.headers.insert(X_FORWARDED_FOR, v);
     }
     parts
         .headers
-        .insert("x-forwarded-proto", HeaderValue::from_static(conn.scheme));
+        .insert(X_FORWARDED_PROTO, HeaderValue::from_static(conn.scheme));
 }
 
 /// Tries endpoints until one answers: a connection that could not be

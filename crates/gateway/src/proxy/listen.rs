@@ -174,11 +174,7 @@ async fn connection(
 ) {
     let tls = shared.tls.load().get(&bind).cloned();
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let conn = Arc::new(Conn {
-        bind,
-        scheme,
-        remote,
-    });
+    let conn = Arc::new(Conn::new(bind, scheme, remote));
     let svc = {
         let shared = shared.clone();
         service_fn(move |req| handle(shared.clone(), conn.clone(), req))

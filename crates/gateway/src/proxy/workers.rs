@@ -23,8 +23,11 @@ impl Workers {
         };
         let mut handles = Vec::with_capacity(n);
         for i in 0..n {
+            // Sockets and timers only: no signal or process driver to
+            // check on every park.
             let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
+                .enable_io()
+                .enable_time()
                 .build()?;
             handles.push(rt.handle().clone());
             std::thread::Builder::new()
