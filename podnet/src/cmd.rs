@@ -267,7 +267,7 @@ pub async fn lb_controller(
     let mut source = podnet_source::Source::kube(client.clone(), metrics.store_watch("controller"));
     let sub = source.subscribe(podnet_lb::kube::KINDS);
     let _source = source.start();
-    let lease = podnet_lb::kube::lease::LeaseConfig::new(lease_namespace, LB_LEASE, &id);
+    let lease = podnet_lease::LeaseConfig::new(lease_namespace, LB_LEASE, &id);
     let ready = move || metrics.set_ready(true);
     podnet_lb::kube::run(client, sub, lease, ready, podnet_daemon::shutdown_signal()).await;
     tracing::info!("controller stopped");

@@ -49,6 +49,14 @@ pub struct GatewayArgs {
     /// accepted (reason PortUnavailable). Ingress ports are not limited.
     #[arg(long, env = "PODNET_GATEWAY_LISTENER_PORTS", default_value = podnet_gateway::model::ports::DEFAULT)]
     listener_ports: String,
+    /// Kubernetes mode: the namespace of the Lease the replicas elect the
+    /// one status writer with (every replica serves traffic).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    lease_namespace: String,
+    /// Kubernetes mode: this replica's name in the Lease (default: the
+    /// pod's name, else the host name and process ID).
+    #[arg(long, env = "POD_NAME")]
+    id: Option<String>,
     /// Data-plane threads, each serving its share of the connections on
     /// every port (0: one per CPU).
     #[arg(long, default_value_t = 0)]
@@ -106,13 +114,22 @@ fn config(
     })
 }
 
+/// The Lease the gateway replicas elect their status writer with.
+const LEASE: &str = "podnet-gateway";
+
 /// Runs the gateway until SIGTERM.
 pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
     let metrics = podnet_daemon::Metrics::new();
+    let mut election = None;
     let (mut source, writer, kinds) = if a.kube.enabled() {
         let client = a.kube.client().await?;
         let kinds = kube_kinds(&client).await;
         let source = podnet_source::Source::kube(client.clone(), metrics.store_watch("gateway"));
+        election = Some(Election::start(
+            &client,
+            &a.lease_namespace,
+            a.id.as_deref(),
+        ));
         (source, podnet_gateway::write::kube(client), kinds)
     } else {
         let store = podnet_store::open(url)
@@ -139,6 +156,7 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
         address: a.address,
         status_addresses: a.status_address,
         workers: a.workers,
+        leader: election.as_ref().map(|e| e.rx.clone()),
     };
     tracing::info!(store = url, metrics = %maddr, "gateway starting");
     let shared = podnet_gateway::proxy::Shared::new(a.access_log);
@@ -152,8 +170,42 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
     )
     .await
     .context("starting the data plane's threads")?;
+    if let Some(e) = election {
+        e.stop().await;
+    }
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The campaign for the status writer's Lease (Kubernetes mode).
+struct Election {
+    rx: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
+    task: tokio::task::JoinHandle<()>,
+    api: kube::Api<podnet_api::k8s_openapi::api::coordination::v1::Lease>,
+    cfg: podnet_lease::LeaseConfig,
+}
+
+impl Election {
+    fn start(client: &kube::Client, namespace: &str, id: Option<&str>) -> Election {
+        let id = id.map(String::from).unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        });
+        tracing::info!(%id, namespace, lease = LEASE, "campaigning to write statuses");
+        let cfg = podnet_lease::LeaseConfig::new(namespace, LEASE, &id);
+        let api = kube::Api::namespaced(client.clone(), namespace);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let task = tokio::spawn(podnet_lease::campaign(api.clone(), cfg.clone(), tx));
+        Election { rx, task, api, cfg }
+    }
+
+    /// Stops campaigning and hands the Lease back if held.
+    async fn stop(self) {
+        self.task.abort();
+        if let Err(e) = podnet_lease::release(&self.api, &self.cfg).await {
+            tracing::warn!("handing the gateway's lease back: {e}");
+        }
+    }
 }
 
 /// The kinds to watch in a cluster: the Gateway API's only where its

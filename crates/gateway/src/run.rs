@@ -5,6 +5,8 @@
 //! backends only; ports follow the table; statuses that differ are
 //! queued and written behind, in their own task, so a slow API never
 //! delays routing (and every status is compared again now and then).
+//! Of several replicas, the one holding the Lease writes; a new leader
+//! compares every status at once.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use podnet_api::Kind;
 use podnet_daemon::{Gauge, Histogram, Metrics};
 use podnet_source::{Delta, Subscription};
+use tokio::sync::watch;
 
 use crate::model::build::compiler::Compiler;
 use crate::model::build::part::Source;
@@ -41,6 +44,30 @@ pub struct Options {
     pub status_addresses: Vec<String>,
     /// Data-plane threads (0: one per CPU).
     pub workers: usize,
+    /// Until when this replica may write statuses (a Lease's leadership:
+    /// of several replicas one writes); None: it always may.
+    pub leader: Option<watch::Receiver<Option<tokio::time::Instant>>>,
+}
+
+impl Options {
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|rx| {
+            rx.borrow()
+                .is_some_and(|until| tokio::time::Instant::now() < until)
+        })
+    }
+}
+
+/// Resolves when leadership changes (never without an election).
+async fn leadership_changed(rx: &mut Option<watch::Receiver<Option<tokio::time::Instant>>>) {
+    match rx {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// Runs until `shutdown`; then stops accepting and lets open
@@ -56,8 +83,10 @@ pub async fn run(
     let workers = Workers::start(opts.workers)?;
     let queue = Arc::new(write::Queue::default());
     if let Some(w) = writer {
-        tokio::spawn(write::drain(queue.clone(), w));
+        let o = opts.clone();
+        tokio::spawn(write::drain(queue.clone(), w, move || o.leading()));
     }
+    let mut leader = opts.leader.clone();
     let mut g = Gateway {
         ports: Ports::new(shared.clone(), workers, opts.address),
         opts,
@@ -88,6 +117,10 @@ pub async fn run(
                     g.apply(std::mem::take(&mut dirty)).await;
                     g.metrics.set_ready(true);
                 }
+            }
+            _ = leadership_changed(&mut leader) => {
+                // A new leader compares every status at once.
+                g.queue_statuses(None);
             }
             _ = flush.tick() => {
                 g.shared.stats.flush(&g.metrics);
@@ -258,6 +291,9 @@ impl Gateway {
     /// and Ingresses in `only`; all: None) that differ from the objects'.
     fn queue_statuses(&self, only: Option<&BTreeSet<Source>>) {
         let Some(c) = &self.compiler else { return };
+        if !self.opts.leading() {
+            return;
+        }
         let mut statuses = c.statuses(only);
         for e in &self.unbound {
             statuses.port_unavailable(e.bind, &e.err.to_string());

@@ -52,12 +52,16 @@ impl Queue {
     }
 }
 
-/// Writes what is queued, one object at a time; a failed write is
-/// logged (the next full comparison queues it again).
-pub async fn drain(q: Arc<Queue>, w: WriteStatus) {
+/// Writes what is queued, one object at a time, while `may_write` (a
+/// replica that lost its leadership drops what it queued); a failed
+/// write is logged (the next full comparison queues it again).
+pub async fn drain(q: Arc<Queue>, w: WriteStatus, may_write: impl Fn() -> bool) {
     loop {
         q.more.notified().await;
         for o in q.take() {
+            if !may_write() {
+                continue;
+            }
             if let Err(e) = w(o).await {
                 tracing::warn!("{e}");
             }
@@ -202,4 +206,55 @@ fn api_ns<
     ns: &str,
 ) -> kube::Api<K> {
     kube::Api::namespaced(c.clone(), ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn route(name: &str) -> Object {
+        Object::from_value(
+            serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute", "metadata": {"name": name, "namespace": "default"}, "spec": {}}),
+        )
+        .unwrap()
+    }
+
+    /// A replica that does not lead writes nothing it queued; one that
+    /// leads writes the latest status per object.
+    #[tokio::test]
+    async fn only_the_leader_writes_the_latest() {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let w: WriteStatus = {
+            let written = written.clone();
+            Arc::new(move |o: Object| {
+                written.lock().unwrap().push(o.name().to_string());
+                Box::pin(async { Ok(()) })
+            })
+        };
+        let leading = Arc::new(AtomicBool::new(false));
+        let q = Arc::new(Queue::default());
+        let asked = Arc::new(AtomicUsize::new(0));
+        let (l, a) = (leading.clone(), asked.clone());
+        let may = move || {
+            a.fetch_add(1, Ordering::SeqCst);
+            l.load(Ordering::SeqCst)
+        };
+        let task = tokio::spawn(drain(q.clone(), w, may));
+        q.push(vec![route("a")]);
+        // Wait until the drain judged it (and dropped it, not leading).
+        while asked.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        leading.store(true, Ordering::SeqCst);
+        q.push(vec![route("b"), route("b"), route("c")]);
+        while written.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        assert_eq!(*written.lock().unwrap(), ["b", "c"]);
+    }
 }

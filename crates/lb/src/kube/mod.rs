@@ -18,7 +18,7 @@
 //! [`lease`] the leader election; this file is the loop and the writes.
 
 pub mod cache;
-pub mod lease;
+pub use podnet_lease as lease;
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -1,7 +1,9 @@
 //! Leader election over a `coordination.k8s.io/v1` Lease, the way
-//! client-go's leaderelection does it, so that of several LB IPAM
-//! controllers exactly one hands out addresses (two deciding at once
-//! could each give one address to a different Service).
+//! client-go's leaderelection does it, so that of several replicas
+//! exactly one acts: one LB IPAM controller hands out addresses (two
+//! deciding at once could each give one address to a different Service),
+//! one L7 gateway writes statuses (replicas on different nodes could
+//! disagree, and would rewrite each other's).
 //!
 //! Each candidate reads the Lease every retry period. The holder renews
 //! it; another takes it only once the record has not changed for the
