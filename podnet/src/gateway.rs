@@ -49,6 +49,11 @@ pub struct GatewayArgs {
     /// accepted (reason PortUnavailable). Ingress ports are not limited.
     #[arg(long, env = "PODNET_GATEWAY_LISTENER_PORTS", default_value = podnet_gateway::model::ports::DEFAULT)]
     listener_ports: String,
+    /// Seconds a client may take to send a request's head (and an idle
+    /// HTTP/1.1 connection is kept; a TLS handshake must end within it;
+    /// an HTTP/2 peer must answer a ping within it).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: u64,
     /// Kubernetes mode: the namespace of the Lease the replicas elect the
     /// one status writer with (every replica serves traffic).
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
@@ -159,7 +164,10 @@ pub async fn run(url: &str, a: GatewayArgs) -> Result<()> {
         leader: election.as_ref().map(|e| e.rx.clone()),
     };
     tracing::info!(store = url, metrics = %maddr, "gateway starting");
-    let shared = podnet_gateway::proxy::Shared::new(a.access_log);
+    let shared = podnet_gateway::proxy::Shared::with_header_timeout(
+        a.access_log,
+        std::time::Duration::from_secs(a.header_timeout),
+    );
     podnet_gateway::run::run(
         opts,
         sub,

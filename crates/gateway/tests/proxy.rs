@@ -106,7 +106,10 @@ struct Gw {
 
 impl Gw {
     async fn start(w: &World) -> Gw {
-        let shared = Shared::new(false);
+        Gw::start_with(w, Shared::new(false)).await
+    }
+
+    async fn start_with(w: &World, shared: Arc<Shared>) -> Gw {
         let ports = Ports::with_binder(
             shared.clone(),
             Workers::start(2).unwrap(),
@@ -592,5 +595,58 @@ async fn retries_where_the_route_allows_and_mirrors() {
         "the mirrored copy",
         std::time::Duration::from_secs(10),
         || mirrored.load(std::sync::atomic::Ordering::SeqCst) == 1,
+    );
+}
+
+/// A client that sends half a request head, or sits idle after a
+/// request, is cut off after the header timeout: a pod cannot hold the
+/// gateway's connections (and file descriptors) for ever.
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut_off() {
+    let a = echo("a").await;
+    let objs = gateway_objects(
+        json!([{"name": "http", "port": 8080, "protocol": "HTTP"}]),
+        vec![json!({"rules": [{"backendRefs": [{"name": "a", "port": 8080}]}]})],
+    );
+    let w = objects(&[("a", a, None)], objs);
+    let timeout = std::time::Duration::from_millis(300);
+    let g = Gw::start_with(&w, Shared::with_header_timeout(false, timeout)).await;
+    let addr = g.at(8080);
+    // Closed: a read ends (EOF or reset) rather than waiting for ever;
+    // the bound only turns a hang into a failure.
+    async fn closed(s: &mut TcpStream) -> Result<Vec<u8>, String> {
+        let mut got = Vec::new();
+        match tokio::time::timeout(std::time::Duration::from_secs(20), s.read_to_end(&mut got))
+            .await
+        {
+            Ok(_) => Ok(got),
+            Err(_) => Err(format!(
+                "still open; read {:?}",
+                String::from_utf8_lossy(&got)
+            )),
+        }
+    }
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: 1")
+        .await
+        .unwrap();
+    let got = closed(&mut slow)
+        .await
+        .expect("a half-sent head is cut off");
+    assert!(
+        !String::from_utf8_lossy(&got).contains("200"),
+        "no answer to half a head"
+    );
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        .await
+        .unwrap();
+    let got = closed(&mut idle)
+        .await
+        .expect("an idle keep-alive connection is closed");
+    let got = String::from_utf8_lossy(&got);
+    assert!(
+        got.starts_with("HTTP/1.1 200"),
+        "the request was answered first: {got}"
     );
 }

@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -175,20 +176,25 @@ async fn connection(
     let tls = shared.tls.load().get(&bind).cloned();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let conn = Arc::new(Conn::new(bind, scheme, remote));
+    let timeout = shared.header_timeout;
     let svc = {
         let shared = shared.clone();
         service_fn(move |req| handle(shared.clone(), conn.clone(), req))
     };
     match tls {
-        Some(cfg) => match tokio_rustls::TlsAcceptor::from(cfg).accept(s).await {
-            Ok(t) => serve(TokioIo::new(t), svc, draining).await,
-            Err(e) => tracing::debug!(%remote, %bind, "TLS handshake: {e}"),
-        },
-        None => serve(TokioIo::new(s), svc, draining).await,
+        Some(cfg) => {
+            let hs = tokio_rustls::TlsAcceptor::from(cfg).accept(s);
+            match tokio::time::timeout(timeout, hs).await {
+                Ok(Ok(t)) => serve(TokioIo::new(t), svc, timeout, draining).await,
+                Ok(Err(e)) => tracing::debug!(%remote, %bind, "TLS handshake: {e}"),
+                Err(_) => tracing::debug!(%remote, %bind, "TLS handshake: timed out"),
+            }
+        }
+        None => serve(TokioIo::new(s), svc, timeout, draining).await,
     }
 }
 
-async fn serve<I, S>(io: I, svc: S, mut draining: watch::Receiver<bool>)
+async fn serve<I, S>(io: I, svc: S, timeout: Duration, mut draining: watch::Receiver<bool>)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -199,7 +205,17 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
+    // HTTP/2: a peer that stops answering pings is dropped.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(timeout)
+        .keep_alive_timeout(timeout);
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
     let drain = async move {

@@ -32,16 +32,32 @@ pub struct Shared {
     pub stats: stats::Stats,
     /// Log every request (target `podnet::access`).
     pub access_log: bool,
+    /// How long a client may take to send a request's head, counted from
+    /// when the connection is ready for one (so also how long an idle
+    /// HTTP/1.1 connection is kept): a client that dribbles bytes or sits
+    /// idle cannot hold connections for ever.
+    pub header_timeout: std::time::Duration,
 }
+
+/// nginx's client_header_timeout is 60 s, HAProxy's examples use 10 s.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Shared {
     pub fn new(access_log: bool) -> Arc<Shared> {
+        Shared::with_header_timeout(access_log, HEADER_TIMEOUT)
+    }
+
+    pub fn with_header_timeout(
+        access_log: bool,
+        header_timeout: std::time::Duration,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             table: ArcSwap::from_pointee(Table::default()),
             endpoints: ArcSwap::from_pointee(Endpoints::default()),
             tls: ArcSwap::from_pointee(HashMap::new()),
             stats: stats::Stats::default(),
             access_log,
+            header_timeout,
         })
     }
 
