@@ -21,6 +21,8 @@
 #            GWC_REPORT (where the report goes; default the repo's
 #              conformance/gateway-api-<version>-report.yaml)
 #            GWC_OUT (default /tmp/podnet-gateway-conformance/<time>/)
+#            GWC_FEATURES (the suite's -supported-features; default the
+#              features podnet claims)
 #
 # Steps: the suite and its images (scripts/gateway-conformance.sh, cached),
 # the pause image (scripts/e2e-images.sh, cached), podnet; `lab up
@@ -60,6 +62,8 @@ main() {
     V=v1.6.3
     LOG=/tmp/gateway-conformance.log
     REPORT=${GWC_REPORT:-$PWD/conformance/gateway-api-$V-report.yaml}
+    # The features podnet claims (its GatewayClass's supportedFeatures).
+    FEATURES=Gateway,GatewayHTTPListenerIsolation,GatewayPort8080,HTTPRoute,HTTPRoute303RedirectStatusCode,HTTPRoute307RedirectStatusCode,HTTPRoute308RedirectStatusCode,HTTPRouteBackendProtocolH2C,HTTPRouteBackendProtocolWebSocket,HTTPRouteBackendRequestHeaderModification,HTTPRouteBackendTimeout,HTTPRouteHostRewrite,HTTPRouteMethodMatching,HTTPRouteNamedRouteRule,HTTPRouteParentRefPort,HTTPRoutePathRedirect,HTTPRoutePathRewrite,HTTPRoutePortRedirect,HTTPRouteQueryParamMatching,HTTPRouteRequestMirror,HTTPRouteRequestMultipleMirrors,HTTPRouteRequestPercentageMirror,HTTPRouteRequestTimeout,HTTPRouteResponseHeaderModification,HTTPRouteSchemeRedirect,ReferenceGrant
     OUT=${GWC_OUT:-/tmp/podnet-gateway-conformance/$(date -u +%Y%m%dT%H%M%SZ)}
     mkdir -p "$OUT" "$(dirname "$REPORT")"
     : >"$LOG"
@@ -179,7 +183,7 @@ YAML
 
     args=(-test.run '^TestConformance$' -test.v -test.timeout 0
           -kubeconfig "$KC_NET" -gateway-class podnet
-          -conformance-profiles GATEWAY-HTTP -supported-features Gateway,HTTPRoute,ReferenceGrant
+          -conformance-profiles GATEWAY-HTTP -supported-features "${GWC_FEATURES:-$FEATURES}"
           -cleanup-base-resources=true
           -timeout-config-overrides "${GWC_TIMEOUTS:-NamespacesMustBeReady:600}"
           -report-output "$OUT/report.yaml"

@@ -183,8 +183,12 @@ impl Gateway {
                 }
                 Some(dirty.sources)
             }
-            _ => {
-                self.compiler = Some(Compiler::new(&self.world, &self.opts.config));
+            (c, _) => {
+                let fresh = match c {
+                    Some(c) => c.renew(&self.world),
+                    None => Compiler::new(&self.world, &self.opts.config),
+                };
+                self.compiler = Some(fresh);
                 None
             }
         };

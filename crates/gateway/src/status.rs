@@ -16,9 +16,39 @@ use podnet_api::k8s_openapi::jiff::Timestamp;
 
 use crate::model::build::{GatewayState, ParentState, Verdict};
 
-/// The features `status.supportedFeatures` lists (and the conformance
-/// run claims).
-pub const SUPPORTED_FEATURES: &[&str] = &["Gateway", "HTTPRoute", "ReferenceGrant"];
+/// The features `status.supportedFeatures` lists, sorted, and the
+/// conformance run claims (`scripts/gateway-conformance-run.sh`, kept
+/// equal by a test): the standard channel's core and the extended ones
+/// the suite passes (the experimental Retry and DestinationPortMatching
+/// need the experimental CRDs' fields).
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "Gateway",
+    "GatewayHTTPListenerIsolation",
+    "GatewayPort8080",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+];
 
 /// One condition, its transition time carried over from `old` when its
 /// status did not change.
@@ -183,4 +213,26 @@ pub fn route(
 /// times over, so plain equality tells).
 pub fn unchanged<T: PartialEq>(old: Option<&T>, new: &T) -> bool {
     old == Some(new)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The conformance run claims exactly what GatewayClasses show.
+    #[test]
+    fn the_conformance_run_claims_what_the_status_lists() {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/gateway-conformance-run.sh"
+        );
+        let text = std::fs::read_to_string(script).unwrap();
+        let line = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("FEATURES="))
+            .expect("FEATURES= in the script");
+        let claimed: Vec<&str> = line.split(',').collect();
+        assert_eq!(claimed, super::SUPPORTED_FEATURES);
+        let mut sorted = claimed.clone();
+        sorted.sort();
+        assert_eq!(claimed, sorted, "sorted, as the spec asks");
+    }
 }

@@ -2,8 +2,10 @@
 //! --address-pool`): Gateways that listen on the same port must not share
 //! routes, so each gets an address of its own to be served on. Pure: which
 //! Gateway holds which address. A Gateway keeps what its status shows (a
-//! restart moves nothing), else takes the address its spec asks for, else
-//! the lowest free one; older Gateways choose first.
+//! restart moves nothing), else what this gateway gave it before (its
+//! status may not be written yet when the next Gateway comes), else takes
+//! the address its spec asks for, else the lowest free one; older
+//! Gateways choose first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -67,11 +69,16 @@ fn asked(g: &Gateway) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The address of each of `ours` (Gateways without one: the pool ran out).
+/// Where a Gateway's address may come from, in order.
+type Pick<'a> = &'a dyn Fn(&Key, &Gateway) -> Vec<IpAddr>;
+
+/// The address of each of `ours` (Gateways without one: the pool ran
+/// out), `given` what the last assignment gave.
 pub fn assign(
     gateways: &BTreeMap<Key, Gateway>,
     ours: &BTreeSet<Key>,
     pool: &Pool,
+    given: &BTreeMap<Key, IpAddr>,
 ) -> BTreeMap<Key, IpAddr> {
     let mut order: Vec<(&Key, &Gateway)> =
         gateways.iter().filter(|(k, _)| ours.contains(*k)).collect();
@@ -86,13 +93,16 @@ pub fn assign(
     });
     let mut taken = BTreeSet::new();
     let mut out = BTreeMap::new();
-    // What statuses show first, then what specs ask for.
-    for pick in [shown as fn(&Gateway) -> Vec<IpAddr>, asked] {
+    // What statuses show first, then what was given, then what specs ask
+    // for.
+    let before = |k: &Key, _: &Gateway| given.get(k).copied().into_iter().collect();
+    let picks: [Pick; 3] = [&|_, g| shown(g), &before, &|_, g| asked(g)];
+    for pick in picks {
         for (k, g) in &order {
             if out.contains_key(*k) {
                 continue;
             }
-            if let Some(ip) = pick(g)
+            if let Some(ip) = pick(k, g)
                 .into_iter()
                 .find(|ip| pool.contains(*ip) && !taken.contains(ip))
             {
@@ -147,7 +157,7 @@ mod tests {
         .into_iter()
         .collect();
         let ours: BTreeSet<Key> = all.keys().cloned().collect();
-        let got: Vec<(String, String)> = assign(&all, &ours, &pool)
+        let got: Vec<(String, String)> = assign(&all, &ours, &pool, &BTreeMap::new())
             .into_iter()
             .map(|(k, ip)| (k.1, ip.to_string()))
             .collect();
@@ -161,5 +171,29 @@ mod tests {
             "late and outside find the pool empty"
         );
         assert!(Pool::parse("").is_err() && Pool::parse("10.0.0.9-10.0.0.1").is_err());
+    }
+
+    /// Two Gateways created in one second, the second (by name, first)
+    /// arriving before the first's status is written: the first keeps
+    /// the address it was given (conformance: GatewayHTTPListenerIsolation
+    /// read an address that then moved).
+    #[test]
+    fn an_address_given_stays_before_the_status_shows_it() {
+        let pool = Pool::parse("10.0.0.1-10.0.0.3").unwrap();
+        let b = gw("b", "2026-01-01T00:00:00Z", None, None);
+        let first: BTreeMap<Key, Gateway> = [b.clone()].into_iter().collect();
+        let ours: BTreeSet<Key> = first.keys().cloned().collect();
+        let given = assign(&first, &ours, &pool, &BTreeMap::new());
+        assert_eq!(given[&b.0].to_string(), "10.0.0.1");
+        let both: BTreeMap<Key, Gateway> = [b.clone(), gw("a", "2026-01-01T00:00:00Z", None, None)]
+            .into_iter()
+            .collect();
+        let ours: BTreeSet<Key> = both.keys().cloned().collect();
+        let got = assign(&both, &ours, &pool, &given);
+        assert_eq!(got[&b.0].to_string(), "10.0.0.1", "b keeps its address");
+        assert_eq!(
+            got[&("x".to_string(), "a".to_string())].to_string(),
+            "10.0.0.2"
+        );
     }
 }

@@ -63,7 +63,7 @@ pub fn explain(
         out.outcome = format!("connection refused: nothing serves {bind}");
         return out;
     };
-    let Some((pattern, entries)) = pt.hosts.get_with_pattern(host) else {
+    let Some((_, pattern, entries)) = pt.entries(host) else {
         out.outcome = format!("404: no route for host {host}");
         return out;
     };

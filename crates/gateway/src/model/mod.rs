@@ -166,11 +166,24 @@ pub struct Certificate {
 pub struct PortTable {
     /// TLS is terminated here (HTTPS listeners, Ingress TLS).
     pub tls: bool,
-    /// Each pattern's entries in precedence order, shared with the
-    /// compiler's copy (a swap clones pointers, not entries).
-    pub hosts: HostMap<Arc<Vec<Entry>>>,
+    /// Per listener hostname (the most specific that matches a request's
+    /// host takes it: listener isolation), each host pattern's entries in
+    /// precedence order, shared with the compiler's copy (a swap clones
+    /// pointers, not entries).
+    pub hosts: HostMap<HostMap<Arc<Vec<Entry>>>>,
     /// Most specific host first; the first that matches the SNI serves.
     pub certs: Vec<Certificate>,
+}
+
+impl PortTable {
+    /// The entries a request for `host` searches: the most specific
+    /// listener's, under its most specific host pattern; with both
+    /// patterns.
+    pub fn entries(&self, host: &str) -> Option<(Host, Host, &Arc<Vec<Entry>>)> {
+        let (listener, patterns) = self.hosts.get_with_pattern(host)?;
+        let (pattern, entries) = patterns.get_with_pattern(host)?;
+        Some((listener, pattern, entries))
+    }
 }
 
 /// Where a port table is served: a port on the gateway's own address
@@ -218,7 +231,7 @@ impl Table {
         host: &str,
         r: &Request,
     ) -> Option<Found<'a>> {
-        let entries = self.ports.get(&bind.into())?.hosts.get(host)?;
+        let entries = self.ports.get(&bind.into())?.entries(host)?.2;
         entries.iter().find(|e| e.m.matches(r)).map(|e| Found {
             rule: &e.rule,
             m: &e.m,

@@ -12,9 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::listeners::{self, Gw};
-use super::part::{Part, Source};
+use super::part::{Part, Slot, Source};
 use super::{ingress, routes, Built, Config, Key, Statuses, World};
-use crate::model::hosts::Host;
 use crate::model::{host_rank, matcher, BackendKey, Bind, Table};
 
 /// The table and statuses, kept up to date one object at a time.
@@ -27,8 +26,8 @@ pub struct Compiler {
     /// Gateways' listeners open.
     base: Built,
     parts: BTreeMap<Source, Part>,
-    /// Which parts have entries under each (port, host pattern).
-    by_host: HashMap<(Bind, Host), BTreeSet<Source>>,
+    /// Which parts have entries in each slot.
+    by_host: HashMap<Slot, BTreeSet<Source>>,
     /// Per port: how many parts open it, and how many make it TLS.
     port_users: BTreeMap<Bind, (usize, usize)>,
     /// Per port: the parts that bring certificates to it.
@@ -43,15 +42,30 @@ pub struct Compiler {
 /// What a change touched, to be re-merged.
 #[derive(Default)]
 struct Touched {
-    hosts: BTreeSet<(Bind, Host)>,
+    hosts: BTreeSet<Slot>,
     ports: BTreeSet<Bind>,
 }
 
 impl Compiler {
     /// Compiles everything in `w`.
     pub fn new(w: &World, cfg: &Config) -> Compiler {
+        Compiler::with_given(w, cfg, &BTreeMap::new())
+    }
+
+    /// Compiles everything in `w` again, each Gateway keeping the address
+    /// this compiler gave it.
+    pub fn renew(&self, w: &World) -> Compiler {
+        let given = self
+            .gws
+            .iter()
+            .filter_map(|(k, g)| Some((k.clone(), g.address?)))
+            .collect();
+        Compiler::with_given(w, &self.cfg, &given)
+    }
+
+    fn with_given(w: &World, cfg: &Config, given: &BTreeMap<Key, std::net::IpAddr>) -> Compiler {
         let mut base = Built::default();
-        let gws = listeners::judge(w, cfg, &mut base);
+        let gws = listeners::judge(w, cfg, given, &mut base);
         let mut c = Compiler {
             cfg: cfg.clone(),
             gws,
@@ -236,20 +250,23 @@ impl Compiler {
         for p in t.ports {
             self.merge_port(p);
         }
-        for (bind, host) in t.hosts {
-            let Some(pt) = self.table.ports.get_mut(&bind) else {
+        for slot in t.hosts {
+            let Some(pt) = self.table.ports.get_mut(&slot.bind) else {
                 continue;
             };
-            let key = (bind, host);
             let mut list = Vec::new();
-            for src in self.by_host.get(&key).into_iter().flatten() {
-                if let Some(es) = self.parts.get(src).and_then(|p| p.entries.get(&key)) {
+            for src in self.by_host.get(&slot).into_iter().flatten() {
+                if let Some(es) = self.parts.get(src).and_then(|p| p.entries.get(&slot)) {
                     list.extend(es.iter().cloned());
                 }
             }
             list.sort_by(|a, b| matcher::by_precedence((&a.m, &a.order), (&b.m, &b.order)));
             let v = (!list.is_empty()).then(|| Arc::new(list));
-            pt.hosts.set(&key.1, v);
+            let patterns = pt.hosts.entry(&slot.listener);
+            patterns.set(&slot.host, v);
+            if patterns.is_empty() {
+                pt.hosts.set(&slot.listener, None);
+            }
         }
     }
 

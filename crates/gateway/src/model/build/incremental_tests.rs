@@ -143,12 +143,14 @@ fn served(t: &crate::model::Table) -> Served {
     for (bind, pt) in &t.ports {
         let certs: Vec<String> = pt.certs.iter().map(|c| c.host.to_string()).collect();
         out.insert((*bind, String::new()), (pt.tls, certs, Vec::new()));
-        for (h, es) in pt.hosts.iter() {
-            let es = es
-                .iter()
-                .map(|e| format!("{} {:?} {:?}", e.rule.route, e.m, e.order))
-                .collect();
-            out.insert((*bind, format!("{h:?}")), (pt.tls, Vec::new(), es));
+        for (l, patterns) in pt.hosts.iter() {
+            for (h, es) in patterns.iter() {
+                let es = es
+                    .iter()
+                    .map(|e| format!("{} {:?} {:?}", e.rule.route, e.m, e.order))
+                    .collect();
+                out.insert((*bind, format!("{l:?} {h:?}")), (pt.tls, Vec::new(), es));
+            }
         }
     }
     out

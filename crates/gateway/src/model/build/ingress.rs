@@ -146,9 +146,9 @@ fn place(cfg: &Config, tls_hosts: &[(Host, Option<&str>)], host: &Host, e: Entry
     {
         let bind = cfg.ingress_https_port.into();
         b.tls.insert(bind);
-        b.push(bind, host, [e.clone()]);
+        b.push((bind, &Host::Any), host, [e.clone()]);
     }
-    b.push(cfg.ingress_http_port.into(), host, [e]);
+    b.push((cfg.ingress_http_port.into(), &Host::Any), host, [e]);
 }
 
 fn rule_for(w: &World, k: &Key, ri: usize, be: &IngressBackend, b: &mut Part) -> Rule {

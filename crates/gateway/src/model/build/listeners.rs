@@ -67,7 +67,13 @@ impl Gw {
 }
 
 /// Judges our classes and Gateways; opens the valid listeners' ports.
-pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
+/// `given`: the addresses the last judgement gave.
+pub fn judge(
+    w: &World,
+    cfg: &Config,
+    given: &BTreeMap<Key, std::net::IpAddr>,
+    b: &mut Built,
+) -> BTreeMap<Key, Gw> {
     for (name, c) in &w.classes {
         if c.spec.controller_name == cfg.controller_name {
             b.statuses.classes.insert(
@@ -83,7 +89,7 @@ pub fn judge(w: &World, cfg: &Config, b: &mut Built) -> BTreeMap<Key, Gw> {
         .map(|(k, _)| k.clone())
         .collect();
     let assigned = match &cfg.pool {
-        Some(p) => crate::model::addresses::assign(&w.gateways, &ours, p),
+        Some(p) => crate::model::addresses::assign(&w.gateways, &ours, p, given),
         None => BTreeMap::new(),
     };
     let mut out = BTreeMap::new();

@@ -18,12 +18,23 @@ pub enum Source {
     Ingress(Key),
 }
 
+/// Where entries go: a port, the listener's hostname on it (the most
+/// specific listener that matches a request's host takes it, and only
+/// its routes are searched: listener isolation; Ingresses are under
+/// `*`), and the host pattern the entries serve.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot {
+    pub bind: Bind,
+    pub listener: Host,
+    pub host: Host,
+}
+
 /// One object's contribution.
 #[derive(Debug, Clone, Default)]
 pub struct Part {
-    /// Entries per port and host pattern, in the order the object lists
-    /// them (sorted by precedence when merged).
-    pub entries: BTreeMap<(Bind, Host), Vec<Entry>>,
+    /// Entries per slot, in the order the object lists them (sorted by
+    /// precedence when merged).
+    pub entries: BTreeMap<Slot, Vec<Entry>>,
     /// Ports the object opens (those its entries are on, and TLS ports).
     pub ports: BTreeSet<Bind>,
     /// Ports it terminates TLS on.
@@ -37,12 +48,20 @@ pub struct Part {
 }
 
 impl Part {
-    /// Appends entries for `host` on `bind` (opening the port).
-    pub fn push(&mut self, bind: Bind, host: &Host, entries: impl IntoIterator<Item = Entry>) {
+    /// Appends entries for `host` under `listener` on `bind` (opening
+    /// the port).
+    pub fn push(
+        &mut self,
+        (bind, listener): (Bind, &Host),
+        host: &Host,
+        entries: impl IntoIterator<Item = Entry>,
+    ) {
         self.ports.insert(bind);
-        self.entries
-            .entry((bind, host.clone()))
-            .or_default()
-            .extend(entries);
+        let slot = Slot {
+            bind,
+            listener: listener.clone(),
+            host: host.clone(),
+        };
+        self.entries.entry(slot).or_default().extend(entries);
     }
 }

@@ -90,7 +90,7 @@ fn attach_to(
             continue;
         }
         for h in &hosts {
-            part.push(l.bind, h, entries(k, r, rules));
+            part.push((l.bind, &l.host), h, entries(k, r, rules));
         }
     }
     match (allowed, attached) {

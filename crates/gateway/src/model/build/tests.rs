@@ -526,3 +526,42 @@ fn listeners_open_only_the_node_ports_allowed() {
     let ports: Vec<u16> = b.table.ports.keys().map(|p| p.port).collect();
     assert_eq!(ports, [22, 8080]);
 }
+
+/// A request is searched only among the routes of the most specific
+/// listener that matches its host, even where another listener's route
+/// names that host (conformance: GatewayHTTPListenerIsolation).
+#[test]
+fn the_most_specific_listener_isolates_its_routes() {
+    let w = world(vec![
+        class(),
+        gateway(
+            "app",
+            "gw",
+            json!([{"name": "wild", "port": 80, "protocol": "HTTP", "hostname": "*.example.com"},
+                   {"name": "abc", "port": 80, "protocol": "HTTP", "hostname": "abc.example.com"}]),
+        ),
+        service("app", "web"),
+        route(
+            "app",
+            "w",
+            json!({"parentRefs": [{"name": "gw", "sectionName": "wild"}], "hostnames": ["abc.example.com", "x.example.com"],
+                   "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/w"}}], "backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+        route(
+            "app",
+            "a",
+            json!({"parentRefs": [{"name": "gw", "sectionName": "abc"}],
+                   "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/a"}}], "backendRefs": [{"name": "web", "port": 8080}]}]}),
+        ),
+    ]);
+    let b = build(&w, &Config::default());
+    let name = |host: &str, path: &str| served(&b, 80, host, path).map(|r| r.0);
+    assert_eq!(name("abc.example.com", "/a"), Some("a".into()));
+    assert_eq!(
+        name("abc.example.com", "/w"),
+        None,
+        "the wildcard listener's route does not serve abc.example.com"
+    );
+    assert_eq!(name("x.example.com", "/w"), Some("w".into()));
+    assert_eq!(name("x.example.com", "/a"), None);
+}
