@@ -135,8 +135,8 @@ fn the_manifests_are_what_an_operator_expects() {
             ("CustomResourceDefinition", 3),
             ("DaemonSet", 2),
             ("Deployment", 2),
-            ("Role", 1),
-            ("RoleBinding", 1),
+            ("Role", 2),
+            ("RoleBinding", 2),
             ("Service", 1),
             ("ServiceAccount", 4),
             ("ValidatingAdmissionPolicy", 1),
@@ -304,6 +304,15 @@ fn the_manifests_are_what_an_operator_expects() {
         .filter_map(|r| r.resource_names)
         .collect();
     assert_eq!(named, vec![vec!["podnet-lb-ipam".to_string()]]);
+    // The gateway's replicas elect their status writer the same way.
+    let role: podnet_api::k8s_openapi::api::rbac::v1::Role = b.one("Role", "podnet:gateway");
+    let named: Vec<_> = role
+        .rules
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| r.resource_names)
+        .collect();
+    assert_eq!(named, vec![vec!["podnet-gateway".to_string()]]);
 
     // The network config is flannel's fields and resolves, to the same
     // network the kube lab's controller manager hands out.
@@ -656,7 +665,9 @@ fn the_real_apiserver_accepts_the_bundle() {
             "daemonset.apps/podnet-gateway",
             "deployment.apps/podnet-dns",
             "deployment.apps/podnet-lb-ipam",
+            "role.rbac.authorization.k8s.io/podnet:gateway",
             "role.rbac.authorization.k8s.io/podnet:lb-ipam",
+            "rolebinding.rbac.authorization.k8s.io/podnet:gateway",
             "rolebinding.rbac.authorization.k8s.io/podnet:lb-ipam",
             "service/kube-dns",
             "serviceaccount/podnet-agent",
