@@ -1,5 +1,5 @@
 //! The `podnet` binary. It is also every CNI plugin: called as `bridge`,
-//! `host-local`, `loopback`, `portmap`, `bandwidth` or `podnet` (through the
+//! `host-local`, `static`, `loopback`, `portmap`, `bandwidth` or `podnet` (through the
 //! links `podnet cni install` makes), it speaks the CNI protocol; called as
 //! `podnet`, it parses subcommands. This file only parses arguments and calls
 //! one function per command.
@@ -479,7 +479,8 @@ enum CniCmd {
     },
     /// Run plugin NAME as if called by a runtime (reads CNI_* env and stdin).
     Run {
-        /// Plugin type: podnet, bridge, host-local, loopback, portmap or bandwidth.
+        /// Plugin type: podnet, bridge, host-local, static, loopback, portmap
+        /// or bandwidth.
         name: String,
     },
 }

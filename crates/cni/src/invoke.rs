@@ -50,7 +50,7 @@ const NOT_IPAM: &[&str] = &[
 ];
 
 /// The IPAM plugins this binary serves.
-const OUR_IPAM: &[&str] = &["host-local"];
+const OUR_IPAM: &[&str] = &["host-local", "static"];
 
 /// Refuses an `ipam.type` that names a plugin which is not an IPAM plugin
 /// (code 7). Unknown types pass: they may be third-party IPAM plugins.

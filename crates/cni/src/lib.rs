@@ -1,5 +1,5 @@
-//! podnet's CNI plugins: bridge, host-local, loopback, portmap, bandwidth
-//! and the `podnet` meta-plugin, all served by one multi-call binary that
+//! podnet's CNI plugins: bridge, host-local, static, loopback, portmap,
+//! bandwidth and the `podnet` meta-plugin, all served by one multi-call binary that
 //! dispatches on the name it was called as.
 //!
 //! Layout:
@@ -8,7 +8,7 @@
 //! - [`skel`]: environment parsing and command dispatch;
 //! - [`invoke`]: calling another plugin (in-process when it is us);
 //! - [`chain`]: the delegation chain and its depth limit;
-//! - [`ipam`]: host-local (config, pure allocator, on-disk store);
+//! - [`ipam`]: host-local (config, pure allocator, on-disk store) and static;
 //! - [`plugins`]: the plugins themselves.
 //!
 //! The plugins never write logs to stdout: stdout carries the result or the

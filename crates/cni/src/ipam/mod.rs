@@ -3,10 +3,12 @@
 //!
 //! - [`config`]: parsing and canonicalising ranges;
 //! - [`alloc`]: the pure round-robin allocator;
-//! - [`store`]: the on-disk reservations and their lock.
+//! - [`store`]: the on-disk reservations and their lock;
+//! - [`fixed`]: the `static` IPAM plugin (no allocation, so no state).
 
 pub mod alloc;
 pub mod config;
+pub mod fixed;
 pub mod store;
 
 use std::collections::HashSet;

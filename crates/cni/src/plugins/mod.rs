@@ -14,6 +14,7 @@ pub const NAMES: &[&str] = &[
     "podnet",
     "bridge",
     "host-local",
+    "static",
     "loopback",
     "portmap",
     "bandwidth",
@@ -23,6 +24,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
     Some(match name {
         "bridge" => Box::new(bridge::Bridge),
         "host-local" => Box::new(crate::ipam::HostLocal),
+        "static" => Box::new(crate::ipam::fixed::Static),
         "loopback" => Box::new(loopback::Loopback),
         "portmap" => Box::new(portmap::Portmap),
         "bandwidth" => Box::new(bandwidth::Bandwidth),
