@@ -97,6 +97,7 @@ pub enum LinkKind {
     Vxlan,
     Ifb,
     Tun,
+    Macvlan,
     Other(String),
     /// No IFLA_INFO_KIND: loopback or a physical device.
     Device,
@@ -110,6 +111,7 @@ impl LinkKind {
             "vxlan" => LinkKind::Vxlan,
             "ifb" => LinkKind::Ifb,
             "tun" => LinkKind::Tun,
+            "macvlan" => LinkKind::Macvlan,
             o => LinkKind::Other(o.to_string()),
         }
     }
@@ -132,7 +134,48 @@ pub struct Link {
     /// namespace numbers it (see [`Handle::nsid_of`]); None when the peer
     /// is in this namespace.
     pub link_netnsid: Option<i32>,
+    /// A macvlan's mode.
+    pub macvlan_mode: Option<MacvlanMode>,
 }
+
+/// How a macvlan's frames reach its siblings on the same parent
+/// (`IFLA_MACVLAN_MODE`), by the reference plugin's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MacvlanMode {
+    /// No frame between siblings.
+    Private = 1,
+    /// Siblings reach each other through the external switch (hairpin).
+    Vepa = 2,
+    /// Siblings reach each other directly.
+    Bridge = 4,
+    /// The one macvlan takes over the parent.
+    Passthru = 8,
+}
+
+impl MacvlanMode {
+    pub fn parse(s: &str) -> Option<MacvlanMode> {
+        Some(match s {
+            "private" => MacvlanMode::Private,
+            "vepa" => MacvlanMode::Vepa,
+            "bridge" => MacvlanMode::Bridge,
+            "passthru" => MacvlanMode::Passthru,
+            _ => return None,
+        })
+    }
+
+    fn from_u32(v: u32) -> Option<MacvlanMode> {
+        [
+            MacvlanMode::Private,
+            MacvlanMode::Vepa,
+            MacvlanMode::Bridge,
+            MacvlanMode::Passthru,
+        ]
+        .into_iter()
+        .find(|m| *m as u32 == v)
+    }
+}
+
+const IFLA_MACVLAN_MODE: u16 = 1;
 
 impl Link {
     pub fn is_up(&self) -> bool {
@@ -422,6 +465,29 @@ impl Handle {
         let name = v.name.clone();
         self.req(m, &|| format!("creating vxlan {name}"))
             .map_err(|e| unsupported_kind(e, "vxlan"))?;
+        Ok(())
+    }
+
+    /// Creates a macvlan on the parent `master` (an index in this
+    /// namespace), born in `ns` when given (so it never appears here).
+    pub fn create_macvlan(
+        &mut self,
+        name: &str,
+        master: u32,
+        mode: MacvlanMode,
+        mtu: Option<u32>,
+        ns: Option<BorrowedFd<'_>>,
+    ) -> Result<(), KernelError> {
+        let mut m = new_link_msg(name, mtu);
+        m.u32(IFLA_LINK, master);
+        if let Some(fd) = ns {
+            m.u32(IFLA_NET_NS_FD, fd.as_raw_fd() as u32);
+        }
+        m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, "macvlan");
+        m.begin(IFLA_INFO_DATA).u32(IFLA_MACVLAN_MODE, mode as u32);
+        m.end().end();
+        self.req(m, &|| format!("creating macvlan {name} on link #{master}"))
+            .map_err(|e| unsupported_kind(e, "macvlan"))?;
         Ok(())
     }
 
@@ -867,6 +933,7 @@ fn parse_link(body: &[u8]) -> Option<Link> {
         hairpin: None,
         peer: None,
         link_netnsid: None,
+        macvlan_mode: None,
     };
     for (ty, v) in Attrs::new(&body[16..]) {
         match ty {
@@ -880,6 +947,14 @@ fn parse_link(body: &[u8]) -> Option<Link> {
                 for (t, iv) in Attrs::new(v) {
                     match t {
                         IFLA_INFO_KIND => link.kind = LinkKind::parse(&nl::get_str(iv)),
+                        // (The kind comes first: the kernel puts it first.)
+                        IFLA_INFO_DATA if link.kind == LinkKind::Macvlan => {
+                            for (dt, dv) in Attrs::new(iv) {
+                                if dt == IFLA_MACVLAN_MODE && dv.len() >= 4 {
+                                    link.macvlan_mode = MacvlanMode::from_u32(nl::get_u32(dv));
+                                }
+                            }
+                        }
                         IFLA_INFO_SLAVE_DATA => {
                             for (st, sv) in Attrs::new(iv) {
                                 if st == IFLA_BRPORT_MODE && !sv.is_empty() {

@@ -53,3 +53,55 @@ fn a_veth_names_its_peer_namespace_by_id() {
     assert_eq!(eth0.peer, Some(end.index));
     assert_eq!(eth0.link_netnsid, p.nsid_of(host.netns()).unwrap());
 }
+
+/// A macvlan is born in a pod's namespace on a parent in the host's,
+/// with its mode read back; two in bridge mode on one parent reach each
+/// other through it, and the host never sees them.
+#[test]
+fn macvlans_on_one_parent_reach_each_other_in_bridge_mode() {
+    use podnet_kernel::{LinkKind, MacvlanMode};
+    use std::time::Duration;
+    let host = TestNs::new("mvh");
+    let a = TestNs::new("mva");
+    let b = TestNs::new("mvb");
+    let mut h = Handle::in_netns(host.netns()).unwrap();
+    // A veth as the parent (no dummy links here), both ends up for carrier.
+    h.create_veth("pnmv0", "pnmv1", None, None, None).unwrap();
+    let parent = h.require_link("pnmv0").unwrap();
+    h.set_up(parent.index).unwrap();
+    h.set_up_by_name("pnmv1").unwrap();
+    for (ns, ip) in [(&a, "10.77.0.1/24"), (&b, "10.77.0.2/24")] {
+        h.create_macvlan(
+            "net1",
+            parent.index,
+            MacvlanMode::Bridge,
+            Some(1400),
+            Some(ns.netns().fd()),
+        )
+        .unwrap();
+        let mut p = Handle::in_netns(ns.netns()).unwrap();
+        let l = p.require_link("net1").unwrap();
+        assert_eq!(
+            (&l.kind, l.macvlan_mode, l.mtu),
+            (&LinkKind::Macvlan, Some(MacvlanMode::Bridge), 1400)
+        );
+        p.add_addr(l.index, ip.parse().unwrap(), true).unwrap();
+        p.set_up(l.index).unwrap();
+    }
+    assert!(
+        h.link("net1").unwrap().is_none(),
+        "born in the pods' namespaces"
+    );
+    let listener = b.run(|| std::net::TcpListener::bind("10.77.0.2:0").unwrap());
+    let to = std::net::SocketAddr::new(
+        "10.77.0.2".parse().unwrap(),
+        listener.local_addr().unwrap().port(),
+    );
+    let c = a.run(|| std::net::TcpStream::connect_timeout(&to, Duration::from_secs(10)));
+    assert!(c.is_ok(), "a reached b over the parent: {c:?}");
+    // A parent that does not exist is named in the error.
+    let e = h
+        .create_macvlan("pnmv9", 999_999, MacvlanMode::Bridge, None, None)
+        .unwrap_err();
+    assert!(e.to_string().contains("macvlan pnmv9"), "{e}");
+}
