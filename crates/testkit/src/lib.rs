@@ -17,7 +17,8 @@
 //!   nftables hold, read through the `nft` CLI, a witness independent of
 //!   podnet's own netlink code;
 //! - [`http_get`]: one plain GET, for `/health`, `/readyz` and `/metrics`,
-//!   and [`free_port`] for the servers a test starts.
+//!   and [`free_port`] for the servers a test starts;
+//! - [`Rng`]: a seeded pseudo-random source for randomized test loops.
 //!
 //! Nothing here skips. A test that needs root says so through
 //! [`require_root`] (which [`TestNs::new`] calls), and a missing peer
@@ -31,6 +32,7 @@ mod http;
 mod nft;
 mod ns;
 mod process;
+mod rng;
 mod wait;
 
 pub use etcd::Etcd;
@@ -38,4 +40,5 @@ pub use http::{free_port, http_get};
 pub use nft::{nft, nft_list, nft_list_json};
 pub use ns::{command_in, require_root, sh_in, try_sh_in, unique, TestNs};
 pub use process::{Frozen, Proc};
+pub use rng::Rng;
 pub use wait::{eventually, eventually_async, try_eventually, Outcome};

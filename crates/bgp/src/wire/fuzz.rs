@@ -2,38 +2,12 @@
 //! panic; an error must be a NOTIFICATION a speaker can send; and what it
 //! accepts must encode again and decode to the same message, so nothing a
 //! peer sends leaves the session holding a value it cannot send back.
-//! A small xorshift generator keeps it deterministic and dependency-free.
+//! The test kit's seeded generator keeps it deterministic.
 
 use super::tests::samples;
 use super::*;
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.byte()).collect()
-    }
-
-    fn bytes_below(&mut self, n: usize) -> Vec<u8> {
-        let n = self.below(n);
-        self.bytes(n)
-    }
-}
+use podnet_testkit::Rng;
 
 const CODECS: [Codec; 2] = [
     Codec {
@@ -80,7 +54,7 @@ fn framed(kind: u8, body: &[u8]) -> Vec<u8> {
 
 /// A path attribute list of attributes this codec knows (or not), with
 /// right or random flags and lengths, so decoding gets past the framing.
-fn attr_list(rng: &mut XorShift) -> Vec<u8> {
+fn attr_list(rng: &mut Rng) -> Vec<u8> {
     const CODES: [(u8, u8); 16] = [
         (1, 0x40),
         (2, 0x40),
@@ -119,7 +93,7 @@ fn attr_list(rng: &mut XorShift) -> Vec<u8> {
     v
 }
 
-fn random_update_body(rng: &mut XorShift) -> Vec<u8> {
+fn random_update_body(rng: &mut Rng) -> Vec<u8> {
     let withdrawn = {
         let n = rng.below(3) * 5;
         rng.bytes(n)
@@ -135,7 +109,7 @@ fn random_update_body(rng: &mut XorShift) -> Vec<u8> {
 
 #[test]
 fn random_bytes_never_panic() {
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for i in 0..60_000 {
         let codec = &CODECS[i % 2];
         let buf = match i % 4 {
@@ -155,7 +129,7 @@ fn random_bytes_never_panic() {
 
 /// One random change to a message, keeping its header's length in step
 /// with its size half of the time.
-fn mutate(rng: &mut XorShift, m: &mut Vec<u8>) {
+fn mutate(rng: &mut Rng, m: &mut Vec<u8>) {
     let at = rng.below(m.len());
     match rng.below(5) {
         0 => m[at] = rng.byte(),
@@ -174,7 +148,7 @@ fn mutate(rng: &mut XorShift, m: &mut Vec<u8>) {
 
 #[test]
 fn damaged_messages_never_panic() {
-    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     for codec in &CODECS {
         for sample in samples() {
             let mut clean = Vec::new();

@@ -446,26 +446,13 @@ fn a_restart_keeps_every_address_and_settles_conflicts_once() {
     assert_eq!(assign_all(&ps, &svcs, &BTreeMap::new()), got);
 }
 
-/// A small deterministic generator (no dependency needed for a fuzz loop).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// Random Services (some sharing, some asking for addresses, some other
 /// types) come, change and go, and pools change under them; after every
 /// step each address is held once (or shared compatibly) and lies in a
 /// pool that serves its holder.
 #[test]
 fn randomized_never_twice_and_always_in_a_serving_pool() {
-    let mut rng = Lcg(7);
+    let mut rng = podnet_testkit::Rng::new(7);
     let pool_sets = [
         vec![
             pool("a", json!({"addresses": ["192.0.2.0/29"]})),
@@ -486,21 +473,21 @@ fn randomized_never_twice_and_always_in_a_serving_pool() {
     let (mut shared, mut refused, mut v6) = (0, 0, 0);
     for step in 0..400 {
         let ps = pools(&pool_sets[(step / 100) % 2]);
-        let name = format!("s{}", rng.next(12));
-        if rng.next(5) == 0 {
+        let name = format!("s{}", rng.below(12));
+        if rng.below(5) == 0 {
             svcs.remove(&name);
         } else {
-            let spec = match rng.next(6) {
+            let spec = match rng.below(6) {
                 0 => json!({"type": "ClusterIP"}),
-                1 => json!({"loadBalancerIP": format!("192.0.2.{}", rng.next(24))}),
+                1 => json!({"loadBalancerIP": format!("192.0.2.{}", rng.below(24))}),
                 2 => json!({"ipFamilyPolicy": "PreferDualStack", "labels": {"t": "x"}}),
                 3 => {
-                    let proto = ["TCP", "UDP"][rng.next(2) as usize];
+                    let proto = ["TCP", "UDP"][rng.below(2)];
                     json!({"ports": [{"port": 53, "protocol": proto}]})
                 }
                 _ => json!({}),
             };
-            let ann = if rng.next(2) == 0 {
+            let ann = if rng.below(2) == 0 {
                 json!({SHARING_ANNOTATION: "k"})
             } else {
                 json!({})

@@ -12,22 +12,7 @@ use super::part::Source;
 use super::*;
 use crate::model::Bind;
 use podnet_api::Object;
-
-/// xorshift64*: a fixed seed makes every run the same walk.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len())]
-    }
-}
+use podnet_testkit::Rng;
 
 fn put(w: &mut World, v: Value) {
     w.put(Object::from_value(v).unwrap());
@@ -72,7 +57,7 @@ fn base() -> World {
 fn random_route(rng: &mut Rng, name: &str) -> Value {
     let hosts: Vec<&str> = (0..rng.below(3))
         .map(|_| {
-            rng.pick(&[
+            *rng.pick(&[
                 "a.example.com",
                 "b.example.com",
                 "*.example.com",
@@ -88,8 +73,8 @@ fn random_route(rng: &mut Rng, name: &str) -> Value {
     };
     let rules: Vec<Value> = (0..1 + rng.below(2))
         .map(|_| {
-            json!({"matches": [{"path": {"type": rng.pick(&["PathPrefix", "Exact"]), "value": rng.pick(&["/", "/api", "/api/v1"])}}],
-                   "backendRefs": [{"name": rng.pick(&["web", "api", "missing"]), "port": 8080}]})
+            json!({"matches": [{"path": {"type": *rng.pick(&["PathPrefix", "Exact"]), "value": *rng.pick(&["/", "/api", "/api/v1"])}}],
+                   "backendRefs": [{"name": *rng.pick(&["web", "api", "missing"]), "port": 8080}]})
         })
         .collect();
     json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -98,11 +83,11 @@ fn random_route(rng: &mut Rng, name: &str) -> Value {
 }
 
 fn random_ingress(rng: &mut Rng, name: &str) -> Value {
-    let host = rng.pick(&["secure.example.com", "a.example.com", "*.example.com"]);
+    let host = *rng.pick(&["secure.example.com", "a.example.com", "*.example.com"]);
     let mut spec = json!({
-        "ingressClassName": rng.pick(&["podnet", "podnet", "other"]),
-        "rules": [{"host": host, "http": {"paths": [{"path": rng.pick(&["/", "/api"]), "pathType": "Prefix",
-            "backend": {"service": {"name": rng.pick(&["web", "missing"]), "port": {"number": 8080}}}}]}}]});
+        "ingressClassName": *rng.pick(&["podnet", "podnet", "other"]),
+        "rules": [{"host": host, "http": {"paths": [{"path": *rng.pick(&["/", "/api"]), "pathType": "Prefix",
+            "backend": {"service": {"name": *rng.pick(&["web", "missing"]), "port": {"number": 8080}}}}]}}]});
     if rng.below(2) == 0 {
         spec["tls"] = json!([{"hosts": [host], "secretName": "tls"}]);
     }
@@ -160,7 +145,7 @@ fn served(t: &crate::model::Table) -> Served {
 fn one_object_at_a_time_equals_compiling_everything() {
     let cfg = Config::default();
     for seed in 1..=8u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut w = base();
         let mut c = Compiler::new(&w, &cfg);
         for step in 0..150 {

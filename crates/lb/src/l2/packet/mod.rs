@@ -142,29 +142,10 @@ pub(crate) fn pad(mut frame: Vec<u8>) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod fuzz {
-    //! A small, dependency-free pseudo-random source for the fuzz-style
-    //! loops of the codec's tests (xorshift64*: deterministic, so a failure
-    //! reproduces).
+    //! Mutated frames for the fuzz-style loops of the codec's tests (from
+    //! the test kit's seeded generator, so a failure reproduces).
 
-    pub struct Rng(u64);
-
-    impl Rng {
-        pub fn new(seed: u64) -> Rng {
-            Rng(seed | 1)
-        }
-        pub fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        pub fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-            (0..len).map(|_| self.next() as u8).collect()
-        }
-    }
+    use podnet_testkit::Rng;
 
     /// Every prefix of `frame`, and `rounds` copies of it with a few random
     /// bytes flipped: what the fuzz loops feed the parsers.
