@@ -11,7 +11,7 @@ impl Rng {
         Rng(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -20,11 +20,11 @@ impl Rng {
 
     /// A number in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        ((self.next() >> 11) % n.max(1) as u64) as usize
+        ((self.next_u64() >> 11) % n.max(1) as u64) as usize
     }
 
     pub fn byte(&mut self) -> u8 {
-        (self.next() >> 24) as u8
+        (self.next_u64() >> 24) as u8
     }
 
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {

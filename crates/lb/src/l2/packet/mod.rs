@@ -159,7 +159,7 @@ pub(crate) mod fuzz {
                     break;
                 }
                 let i = rng.below(f.len());
-                f[i] = rng.next() as u8;
+                f[i] = rng.byte();
             }
             if rng.below(4) == 0 {
                 let cut = rng.below(f.len() + 1);
