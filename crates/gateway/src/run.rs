@@ -176,11 +176,12 @@ impl Gateway {
     /// refreshes the endpoints and queues the statuses that differ.
     async fn apply(&mut self, dirty: Dirty) {
         let t0 = Instant::now();
+        // The backends whose endpoints may be wanted or unwanted now
+        // (None: all of them).
+        let mut backends = None;
         let only = match (&mut self.compiler, dirty.all) {
             (Some(c), false) => {
-                if !dirty.sources.is_empty() {
-                    c.update(&self.world, &dirty.sources);
-                }
+                backends = Some(c.update(&self.world, &dirty.sources));
                 Some(dirty.sources)
             }
             (c, _) => {
@@ -208,7 +209,7 @@ impl Gateway {
                 tracing::warn!("{e}");
             }
         }
-        self.sync_endpoints(only.is_none(), routes_changed, &dirty.services);
+        self.sync_endpoints(backends, &dirty.services);
         if routes_changed {
             self.queue_statuses(only.as_ref());
         }
@@ -219,18 +220,17 @@ impl Gateway {
     /// status is compared again.
     async fn tick(&mut self, ticks: u32) {
         let Some(c) = &self.compiler else { return };
-        let mut statuses = None;
-        if !self.unbound.is_empty() {
+        let retried = !self.unbound.is_empty();
+        if retried {
             let want: BTreeSet<Bind> = c.table().ports.keys().copied().collect();
             self.unbound = self.ports.reconcile(&want).await;
-            statuses = Some(BTreeSet::new());
         }
         if ticks.is_multiple_of(FULL_STATUS_TICKS) {
-            statuses = None;
-        } else if statuses.is_none() {
-            return;
+            self.queue_statuses(None);
+        } else if retried {
+            // The Gateways' statuses, which name the ports.
+            self.queue_statuses(Some(&BTreeSet::new()));
         }
-        self.queue_statuses(statuses.as_ref());
     }
 
     /// The Gateways' own addresses on `lo`, when there is a pool.
@@ -253,39 +253,40 @@ impl Gateway {
         }
     }
 
-    /// Resolves the backends that are new or whose Services' slices
-    /// changed, forgets those no rule sends to; everything on a full
-    /// recompile.
-    fn sync_endpoints(&mut self, full: bool, routes: bool, services: &BTreeSet<(String, String)>) {
+    /// Resolves the backends a route change made wanted and those whose
+    /// Services' slices changed, forgets those no rule sends to any more;
+    /// everything on a full recompile (`touched` None).
+    fn sync_endpoints(
+        &mut self,
+        touched: Option<BTreeSet<BackendKey>>,
+        services: &BTreeSet<(String, String)>,
+    ) {
         let Some(c) = &self.compiler else { return };
-        if full {
+        let Some(touched) = touched else {
             let all: BTreeSet<BackendKey> = c.backends().cloned().collect();
             self.endpoints = endpoints::resolve(&self.world, &all);
-        } else {
-            let mut stale: BTreeSet<BackendKey> = BTreeSet::new();
-            if routes {
-                let before = self.endpoints.len();
-                self.endpoints.retain(|k, _| c.sends_to(k));
-                stale.extend(
-                    c.backends()
-                        .filter(|k| !self.endpoints.contains_key(*k))
-                        .cloned(),
-                );
-                if stale.is_empty() && before == self.endpoints.len() && services.is_empty() {
-                    return;
-                }
+            self.shared
+                .endpoints
+                .store(Arc::new(self.endpoints.clone()));
+            return;
+        };
+        let mut stale = BTreeSet::new();
+        let mut changed = false;
+        for k in touched {
+            match c.sends_to(&k) {
+                false => changed |= self.endpoints.remove(&k).is_some(),
+                true if !self.endpoints.contains_key(&k) => drop(stale.insert(k)),
+                true => {}
             }
-            stale.extend(
-                c.backends()
-                    .filter(|k| services.contains(&(k.namespace.clone(), k.service.clone())))
-                    .cloned(),
-            );
-            if stale.is_empty() && !routes {
-                return;
-            }
-            self.endpoints
-                .extend(endpoints::resolve(&self.world, &stale));
         }
+        for (ns, name) in services {
+            stale.extend(c.backends_of(ns, name).cloned());
+        }
+        if stale.is_empty() && !changed {
+            return;
+        }
+        self.endpoints
+            .extend(endpoints::resolve(&self.world, &stale));
         self.shared
             .endpoints
             .store(Arc::new(self.endpoints.clone()));

@@ -93,14 +93,30 @@ impl Compiler {
     }
 
     /// Recompiles the HTTPRoutes and Ingresses in `changed` (added,
-    /// modified or removed in `w`) and nothing else.
-    pub fn update(&mut self, w: &World, changed: &BTreeSet<Source>) {
+    /// modified or removed in `w`) and nothing else; returns the backends
+    /// the old and new versions send to (whose endpoints may be wanted
+    /// now, or no longer).
+    pub fn update(&mut self, w: &World, changed: &BTreeSet<Source>) -> BTreeSet<BackendKey> {
         let mut t = Touched::default();
+        let mut backends = BTreeSet::new();
         for s in changed {
+            backends.extend(
+                self.parts
+                    .get(s)
+                    .into_iter()
+                    .flat_map(|p| p.backends.iter().cloned()),
+            );
             self.remove(s, &mut t);
             self.add(s.clone(), w, &mut t);
+            backends.extend(
+                self.parts
+                    .get(s)
+                    .into_iter()
+                    .flat_map(|p| p.backends.iter().cloned()),
+            );
         }
         self.merge(t);
+        backends
     }
 
     pub fn table(&self) -> &Table {
@@ -114,6 +130,16 @@ impl Compiler {
 
     pub fn sends_to(&self, k: &BackendKey) -> bool {
         self.backends.contains_key(k)
+    }
+
+    /// The backends (ports) of Service `ns`/`name` some rule sends to.
+    pub fn backends_of<'a>(&'a self, ns: &str, name: &str) -> impl Iterator<Item = &'a BackendKey> {
+        let key = |port| BackendKey {
+            namespace: ns.to_string(),
+            service: name.to_string(),
+            port,
+        };
+        self.backends.range(key(0)..=key(u16::MAX)).map(|(k, _)| k)
     }
 
     /// HTTPRoutes and Ingresses of ours.

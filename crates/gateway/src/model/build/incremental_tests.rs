@@ -152,7 +152,17 @@ fn one_object_at_a_time_equals_compiling_everything() {
             let changed: BTreeSet<Source> = (0..1 + rng.below(3))
                 .map(|_| change(&mut rng, &mut w))
                 .collect();
-            c.update(&w, &changed);
+            let before: BTreeSet<_> = c.backends().cloned().collect();
+            let touched = c.update(&w, &changed);
+            let after: BTreeSet<_> = c.backends().cloned().collect();
+            // Every backend that came or went is among those reported.
+            let moved: BTreeSet<_> = before.symmetric_difference(&after).cloned().collect();
+            assert!(moved.is_subset(&touched), "{moved:?} not in {touched:?}");
+            for svc in ["web", "api", "missing"] {
+                let of: Vec<_> = c.backends_of("app", svc).collect();
+                let all: Vec<_> = c.backends().filter(|k| k.service == svc).collect();
+                assert_eq!(of, all, "backends of {svc}");
+            }
             let fresh = Compiler::new(&w, &cfg);
             let at = format!("seed {seed} step {step} after {changed:?}");
             assert_eq!(served(c.table()), served(fresh.table()), "{at}");
