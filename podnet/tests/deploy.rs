@@ -296,23 +296,20 @@ fn the_manifests_are_what_an_operator_expects() {
     let caps = c.security_context.as_ref().unwrap().capabilities.as_ref();
     assert_eq!(caps.unwrap().add, None);
     assert_eq!(probe_path(&c.readiness_probe), "/readyz");
-    let role: podnet_api::k8s_openapi::api::rbac::v1::Role = b.one("Role", "podnet:lb-ipam");
-    let named: Vec<_> = role
-        .rules
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| r.resource_names)
-        .collect();
-    assert_eq!(named, vec![vec!["podnet-lb-ipam".to_string()]]);
     // The gateway's replicas elect their status writer the same way.
-    let role: podnet_api::k8s_openapi::api::rbac::v1::Role = b.one("Role", "podnet:gateway");
-    let named: Vec<_> = role
-        .rules
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| r.resource_names)
-        .collect();
-    assert_eq!(named, vec![vec!["podnet-gateway".to_string()]]);
+    for (role, lease) in [
+        ("podnet:lb-ipam", "podnet-lb-ipam"),
+        ("podnet:gateway", "podnet-gateway"),
+    ] {
+        let role: podnet_api::k8s_openapi::api::rbac::v1::Role = b.one("Role", role);
+        let named: Vec<_> = role
+            .rules
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| r.resource_names)
+            .collect();
+        assert_eq!(named, vec![vec![lease.to_string()]]);
+    }
 
     // The network config is flannel's fields and resolves, to the same
     // network the kube lab's controller manager hands out.

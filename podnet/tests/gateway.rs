@@ -262,26 +262,30 @@ fn ingress_and_gateway_in(kube: bool, tag: &str) {
         (got == want).then_some(()).ok_or(format!("{got:?}"))
     });
     if kube {
-        // The statuses came from the replica holding the gateway's Lease
-        // (its RBAC: create, then get/update by name).
-        let o = kubectl::run(
-            &kubectl::path(),
-            &lab.name,
-            &[
-                "get",
-                "lease",
-                "-n",
-                "kube-system",
-                "podnet-gateway",
-                "-o",
-                "json",
-            ],
-            None,
-        );
-        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        let holder = v["spec"]["holderIdentity"].as_str().unwrap_or_default();
-        assert!(!holder.is_empty(), "the gateway holds its Lease: {v}");
+        lease_is_held(&lab);
     }
+}
+
+/// The statuses came from the replica holding the gateway's Lease (its
+/// RBAC: create, then get/update by name).
+fn lease_is_held(lab: &Lab) {
+    let o = kubectl::run(
+        &kubectl::path(),
+        &lab.name,
+        &[
+            "get",
+            "lease",
+            "-n",
+            "kube-system",
+            "podnet-gateway",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let holder = v["spec"]["holderIdentity"].as_str().unwrap_or_default();
+    assert!(!holder.is_empty(), "the gateway holds its Lease: {v}");
 }
 
 #[test]

@@ -62,156 +62,58 @@ fn conf(ipam: Value, extra: Value) -> String {
     c.to_string()
 }
 
+/// One address, as most cases configure.
+fn one() -> Value {
+    json!({"type": "static", "addresses": [{"address": "10.10.0.1/24"}]})
+}
+
+/// The ADD cases: (what, configuration, CNI_ARGS). One line each.
+#[rustfmt::skip]
+fn add_cases() -> Vec<(&'static str, String, &'static str)> {
+    let basic = json!({"type": "static",
+        "addresses": [{"address": "10.10.0.1/24", "gateway": "10.10.0.254"}, {"address": "3ffe:ffff:0:01ff::1/64"}],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "192.168.0.0/16", "gw": "10.10.5.1"}],
+        "dns": {"nameservers": ["8.8.8.8"], "domain": "example.com", "search": ["example.com"], "options": ["ndots:2"]}});
+    let none = json!({"type": "static"});
+    let addr = |a: Value| json!({"type": "static", "addresses": [a]});
+    let bad_route = |r: Value| json!({"type": "static", "addresses": [{"address": "10.10.0.1/24"}], "routes": [r]});
+    vec![
+        ("basic", conf(basic.clone(), json!({})), ""),
+        ("0.4.0 output", conf(basic, json!({"cniVersion": "0.4.0"})), ""),
+        ("no addresses", conf(none.clone(), json!({})), ""),
+        ("CNI_ARGS", conf(none.clone(), json!({})), "IP=10.1.0.5/16;GATEWAY=10.1.0.1"),
+        ("CNI_ARGS added", conf(one(), json!({})), "IP=10.9.0.1/24,10.8.0.1/24;GATEWAY=10.8.0.254,10.9.0.254"),
+        ("GATEWAY only for CNI_ARGS IPs", conf(one(), json!({})), "GATEWAY=10.10.0.9"),
+        ("last IP wins", conf(one(), json!({})), "IP=10.9.0.1/24;IP=10.8.0.1/24"),
+        ("IgnoreUnknown", conf(one(), json!({})), "IgnoreUnknown=1;K8S_POD_NAME=x;IP=10.9.0.1/24"),
+        ("IgnoreUnknown true", conf(one(), json!({})), "IgnoreUnknown=true;K8S_POD_NAME=x"),
+        ("unknown args", conf(one(), json!({})), "K8S_POD_NAME=x;FOO=1"),
+        ("keys are case sensitive", conf(one(), json!({})), "ip=10.9.0.1/24"),
+        ("invalid pair", conf(one(), json!({})), "IP"),
+        ("bad IP", conf(one(), json!({})), "IP=bad"),
+        ("bad GATEWAY", conf(one(), json!({})), "IP=10.9.0.1/24;GATEWAY=10.9.0.254,bad"),
+        ("ips capability", conf(one(), json!({"runtimeConfig": {"ips": ["10.2.0.5/24"]}, "args": {"cni": {"ips": ["10.3.0.5/24"]}}})), "IP=10.9.0.1/24"),
+        ("args.cni.ips", conf(none.clone(), json!({"args": {"cni": {"ips": ["10.3.0.5/24", "fd00::5/64"]}}})), ""),
+        ("empty ips capability", conf(one(), json!({"runtimeConfig": {"ips": []}})), ""),
+        ("bad ips entry", conf(none, json!({"runtimeConfig": {"ips": ["10.2.0.5"]}})), ""),
+        ("address not CIDR", conf(addr(json!({"address": "10.10.0.1"})), json!({})), ""),
+        ("address out of range", conf(addr(json!({"address": "10.10.0.300/24"})), json!({})), ""),
+        ("bad gateway", conf(addr(json!({"address": "10.10.0.1/24", "gateway": "bad"})), json!({})), ""),
+        ("gateway outside", conf(addr(json!({"address": "10.10.0.1/24", "gateway": "10.11.0.1"})), json!({})), ""),
+        ("bad route dst", conf(bad_route(json!({"dst": "bad"})), json!({})), ""),
+        ("bad route gw", conf(bad_route(json!({"dst": "10.0.0.0/8", "gw": "bad"})), json!({})), ""),
+        ("no ipam", json!({"cniVersion": "1.0.0", "name": "net1", "type": "macvlan"}).to_string(), ""),
+    ]
+}
+
 #[test]
 fn the_same_answers_as_the_reference_plugin() {
     assert!(
         std::path::Path::new(REFERENCE).exists(),
         "{REFERENCE} is missing: scripts/test-setup.sh installs containernetworking-plugins"
     );
-    let basic = json!({"type": "static",
-        "addresses": [{"address": "10.10.0.1/24", "gateway": "10.10.0.254"}, {"address": "3ffe:ffff:0:01ff::1/64"}],
-        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "192.168.0.0/16", "gw": "10.10.5.1"}],
-        "dns": {"nameservers": ["8.8.8.8"], "domain": "example.com", "search": ["example.com"], "options": ["ndots:2"]}});
-    let one = json!({"type": "static", "addresses": [{"address": "10.10.0.1/24"}]});
-    let none = json!({"type": "static"});
-    let cases: Vec<(&str, String, &str)> = vec![
-        ("basic", conf(basic.clone(), json!({})), ""),
-        (
-            "0.4.0 output",
-            conf(basic.clone(), json!({"cniVersion": "0.4.0"})),
-            "",
-        ),
-        ("no addresses", conf(none.clone(), json!({})), ""),
-        (
-            "CNI_ARGS",
-            conf(none.clone(), json!({})),
-            "IP=10.1.0.5/16;GATEWAY=10.1.0.1",
-        ),
-        (
-            "CNI_ARGS added",
-            conf(one.clone(), json!({})),
-            "IP=10.9.0.1/24,10.8.0.1/24;GATEWAY=10.8.0.254,10.9.0.254",
-        ),
-        (
-            "GATEWAY only for CNI_ARGS IPs",
-            conf(one.clone(), json!({})),
-            "GATEWAY=10.10.0.9",
-        ),
-        (
-            "last IP wins",
-            conf(one.clone(), json!({})),
-            "IP=10.9.0.1/24;IP=10.8.0.1/24",
-        ),
-        (
-            "IgnoreUnknown",
-            conf(one.clone(), json!({})),
-            "IgnoreUnknown=1;K8S_POD_NAME=x;IP=10.9.0.1/24",
-        ),
-        (
-            "IgnoreUnknown true",
-            conf(one.clone(), json!({})),
-            "IgnoreUnknown=true;K8S_POD_NAME=x",
-        ),
-        (
-            "unknown args",
-            conf(one.clone(), json!({})),
-            "K8S_POD_NAME=x;FOO=1",
-        ),
-        (
-            "keys are case sensitive",
-            conf(one.clone(), json!({})),
-            "ip=10.9.0.1/24",
-        ),
-        ("invalid pair", conf(one.clone(), json!({})), "IP"),
-        ("bad IP", conf(one.clone(), json!({})), "IP=bad"),
-        (
-            "bad GATEWAY",
-            conf(one.clone(), json!({})),
-            "IP=10.9.0.1/24;GATEWAY=10.9.0.254,bad",
-        ),
-        (
-            "ips capability",
-            conf(
-                one.clone(),
-                json!({"runtimeConfig": {"ips": ["10.2.0.5/24"]}, "args": {"cni": {"ips": ["10.3.0.5/24"]}}}),
-            ),
-            "IP=10.9.0.1/24",
-        ),
-        (
-            "args.cni.ips",
-            conf(
-                none.clone(),
-                json!({"args": {"cni": {"ips": ["10.3.0.5/24", "fd00::5/64"]}}}),
-            ),
-            "",
-        ),
-        (
-            "empty ips capability",
-            conf(one.clone(), json!({"runtimeConfig": {"ips": []}})),
-            "",
-        ),
-        (
-            "bad ips entry",
-            conf(
-                none.clone(),
-                json!({"runtimeConfig": {"ips": ["10.2.0.5"]}}),
-            ),
-            "",
-        ),
-        (
-            "address not CIDR",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.1"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "address out of range",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.300/24"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "bad gateway",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.1/24", "gateway": "bad"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "gateway outside",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.1/24", "gateway": "10.11.0.1"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "bad route dst",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.1/24"}], "routes": [{"dst": "bad"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "bad route gw",
-            conf(
-                json!({"type": "static", "addresses": [{"address": "10.10.0.1/24"}], "routes": [{"dst": "10.0.0.0/8", "gw": "bad"}]}),
-                json!({}),
-            ),
-            "",
-        ),
-        (
-            "no ipam",
-            json!({"cniVersion": "1.0.0", "name": "net1", "type": "macvlan"}).to_string(),
-            "",
-        ),
-    ];
+    let cases = add_cases();
+    let one = one();
     let mut checked = 0;
     for (what, conf, args) in &cases {
         let want = call(false, "ADD", conf, args);
