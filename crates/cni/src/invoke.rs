@@ -20,7 +20,8 @@ use std::process::{Command as Proc, Stdio};
 use crate::chain::Depth;
 use crate::error::CniError;
 use crate::skel::{CmdArgs, Command};
-use crate::types::CniResult;
+use crate::types::{json_kind, CniResult};
+use serde_json::Value;
 
 /// The chain-depth guard lives in [`crate::chain`]; these stay reachable
 /// here, where callers have always found them.
@@ -62,6 +63,34 @@ pub fn check_ipam_type(t: &str) -> Result<(), CniError> {
         )));
     }
     Ok(())
+}
+
+/// The IPAM plugin a main plugin's `ipam` section names, checked: None
+/// for no section, `null`, no type or an empty type (layer 2 only); a
+/// type that is not a string or names a non-IPAM plugin is a config error
+/// (code 7) prefixed with `plugin`.
+pub fn ipam_type_of(plugin: &str, ipam: Option<&Value>) -> Result<Option<String>, CniError> {
+    let t = match ipam {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m.get("type"),
+        Some(v) => {
+            return Err(CniError::config(format!(
+                "{plugin}: \"ipam\" must be an object, not {}",
+                json_kind(v)
+            )))
+        }
+    };
+    match t {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(t)) if t.is_empty() => Ok(None),
+        Some(Value::String(t)) => check_ipam_type(t)
+            .map(|()| Some(t.clone()))
+            .map_err(|e| CniError::config(format!("{plugin}: {}", e.msg))),
+        Some(v) => Err(CniError::config(format!(
+            "{plugin}: ipam.type must be a string, not {}",
+            json_kind(v)
+        ))),
+    }
 }
 
 /// Finds a plugin executable in the CNI_PATH directories.

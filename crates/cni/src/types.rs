@@ -269,6 +269,49 @@ pub fn get_ci<'a>(obj: &'a Value, key: &str) -> Option<&'a Value> {
         .map(|(_, v)| v)
 }
 
+/// CNI_ARGS as the reference plugins read them: `K=V` pairs split by `;`,
+/// keys matched exactly; a key outside `known` (and `IgnoreUnknown`) is
+/// refused unless `IgnoreUnknown` is true; a repeated key's last value
+/// wins. Messages are the reference's (`ARGS: unknown args [...]`).
+pub fn cni_args(
+    raw: &str,
+    known: &[&str],
+) -> Result<std::collections::HashMap<String, String>, CniError> {
+    let mut out = std::collections::HashMap::new();
+    if raw.is_empty() {
+        return Ok(out);
+    }
+    let (mut unknown, mut ignore) = (Vec::new(), false);
+    for pair in raw.split(';') {
+        let kv: Vec<&str> = pair.split('=').collect();
+        let [k, v] = kv[..] else {
+            return Err(CniError::internal(format!("ARGS: invalid pair {pair:?}")));
+        };
+        if k == "IgnoreUnknown" {
+            ignore = match v.to_ascii_lowercase().as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => {
+                    return Err(CniError::internal(format!(
+                        "ARGS: error parsing value of pair {pair:?}: boolean unmarshal error: invalid input {v}"
+                    )))
+                }
+            };
+        } else if known.contains(&k) {
+            out.insert(k.to_string(), v.to_string());
+        } else {
+            unknown.push(format!("{pair:?}"));
+        }
+    }
+    if !unknown.is_empty() && !ignore {
+        return Err(CniError::internal(format!(
+            "ARGS: unknown args [{}]",
+            unknown.join(" ")
+        )));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,9 @@ pub mod tun;
 
 pub use neigh::Neigh;
 pub use netns::Netns;
-pub use rtnl::{Addr, Handle, Link, LinkKind, MacvlanMode, Route, RouteLookup, VxlanOpts};
+pub use rtnl::{
+    Addr, Handle, Link, LinkKind, MacvlanMode, MacvlanSpec, Route, RouteLookup, VxlanOpts,
+};
 
 use std::io;
 

@@ -176,6 +176,23 @@ impl MacvlanMode {
 }
 
 const IFLA_MACVLAN_MODE: u16 = 1;
+const IFLA_MACVLAN_BC_QUEUE_LEN: u16 = 7;
+
+/// A macvlan to create: the reference plugin's knobs, nothing more.
+#[derive(Debug, Clone)]
+pub struct MacvlanSpec<'a> {
+    pub name: &'a str,
+    /// The parent's index, in the namespace of the handle that creates it.
+    pub master: u32,
+    pub mode: MacvlanMode,
+    /// None: the parent's MTU.
+    pub mtu: Option<u32>,
+    /// None: a random one from the kernel.
+    pub mac: Option<[u8; 6]>,
+    /// How many broadcast frames may wait for the siblings (the kernel's
+    /// default when None).
+    pub bc_queue_len: Option<u32>,
+}
 
 impl Link {
     pub fn is_up(&self) -> bool {
@@ -468,24 +485,29 @@ impl Handle {
         Ok(())
     }
 
-    /// Creates a macvlan on the parent `master` (an index in this
-    /// namespace), born in `ns` when given (so it never appears here).
+    /// Creates a macvlan on its parent, born in `ns` when given (so it
+    /// never appears here).
     pub fn create_macvlan(
         &mut self,
-        name: &str,
-        master: u32,
-        mode: MacvlanMode,
-        mtu: Option<u32>,
+        spec: &MacvlanSpec<'_>,
         ns: Option<BorrowedFd<'_>>,
     ) -> Result<(), KernelError> {
-        let mut m = new_link_msg(name, mtu);
-        m.u32(IFLA_LINK, master);
+        let mut m = new_link_msg(spec.name, spec.mtu);
+        m.u32(IFLA_LINK, spec.master);
+        if let Some(mac) = spec.mac {
+            m.attr(IFLA_ADDRESS, &mac);
+        }
         if let Some(fd) = ns {
             m.u32(IFLA_NET_NS_FD, fd.as_raw_fd() as u32);
         }
         m.begin(IFLA_LINKINFO).str(IFLA_INFO_KIND, "macvlan");
-        m.begin(IFLA_INFO_DATA).u32(IFLA_MACVLAN_MODE, mode as u32);
+        m.begin(IFLA_INFO_DATA)
+            .u32(IFLA_MACVLAN_MODE, spec.mode as u32);
+        if let Some(q) = spec.bc_queue_len {
+            m.u32(IFLA_MACVLAN_BC_QUEUE_LEN, q);
+        }
         m.end().end();
+        let (name, master) = (spec.name, spec.master);
         self.req(m, &|| format!("creating macvlan {name} on link #{master}"))
             .map_err(|e| unsupported_kind(e, "macvlan"))?;
         Ok(())

@@ -59,7 +59,7 @@ fn a_veth_names_its_peer_namespace_by_id() {
 /// other through it, and the host never sees them.
 #[test]
 fn macvlans_on_one_parent_reach_each_other_in_bridge_mode() {
-    use podnet_kernel::{LinkKind, MacvlanMode};
+    use podnet_kernel::{LinkKind, MacvlanMode, MacvlanSpec};
     use std::time::Duration;
     let host = TestNs::new("mvh");
     let a = TestNs::new("mva");
@@ -70,20 +70,30 @@ fn macvlans_on_one_parent_reach_each_other_in_bridge_mode() {
     let parent = h.require_link("pnmv0").unwrap();
     h.set_up(parent.index).unwrap();
     h.set_up_by_name("pnmv1").unwrap();
-    for (ns, ip) in [(&a, "10.77.0.1/24"), (&b, "10.77.0.2/24")] {
-        h.create_macvlan(
-            "net1",
-            parent.index,
-            MacvlanMode::Bridge,
-            Some(1400),
-            Some(ns.netns().fd()),
-        )
-        .unwrap();
+    for (i, (ns, ip)) in [(&a, "10.77.0.1/24"), (&b, "10.77.0.2/24")]
+        .into_iter()
+        .enumerate()
+    {
+        let mac = [0x02, 0x4d, 0x56, 0, 0, i as u8 + 1];
+        let spec = MacvlanSpec {
+            name: "net1",
+            master: parent.index,
+            mode: MacvlanMode::Bridge,
+            mtu: Some(1400),
+            mac: Some(mac),
+            bc_queue_len: Some(500),
+        };
+        h.create_macvlan(&spec, Some(ns.netns().fd())).unwrap();
         let mut p = Handle::in_netns(ns.netns()).unwrap();
         let l = p.require_link("net1").unwrap();
         assert_eq!(
-            (&l.kind, l.macvlan_mode, l.mtu),
-            (&LinkKind::Macvlan, Some(MacvlanMode::Bridge), 1400)
+            (&l.kind, l.macvlan_mode, l.mtu, l.mac),
+            (
+                &LinkKind::Macvlan,
+                Some(MacvlanMode::Bridge),
+                1400,
+                Some(mac)
+            )
         );
         p.add_addr(l.index, ip.parse().unwrap(), true).unwrap();
         p.set_up(l.index).unwrap();
@@ -100,8 +110,14 @@ fn macvlans_on_one_parent_reach_each_other_in_bridge_mode() {
     let c = a.run(|| std::net::TcpStream::connect_timeout(&to, Duration::from_secs(10)));
     assert!(c.is_ok(), "a reached b over the parent: {c:?}");
     // A parent that does not exist is named in the error.
-    let e = h
-        .create_macvlan("pnmv9", 999_999, MacvlanMode::Bridge, None, None)
-        .unwrap_err();
+    let spec = MacvlanSpec {
+        name: "pnmv9",
+        master: 999_999,
+        mode: MacvlanMode::Bridge,
+        mtu: None,
+        mac: None,
+        bc_queue_len: None,
+    };
+    let e = h.create_macvlan(&spec, None).unwrap_err();
     assert!(e.to_string().contains("macvlan pnmv9"), "{e}");
 }

@@ -68,42 +68,13 @@ fn ip(s: &str) -> Result<std::net::IpAddr, CniError> {
         .map_err(|_| err(format!("invalid IP address: {s}")))
 }
 
-/// CNI_ARGS as the reference reads them: `K=V` pairs split by `;`, only
-/// `IP`, `GATEWAY` and `IgnoreUnknown` known (case matters), any other
-/// refused unless `IgnoreUnknown` is true; a repeated key's last value
-/// wins.
+/// CNI_ARGS `IP=` and `GATEWAY=` (see [`types::cni_args`]).
 fn env_args(raw: &str) -> Result<(String, String), CniError> {
-    let (mut ip, mut gw, mut ignore) = (String::new(), String::new(), false);
-    if raw.is_empty() {
-        return Ok((ip, gw));
-    }
-    let mut unknown = Vec::new();
-    for pair in raw.split(';') {
-        let kv: Vec<&str> = pair.split('=').collect();
-        let [k, v] = kv[..] else {
-            return Err(err(format!("ARGS: invalid pair {pair:?}")));
-        };
-        match k {
-            "IP" => ip = v.to_string(),
-            "GATEWAY" => gw = v.to_string(),
-            "IgnoreUnknown" => {
-                ignore = match v.to_ascii_lowercase().as_str() {
-                    "1" | "true" => true,
-                    "0" | "false" => false,
-                    _ => {
-                        return Err(err(format!(
-                            "ARGS: error parsing value of pair {pair:?}: boolean unmarshal error: invalid input {v}"
-                        )))
-                    }
-                }
-            }
-            _ => unknown.push(format!("{pair:?}")),
-        }
-    }
-    if !unknown.is_empty() && !ignore {
-        return Err(err(format!("ARGS: unknown args [{}]", unknown.join(" "))));
-    }
-    Ok((ip, gw))
+    let mut kv = types::cni_args(raw, &["IP", "GATEWAY"])?;
+    Ok((
+        kv.remove("IP").unwrap_or_default(),
+        kv.remove("GATEWAY").unwrap_or_default(),
+    ))
 }
 
 /// The addresses the runtime asks for in place of the configured ones.

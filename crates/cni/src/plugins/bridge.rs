@@ -14,15 +14,16 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use podnet_kernel::detach::LinkRef;
-use podnet_kernel::{Handle, KernelError, Link, LinkKind, Netns, Route};
+use podnet_kernel::{Handle, KernelError, Link, LinkKind, Netns};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{CniError, Code};
-use crate::invoke::{check_ipam_type, delegate, ipam_add, IpamLease};
+use crate::invoke::{delegate, ipam_add, ipam_type_of, IpamLease};
 use crate::plugins::netfilter;
+use crate::plugins::podside::{configure_pod_iface, open_netns, parse_mac};
 use crate::skel::{CmdArgs, Command, Plugin};
-use crate::types::{self, json_kind, runtime_key, CniResult, Dns, Interface, RouteConf};
+use crate::types::{self, runtime_key, CniResult, Dns, Interface, RouteConf};
 
 #[derive(Debug, Deserialize)]
 pub struct BridgeConf {
@@ -92,27 +93,7 @@ impl BridgeConf {
                 c.bridge
             )));
         }
-        match &c.ipam {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => match m.get("type") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(t)) if t.is_empty() => {}
-                Some(Value::String(t)) => check_ipam_type(t)
-                    .map_err(|e| CniError::config(format!("bridge: {}", e.msg)))?,
-                Some(v) => {
-                    return Err(CniError::config(format!(
-                        "bridge: ipam.type must be a string, not {}",
-                        json_kind(v)
-                    )))
-                }
-            },
-            Some(v) => {
-                return Err(CniError::config(format!(
-                    "bridge: \"ipam\" must be an object, not {}",
-                    json_kind(v)
-                )))
-            }
-        }
+        ipam_type_of("bridge", c.ipam.as_ref())?;
         Ok(c)
     }
 
@@ -121,13 +102,9 @@ impl BridgeConf {
         format!("{}/{}", self.name, container_id)
     }
 
+    /// Checked when parsed, so it cannot fail here.
     fn ipam_type(&self) -> Option<String> {
-        self.ipam
-            .as_ref()
-            .and_then(|v| v.get("type"))
-            .and_then(|t| t.as_str())
-            .filter(|s| !s.is_empty())
-            .map(String::from)
+        ipam_type_of("bridge", self.ipam.as_ref()).ok().flatten()
     }
 }
 
@@ -158,18 +135,6 @@ pub fn random_veth_name() -> String {
     // SAFETY: valid buffer; getrandom fills it.
     unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
     format!("veth{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3])
-}
-
-fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let v: Vec<u8> = s
-        .split(':')
-        .filter_map(|p| u8::from_str_radix(p, 16).ok())
-        .collect();
-    v.try_into().ok()
-}
-
-fn open_netns(path: &str) -> Result<Netns, CniError> {
-    Netns::open(path).map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {e}")))
 }
 
 /// Creates the bridge if needed, or checks that the existing link is one.
@@ -289,50 +254,6 @@ fn ensure_bridge_addr(h: &mut Handle, br: &Link, gw: IpNet, force: bool) -> Resu
         Err(e) if e.is_exists() => Ok(()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Addresses and routes inside the pod, on interface `idx`.
-fn configure_pod_iface(
-    h: &mut Handle,
-    idx: u32,
-    r: &CniResult,
-    nodad: bool,
-) -> Result<(), CniError> {
-    for ip in &r.ips {
-        h.add_addr(idx, ip.address, nodad)?;
-    }
-    h.set_up(idx)?;
-    for rt in &r.routes {
-        let v4 = rt.dst.addr().is_ipv4();
-        let gw = rt.gw.or_else(|| {
-            r.ips
-                .iter()
-                .find(|i| i.address.addr().is_ipv4() == v4)
-                .and_then(|i| i.gateway)
-        });
-        let route = Route {
-            dst: if rt.dst.prefix_len() == 0 {
-                None
-            } else {
-                Some(rt.dst)
-            },
-            gateway: gw,
-            oif: Some(idx),
-            table: rt.table,
-            priority: rt.priority,
-            mtu: rt.mtu,
-            advmss: rt.advmss,
-            scope: rt.scope,
-            v6: !v4,
-            ..Default::default()
-        };
-        match h.add_route(&route) {
-            Ok(()) => {}
-            Err(e) if e.is_exists() => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }
 
 pub struct Bridge;
@@ -901,11 +822,6 @@ mod tests {
             calc_gateway(&"10.1.2.7/24".parse().unwrap()).to_string(),
             "10.1.2.1"
         );
-        assert_eq!(
-            parse_mac("0a:58:0a:f4:01:02"),
-            Some([0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x02])
-        );
-        assert_eq!(parse_mac("zz"), None);
         for _ in 0..64 {
             let m = random_mac();
             assert!(is_unicast_mac(&m) && m[0] & 2 == 2, "{m:x?}");

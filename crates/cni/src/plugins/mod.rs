@@ -3,8 +3,10 @@
 pub mod bandwidth;
 pub mod bridge;
 pub mod loopback;
+pub mod macvlan;
 pub mod meta;
 pub mod netfilter;
+mod podside;
 pub mod portmap;
 
 use crate::skel::Plugin;
@@ -13,6 +15,7 @@ use crate::skel::Plugin;
 pub const NAMES: &[&str] = &[
     "podnet",
     "bridge",
+    "macvlan",
     "host-local",
     "static",
     "loopback",
@@ -23,6 +26,7 @@ pub const NAMES: &[&str] = &[
 pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
     Some(match name {
         "bridge" => Box::new(bridge::Bridge),
+        "macvlan" => Box::new(macvlan::Macvlan),
         "host-local" => Box::new(crate::ipam::HostLocal),
         "static" => Box::new(crate::ipam::fixed::Static),
         "loopback" => Box::new(loopback::Loopback),
