@@ -335,7 +335,7 @@ impl KubeArgs {
 pub async fn agent(
     url: &str,
     kube: &KubeArgs,
-    opts: podnet_agent::Options,
+    mut opts: podnet_agent::Options,
     metrics_addr: &str,
     cleanup: bool,
 ) -> Result<()> {
@@ -353,16 +353,16 @@ pub async fn agent(
     }
     let metrics = podnet_daemon::Metrics::new();
     let view = if kube.enabled() {
-        NodeView::kube(
-            kube.client().await?,
-            kube.network_config()?,
-            &opts.node,
-            &metrics,
-        )
+        let client = kube.client().await?;
+        opts.networks = crate::networks::kube(&client).await;
+        NodeView::kube(client, kube.network_config()?, &opts.node, &metrics)
     } else {
         let store = podnet_store::open(url)
             .await
             .with_context(|| format!("opening store {url}"))?;
+        opts.networks = Some(crate::networks::store(podnet_store::objects::Objects::new(
+            store.clone(),
+        )));
         NodeView::store(store, &opts.node, opts.lease_ttl, &metrics).await?
     };
     let addr = podnet_daemon::listen_addr(metrics_addr).map_err(anyhow::Error::msg)?;

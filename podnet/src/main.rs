@@ -9,6 +9,7 @@ mod cmd;
 mod dns;
 mod gateway;
 mod kubectl;
+mod networks;
 mod plugin_log;
 mod policy;
 mod trace;
@@ -773,6 +774,8 @@ fn agent(args: AgentArgs, store: &str) -> anyhow::Result<()> {
                 flow_buffer,
             )))
         }),
+        // Set by the mode (cmd::agent): it writes the pods' status.
+        networks: None,
     };
     block_on(cmd::agent(store, &kube, opts, &metrics_addr, cleanup))
 }

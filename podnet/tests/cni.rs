@@ -1024,7 +1024,10 @@ fn podnet_meta_plugin_waits_for_the_agent() {
         policy: tx,
         guard: gtx,
     };
-    rt.spawn(podnet_policy::hint::serve(socket.clone(), loops));
+    rt.spawn(podnet_policy::hint::serve(
+        podnet_policy::hint::Socket::at(socket.clone()),
+        loops,
+    ));
     // The port guard's side: record the port's facts, answer at once.
     let seen_g = seen.clone();
     rt.spawn(async move {

@@ -27,6 +27,7 @@
 pub mod bgp;
 pub mod flows;
 pub mod l2;
+pub mod networks;
 pub mod services;
 
 use std::future::Future;
@@ -84,6 +85,9 @@ pub struct Options {
     pub bgp_status: podnet_bgp::status::Board,
     /// The node's flow log, fed by this agent (None: `--no-flows`).
     pub flows: Option<Arc<std::sync::Mutex<podnet_trace::flows::FlowLog>>>,
+    /// Pods' extra networks ([`networks`]; None: not served, the CNI
+    /// plugin attaches the default network only).
+    pub networks: Option<networks::Setup>,
 }
 
 /// Runs the agent until `shutdown` resolves; the data plane stays. The
@@ -108,6 +112,10 @@ pub async fn run(
         .then(|| source.subscribe(podnet_proxy::node::KINDS));
     let policy_sub = opts.policy.then(|| source.subscribe(podnet_policy::KINDS));
     let flows_sub = opts.flows.as_ref().map(|_| source.subscribe(flows::KINDS));
+    let networks_sub = opts
+        .networks
+        .as_ref()
+        .map(|s| (s.clone(), source.subscribe(networks::KINDS)));
     let routing_subs = routing_subs(&mut source, &cfg, &opts).await;
     let _source = source.start();
 
@@ -139,7 +147,13 @@ pub async fn run(
     if let (Some(r), Some(sub)) = (&recorder, flows_sub) {
         tasks.spawn(r.clone().run(sub));
     }
-    let socket = podnet_policy::hint::socket_for(&opts.subnet_file);
+    let mut socket =
+        podnet_policy::hint::Socket::at(podnet_policy::hint::socket_for(&opts.subnet_file));
+    if let Some((setup, sub)) = networks_sub {
+        let n = networks::Networks::new(setup.write);
+        socket.other = Some(n.other());
+        tasks.spawn(n.follow(sub));
+    }
     let feed = match policy_sub {
         Some(sub) => {
             let popts = podnet_policy::Options {

@@ -14,6 +14,7 @@ pub mod endpoints;
 pub mod gateway;
 pub mod ingress;
 pub mod manifest;
+pub mod nad;
 pub mod netconfig;
 pub mod object;
 pub mod pool;
@@ -39,7 +40,7 @@ impl std::fmt::Display for FieldError {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
-    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig, IPAddressPool, BGPConfiguration, BGPPeer, Secret, Ingress, IngressClass, GatewayClass, Gateway, HTTPRoute, ReferenceGrant)")]
+    #[error("unknown kind {0:?} (known: Namespace, Node, Pod, Service, EndpointSlice, NetworkPolicy, NetworkConfig, IPAddressPool, BGPConfiguration, BGPPeer, Secret, Ingress, IngressClass, GatewayClass, Gateway, HTTPRoute, ReferenceGrant, NetworkAttachmentDefinition)")]
     UnknownKind(String),
     #[error("{field}: {msg}")]
     Invalid { field: String, msg: String },

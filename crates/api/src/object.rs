@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::bgp::{BGPConfiguration, BGPPeer};
 use crate::gateway::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant};
+use crate::nad::NetworkAttachmentDefinition;
 use crate::netconfig::NetworkConfig;
 use crate::pool::IPAddressPool;
 use crate::ApiError;
@@ -37,10 +38,11 @@ pub enum Kind {
     Gateway,
     HTTPRoute,
     ReferenceGrant,
+    NetworkAttachmentDefinition,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Namespace,
         Kind::Node,
         Kind::NetworkConfig,
@@ -58,6 +60,7 @@ impl Kind {
         Kind::Gateway,
         Kind::HTTPRoute,
         Kind::ReferenceGrant,
+        Kind::NetworkAttachmentDefinition,
     ];
 
     /// Parses a kind the way kubectl does: name, plural or short name,
@@ -85,6 +88,10 @@ impl Kind {
             "gateway" | "gateways" | "gtw" => Kind::Gateway,
             "httproute" | "httproutes" => Kind::HTTPRoute,
             "referencegrant" | "referencegrants" | "refgrant" => Kind::ReferenceGrant,
+            "networkattachmentdefinition"
+            | "networkattachmentdefinitions"
+            | "network-attachment-definitions"
+            | "net-attach-def" => Kind::NetworkAttachmentDefinition,
             _ => {
                 return Err(ApiError::UnknownKind(s.to_string()));
             }
@@ -110,6 +117,7 @@ impl Kind {
             Kind::Gateway => "Gateway",
             Kind::HTTPRoute => "HTTPRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::NetworkAttachmentDefinition => "NetworkAttachmentDefinition",
         }
     }
 
@@ -132,6 +140,7 @@ impl Kind {
             Kind::Gateway => "gateways",
             Kind::HTTPRoute => "httproutes",
             Kind::ReferenceGrant => "referencegrants",
+            Kind::NetworkAttachmentDefinition => "network-attachment-definitions",
         }
     }
 
@@ -146,6 +155,7 @@ impl Kind {
             Kind::NetworkConfig | Kind::IPAddressPool | Kind::BGPConfiguration | Kind::BGPPeer => {
                 crate::netconfig::API_VERSION
             }
+            Kind::NetworkAttachmentDefinition => crate::nad::API_VERSION,
         }
     }
 
@@ -249,6 +259,7 @@ pub enum Object {
     Gateway(Box<Gateway>),
     HTTPRoute(Box<HTTPRoute>),
     ReferenceGrant(Box<ReferenceGrant>),
+    NetworkAttachmentDefinition(Box<NetworkAttachmentDefinition>),
 }
 
 macro_rules! each {
@@ -271,6 +282,7 @@ macro_rules! each {
             Object::Gateway($o) => $e,
             Object::HTTPRoute($o) => $e,
             Object::ReferenceGrant($o) => $e,
+            Object::NetworkAttachmentDefinition($o) => $e,
         }
     };
 }
@@ -295,6 +307,7 @@ impl Object {
             Object::Gateway(_) => Kind::Gateway,
             Object::HTTPRoute(_) => Kind::HTTPRoute,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Object::NetworkAttachmentDefinition(_) => Kind::NetworkAttachmentDefinition,
         }
     }
 
@@ -386,6 +399,7 @@ impl Object {
             Kind::Gateway => Object::Gateway(de(v)?),
             Kind::HTTPRoute => Object::HTTPRoute(de(v)?),
             Kind::ReferenceGrant => Object::ReferenceGrant(de(v)?),
+            Kind::NetworkAttachmentDefinition => Object::NetworkAttachmentDefinition(de(v)?),
         })
     }
 

@@ -248,6 +248,11 @@ pub fn validate(o: &Object, ctx: &Context) -> Vec<FieldError> {
         Object::ReferenceGrant(g) => e.0.extend(gateway::reference_grant(g)),
         Object::Ingress(i) => e.0.extend(crate::ingress::validate(i)),
         Object::Secret(s) => secret(&mut e, s),
+        Object::NetworkAttachmentDefinition(n) => {
+            if let Err(m) = n.cni_config() {
+                e.add("spec.config", m);
+            }
+        }
         Object::Namespace(_) | Object::IngressClass(_) => {}
     }
     e.0

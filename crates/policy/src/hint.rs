@@ -65,6 +65,9 @@ pub struct Request {
     /// belongs to: what the guard keys it by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment: Option<String>,
+    /// Fields of the ops other subsystems answer (see [`Other`]).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Request {
@@ -82,21 +85,47 @@ pub struct Reply {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the ops other subsystems answer carry back.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Reply {
-    fn ok() -> Reply {
+    pub fn ok() -> Reply {
         Reply {
             ok: true,
-            error: None,
+            ..Default::default()
         }
     }
 
-    fn err(why: impl Into<String>) -> Reply {
+    pub fn err(why: impl Into<String>) -> Reply {
         Reply {
             ok: false,
             error: Some(why.into()),
+            ..Default::default()
         }
+    }
+}
+
+/// Answers the ops this module does not own, for the agent's other
+/// subsystems (the pod's extra networks: `networks`, `network-status`):
+/// one socket, so the plugin finds one agent.
+pub type Other = std::sync::Arc<
+    dyn Fn(Request) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The socket and what answers the ops this module does not own.
+#[derive(Clone)]
+pub struct Socket {
+    pub path: PathBuf,
+    pub other: Option<Other>,
+}
+
+impl Socket {
+    pub fn at(path: PathBuf) -> Socket {
+        Socket { path, other: None }
     }
 }
 
@@ -171,7 +200,11 @@ async fn add(req: Request, key: Key, tx: &Loops) -> Reply {
     }
 }
 
-async fn handle(stream: tokio::net::UnixStream, tx: Loops) -> std::io::Result<()> {
+async fn handle(
+    stream: tokio::net::UnixStream,
+    tx: Loops,
+    other: Option<Other>,
+) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
     BufReader::new(r).read_line(&mut line).await?;
@@ -194,6 +227,7 @@ async fn handle(stream: tokio::net::UnixStream, tx: Loops) -> std::io::Result<()
                         .await;
                     Reply::ok()
                 }
+                _ if other.is_some() => (other.as_ref().expect("checked"))(req).await,
                 op => Reply::err(format!("unknown op {op:?} (add, del)")),
             }
         }
@@ -203,8 +237,9 @@ async fn handle(stream: tokio::net::UnixStream, tx: Loops) -> std::io::Result<()
     w.write_all(&out).await
 }
 
-/// Serves the socket at `path` until the task is dropped.
-pub async fn serve(path: PathBuf, tx: Loops) -> std::io::Result<()> {
+/// Serves the socket until the task is dropped.
+pub async fn serve(socket: Socket, tx: Loops) -> std::io::Result<()> {
+    let Socket { path, other } = socket;
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
@@ -219,9 +254,9 @@ pub async fn serve(path: PathBuf, tx: Loops) -> std::io::Result<()> {
     tracing::info!(socket = %path.display(), "answering the CNI plugin's ADD once a pod is programmed");
     loop {
         let (s, _) = l.accept().await?;
-        let tx = tx.clone();
+        let (tx, other) = (tx.clone(), other.clone());
         tokio::spawn(async move {
-            if let Err(e) = handle(s, tx).await {
+            if let Err(e) = handle(s, tx, other).await {
                 tracing::debug!("CNI request: {e}");
             }
         });
@@ -233,7 +268,7 @@ pub async fn serve(path: PathBuf, tx: Loops) -> std::io::Result<()> {
 /// ADD is answered at once. The socket is still served because the CNI
 /// plugin's ADD fails while no agent answers on it: it is how a pod's
 /// sandbox learns that the node's agent runs.
-pub async fn serve_without_policy(path: PathBuf) -> std::io::Result<()> {
+pub async fn serve_without_policy(socket: Socket) -> std::io::Result<()> {
     let (policy, mut policy_rx) = mpsc::channel::<Input<PolicyInput>>(64);
     let (guard, mut guard_rx) = mpsc::channel::<Input<GuardInput>>(64);
     tokio::spawn(async move {
@@ -251,5 +286,5 @@ pub async fn serve_without_policy(path: PathBuf) -> std::io::Result<()> {
             }
         }
     });
-    serve(path, Loops { policy, guard }).await
+    serve(socket, Loops { policy, guard }).await
 }

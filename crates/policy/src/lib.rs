@@ -37,7 +37,6 @@ pub mod world;
 #[cfg(test)]
 mod tests;
 
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -78,7 +77,7 @@ impl Feed {
 pub fn start(
     sub: Subscription,
     opts: Options,
-    socket: PathBuf,
+    socket: hint::Socket,
     resync: Duration,
     metrics: Arc<Metrics>,
 ) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
@@ -90,13 +89,13 @@ pub fn start(
 pub fn start_with(
     sub: Subscription,
     opts: Options,
-    socket: PathBuf,
+    socket: hint::Socket,
     resync: Duration,
     metrics: Arc<Metrics>,
     sink: Option<log::DenialSink>,
 ) -> Result<(Feed, impl std::future::Future<Output = ()>), PolicyError> {
     let world = Arc::new(RwLock::new(World::new()));
-    let records = guardplane::read_records(&guardplane::records_dir(&socket));
+    let records = guardplane::read_records(&guardplane::records_dir(&socket.path));
     let guard = guardplane::GuardPlane::new(opts.ipv6, records)
         .map_err(|e| PolicyError::Sync(e.to_string()))?;
     let plane = PolicyPlane::new(opts, world.clone(), metrics.clone())
@@ -122,8 +121,9 @@ pub fn start_with(
             .spawn(move || log::read(w, lm, stop, sink))
             .expect("thread");
         let hints = async {
-            if let Err(e) = hint::serve(socket.clone(), hint_tx).await {
-                tracing::error!("policy socket {}: {e}", socket.display());
+            let path = socket.path.clone();
+            if let Err(e) = hint::serve(socket, hint_tx).await {
+                tracing::error!("policy socket {}: {e}", path.display());
                 m.set_unhealthy_for("policy", Some(format!("policy socket: {e}")));
             }
             std::future::pending::<()>().await
@@ -160,7 +160,7 @@ pub fn start_with(
 /// without NetworkPolicy: roll out `--no-policy` first), then answers the
 /// CNI plugin's ADD, which still waits for an agent on `socket`, until
 /// dropped.
-pub async fn run_disabled(socket: PathBuf, metrics: Arc<Metrics>) {
+pub async fn run_disabled(socket: hint::Socket, metrics: Arc<Metrics>) {
     match cleanup() {
         Ok(gone) => {
             for t in gone {
@@ -173,8 +173,9 @@ pub async fn run_disabled(socket: PathBuf, metrics: Arc<Metrics>) {
             "NetworkPolicy is off (--no-policy), but the policy tables could not be checked: {e}"
         ),
     }
-    if let Err(e) = hint::serve_without_policy(socket.clone()).await {
-        tracing::error!("CNI socket {}: {e}", socket.display());
+    let path = socket.path.clone();
+    if let Err(e) = hint::serve_without_policy(socket).await {
+        tracing::error!("CNI socket {}: {e}", path.display());
         metrics.set_unhealthy_for("policy", Some(format!("CNI socket: {e}")));
     }
 }

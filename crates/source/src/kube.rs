@@ -23,6 +23,7 @@ use podnet_api::gateway::{Gateway, GatewayClass, HTTPRoute, ReferenceGrant};
 use podnet_api::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use podnet_api::k8s_openapi::api::discovery::v1::EndpointSlice;
 use podnet_api::k8s_openapi::api::networking::v1::{Ingress, IngressClass, NetworkPolicy};
+use podnet_api::nad::NetworkAttachmentDefinition;
 use podnet_api::pool::IPAddressPool;
 use podnet_api::{Kind, Object};
 use podnet_daemon::StoreWatch;
@@ -184,6 +185,11 @@ fn stream_for(client: &Client, kind: Kind) -> Option<BoxStream<'static, Tagged>>
         Kind::ReferenceGrant => {
             watch_kind::<ReferenceGrant>(client, kind, |o| Object::ReferenceGrant(Box::new(o)))
         }
+        Kind::NetworkAttachmentDefinition => {
+            watch_kind::<NetworkAttachmentDefinition>(client, kind, |o| {
+                Object::NetworkAttachmentDefinition(Box::new(o))
+            })
+        }
     })
 }
 
@@ -241,6 +247,12 @@ async fn list(client: &Client, kinds: &BTreeSet<Kind>) -> Result<Vec<Object>, ku
             }
             Kind::ReferenceGrant => {
                 list_of::<ReferenceGrant>(client, |o| Object::ReferenceGrant(Box::new(o))).await?
+            }
+            Kind::NetworkAttachmentDefinition => {
+                list_of::<NetworkAttachmentDefinition>(client, |o| {
+                    Object::NetworkAttachmentDefinition(Box::new(o))
+                })
+                .await?
             }
         });
     }

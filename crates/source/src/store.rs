@@ -77,6 +77,7 @@ pub fn decode(kind: Kind, kv: &KeyValue) -> Option<Object> {
         Kind::Gateway => Object::Gateway(de(&kv.value)?),
         Kind::HTTPRoute => Object::HTTPRoute(de(&kv.value)?),
         Kind::ReferenceGrant => Object::ReferenceGrant(de(&kv.value)?),
+        Kind::NetworkAttachmentDefinition => Object::NetworkAttachmentDefinition(de(&kv.value)?),
     };
     o.meta_mut().resource_version = Some(kv.mod_rev.to_string());
     Some(o)

@@ -64,7 +64,9 @@ fn table_row(o: &Object, wide: bool) -> Row {
         Object::GatewayClass(c) => l7::gateway_class_row(c, name, age),
         Object::Gateway(g) => l7::gateway_row(g, name, age),
         Object::HTTPRoute(r) => l7::http_route_row(r, name, age),
-        Object::ReferenceGrant(_) => l7::plain_row(name, age),
+        Object::ReferenceGrant(_) | Object::NetworkAttachmentDefinition(_) => {
+            l7::plain_row(name, age)
+        }
     }
 }
 
