@@ -445,8 +445,12 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             pod,
             node,
             labels,
+            annotations,
             ports,
-        } => lab_run(&lab, &pod, node.as_deref(), labels.as_deref(), &ports).await?,
+        } => {
+            let meta = (labels.as_deref(), annotations.as_slice());
+            lab_run(&lab, &pod, node.as_deref(), meta, &ports).await?
+        }
         LabCmd::Exec { pod, cmd } => exec_in_pod(&lab, &pod, &cmd)?,
         LabCmd::Probe { pod, target, ask } => {
             let (ns, p) = split_pod(&pod)?;
@@ -566,13 +570,19 @@ async fn lab_run(
     lab: &podnet_lab::Lab,
     pod: &str,
     node: Option<&str>,
-    labels: Option<&str>,
+    (labels, annotations): (Option<&str>, &[String]),
     ports: &str,
 ) -> Result<()> {
     let (ns, p) = split_pod(pod)?;
-    let l = pod_labels(labels, &p)?;
+    let mut meta = podnet_lab::kubelet::PodMeta::from(pod_labels(labels, &p)?);
+    for a in annotations {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--annotation {a:?}: want KEY=VALUE"))?;
+        meta.annotations.insert(k.to_string(), v.to_string());
+    }
     let ports = podnet_lab::serve::parse_ports(ports).map_err(anyhow::Error::msg)?;
-    let info = lab.run_pod(&ns, &p, node, l, &ports).await?;
+    let info = lab.run_pod(&ns, &p, node, meta, &ports).await?;
     println!(
         "pod {}/{} on {}: {} (netns {})",
         info.namespace, info.name, info.node, info.ip, info.netns

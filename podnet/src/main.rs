@@ -415,6 +415,11 @@ pub enum LabCmd {
         /// Labels, e.g. app=web,tier=front.
         #[arg(long)]
         labels: Option<String>,
+        /// An annotation KEY=VALUE (repeatable), e.g.
+        /// k8s.v1.cni.cncf.io/networks=macvlan-lan to attach an extra
+        /// network (a NetworkAttachmentDefinition of the pod's namespace).
+        #[arg(long = "annotation")]
+        annotations: Vec<String>,
         /// Ports `podnet serve` answers on, e.g. 80/tcp,81/udp; a port may
         /// be named as a container port: serve-80-tcp=80/tcp,serve-81-udp=81/udp.
         /// Unnamed ports are named tcp-80, udp-81 in the Pod.

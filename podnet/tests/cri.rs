@@ -664,7 +664,7 @@ async fn containerd_cri_sandbox_on_podnet() {
     let client = lab.lab.kube_client().await.unwrap();
     kubelet::ensure_namespace(&client, NS).await.unwrap();
     let labels = BTreeMap::from([("app".to_string(), "cri".to_string())]);
-    let pod = kubelet::pod_object(NS, POD, &node1.name, labels.clone(), &[]);
+    let pod = kubelet::pod_object(NS, POD, &node1.name, labels.clone().into(), &[]);
     kubelet::create_pod(&client, &pod).await.unwrap();
     let uid = Api::<Pod>::namespaced(client.clone(), NS)
         .get(POD)
@@ -675,7 +675,13 @@ async fn containerd_cri_sandbox_on_podnet() {
         .expect("a uid");
     let peer = lab
         .lab
-        .run_pod(NS, PEER, Some(&node2.name), labels, &[PortSpec::tcp(PORT)])
+        .run_pod(
+            NS,
+            PEER,
+            Some(&node2.name),
+            labels.into(),
+            &[PortSpec::tcp(PORT)],
+        )
         .await
         .unwrap();
 

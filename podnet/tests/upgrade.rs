@@ -301,6 +301,7 @@ fn upgrade_and_downgrade_under_load_one_daemon_at_a_time() {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>()
+            .into()
     };
     let port80 = [podnet_lab::serve::PortSpec::tcp(80)];
     g.block_on(async {
@@ -771,7 +772,7 @@ fn downgrade_leftover(g: &Guard, echo: SocketAddr) {
         NS,
         LATE,
         Some("node1"),
-        BTreeMap::new(),
+        Default::default(),
         &[podnet_lab::serve::PortSpec::tcp(80)],
     ))
     .unwrap();

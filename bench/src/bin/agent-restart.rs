@@ -16,7 +16,7 @@
 //! of the hold that did not come back is lost to that restart. A netlink
 //! route monitor on the 3 nodes counts pod-CIDR routes deleted meanwhile.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -241,7 +241,7 @@ fn up_side(
             "default",
             pod,
             Some(node),
-            BTreeMap::new(),
+            Default::default(),
             &[PortSpec::tcp(8080)],
         ))?;
         pods.push(p);

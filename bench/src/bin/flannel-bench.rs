@@ -216,7 +216,7 @@ fn up_side(
             POD_NS,
             pod,
             Some(node),
-            BTreeMap::new(),
+            Default::default(),
             &[PortSpec::tcp(80)],
         ))?;
     }
@@ -415,7 +415,7 @@ fn join(
         POD_NS,
         &pod,
         Some(&node.name),
-        BTreeMap::new(),
+        Default::default(),
         &[PortSpec::tcp(80)],
     ))?;
     let target = SocketAddr::new(info.ip.parse().context("joined pod's IP")?, 80);

@@ -735,16 +735,17 @@ fn echo_setup(b: &Bench) -> Result<Echo> {
         NS,
         ECHO,
         Some(&second),
-        labels.clone(),
+        labels.clone().into(),
         &[PortSpec::tcp(ECHO_PORT)],
     ))?;
     let server_tid = podnet_bench::connrate::accept_thread(&echo.netns, FAST_PORT)?;
     let direct = SocketAddr::new(echo.ip.parse()?, FAST_PORT);
-    let client = b.rt.block_on(
-        b.lab
-            .0
-            .run_pod(NS, CLIENT, Some(&first), BTreeMap::new(), &[]),
-    )?;
+    let client =
+        b.rt.block_on(
+            b.lab
+                .0
+                .run_pod(NS, CLIENT, Some(&first), Default::default(), &[]),
+        )?;
     let mut svc = http_service(NS, ECHO);
     if let Some(spec) = svc.spec.as_mut() {
         spec.selector = Some(labels);

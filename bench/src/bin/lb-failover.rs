@@ -162,7 +162,10 @@ fn setup(rt: &tokio::runtime::Runtime, exe: &std::path::Path, name: &str) -> Res
     for (pod, node) in [("web1", "node1"), ("web2", "node2")] {
         let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
         let ports = [PortSpec::tcp(8080), PortSpec::udp(8081)];
-        rt.block_on(lab.0.run_pod("default", pod, Some(node), labels, &ports))?;
+        rt.block_on(
+            lab.0
+                .run_pod("default", pod, Some(node), labels.into(), &ports),
+        )?;
     }
     podnet_apply(exe, &st.store, OBJECTS)?;
     let lb_ip = wait_lb_ip(exe, &st.store)?;

@@ -43,7 +43,7 @@ impl Lab {
                 DNS_NAMESPACE,
                 DNS_POD,
                 Some(&node.name),
-                labels.clone(),
+                labels.clone().into(),
                 &[],
             )
             .await?;

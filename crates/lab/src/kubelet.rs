@@ -162,21 +162,33 @@ pub fn port_name(p: &PortSpec) -> String {
         .unwrap_or_else(|| format!("{}-{}", if p.udp { "udp" } else { "tcp" }, p.port))
 }
 
+/// A lab pod's labels and annotations (`k8s.v1.cni.cncf.io/networks`
+/// asks for extra networks).
+#[derive(Debug, Clone, Default)]
+pub struct PodMeta {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl From<BTreeMap<String, String>> for PodMeta {
+    fn from(labels: BTreeMap<String, String>) -> PodMeta {
+        PodMeta {
+            labels,
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
 /// The Pod `ns/name` bound to `node` (as if scheduled there), one
 /// container declaring `ports`, with no status yet: what both modes
 /// register before the pod's sandbox exists, as a kubelet finds it.
-pub fn pod_object(
-    ns: &str,
-    name: &str,
-    node: &str,
-    labels: BTreeMap<String, String>,
-    ports: &[PortSpec],
-) -> Pod {
+pub fn pod_object(ns: &str, name: &str, node: &str, meta: PodMeta, ports: &[PortSpec]) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
-            labels: Some(labels),
+            labels: Some(meta.labels),
+            annotations: (!meta.annotations.is_empty()).then_some(meta.annotations),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -316,8 +328,8 @@ mod tests {
     #[test]
     fn pod_object_declares_named_ports_and_no_status() {
         let ports = crate::serve::parse_ports("serve-80-tcp=80/tcp,81/udp").unwrap();
-        let labels = [("pod".to_string(), "a".to_string())].into();
-        let p = super::pod_object("x", "a", "node2", labels, &ports);
+        let labels: std::collections::BTreeMap<String, String> = [("pod".to_string(), "a".to_string())].into();
+        let p = super::pod_object("x", "a", "node2", labels.into(), &ports);
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v["spec"]["nodeName"], "node2");
         assert_eq!(v["metadata"]["labels"]["pod"], "a");

@@ -3,7 +3,6 @@
 //! `podnet serve` answering inside and cluster DNS in its resolv.conf; its
 //! record on disk; and removing it again.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -42,7 +41,7 @@ impl Lab {
         ns: &str,
         pod: &str,
         node: Option<&str>,
-        labels: BTreeMap<String, String>,
+        meta: kubelet::PodMeta,
         ports: &[serve::PortSpec],
     ) -> Result<PodInfo, LabError> {
         let st = self.state()?;
@@ -70,7 +69,7 @@ impl Lab {
             true => PodApi::Kube(self.kube_client().await?),
             false => PodApi::Store(self.objects(&st).await?),
         };
-        let obj = kubelet::pod_object(ns, pod, &n.name, labels, ports);
+        let obj = kubelet::pod_object(ns, pod, &n.name, meta, ports);
         match &api {
             PodApi::Kube(c) => {
                 kubelet::ensure_namespace(c, ns).await?;

@@ -375,7 +375,13 @@ impl Lab {
         for i in 2..=replicas {
             let r = self.dns_replica(i)?;
             let pod = self
-                .run_pod(DNS_NAMESPACE, &r.pod, Some(&r.node), dns_labels(), &[])
+                .run_pod(
+                    DNS_NAMESPACE,
+                    &r.pod,
+                    Some(&r.node),
+                    dns_labels().into(),
+                    &[],
+                )
                 .await?;
             self.ensure_forwarder(st, &r.forwarder, &pod.netns)?;
             self.spawn_dns(st, &r, &pod)?;

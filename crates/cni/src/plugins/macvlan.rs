@@ -407,7 +407,7 @@ mod tests {
         let e = parse(br#"{"mode":"source"}"#, "").unwrap_err();
         assert_eq!(
             (e.code, e.msg.as_str()),
-            (7, "unknown macvlan mode: \"source\"")
+            (999, "unknown macvlan mode: \"source\"")
         );
         let e = parse(br#"{"ipam":{"type":"bridge"}}"#, "").unwrap_err();
         assert_eq!(e.msg, "macvlan: ipam type \"bridge\" is not an IPAM plugin");

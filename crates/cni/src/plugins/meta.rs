@@ -56,6 +56,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{CniError, Code};
 use crate::invoke::delegate;
+use crate::plugins::attachments;
 use crate::skel::{CmdArgs, Command, Plugin};
 use crate::types::{self, Attachment, CniResult};
 
@@ -450,14 +451,29 @@ pub fn parse_config(stdin: &[u8]) -> Result<(), CniError> {
 
 pub struct Meta;
 
+/// Takes back the default network's attachment after a later step of ADD
+/// failed: the runtime retries the whole ADD.
+fn undo_default(c: &Conf, args: &CmdArgs, d: &Value, bytes: &[u8], path: &Path) {
+    let _ = std::fs::remove_file(c.guard_record(args));
+    let _ = delegate(
+        &delegate_type(d),
+        Command::Del,
+        &args.with_command(Command::Del),
+        bytes,
+    );
+    let _ = std::fs::remove_file(path);
+}
+
 impl Plugin for Meta {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
         check_delegate(&c)?;
         c.agent_wait()?;
         let env = c.read_env()?;
-        // First, before anything exists to undo: is the agent there?
+        // First, before anything exists to undo: is the agent there, and
+        // which extra networks does the pod ask for?
         let agent = agent_for_add(&c)?;
+        let nets = attachments::plan(&c.agent_socket(), args, agent.is_some())?;
         let d = c.delegate_conf(&env);
         let bytes = serde_json::to_vec(&d).expect("json");
         let dir = c.data_dir();
@@ -488,17 +504,31 @@ impl Plugin for Meta {
             Some(s) => tell_agent(s, args, "add", &ips, port.as_ref()),
             None => Ok(()),
         });
-        if let Err(e) = told {
-            let _ = std::fs::remove_file(c.guard_record(args));
-            // Undo the attachment: the runtime retries the whole ADD.
-            let _ = delegate(
-                &delegate_type(&d),
-                Command::Del,
-                &args.with_command(Command::Del),
-                &bytes,
-            );
-            let _ = std::fs::remove_file(&path);
-            return Err(e);
+        // The extra networks, after the default one (as Multus orders
+        // them); a failure takes them all back, then the default one.
+        let record = attachments::record_path(&dir, &path);
+        let added = told
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|_| attachments::add_all(&record, args, nets));
+        let nets = match added {
+            Ok(n) => n,
+            Err(e) => {
+                if told.is_ok() {
+                    if let Ok(s) = UnixStream::connect(c.agent_socket()) {
+                        let _ = tell_agent(s, args, "del", &[], None);
+                    }
+                }
+                undo_default(&c, args, &d, &bytes, &path);
+                return Err(e);
+            }
+        };
+        if !nets.is_empty() {
+            let st = attachments::status(&c.name, args, &r, &nets);
+            if let Err(e) = attachments::send_status(&c.agent_socket(), args, st) {
+                // The networks work without it; the pod's status says less.
+                tracing::warn!("podnet: network-status not written: {e}");
+            }
         }
         Ok(r)
     }
@@ -506,10 +536,14 @@ impl Plugin for Meta {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let c: Conf = types::parse_conf(&args.stdin)?;
         let path = saved_path(&c.data_dir(), &args.container_id, &args.ifname);
+        // The extra networks first (they went on last); the default one
+        // goes even if one of them fails (the runtime retries DEL, and
+        // every step is idempotent).
+        let extra = attachments::del_all(&attachments::record_path(&c.data_dir(), &path), args);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             // Never added, or deleted already: DEL is idempotent.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return extra,
             Err(e) => return Err(io(format!("podnet: reading {}", path.display()), e)),
         };
         let d: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -524,7 +558,7 @@ impl Plugin for Meta {
         if let Ok(s) = UnixStream::connect(c.agent_socket()) {
             let _ = tell_agent(s, args, "del", &[], None);
         }
-        Ok(())
+        extra
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -541,7 +575,7 @@ impl Plugin for Meta {
         }
         let bytes = serde_json::to_vec(&d).expect("json");
         delegate(&delegate_type(&d), Command::Check, args, &bytes)?;
-        Ok(())
+        attachments::check_all(&attachments::record_path(&c.data_dir(), &path), args)
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -575,6 +609,10 @@ impl Plugin for Meta {
                     netns: String::new(),
                     ..args.clone()
                 };
+                let record = attachments::record_path(&dir, &ent.path());
+                if let Err(e) = attachments::del_all(&record, &sub) {
+                    errors.push(e.to_string());
+                }
                 match delegate(&delegate_type(&d), Command::Del, &sub, &bytes) {
                     Ok(_) => {
                         let _ = std::fs::remove_file(c.guard_record(&sub));

@@ -1,5 +1,6 @@
 //! The plugins, chosen by the name the binary was called as.
 
+mod attachments;
 pub mod bandwidth;
 pub mod bridge;
 pub mod loopback;
