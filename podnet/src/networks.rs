@@ -20,7 +20,7 @@ pub async fn kube(client: &kube::Client) -> Option<Setup> {
     match api.list(&kube::api::ListParams::default().limit(1)).await {
         Err(kube::Error::Api(s)) if s.code == 404 => {
             tracing::warn!(
-                "the NetworkAttachmentDefinition CRD (k8s.v1.cni.cncf.io/v1) is not installed: pods get the default network only; install it and restart the agent"
+                "the NetworkAttachmentDefinition CRD (k8s.cni.cncf.io/v1) is not installed: pods get the default network only; install it and restart the agent"
             );
             return None;
         }

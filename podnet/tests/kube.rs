@@ -437,6 +437,61 @@ fn daemons_follow_a_restarted_apiserver_within_five_seconds() {
     }
 }
 
+/// Issue 28: an agent patches pods only to write the network-status of
+/// the extra networks it attached. deploy/'s admission policy holds its
+/// token to the pods of its own node, and to that one annotation: node1's
+/// agent cannot relabel a pod (NetworkPolicies select on labels), set any
+/// other annotation, or touch node2's pods.
+#[test]
+fn an_agents_token_writes_only_its_own_pods_network_status() {
+    let lab = KubeLab::up(2);
+    run_pod(&lab, "default/p1", "node1", &[]);
+    run_pod(&lab, "default/p2", "node2", &[]);
+    let c = tokio::runtime::Runtime::new().unwrap();
+    let client = c
+        .block_on(podnet_lab::kube::client(
+            &lab_of(&lab).node_kubeconfig("node1"),
+        ))
+        .expect("node1's client");
+    let patch = |pod: &str, meta: serde_json::Value| {
+        use kube::api::{Api, Patch, PatchParams};
+        let api: Api<podnet_api::k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(client.clone(), "default");
+        let p = serde_json::json!({ "metadata": meta });
+        match c.block_on(api.patch(pod, &PatchParams::default(), &Patch::Merge(&p))) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let status =
+        |v: &str| serde_json::json!({"annotations": {"k8s.v1.cni.cncf.io/network-status": v}});
+    let policy = "ValidatingAdmissionPolicy 'podnet-agent-pod-status'";
+    for (pod, meta, why) in [
+        ("p2", status("[]"), "may write only pods of its own node"),
+        (
+            "p1",
+            serde_json::json!({"labels": {"role": "db"}}),
+            "may change only a pod's k8s.v1.cni.cncf.io/network-status",
+        ),
+        (
+            "p1",
+            serde_json::json!({"annotations": {"example.com/x": "y"}}),
+            "may change only a pod's k8s.v1.cni.cncf.io/network-status",
+        ),
+    ] {
+        let e = patch(pod, meta.clone()).expect_err(&format!("{pod} {meta} was allowed"));
+        assert!(
+            e.contains(policy) && e.contains(why),
+            "{pod} {meta}: refused, but not by the policy: {e}"
+        );
+    }
+    assert_eq!(
+        lab.json(&["get", "pod", "p1"])["metadata"]["labels"]["role"],
+        serde_json::Value::Null
+    );
+    patch("p1", status("[]")).expect("its own pod's network-status");
+}
+
 /// Issue 23, item 8 (b): an agent's token may write its own Node only.
 /// The lab applies deploy/'s ValidatingAdmissionPolicy and binds each
 /// agent's token to its Node (so it carries

@@ -2308,3 +2308,177 @@ fn vxlan_cross_subnet_across_two_racks() {
     let n2 = lab.sh(&lab.node_ns("node2"), "ip -4 addr show eth0").1;
     assert!(n2.contains("192.168.201.12/24"), "node2 is in rack 2: {n2}");
 }
+
+// ---- Extra networks, the Multus way.
+
+/// A NetworkAttachmentDefinition for a macvlan on each node's underlay
+/// (`eth0`), addresses and MACs as the pods ask (static IPAM with the
+/// `ips` and `mac` capabilities).
+const LAN: &str = r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: lan, namespace: default}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "macvlan", "master": "eth0", "mode": "bridge", "capabilities": {"ips": true, "mac": true}, "ipam": {"type": "static"}}'
+"#;
+
+impl Lab {
+    /// Pod `default/NAME` as the store or the API holds it.
+    fn pod_json(&self, name: &str) -> serde_json::Value {
+        let o = if self.kube {
+            self.kubectl(&["get", "pod", name, "-o", "json"], None)
+        } else {
+            podnet(&["--store", &self.store(), "get", "pod", name, "-o", "json"])
+        };
+        serde_json::from_slice(&o.stdout).unwrap_or_default()
+    }
+
+    /// The pod's network-status annotation, once written.
+    fn network_status(&self, name: &str) -> serde_json::Value {
+        let mut v = serde_json::Value::Null;
+        self.eventually(&format!("{name}'s network-status"), || {
+            let a = &self.pod_json(name)["metadata"]["annotations"]
+                ["k8s.v1.cni.cncf.io/network-status"];
+            v = a
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            !v.is_null()
+        });
+        v
+    }
+
+    fn run_with_networks(&self, pod: &str, node: &str, networks: &str) -> Output {
+        let a = format!("k8s.v1.cni.cncf.io/networks={networks}");
+        self.run(&[
+            "run",
+            pod,
+            "--node",
+            node,
+            "--ports",
+            "8080/tcp",
+            "--annotation",
+            &a,
+        ])
+    }
+}
+
+#[test]
+fn a_pod_gets_a_macvlan_network_the_multus_way() {
+    extra_networks_in(Mode::Standalone, "mn");
+}
+
+#[test]
+fn a_pod_gets_a_macvlan_network_the_multus_way_kube() {
+    extra_networks_in(Mode::Kube, "mnk");
+}
+
+fn extra_networks_in(mode: Mode, tag: &str) {
+    let lab = Lab::up_in(mode, tag, "vxlan", 2);
+    lab.apply(LAN);
+    let a = r#"[{"name": "lan", "ips": ["192.168.250.11/24"]}]"#;
+    let b = r#"[{"name": "lan", "interface": "lan0", "ips": ["192.168.250.12/24"], "mac": "02:00:00:00:fa:12"}]"#;
+    for (pod, node, nets) in [("default/a", "node1", a), ("default/b", "node2", b)] {
+        let o = lab.run_with_networks(pod, node, nets);
+        assert!(
+            o.status.success(),
+            "{pod}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // Each pod has its default network and the macvlan, and reaches the
+    // other's macvlan address across the underlay (no overlay, no NAT).
+    let shown = lab.ok(&[
+        "exec",
+        "default/b",
+        "--",
+        "ip",
+        "-d",
+        "-o",
+        "link",
+        "show",
+        "lan0",
+    ]);
+    assert!(
+        shown.contains("02:00:00:00:fa:12") && shown.contains("macvlan mode bridge"),
+        "{shown}"
+    );
+    assert_eq!(lab.ok(&["probe", "default/a", "192.168.250.12:8080"]), "b");
+    assert_eq!(
+        lab.ok(&[
+            "probe",
+            "default/a",
+            "192.168.250.12:8080",
+            "--ask",
+            "clientip"
+        ]),
+        "192.168.250.11"
+    );
+    // network-status: the default network first, then the extra one.
+    let st = lab.network_status("b");
+    assert_eq!(st[0]["interface"], "eth0", "{st}");
+    assert_eq!(st[0]["default"], true, "{st}");
+    assert_eq!(st[0]["ips"][0], lab.pod_ip("b").as_str(), "{st}");
+    assert_eq!(
+        (
+            &st[1]["name"],
+            &st[1]["interface"],
+            &st[1]["ips"][0],
+            &st[1]["mac"]
+        ),
+        (
+            &"default/lan".into(),
+            &"lan0".into(),
+            &"192.168.250.12".into(),
+            &"02:00:00:00:fa:12".into()
+        ),
+        "{st}"
+    );
+    assert_eq!(st.as_array().map(Vec::len), Some(2), "{st}");
+    refused_networks(&lab);
+    // DEL takes the extra network's record with it.
+    let records = format!(
+        "/run/podnet-lab/{}/nodes/node2/cni/podnet/networks",
+        lab.name
+    );
+    assert_eq!(
+        std::fs::read_dir(&records).map(|d| d.count()).unwrap_or(0),
+        1,
+        "{records}"
+    );
+    lab.ok(&["rm", "default/b"]);
+    assert_eq!(
+        std::fs::read_dir(&records).map(|d| d.count()).unwrap_or(0),
+        0,
+        "{records}"
+    );
+}
+
+/// What a pod may not have fails its sandbox with a message naming why,
+/// and leaves no pod behind.
+fn refused_networks(lab: &Lab) {
+    lab.ok(&["run", "other/x", "--node", "node1", "--ports", "8080/tcp"]);
+    for (pod, nets, why) in [
+        (
+            "default/c",
+            "nope",
+            "NetworkAttachmentDefinition default/nope not found",
+        ),
+        (
+            "other/d",
+            "default/lan",
+            "may attach only networks of its own namespace, not default/lan",
+        ),
+        (
+            "default/e",
+            "lan@eth0",
+            "interface \"eth0\" is the pod's own",
+        ),
+    ] {
+        let o = lab.run_with_networks(pod, "node1", nets);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(why), "{pod}: {err}");
+        let (ns, name) = pod.split_once('/').unwrap();
+        let rec = format!("/run/podnet-lab/{}/pods/{ns}_{name}.json", lab.name);
+        assert!(!std::path::Path::new(&rec).exists(), "{pod} left behind");
+    }
+}

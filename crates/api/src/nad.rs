@@ -1,5 +1,6 @@
 //! Several networks per pod, the way Multus users already write them: a
-//! `NetworkAttachmentDefinition` (`k8s.v1.cni.cncf.io/v1`, namespaced)
+//! `NetworkAttachmentDefinition` (`k8s.cni.cncf.io/v1`, namespaced; its
+//! annotations carry the `k8s.v1.cni.cncf.io/` prefix)
 //! holds a CNI configuration; a pod asks for attachments with the
 //! annotation [`NETWORKS`] and reads what it got in [`NETWORK_STATUS`].
 //! This module is the pure part: the kind, the annotation's two forms
@@ -11,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub const GROUP: &str = "k8s.v1.cni.cncf.io";
-pub const API_VERSION: &str = "k8s.v1.cni.cncf.io/v1";
+pub const GROUP: &str = "k8s.cni.cncf.io";
+pub const API_VERSION: &str = "k8s.cni.cncf.io/v1";
 /// The pod annotation that asks for attachments.
 pub const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 /// The pod annotation the attachments' results are written to.

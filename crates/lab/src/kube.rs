@@ -464,6 +464,9 @@ pub async fn apply_rbac(c: &kube::Client, text: &str) -> Result<(), KubeError> {
 /// podnet's CustomResourceDefinitions, as shipped.
 pub const CRDS: &str = include_str!("../../../deploy/parts/05-crds.yaml");
 
+/// The NetworkAttachmentDefinition CRD (Multus's), as shipped.
+pub const NAD_CRD: &str = include_str!("../../../deploy/parts/06-network-attachment-crd.yaml");
+
 /// Creates or updates the CustomResourceDefinitions of a multi-document
 /// YAML text (server-side apply) and waits until the API server serves
 /// each (its `Established` condition), so a watch started next finds it.

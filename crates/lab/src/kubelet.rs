@@ -328,7 +328,8 @@ mod tests {
     #[test]
     fn pod_object_declares_named_ports_and_no_status() {
         let ports = crate::serve::parse_ports("serve-80-tcp=80/tcp,81/udp").unwrap();
-        let labels: std::collections::BTreeMap<String, String> = [("pod".to_string(), "a".to_string())].into();
+        let labels: std::collections::BTreeMap<String, String> =
+            [("pod".to_string(), "a".to_string())].into();
         let p = super::pod_object("x", "a", "node2", labels.into(), &ports);
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v["spec"]["nodeName"], "node2");

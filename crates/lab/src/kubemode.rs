@@ -84,6 +84,7 @@ impl Lab {
         let c = cp.client().await?;
         // The daemons' identities and rights, exactly as deploy/ ships them.
         kube::apply_crds(&c, kube::CRDS).await?;
+        kube::apply_crds(&c, kube::NAD_CRD).await?;
         kube::apply_rbac(&c, kube::AGENT_RBAC).await?;
         kube::apply_rbac(&c, kube::AGENT_ADMISSION).await?;
         kube::apply_rbac(&c, kube::DNS_RBAC).await?;
