@@ -14,6 +14,7 @@ PKGS=(
   containerd                                 # a real CRI runtime (podnet/tests/cri.rs; pause image: scripts/pause-image.sh)
   etcd-server                                # the etcd store's tests
   dnsutils iperf3 iputils-ping               # DNS and data-plane checks (ping -M do), benchmarks
+  tcpdump                                    # the encrypted overlay's check: no pod payload in clear on the underlay
   dnsperf unbound                            # dns-bench: load generator and the resolver we compare with
   chromium                                   # a real headless browser for the web view's test (podnet/tests/ui.rs)
   libseccomp-dev gcc libc6-dev pkg-config    # runc with seccomp, upstream's pause (scripts/node-peers.sh, e2e-images.sh)

@@ -48,6 +48,11 @@ pub struct NetworkSpec {
     pub subnet_max: Option<String>,
     #[serde(rename = "Backend", default)]
     pub backend: Backend,
+    /// Pod traffic between nodes carried in WireGuard's protocol (the
+    /// agent's userspace tunnel, UDP 51820), whatever the backend type
+    /// but bgp, which has no tunnel.
+    #[serde(rename = "Encrypt", default, skip_serializing_if = "Option::is_none")]
+    pub encrypt: Option<bool>,
     /// podnet extensions: cluster-wide settings the controller, the CLI's
     /// validation, the proxy and DNS share (Kubernetes defaults).
     #[serde(
@@ -140,6 +145,7 @@ pub struct Resolved {
     pub vni: u32,
     pub port: u16,
     pub direct_routing: bool,
+    pub encrypt: bool,
 }
 
 /// A resolution error: the field's path and what is wrong with it.
@@ -157,6 +163,13 @@ impl NetworkConfig {
         let node_port_range = node_port_range(s)?;
         let dns_service_ip = dns_service_ip(s, service_cidr)?;
         let ipv6_network = ipv6_network(s)?;
+        let encrypt = s.encrypt.unwrap_or(false);
+        if encrypt && backend == BackendType::Bgp {
+            return Err((
+                "spec.Encrypt".into(),
+                "not with the bgp backend: it routes pod traffic unencapsulated; use vxlan, host-gw or udp".into(),
+            ));
+        }
         Ok(Resolved {
             service_cidr,
             node_port_range,
@@ -174,6 +187,7 @@ impl NetworkConfig {
             vni,
             port,
             direct_routing: s.backend.direct_routing.unwrap_or(false),
+            encrypt,
         })
     }
 }

@@ -18,6 +18,7 @@ use crate::plan::{Desired, Dev, Diff, FdbSpec, NeighSpec, RouteSpec};
 pub const RTPROT_PODNET: u8 = 112;
 pub use crate::backend::udp::DEV as TUN_DEV;
 pub use crate::backend::vxlan::DEV as VXLAN_DEV;
+pub use crate::backend::wireguard::DEV as WG_DEV;
 
 #[derive(Debug, Clone)]
 pub struct Underlay {
@@ -216,14 +217,18 @@ pub fn apply(
 
 /// Removes every route podnet owns (for --cleanup).
 pub fn remove_all(h: &mut Handle, underlay: &Underlay) -> Result<usize, KernelError> {
-    let overlay = h.link(VXLAN_DEV)?.or(h.link(TUN_DEV)?).map(|l| l.index);
+    let overlay = h
+        .link(VXLAN_DEV)?
+        .or(h.link(TUN_DEV)?)
+        .or(h.link(WG_DEV)?)
+        .map(|l| l.index);
     let have = observe(h, overlay, underlay)?;
     let d = crate::plan::diff(&Desired::default(), &have);
     let (n, errs) = apply(h, &d, overlay, underlay);
     if let Some(e) = errs.first() {
         return Err(KernelError::Other(e.clone()));
     }
-    for dev in [VXLAN_DEV, TUN_DEV] {
+    for dev in [VXLAN_DEV, TUN_DEV, WG_DEV] {
         h.delete_link_by_name(dev)?;
     }
     Ok(n)

@@ -27,9 +27,9 @@ pub mod kernel;
 pub mod masq;
 pub mod plan;
 pub mod tunnel;
+pub mod wg;
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -106,7 +106,11 @@ impl Overlay {
     ) -> Result<Overlay, OverlayError> {
         let mut h = Handle::new()?;
         let underlay = kernel::find_underlay(&mut h, iface)?;
-        let mut backend = Backend::from_config(&cfg);
+        let state_dir = paths
+            .subnet_file
+            .parent()
+            .unwrap_or(std::path::Path::new("/run/podnet"));
+        let mut backend = Backend::from_config(&cfg, state_dir).map_err(OverlayError::Other)?;
         let mtu = mtu.unwrap_or_else(|| backend.mtu(underlay.mtu));
         let _ = podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1");
         ensure_bridge_netfilter(true);
@@ -203,7 +207,7 @@ impl Overlay {
 /// tunnel's peers, and what could not be planned.
 pub struct OverlayPlan {
     want: plan::Desired,
-    peers: Vec<(Ipv4Net, Ipv4Addr)>,
+    peers: Vec<plan::NodeView>,
     problems: Vec<String>,
 }
 
@@ -254,6 +258,7 @@ impl Subsystem for Overlay {
                 subnet: l.subnet,
                 public_ip: l.attrs.public_ip,
                 vtep_mac: l.attrs.vtep_mac(),
+                wg_key: backend::wireguard::public_key_of(&l.attrs.backend_data),
             })
             .collect();
         let me = plan::NodeView {
@@ -261,15 +266,15 @@ impl Subsystem for Overlay {
             subnet: self.subnet(),
             public_ip: self.underlay.ip,
             vtep_mac: None,
+            wg_key: None,
         };
         let (want, problems) = self
             .backend
             .plan(self.cfg.network, &me, &views, self.underlay.net);
-        let peers = self
-            .nodes
-            .values()
-            .filter(|l| l.subnet != me.subnet)
-            .map(|l| (l.subnet, l.attrs.public_ip))
+        let peers = views
+            .iter()
+            .filter(|n| n.subnet != me.subnet)
+            .cloned()
             .collect();
         OverlayPlan {
             want,
@@ -292,7 +297,7 @@ impl Subsystem for Overlay {
         let device = observed.device != self.device.map(|d| d.0);
         let mut diff = plan::diff(&plan.want, &observed.have);
         if let Backend::Bgp(b) = &self.backend {
-            let others: Vec<Ipv4Net> = plan.peers.iter().map(|(s, _)| *s).collect();
+            let others: Vec<Ipv4Net> = plan.peers.iter().map(|n| n.subnet).collect();
             if !b.settled(&others) {
                 // A restarted speaker is still hearing its peers' tables.
                 diff.del_routes.clear();
@@ -305,7 +310,7 @@ impl Subsystem for Overlay {
         for p in &c.plan.problems {
             tracing::warn!("{p}");
         }
-        self.backend.set_peers(self.subnet(), c.plan.peers.clone());
+        self.backend.set_peers(self.subnet(), &c.plan.peers);
         let mut h = Handle::new()?;
         if c.device {
             // Someone deleted the backend device: put it back.
@@ -387,7 +392,7 @@ pub fn cleanup(iface: Option<&str>, paths: &Paths) -> Result<Vec<String>, Overla
             "removed {n} routes/neighbours/FDB entries and the backend device"
         ));
     } else {
-        for dev in [kernel::VXLAN_DEV, kernel::TUN_DEV] {
+        for dev in [kernel::VXLAN_DEV, kernel::TUN_DEV, kernel::WG_DEV] {
             h.delete_link_by_name(dev)?;
         }
     }

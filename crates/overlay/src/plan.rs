@@ -14,6 +14,8 @@ pub struct NodeView {
     pub subnet: Ipv4Net,
     pub public_ip: Ipv4Addr,
     pub vtep_mac: Option<[u8; 6]>,
+    /// Its WireGuard public key (the encrypted overlay).
+    pub wg_key: Option<[u8; 32]>,
 }
 
 /// Which device a route leaves through.

@@ -30,8 +30,8 @@ pub type Table = Arc<RwLock<Vec<(Ipv4Net, Ipv4Addr)>>>;
 
 /// Packets per UDP GSO send: the kernel's limit is 64 segments, and the
 /// whole batch must fit one UDP datagram's 64 KiB.
-const GSO_MAX_SEGS: usize = 64;
-const GSO_MAX_BYTES: usize = 65000;
+pub(crate) const GSO_MAX_SEGS: usize = 64;
+pub(crate) const GSO_MAX_BYTES: usize = 65000;
 
 pub struct UdpTunnel {
     pub table: Table,
@@ -57,7 +57,7 @@ pub fn lookup(table: &[(Ipv4Net, Ipv4Addr)], dst: Ipv4Addr) -> Option<Ipv4Addr> 
         .map(|(_, ip)| *ip)
 }
 
-fn sockaddr(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
+pub(crate) fn sockaddr(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
@@ -70,7 +70,12 @@ fn sockaddr(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
 
 /// One `sendmsg` of `buf`, cut by the kernel into datagrams of `seg` bytes
 /// when it holds more than one.
-fn send_segments(fd: RawFd, buf: &[u8], seg: usize, to: &libc::sockaddr_in) -> std::io::Result<()> {
+pub(crate) fn send_segments(
+    fd: RawFd,
+    buf: &[u8],
+    seg: usize,
+    to: &libc::sockaddr_in,
+) -> std::io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -105,13 +110,25 @@ fn send_segments(fd: RawFd, buf: &[u8], seg: usize, to: &libc::sockaddr_in) -> s
 /// One `recvmsg` into `buf`: the bytes received and, for a UDP GRO batch,
 /// the size of each datagram in it.
 fn recv_batch(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<usize>)> {
+    recv_batch_from(fd, buf).map(|(n, seg, _)| (n, seg))
+}
+
+/// [`recv_batch`], also saying who sent the batch.
+pub(crate) fn recv_batch_from(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<usize>, Ipv4Addr)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
     let mut control = [0u64; 8];
+    // SAFETY: a zeroed sockaddr_in is valid; the kernel fills it.
+    let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut from as *mut libc::sockaddr_in as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
@@ -134,11 +151,12 @@ fn recv_batch(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<usize
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, seg))
+    let src = Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr));
+    Ok((n as usize, seg, src))
 }
 
 /// Writes one packet into the TUN device behind a virtio-net header.
-fn tun_write(fd: RawFd, hdr: &[u8], pkt: &[u8]) -> bool {
+pub(crate) fn tun_write(fd: RawFd, hdr: &[u8], pkt: &[u8]) -> bool {
     let iov = [
         libc::iovec {
             iov_base: hdr.as_ptr() as *mut libc::c_void,
@@ -155,7 +173,6 @@ fn tun_write(fd: RawFd, hdr: &[u8], pkt: &[u8]) -> bool {
 
 /// The sending half: TUN reads to UDP sends.
 struct Encap {
-    tun: File,
     sock: UdpSocket,
     table: Table,
     port: u16,
@@ -165,29 +182,8 @@ struct Encap {
 }
 
 impl Encap {
-    fn run(mut self, stop: &AtomicBool) {
-        let mut buf = vec![0u8; VNET_HDR_LEN + 65536];
-        let fd = self.tun.as_raw_fd();
-        while !stop.load(Ordering::Relaxed) {
-            let n = match self.tun.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut pfd, 1, 200) };
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            if n > VNET_HDR_LEN {
-                let (hdr, pkt) = buf[..n].split_at_mut(VNET_HDR_LEN);
-                self.forward(hdr, pkt);
-            }
-        }
+    fn run(mut self, tun: File, stop: &AtomicBool) {
+        read_tun(&tun, stop, |hdr, pkt| self.forward(hdr, pkt));
     }
 
     fn forward(&mut self, hdr: &[u8], pkt: &mut [u8]) {
@@ -285,26 +281,62 @@ fn decap(sock: UdpSocket, tun: File, received: Arc<AtomicU64>, stop: &AtomicBool
     }
 }
 
+/// The tunnel's UDP socket on `bind:port` (GRO on, a deep receive
+/// buffer, reads that time out so the threads see a stop), with `tun`
+/// made non-blocking for the sending thread's poll.
+pub(crate) fn open_socket(tun: &File, bind: Ipv4Addr, port: u16) -> std::io::Result<UdpSocket> {
+    let sock = UdpSocket::bind(SocketAddrV4::new(bind, port))?;
+    sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let fd = sock.as_raw_fd();
+    if let Err(e) = set_int_opt(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
+        tracing::warn!(error = %e, "UDP GRO unavailable; receiving one datagram per call");
+    }
+    // UDP has no back-pressure: room for a few 64 KiB batches while the
+    // receiving thread writes the previous ones into the TUN device.
+    let _ = set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 4 << 20);
+    // SAFETY: valid fd; F_SETFL with O_NONBLOCK.
+    unsafe { libc::fcntl(tun.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    Ok(sock)
+}
+
+/// Reads the TUN device until `stop`: each packet with its virtio-net
+/// header, handed to `forward`.
+pub(crate) fn read_tun(tun: &File, stop: &AtomicBool, mut forward: impl FnMut(&[u8], &mut [u8])) {
+    let mut tun = tun;
+    let mut buf = vec![0u8; VNET_HDR_LEN + 65536];
+    let fd = tun.as_raw_fd();
+    while !stop.load(Ordering::Relaxed) {
+        let n = match tun.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 200) };
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if n > VNET_HDR_LEN {
+            let (hdr, pkt) = buf[..n].split_at_mut(VNET_HDR_LEN);
+            forward(hdr, pkt);
+        }
+    }
+}
+
 impl UdpTunnel {
     /// `tun` must come from `podnet_kernel::tun::open_tun` (virtio-net
     /// headers, TCP segmentation offload).
     pub fn start(tun: File, bind: Ipv4Addr, port: u16) -> std::io::Result<UdpTunnel> {
-        let sock = UdpSocket::bind(SocketAddrV4::new(bind, port))?;
-        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let fd = sock.as_raw_fd();
-        if let Err(e) = set_int_opt(fd, libc::SOL_UDP, libc::UDP_GRO, 1) {
-            tracing::warn!(error = %e, "UDP GRO unavailable; receiving one datagram per call");
-        }
-        // UDP has no back-pressure: room for a few 64 KiB batches while the
-        // receiving thread writes the previous ones into the TUN device.
-        let _ = set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 4 << 20);
-        // SAFETY: valid fd; F_SETFL with O_NONBLOCK.
-        unsafe { libc::fcntl(tun.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let sock = open_socket(&tun, bind, port)?;
         let table: Table = Arc::new(RwLock::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let encap_tun = tun.try_clone()?;
         let encap = Encap {
-            tun: tun.try_clone()?,
             sock: sock.try_clone()?,
             table: table.clone(),
             port,
@@ -317,7 +349,7 @@ impl UdpTunnel {
         threads.push(
             std::thread::Builder::new()
                 .name("udp-encap".into())
-                .spawn(move || encap.run(&s))?,
+                .spawn(move || encap.run(encap_tun, &s))?,
         );
         let (s, r) = (stop.clone(), received.clone());
         threads.push(

@@ -272,6 +272,7 @@ mod tests {
             subnet: "10.244.1.0/24".parse().unwrap(),
             public_ip: "192.168.9.1".parse().unwrap(),
             vtep_mac: None,
+            wg_key: None,
         }
     }
 
@@ -297,6 +298,7 @@ mod tests {
                         subnet: format!("10.244.{i}.0/24").parse().unwrap(),
                         public_ip: format!("192.168.9.{i}").parse().unwrap(),
                         vtep_mac: None,
+                        wg_key: None,
                     })
                     .collect()
             })

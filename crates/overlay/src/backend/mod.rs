@@ -10,14 +10,18 @@
 //! - [`udp`]: a TUN device and podnet's userspace tunnel (for networks
 //!   where nothing else passes);
 //! - [`bgp`]: no device; the node's BGP speaker spreads its pod CIDR to a
-//!   mesh of the other nodes and the routes it learns are installed.
+//!   mesh of the other nodes and the routes it learns are installed;
+//! - [`wireguard`]: with `Encrypt`, in place of vxlan, host-gw or udp: a
+//!   TUN device and the agent's WireGuard tunnel.
 
 pub mod bgp;
 pub mod hostgw;
 pub mod udp;
 pub mod vxlan;
+pub mod wireguard;
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 
 use ipnet::Ipv4Net;
 use podnet_api::netconfig::{BackendType, Resolved};
@@ -32,11 +36,18 @@ pub enum Backend {
     HostGw(hostgw::HostGw),
     Udp(udp::Udp),
     Bgp(bgp::Bgp),
+    Wireguard(wireguard::Wireguard),
 }
 
 impl Backend {
-    pub fn from_config(cfg: &Resolved) -> Backend {
-        match cfg.backend {
+    /// The configured backend; with `Encrypt`, the WireGuard tunnel with
+    /// the node's key from `state_dir` (made there on first start).
+    pub fn from_config(cfg: &Resolved, state_dir: &Path) -> Result<Backend, String> {
+        if cfg.encrypt {
+            let key = wireguard::Wireguard::key_path(state_dir);
+            return wireguard::Wireguard::new(crate::wg::PORT, &key).map(Backend::Wireguard);
+        }
+        Ok(match cfg.backend {
             BackendType::Vxlan => Backend::Vxlan(vxlan::Vxlan {
                 vni: cfg.vni,
                 port: cfg.port,
@@ -45,7 +56,7 @@ impl Backend {
             BackendType::HostGw => Backend::HostGw(hostgw::HostGw),
             BackendType::Udp => Backend::Udp(udp::Udp::new(cfg.port)),
             BackendType::Bgp => Backend::Bgp(bgp::Bgp::new(bgp::DEFAULT_ASN)),
-        }
+        })
     }
 
     /// The name flannel uses (in subnet leases and node annotations).
@@ -55,6 +66,7 @@ impl Backend {
             Backend::HostGw(_) => "host-gw",
             Backend::Udp(_) => "udp",
             Backend::Bgp(_) => "bgp",
+            Backend::Wireguard(_) => "wireguard",
         }
     }
 
@@ -64,6 +76,7 @@ impl Backend {
             Backend::Vxlan(_) => underlay_mtu - vxlan::OVERHEAD,
             Backend::HostGw(_) | Backend::Bgp(_) => underlay_mtu,
             Backend::Udp(_) => underlay_mtu - udp::OVERHEAD,
+            Backend::Wireguard(_) => wireguard::mtu(underlay_mtu),
         }
     }
 
@@ -73,6 +86,7 @@ impl Backend {
             Backend::Vxlan(_) => Some(vxlan::DEV),
             Backend::HostGw(_) | Backend::Bgp(_) => None,
             Backend::Udp(_) => Some(udp::DEV),
+            Backend::Wireguard(_) => Some(wireguard::DEV),
         }
     }
 
@@ -87,6 +101,7 @@ impl Backend {
             Backend::Vxlan(v) => v.ensure_device(h, underlay, mtu).map(Some),
             Backend::HostGw(_) | Backend::Bgp(_) => Ok(None),
             Backend::Udp(u) => u.ensure_device(h, mtu).map(Some),
+            Backend::Wireguard(w) => w.ensure_device(h, mtu).map(Some),
         }
     }
 
@@ -94,6 +109,7 @@ impl Backend {
     pub fn data(&self, device: Option<Device>) -> serde_json::Value {
         match self {
             Backend::Vxlan(v) => v.data(device),
+            Backend::Wireguard(w) => w.data(),
             Backend::HostGw(_) | Backend::Udp(_) | Backend::Bgp(_) => serde_json::json!({}),
         }
     }
@@ -105,6 +121,7 @@ impl Backend {
             Backend::Vxlan(v) => Some((underlay_ip, v.port)),
             Backend::HostGw(_) | Backend::Bgp(_) => None,
             Backend::Udp(u) => Some((underlay_ip, u.port)),
+            Backend::Wireguard(w) => Some((underlay_ip, w.port)),
         }
     }
 
@@ -126,6 +143,7 @@ impl Backend {
             Backend::HostGw(_) => hostgw::plan(&others, underlay),
             Backend::Udp(_) => udp::plan(network),
             Backend::Bgp(b) => b.plan(me, &others, network, underlay),
+            Backend::Wireguard(_) => wireguard::plan(network, &others),
         }
     }
 
@@ -133,6 +151,7 @@ impl Backend {
     pub fn start(&mut self, underlay_ip: Ipv4Addr) -> Result<(), String> {
         match self {
             Backend::Udp(u) => u.start(underlay_ip),
+            Backend::Wireguard(w) => w.start(underlay_ip),
             _ => Ok(()),
         }
     }
@@ -140,9 +159,15 @@ impl Backend {
     /// Tells what runs beside the kernel where every node is: the
     /// userspace tunnel the other nodes' subnets, the BGP speaker this
     /// node's own (which it originates).
-    pub fn set_peers(&self, mine: Ipv4Net, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
+    pub fn set_peers(&self, mine: Ipv4Net, peers: &[NodeView]) {
         match self {
-            Backend::Udp(u) => u.set_peers(peers),
+            Backend::Udp(u) => u.set_peers(peers.iter().map(|n| (n.subnet, n.public_ip)).collect()),
+            Backend::Wireguard(w) => w.set_peers(
+                peers
+                    .iter()
+                    .filter_map(|n| Some((n.subnet, n.public_ip, n.wg_key?)))
+                    .collect(),
+            ),
             Backend::Bgp(b) => b.originate(mine),
             _ => {}
         }
@@ -162,7 +187,7 @@ impl Backend {
     /// Whether a vanished device can be recreated while running (a TUN
     /// device dies with the descriptor that made it).
     pub fn device_repairable(&self) -> bool {
-        !matches!(self, Backend::Udp(_))
+        !matches!(self, Backend::Udp(_) | Backend::Wireguard(_))
     }
 }
 
@@ -177,6 +202,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: Some([2, 0, 0, 0, 0, mac]),
+            wg_key: None,
         }
     }
 
