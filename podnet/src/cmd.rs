@@ -418,6 +418,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             router,
             racks,
             l2_announce,
+            encrypt,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -437,6 +438,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     router,
                     racks,
                     l2_announce,
+                    encrypt,
                 })
                 .await?;
             print_lab_up(&lab, &st)?;

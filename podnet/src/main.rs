@@ -406,6 +406,10 @@ pub enum LabCmd {
         /// `podnet agent --l2-announce`).
         #[arg(long)]
         l2_announce: bool,
+        /// Encrypt pod traffic between nodes (WireGuard's protocol over
+        /// UDP 51820; `"Encrypt": true` in the network config).
+        #[arg(long)]
+        encrypt: bool,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {

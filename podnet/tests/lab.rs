@@ -272,7 +272,17 @@ fn full_mesh(backend: &str, tag: &str) {
 }
 
 fn full_mesh_in(mode: Mode, backend: &str, tag: &str) {
-    let lab = Lab::up_in(mode, tag, backend, 3);
+    full_mesh_with(mode, backend, tag, &[]);
+}
+
+/// [`full_mesh_in`] with more `lab up` flags; returns the lab and the
+/// pods' addresses.
+fn full_mesh_with(mode: Mode, backend: &str, tag: &str, flags: &[&str]) -> (Lab, Vec<String>) {
+    let mut extra = flags.to_vec();
+    if mode == Mode::Kube {
+        extra.push("--kube");
+    }
+    let lab = Lab::up_with(tag, backend, 3, &extra);
     let ips: Vec<String> = (1..=3)
         .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
         .collect();
@@ -337,6 +347,7 @@ fn full_mesh_in(mode: Mode, backend: &str, tag: &str) {
         ok,
         "pod cannot reach another node's underlay address: {out}"
     );
+    (lab, ips)
 }
 
 #[test]
@@ -2481,4 +2492,90 @@ fn refused_networks(lab: &Lab) {
         let rec = format!("/run/podnet-lab/{}/pods/{ns}_{name}.json", lab.name);
         assert!(!std::path::Path::new(&rec).exists(), "{pod} left behind");
     }
+}
+
+// ---- The encrypted overlay.
+
+#[test]
+fn encrypted_full_mesh() {
+    let (lab, ips) = full_mesh_with(Mode::Standalone, "vxlan", "enc", &["--encrypt"]);
+    nothing_in_clear_on_the_underlay(&lab, &ips[1]);
+}
+
+#[test]
+fn encrypted_full_mesh_kube() {
+    let (lab, ips) = full_mesh_with(Mode::Kube, "vxlan", "eck", &["--encrypt"]);
+    nothing_in_clear_on_the_underlay(&lab, &ips[1]);
+}
+
+/// tcpdump on its bridge and on its underlay while pod p1 (node1) sends a
+/// marker to p2 (node2): the bridge shows it (the capture works), the
+/// underlay carries only WireGuard's UDP 51820 and never the marker.
+fn nothing_in_clear_on_the_underlay(lab: &Lab, p2: &str) {
+    const MARKER: &[u8] = b"PODNET-PLAINTEXT-MARKER-7f3a";
+    let dir = tempfile::tempdir().unwrap();
+    let node1 = lab.node_ns("node1");
+    let capture = |dev: &str, filter: &str| {
+        let file = dir.path().join(format!("{dev}.pcap"));
+        let mut c = podnet_testkit::command_in(&node1, "tcpdump");
+        c.args(["--immediate-mode", "-i", dev, "-n", "-U", "-w"])
+            .arg(&file)
+            .arg(filter);
+        let mut child = c
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tcpdump (scripts/test-setup.sh installs it)");
+        // Capturing once it says so.
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(line.contains("listening on"), "tcpdump: {line}");
+        (child, file)
+    };
+    let (mut under, under_file) = capture("eth0", "udp");
+    let (mut bridge, bridge_file) = capture("podnet0", "tcp port 9002");
+    let listener = lab.listen_in("p2", 9002);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut c = lab.connect_from("p1", p2, 9002);
+    for _ in 0..200 {
+        c.write_all(MARKER).unwrap();
+    }
+    drop(c);
+    assert_eq!(server.join().unwrap().len(), 200 * MARKER.len());
+    for child in [&mut under, &mut bridge] {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        child.wait().unwrap();
+    }
+    let has = |f: &std::path::Path| {
+        let b = std::fs::read(f).unwrap();
+        b.windows(MARKER.len()).any(|w| w == MARKER)
+    };
+    let count = |f: &std::path::Path, filter: &str| {
+        let o = Command::new("tcpdump")
+            .args(["-n", "-r"])
+            .arg(f)
+            .arg(filter)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).lines().count()
+    };
+    assert!(
+        has(&bridge_file),
+        "the marker crossed node1's bridge (the capture works): {} packets there",
+        count(&bridge_file, "")
+    );
+    assert!(
+        !has(&under_file),
+        "the marker was seen in clear on the underlay"
+    );
+    assert!(
+        count(&under_file, "udp dst port 51820") > 0,
+        "no WireGuard packets on the underlay"
+    );
 }

@@ -78,6 +78,7 @@ impl Lab {
             "SubnetLen": 24,
             "Backend": {"Type": st.backend, "DirectRouting": st.racks > 1},
             "ServiceCIDR": kube::SERVICE_CIDR,
+            "Encrypt": st.encrypt,
         });
         std::fs::write(self.net_conf_path(), conf.to_string())
             .map_err(|e| io("writing the lab's net-conf.json", e))?;

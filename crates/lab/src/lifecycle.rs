@@ -52,6 +52,8 @@ pub struct UpOptions {
     pub racks: usize,
     /// Agents run L2 announcement (`--l2-announce`).
     pub l2_announce: bool,
+    /// Pod traffic between nodes encrypted (`Encrypt: true`).
+    pub encrypt: bool,
 }
 
 impl UpOptions {
@@ -74,6 +76,7 @@ impl UpOptions {
             router: None,
             racks: 1,
             l2_announce: false,
+            encrypt: false,
         }
     }
 }
@@ -186,6 +189,7 @@ impl Lab {
             racks: o.racks,
             router: o.router.clone(),
             l2_announce: o.l2_announce,
+            encrypt: o.encrypt,
         };
         // The underlay: a bridge per rack in its own namespace, and the
         // nodes' gateway on the first (no uplink: nothing leaves the
@@ -231,6 +235,7 @@ impl Lab {
                     direct_routing: (o.racks > 1).then_some(true),
                     ..Default::default()
                 },
+                encrypt: o.encrypt.then_some(true),
                 ..Default::default()
             },
         };

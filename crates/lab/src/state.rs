@@ -53,6 +53,10 @@ pub struct LabState {
     /// Agents run L2 announcement.
     #[serde(default)]
     pub l2_announce: bool,
+    /// Pod traffic between nodes is encrypted (`Encrypt` in the network
+    /// config).
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 /// A lab by name: where its state lives.
@@ -142,6 +146,7 @@ pub(crate) mod tests {
             racks: 1,
             router: None,
             l2_announce: false,
+            encrypt: false,
         }
     }
 
