@@ -17,6 +17,7 @@
 //! `kubeproxy-bench` compares proxies by.
 
 pub mod connrate;
+pub mod iperf;
 pub mod l7;
 pub mod objects;
 pub mod rtmon;

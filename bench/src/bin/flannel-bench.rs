@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use podnet_bench::iperf::{iperf, iperf_server, median, pair, ping, ratios};
 use podnet_kernel::netns::Netns;
 use podnet_lab::{serve::PortSpec, Lab, LabState, NodeInfo, Reach, UpOptions};
 
@@ -223,89 +224,6 @@ fn up_side(
     Ok((side, st))
 }
 
-struct Server(Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn iperf_server(ns: &str, bind: &str) -> Result<Server> {
-    let c = Command::new("ip")
-        .args([
-            "netns", "exec", ns, "iperf3", "-s", "-B", bind, "-p", "5201",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("iperf3 missing: apt-get install iperf3")?;
-    Ok(Server(c))
-}
-
-/// Gbit/s received in one iperf3 run (retries while the server starts).
-fn iperf(ns: &str, dst: &str, streams: u32, secs: u32) -> Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = Command::new("ip")
-            .args(["netns", "exec", ns, "iperf3", "-J", "-c", dst, "-p", "5201"])
-            .args(["-t", &secs.to_string(), "-P", &streams.to_string()])
-            .output()?;
-        if out.status.success() {
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-            let bps = v["end"]["sum_received"]["bits_per_second"]
-                .as_f64()
-                .unwrap_or(0.0);
-            if bps > 0.0 {
-                return Ok(bps / 1e9);
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "iperf3 to {dst} from {ns}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Median RTT in ms over 20 pings.
-fn ping(ns: &str, dst: &str) -> Result<f64> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-c", "20", "-i", "0.05", dst])
-        .output()?;
-    let rtts: Vec<f64> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split("time=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
-    if rtts.is_empty() {
-        bail!("no ping answers from {dst} in {ns}");
-    }
-    Ok(median(&rtts))
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn ratios(a: &[f64], b: &[f64]) -> f64 {
-    median(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
-}
-
 /// The pod-to-pod path of one lab: client namespace, server address.
 struct PodPath {
     client_ns: String,
@@ -321,18 +239,6 @@ fn pod_path(lab: &Lab) -> Result<PodPath> {
         server_ns: s.netns,
         server_ip: s.ip,
     })
-}
-
-/// Runs `f` on both sides, podnet first in even rounds, flannel first in
-/// odd ones; returns (podnet, flannel).
-fn pair<T>(r: usize, mut f: impl FnMut(usize) -> Result<T>) -> Result<(T, T)> {
-    if r.is_multiple_of(2) {
-        let a = f(0)?;
-        Ok((a, f(1)?))
-    } else {
-        let b = f(1)?;
-        Ok((f(0)?, b))
-    }
 }
 
 /// Throughput and ping, alternating rounds; prints the table rows.

@@ -47,6 +47,10 @@ const AGENT_SYNCS_TOTAL: podnet_daemon::Counter =
     podnet_daemon::Counter::new("podnet_agent_syncs_total", "Syncs run.");
 const AGENT_LEASES: podnet_daemon::Gauge =
     podnet_daemon::Gauge::new("podnet_agent_leases", "Subnet leases known.");
+const WG_PACKETS_TOTAL: podnet_daemon::Gauge = podnet_daemon::Gauge::new(
+    "podnet_wireguard_packets_total",
+    "Packets of the encrypted overlay: sent (encrypted), received (decrypted and delivered), rejected (not from a peer, not authentic, or from outside the sender's subnet).",
+);
 const AGENT_SYNC_OPS_TOTAL: podnet_daemon::Counter =
     podnet_daemon::Counter::new("podnet_agent_sync_ops_total", "Kernel operations applied.");
 
@@ -345,6 +349,17 @@ impl Subsystem for Overlay {
         self.metrics.count(&AGENT_SYNCS_TOTAL, "", 1.0);
         self.metrics
             .gauge(&AGENT_LEASES, "", self.nodes.len() as f64);
+        if let Some(c) = self.backend.wg_counters() {
+            for (result, v) in [
+                ("sent", &c.sent),
+                ("received", &c.received),
+                ("rejected", &c.rejected),
+            ] {
+                let n = v.load(std::sync::atomic::Ordering::Relaxed) as f64;
+                self.metrics
+                    .gauge(&WG_PACKETS_TOTAL, &format!("result=\"{result}\""), n);
+            }
+        }
         Ok(n)
     }
 

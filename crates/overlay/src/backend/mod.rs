@@ -184,6 +184,14 @@ impl Backend {
         }
     }
 
+    /// The encrypted overlay's counters (for metrics).
+    pub fn wg_counters(&self) -> Option<&crate::wg::Counters> {
+        match self {
+            Backend::Wireguard(w) => w.tunnel().map(|t| t.counters.as_ref()),
+            _ => None,
+        }
+    }
+
     /// Whether a vanished device can be recreated while running (a TUN
     /// device dies with the descriptor that made it).
     pub fn device_repairable(&self) -> bool {
@@ -289,6 +297,21 @@ mod tests {
         assert!(p.is_empty());
         assert_eq!(d.routes.len(), 1);
         assert_eq!(d.routes.iter().next().unwrap().dst, net());
+    }
+
+    #[test]
+    fn the_encrypted_overlay_fails_closed_on_nodes_without_a_key() {
+        let mut n = nodes();
+        n[1].wg_key = Some([7; 32]);
+        let others: Vec<&NodeView> = n[1..].iter().collect();
+        let (d, p) = wireguard::plan(net(), &others);
+        assert_eq!(d.routes.len(), 1, "the whole network into the tunnel");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("node c (10.0.0.3) publishes no WireGuard key"),
+            "{}",
+            p[0]
+        );
     }
 
     #[test]
