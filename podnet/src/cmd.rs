@@ -419,6 +419,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
             racks,
             l2_announce,
             encrypt,
+            dual_stack,
         } => {
             // The global --store default points at the machine's store; the
             // lab keeps its own unless one is given explicitly.
@@ -439,6 +440,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
                     racks,
                     l2_announce,
                     encrypt,
+                    dual_stack,
                 })
                 .await?;
             print_lab_up(&lab, &st)?;

@@ -410,6 +410,10 @@ pub enum LabCmd {
         /// UDP 51820; `"Encrypt": true` in the network config).
         #[arg(long)]
         encrypt: bool,
+        /// Dual-stack pods: an IPv6 address from fd00:10:244::/56 beside
+        /// the IPv4 one (`EnableIPv6` in the network config).
+        #[arg(long)]
+        dual_stack: bool,
     },
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {

@@ -701,7 +701,7 @@ async fn containerd_cri_sandbox_on_podnet() {
     let (status, info) = sandbox_status(&mut cri, &id).await;
     assert_eq!(status.state, crv::PodSandboxState::SandboxReady as i32);
     let a = check_attachment(&cni, node1, &id, &status, &info);
-    kubelet::set_pod_running(&client, NS, POD, &a.ip.to_string(), node1.ip)
+    kubelet::set_pod_running(&client, NS, POD, (&a.ip.to_string(), None), node1.ip)
         .await
         .unwrap();
     eprintln!(

@@ -32,14 +32,30 @@ pub struct NetworkConfig {
 pub struct NetworkSpec {
     #[serde(rename = "Network", default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
-    /// flannel's `IPv6Network`: the pods' IPv6 range. podnet's pod network is
-    /// IPv4; this tells the IPv6 service proxy which sources are pods.
+    /// flannel's `IPv6Network`: the pods' IPv6 range. With `EnableIPv6`
+    /// every pod gets an address from it too (dual-stack); without, it
+    /// only tells the IPv6 service proxy which sources are pods.
     #[serde(
         rename = "IPv6Network",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub ipv6_network: Option<String>,
+    /// flannel's `EnableIPv6`: dual-stack pods.
+    #[serde(
+        rename = "EnableIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enable_ipv6: Option<bool>,
+    /// flannel's `IPv6SubnetLen`: each node's IPv6 pod subnet (/64 by
+    /// default).
+    #[serde(
+        rename = "IPv6SubnetLen",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ipv6_subnet_len: Option<u8>,
     #[serde(rename = "SubnetLen", default, skip_serializing_if = "Option::is_none")]
     pub subnet_len: Option<u8>,
     #[serde(rename = "SubnetMin", default, skip_serializing_if = "Option::is_none")]
@@ -146,6 +162,22 @@ pub struct Resolved {
     pub port: u16,
     pub direct_routing: bool,
     pub encrypt: bool,
+    /// Dual-stack pods: each node's IPv6 subnet length (None: IPv4 pods).
+    pub ipv6_subnet_len: Option<u8>,
+}
+
+impl Resolved {
+    /// The IPv6 pod subnet that goes with IPv4 node subnet `v4` when the
+    /// cluster is dual-stack (standalone mode: the same index in
+    /// `IPv6Network`, so every node computes every other node's; in
+    /// Kubernetes mode the Node's podCIDRs say it).
+    pub fn ipv6_subnet_of(&self, v4: Ipv4Net) -> Option<ipnet::Ipv6Net> {
+        let (net6, len6) = (self.ipv6_network?, self.ipv6_subnet_len?);
+        let k = (u32::from(v4.network()) - u32::from(self.network.network()))
+            >> (32 - u32::from(self.subnet_len));
+        let base = u128::from(net6.network()) + (u128::from(k) << (128 - u32::from(len6)));
+        ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(base), len6).ok()
+    }
 }
 
 /// A resolution error: the field's path and what is wrong with it.
@@ -164,6 +196,7 @@ impl NetworkConfig {
         let dns_service_ip = dns_service_ip(s, service_cidr)?;
         let ipv6_network = ipv6_network(s)?;
         let encrypt = s.encrypt.unwrap_or(false);
+        let ipv6_subnet_len = dual_stack(s, ipv6_network, network, subnet_len)?;
         if encrypt && backend == BackendType::Bgp {
             return Err((
                 "spec.Encrypt".into(),
@@ -188,6 +221,7 @@ impl NetworkConfig {
             port,
             direct_routing: s.backend.direct_routing.unwrap_or(false),
             encrypt,
+            ipv6_subnet_len,
         })
     }
 }
@@ -372,6 +406,38 @@ fn dns_service_ip(s: &NetworkSpec, service_cidr: IpNet) -> Result<std::net::IpAd
     Ok(dns_service_ip)
 }
 
+/// `EnableIPv6` with `IPv6Network` and `IPv6SubnetLen` (64 by default):
+/// the IPv6 network must hold as many node subnets as `Network` does.
+fn dual_stack(
+    s: &NetworkSpec,
+    net6: Option<ipnet::Ipv6Net>,
+    network: Ipv4Net,
+    subnet_len: u8,
+) -> Result<Option<u8>, FieldErr> {
+    if !s.enable_ipv6.unwrap_or(false) {
+        return Ok(None);
+    }
+    let Some(net6) = net6 else {
+        return Err((
+            "spec.IPv6Network".into(),
+            "required with EnableIPv6 (the pods' IPv6 range)".into(),
+        ));
+    };
+    let len6 = s.ipv6_subnet_len.unwrap_or(64);
+    let need = subnet_len - network.prefix_len();
+    if len6 > 124 || len6 <= net6.prefix_len() || len6 - net6.prefix_len() < need {
+        return Err((
+            "spec.IPv6SubnetLen".into(),
+            format!(
+                "/{len6} subnets of IPv6Network {net6}: it must hold the {} node subnets of Network {network} (at most /{} and at most /124)",
+                1u64 << need,
+                u32::from(net6.prefix_len()) + u32::from(need)
+            ),
+        ));
+    }
+    Ok(Some(len6))
+}
+
 /// `IPv6Network`, for dual-stack pods (none by default).
 fn ipv6_network(s: &NetworkSpec) -> Result<Option<ipnet::Ipv6Net>, FieldErr> {
     match &s.ipv6_network {
@@ -410,6 +476,49 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(r.port, 8285);
+    }
+
+    #[test]
+    fn dual_stack_gives_each_node_subnet_its_ipv6_twin() {
+        let r = cfg(serde_json::json!({"EnableIPv6": true, "IPv6Network": "fd00:10:244::/56"}))
+            .resolve()
+            .unwrap();
+        assert_eq!(r.ipv6_subnet_len, Some(64));
+        let six = |v4: &str| r.ipv6_subnet_of(v4.parse().unwrap()).unwrap().to_string();
+        assert_eq!(six("10.244.1.0/24"), "fd00:10:244:1::/64");
+        assert_eq!(six("10.244.202.0/24"), "fd00:10:244:ca::/64");
+        // IPv6Network alone (the service proxy's pod range): IPv4 pods.
+        let r = cfg(serde_json::json!({"IPv6Network": "fd00:10:244::/56"}))
+            .resolve()
+            .unwrap();
+        assert_eq!(
+            (
+                r.ipv6_subnet_len,
+                r.ipv6_subnet_of("10.244.1.0/24".parse().unwrap())
+            ),
+            (None, None)
+        );
+        for (spec, field, why) in [
+            (
+                serde_json::json!({"EnableIPv6": true}),
+                "spec.IPv6Network",
+                "required with EnableIPv6",
+            ),
+            (
+                serde_json::json!({"EnableIPv6": true, "IPv6Network": "fd00::/60"}),
+                "spec.IPv6SubnetLen",
+                "must hold the 256 node subnets",
+            ),
+            (
+                serde_json::json!({"EnableIPv6": true, "IPv6Network": "fd00::/56", "IPv6SubnetLen": 126}),
+                "spec.IPv6SubnetLen",
+                "at most /124",
+            ),
+        ] {
+            let e = cfg(spec.clone()).resolve().unwrap_err();
+            assert_eq!(e.0, field, "{spec}");
+            assert!(e.1.contains(why), "{spec}: {}", e.1);
+        }
     }
 
     #[test]

@@ -51,6 +51,7 @@ const IFA_F_PERMANENT: u32 = 0x80;
 
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
+const RTA_VIA: u16 = 18;
 const RTA_GATEWAY: u16 = 5;
 const RTA_PRIORITY: u16 = 6;
 const RTA_PREFSRC: u16 = 7;
@@ -1039,6 +1040,8 @@ fn parse_route(body: &[u8]) -> Option<Route> {
         match ty {
             RTA_DST => r.dst = parse_ip(v).and_then(|ip| IpNet::new(ip, dst_len).ok()),
             RTA_GATEWAY => r.gateway = parse_ip(v),
+            // An IPv4 route via an IPv6 next hop (RFC 5549), as read.
+            RTA_VIA if v.len() >= 2 => r.gateway = parse_ip(&v[2..]),
             RTA_OIF => r.oif = Some(nl::get_u32(v)),
             RTA_PRIORITY => r.priority = Some(nl::get_u32(v)),
             RTA_PREFSRC => r.prefsrc = parse_ip(v),

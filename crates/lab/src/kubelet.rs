@@ -233,16 +233,20 @@ pub async fn set_pod_running(
     c: &Client,
     ns: &str,
     name: &str,
-    ip: &str,
+    (ip, ip6): (&str, Option<&str>),
     host_ip: Ipv4Addr,
 ) -> Result<(), KubeError> {
     let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let ips: Vec<serde_json::Value> = std::iter::once(ip)
+        .chain(ip6)
+        .map(|ip| json!({"ip": ip}))
+        .collect();
     let t = now();
     let cond = |ty: &str| json!({"type": ty, "status": "True", "lastTransitionTime": t});
     let status = json!({"status": {
         "phase": "Running",
         "podIP": ip,
-        "podIPs": [{"ip": ip}],
+        "podIPs": ips,
         "hostIP": host_ip.to_string(),
         "hostIPs": [{"ip": host_ip.to_string()}],
         "startTime": t,

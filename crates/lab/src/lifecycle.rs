@@ -54,7 +54,13 @@ pub struct UpOptions {
     pub l2_announce: bool,
     /// Pod traffic between nodes encrypted (`Encrypt: true`).
     pub encrypt: bool,
+    /// Dual-stack pods (`EnableIPv6`, IPv6Network [`IPV6_NETWORK`]).
+    pub dual_stack: bool,
 }
+
+/// The lab's IPv6 pod network (dual-stack): /64 per node, as many as the
+/// IPv4 network's /24s.
+pub const IPV6_NETWORK: &str = "fd00:10:244::/56";
 
 impl UpOptions {
     /// A standalone lab of `nodes` on `backend` with the lab's own store,
@@ -77,6 +83,7 @@ impl UpOptions {
             racks: 1,
             l2_announce: false,
             encrypt: false,
+            dual_stack: false,
         }
     }
 }
@@ -107,6 +114,11 @@ impl Lab {
         }
         if o.kubelet && (o.router.is_some() || o.racks > 1) {
             return Err(msg("--router and --racks: not with --kubelet yet"));
+        }
+        if o.dual_stack && o.kube {
+            return Err(msg(
+                "--dual-stack: standalone labs only for now (Kubernetes mode needs a dual-stack kube-controller-manager, not wired yet)",
+            ));
         }
         if o.kube && o.store.is_some() {
             return Err(msg(
@@ -190,6 +202,7 @@ impl Lab {
             router: o.router.clone(),
             l2_announce: o.l2_announce,
             encrypt: o.encrypt,
+            dual_stack: o.dual_stack,
         };
         // The underlay: a bridge per rack in its own namespace, and the
         // nodes' gateway on the first (no uplink: nothing leaves the
@@ -236,6 +249,8 @@ impl Lab {
                     ..Default::default()
                 },
                 encrypt: o.encrypt.then_some(true),
+                enable_ipv6: o.dual_stack.then_some(true),
+                ipv6_network: o.dual_stack.then(|| IPV6_NETWORK.to_string()),
                 ..Default::default()
             },
         };

@@ -162,7 +162,7 @@ impl Lab {
         let subnet_file = d.join("subnet.env");
         files::write_if_changed(
             &subnet_file,
-            &files::subnet_env(network, subnet, 1450, true),
+            &files::subnet_env(network, subnet, 1450, true, None),
         )
         .map_err(|e| io(format!("writing {}", subnet_file.display()), e))?;
         let mut list = files::conflist(&subnet_file, Some(&d.join("cni")));

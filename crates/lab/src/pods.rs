@@ -103,8 +103,8 @@ impl Lab {
         let netns = format!("pn-{}-p{}", self.name, short_hash(&format!("{ns}/{pod}")));
         let pns = Netns::create_named(&netns)?;
         let container_id = format!("lab-{}-{ns}-{pod}", self.name);
-        let ip = match self.cni_add(ns, pod, n, &pns, &container_id) {
-            Ok(ip) => ip,
+        let (ip, ip6) = match self.cni_add(ns, pod, n, &pns, &container_id) {
+            Ok(ips) => ips,
             Err(e) => {
                 let _ = Netns::delete_named(&netns);
                 return Err(e);
@@ -116,6 +116,7 @@ impl Lab {
             netns: netns.clone(),
             node: n.name.clone(),
             ip: ip.clone(),
+            ip6: ip6.clone(),
             container_id,
         };
         std::fs::write(
@@ -133,8 +134,12 @@ impl Lab {
 
         // The kubelet's part: the sandbox runs, so the status says so.
         match api {
-            PodApi::Kube(c) => kubelet::set_pod_running(c, ns, pod, &ip, n.ip).await?,
-            PodApi::Store(objs) => set_store_pod_running(objs, ns, pod, &ip, n.ip).await?,
+            PodApi::Kube(c) => {
+                kubelet::set_pod_running(c, ns, pod, (&ip, ip6.as_deref()), n.ip).await?
+            }
+            PodApi::Store(objs) => {
+                set_store_pod_running(objs, ns, pod, (&ip, ip6.as_deref()), n.ip).await?
+            }
         }
         Ok(info)
     }
@@ -146,7 +151,8 @@ impl Lab {
     }
 
     /// CNI ADD of the sandbox `pns` through node `n`'s conflist, run with
-    /// the node as host, as its kubelet would; returns the pod's IP.
+    /// the node as host, as its kubelet would; returns the pod's IPv4
+    /// address and, dual-stack, its IPv6 one.
     fn cni_add(
         &self,
         ns: &str,
@@ -154,7 +160,7 @@ impl Lab {
         n: &NodeInfo,
         pns: &Netns,
         container_id: &str,
-    ) -> Result<String, LabError> {
+    ) -> Result<(String, Option<String>), LabError> {
         let list_path = self.conflist_path(&n.name);
         let list: serde_json::Value = std::fs::read(&list_path)
             .map_err(|e| io(format!("reading {}", list_path.display()), e))
@@ -170,13 +176,15 @@ impl Lab {
             ..Default::default()
         };
         let res = rt.add_list(&list, &attach)?;
-        Ok(res["ips"][0]["address"]
-            .as_str()
-            .unwrap_or_default()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string())
+        let ips: Vec<std::net::IpAddr> = res["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
+            .collect();
+        let v4 = ips.iter().find(|i| i.is_ipv4()).map(|i| i.to_string());
+        let v6 = ips.iter().find(|i| i.is_ipv6()).map(|i| i.to_string());
+        Ok((v4.unwrap_or_default(), v6))
     }
 
     /// `podnet serve` on `ports` in the pod's namespace `netns` (open as

@@ -142,6 +142,12 @@ pub fn http_answer(
     ))
 }
 
+/// Both families on one socket (`[::]`, IPv4 clients as v4-mapped
+/// addresses), or IPv4 alone where the namespace has no IPv6.
+fn bind_any<T>(port: u16, bind: impl Fn(&str) -> std::io::Result<T>) -> std::io::Result<T> {
+    bind(&format!("[::]:{port}")).or_else(|_| bind(&format!("0.0.0.0:{port}")))
+}
+
 /// Serves pod `namespace/name` until the process is killed.
 pub fn serve(namespace: &str, name: &str, ports: &[PortSpec]) -> std::io::Result<()> {
     let mut threads = Vec::new();
@@ -149,26 +155,26 @@ pub fn serve(namespace: &str, name: &str, ports: &[PortSpec]) -> std::io::Result
         let name = name.to_string();
         let namespace = namespace.to_string();
         if p.udp {
-            let s = UdpSocket::bind(("0.0.0.0", p.port))?;
+            let s = bind_any(p.port, |a| UdpSocket::bind(a))?;
             threads.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 2048];
                 loop {
                     if let Ok((n, peer)) = s.recv_from(&mut buf) {
                         let req = String::from_utf8_lossy(&buf[..n]);
-                        let a = answer(&namespace, &name, &req, peer.ip());
+                        let a = answer(&namespace, &name, &req, peer.ip().to_canonical());
                         let _ = s.send_to(format!("{a}\n").as_bytes(), peer);
                     }
                 }
             }));
         } else {
-            let l = TcpListener::bind(("0.0.0.0", p.port))?;
+            let l = bind_any(p.port, |a| TcpListener::bind(a))?;
             threads.push(std::thread::spawn(move || {
                 for c in l.incoming().flatten() {
                     let (namespace, name) = (namespace.clone(), name.clone());
                     std::thread::spawn(move || {
                         let mut c = c;
                         let peer = match c.peer_addr() {
-                            Ok(p) => p.ip(),
+                            Ok(p) => p.ip().to_canonical(),
                             Err(_) => return,
                         };
                         let _ = c.set_read_timeout(Some(Duration::from_millis(200)));

@@ -26,6 +26,9 @@ pub struct PodInfo {
     pub netns: String,
     pub node: String,
     pub ip: String,
+    /// Its IPv6 address in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<String>,
     pub container_id: String,
 }
 
@@ -57,6 +60,9 @@ pub struct LabState {
     /// config).
     #[serde(default)]
     pub encrypt: bool,
+    /// Pods get IPv6 addresses too (`EnableIPv6`).
+    #[serde(default)]
+    pub dual_stack: bool,
 }
 
 /// A lab by name: where its state lives.
@@ -147,6 +153,7 @@ pub(crate) mod tests {
             router: None,
             l2_announce: false,
             encrypt: false,
+            dual_stack: false,
         }
     }
 

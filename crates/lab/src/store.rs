@@ -45,7 +45,7 @@ pub(crate) async fn set_store_pod_running(
     objs: &Objects,
     ns: &str,
     pod: &str,
-    ip: &str,
+    (ip, ip6): (&str, Option<&str>),
     host_ip: Ipv4Addr,
 ) -> Result<(), LabError> {
     let cond = |t: &str| PodCondition {
@@ -56,7 +56,12 @@ pub(crate) async fn set_store_pod_running(
     let status = PodStatus {
         phase: Some("Running".into()),
         pod_ip: Some(ip.into()),
-        pod_ips: Some(vec![PodIP { ip: ip.into() }]),
+        pod_ips: Some(
+            std::iter::once(ip)
+                .chain(ip6)
+                .map(|ip| PodIP { ip: ip.into() })
+                .collect(),
+        ),
         host_ip: Some(host_ip.to_string()),
         conditions: Some(vec![
             cond("PodScheduled"),

@@ -4,10 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
-/// The subnet.env text for a lease.
-pub fn subnet_env(network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ipmasq: bool) -> String {
+/// The subnet.env text for a lease; `six` is the IPv6 network and this
+/// node's IPv6 subnet in a dual-stack cluster (flannel's `*_IPV6_*`).
+pub fn subnet_env(
+    network: Ipv4Net,
+    subnet: Ipv4Net,
+    mtu: u32,
+    ipmasq: bool,
+    six: Option<(Ipv6Net, Ipv6Net)>,
+) -> String {
     // flannel writes the subnet's first address with the subnet's length.
     let first = Ipv4Net::new(
         std::net::Ipv4Addr::from(u32::from(subnet.network()) + 1),
@@ -19,6 +26,16 @@ pub fn subnet_env(network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ipmasq: bool) -> 
         s.push_str(&format!(
             "{p}_NETWORK={network}\n{p}_SUBNET={first}\n{p}_MTU={mtu}\n{p}_IPMASQ={ipmasq}\n"
         ));
+        if let Some((net6, sub6)) = six {
+            let first6 = Ipv6Net::new(
+                std::net::Ipv6Addr::from(u128::from(sub6.network()) + 1),
+                sub6.prefix_len(),
+            )
+            .expect("valid prefix");
+            s.push_str(&format!(
+                "{p}_IPV6_NETWORK={net6}\n{p}_IPV6_SUBNET={first6}\n"
+            ));
+        }
     }
     s
 }
@@ -80,6 +97,28 @@ mod tests {
             "10.244.3.0/24".parse().unwrap(),
             1450,
             true,
+            None,
+        );
+        assert!(!t.contains("IPV6"));
+        let six = (
+            "fd00:10:244::/56".parse().unwrap(),
+            "fd00:10:244:3::/64".parse().unwrap(),
+        );
+        let d = subnet_env(
+            "10.244.0.0/16".parse().unwrap(),
+            "10.244.3.0/24".parse().unwrap(),
+            1450,
+            true,
+            Some(six),
+        );
+        assert!(d.contains("FLANNEL_IPV6_NETWORK=fd00:10:244::/56\n"), "{d}");
+        assert!(
+            d.contains("FLANNEL_IPV6_SUBNET=fd00:10:244:3::1/64\n"),
+            "{d}"
+        );
+        assert!(
+            d.contains("PODNET_IPV6_SUBNET=fd00:10:244:3::1/64\n"),
+            "{d}"
         );
         assert!(t.contains("FLANNEL_NETWORK=10.244.0.0/16\n"));
         assert!(t.contains("FLANNEL_SUBNET=10.244.3.1/24\n"));

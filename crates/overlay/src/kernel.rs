@@ -79,20 +79,33 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
 /// The backend device: its index and (for a VTEP) its MAC.
 pub type Device = (u32, Option<[u8; 6]>);
 
-/// Gives the overlay device exactly one address: the subnet's network
-/// address as a /32 (flannel's layout), so node-originated traffic has a
-/// source inside the cluster network.
-pub fn ensure_overlay_addr(h: &mut Handle, index: u32, subnet: Ipv4Net) -> Result<(), KernelError> {
-    let want = IpNet::V4(Ipv4Net::new(subnet.network(), 32).expect("/32"));
+/// Gives the overlay device exactly one address per family: the subnet's
+/// network address as a /32 (flannel's layout), and in a dual-stack
+/// cluster the IPv6 subnet's as a /128, so node-originated traffic has a
+/// source inside the cluster network. (IPv6 link-local addresses stay.)
+pub fn ensure_overlay_addr(
+    h: &mut Handle,
+    index: u32,
+    subnet: Ipv4Net,
+    subnet6: Option<ipnet::Ipv6Net>,
+) -> Result<(), KernelError> {
+    let four = IpNet::V4(Ipv4Net::new(subnet.network(), 32).expect("/32"));
+    let six = subnet6.map(|s| IpNet::V6(ipnet::Ipv6Net::new(s.network(), 128).expect("/128")));
     let have = h.addrs(index)?;
+    let ours = |a: &IpNet| match a {
+        IpNet::V4(_) => true,
+        IpNet::V6(n) => n.addr().segments()[0] & 0xffc0 != 0xfe80,
+    };
     for a in have
         .iter()
-        .filter(|a| a.net != want && a.net.addr().is_ipv4())
+        .filter(|a| a.net != four && Some(a.net) != six && ours(&a.net))
     {
         h.del_addr(index, a.net)?;
     }
-    if !have.iter().any(|a| a.net == want) {
-        h.add_addr(index, want, true)?;
+    for want in std::iter::once(four).chain(six) {
+        if !have.iter().any(|a| a.net == want) {
+            h.add_addr(index, want, true)?;
+        }
     }
     Ok(())
 }
@@ -104,11 +117,13 @@ pub fn observe(
     underlay: &Underlay,
 ) -> Result<Desired, KernelError> {
     let mut d = Desired::default();
-    for r in h.routes(false, None)? {
+    let mut all = h.routes(false, None)?;
+    all.extend(h.routes(true, None)?);
+    for r in all {
         if r.protocol != Some(RTPROT_PODNET) {
             continue;
         }
-        let Some(IpNet::V4(dst)) = r.dst else {
+        let Some(dst) = r.dst else {
             continue;
         };
         let dev = if r.oif.is_some() && r.oif == overlay {
@@ -119,13 +134,9 @@ pub fn observe(
             // Ours, but on a device we do not use any more: it must go.
             Dev::Underlay
         };
-        let gw = match r.gateway {
-            Some(IpAddr::V4(g)) => Some(g),
-            _ => None,
-        };
         d.routes.insert(RouteSpec {
             dst,
-            gw,
+            gw: r.gateway,
             dev,
             onlink: r.onlink,
         });
@@ -133,7 +144,7 @@ pub fn observe(
     if let Some(ov) = overlay {
         for n in h.neighbours(ov, false)? {
             if n.state & NUD_PERMANENT != 0 {
-                if let Some(IpAddr::V4(ip)) = n.dst {
+                if let Some(ip) = n.dst {
                     d.neighs.insert(NeighSpec { ip, mac: n.mac });
                 }
             }
@@ -154,8 +165,9 @@ pub fn observe(
 
 fn kroute(r: &RouteSpec, overlay: Option<u32>, underlay: &Underlay) -> Route {
     Route {
-        dst: Some(IpNet::V4(r.dst)),
-        gateway: r.gw.map(IpAddr::V4),
+        dst: Some(r.dst),
+        gateway: r.gw,
+        v6: r.dst.addr().is_ipv6(),
         oif: Some(match r.dev {
             Dev::Overlay => overlay.unwrap_or(underlay.index),
             Dev::Underlay => underlay.index,
@@ -190,21 +202,21 @@ pub fn apply(
     let ov = overlay.unwrap_or(0);
     // A permanent entry on the overlay device: an FDB entry (VTEP) or a
     // neighbour (ARP).
-    let entry = |dst: std::net::Ipv4Addr, mac, fdb| Neigh {
+    let entry = |dst: IpAddr, mac, fdb| Neigh {
         ifindex: ov,
-        dst: Some(IpAddr::V4(dst)),
+        dst: Some(dst),
         mac,
         state: NUD_PERMANENT,
         fdb,
     };
     for f in &diff.del_fdbs {
-        run(h.del_neighbour(&entry(f.dst, f.mac, true)));
+        run(h.del_neighbour(&entry(f.dst.into(), f.mac, true)));
     }
     for n in &diff.del_neighs {
         run(h.del_neighbour(&entry(n.ip, n.mac, false)));
     }
     for f in &diff.add_fdbs {
-        run(h.set_neighbour(&entry(f.dst, f.mac, true)));
+        run(h.set_neighbour(&entry(f.dst.into(), f.mac, true)));
     }
     for n in &diff.add_neighs {
         run(h.set_neighbour(&entry(n.ip, n.mac, false)));
@@ -237,8 +249,9 @@ pub fn remove_all(h: &mut Handle, underlay: &Underlay) -> Result<usize, KernelEr
 /// The set of cluster-network routes, for tests that compare kernel state.
 pub fn snapshot(h: &mut Handle) -> Result<BTreeSet<String>, KernelError> {
     let mut out = BTreeSet::new();
-    for r in h
-        .routes(false, None)?
+    let mut all = h.routes(false, None)?;
+    all.extend(h.routes(true, None)?);
+    for r in all
         .into_iter()
         .filter(|r| r.protocol == Some(RTPROT_PODNET))
     {

@@ -157,6 +157,9 @@ impl Overlay {
             backend_type: self.backend.name().into(),
             backend_data: self.backend.data(self.device),
             node: self.node.clone(),
+            // Standalone leases leave it out (it follows from the IPv4
+            // subnet); Kubernetes mode reads it from the Node.
+            ipv6_subnet: None,
         }
     }
 
@@ -165,13 +168,19 @@ impl Overlay {
     /// node's own pods work; [`Overlay`] in the loop connects the others.
     pub fn start(&mut self, mine: SubnetLease) -> Result<(), OverlayError> {
         let mut h = Handle::new()?;
+        self.mine = Some(mine);
         if let Some((idx, _)) = self.device {
-            kernel::ensure_overlay_addr(&mut h, idx, mine.subnet)?;
+            kernel::ensure_overlay_addr(&mut h, idx, self.subnet(), self.subnet6())?;
         }
         self.backend
             .start(self.underlay.ip)
             .map_err(OverlayError::Other)?;
-        self.mine = Some(mine);
+        if self.cfg.ipv6_subnet_len.is_some() && !self.backend.carries_ipv6() {
+            tracing::warn!(
+                backend = self.backend.name(),
+                "dual-stack: this backend carries IPv4 only; pods' IPv6 addresses reach pods of this node only (use vxlan)"
+            );
+        }
         self.masq_table()
             .sync()
             .map_err(|e| OverlayError::Other(format!("installing pod masquerade: {e}")))?;
@@ -185,6 +194,16 @@ impl Overlay {
             .unwrap_or(self.cfg.subnet_min)
     }
 
+    /// This node's IPv6 pod subnet in a dual-stack cluster: what its
+    /// source said (Node podCIDRs), else the IPv4 subnet's twin.
+    fn subnet6(&self) -> Option<ipnet::Ipv6Net> {
+        self.cfg.ipv6_subnet_len?;
+        self.mine
+            .as_ref()
+            .and_then(|m| m.attrs.ipv6_subnet)
+            .or_else(|| self.cfg.ipv6_subnet_of(self.subnet()))
+    }
+
     fn masq_table(&self) -> MasqTable {
         MasqTable {
             network: self.cfg.network,
@@ -195,7 +214,8 @@ impl Overlay {
 
     fn write_files(&self) -> Result<(), OverlayError> {
         let p = &self.paths;
-        let env = files::subnet_env(self.cfg.network, self.subnet(), self.mtu, true);
+        let six = self.cfg.ipv6_network.zip(self.subnet6());
+        let env = files::subnet_env(self.cfg.network, self.subnet(), self.mtu, true, six);
         files::write_if_changed(&p.subnet_file, &env).map_err(|e| {
             OverlayError::Other(format!("writing {}: {e}", p.subnet_file.display()))
         })?;
@@ -260,6 +280,11 @@ impl Subsystem for Overlay {
             .map(|l| plan::NodeView {
                 name: l.attrs.node.clone(),
                 subnet: l.subnet,
+                subnet6: self.cfg.ipv6_subnet_len.and_then(|_| {
+                    l.attrs
+                        .ipv6_subnet
+                        .or_else(|| self.cfg.ipv6_subnet_of(l.subnet))
+                }),
                 public_ip: l.attrs.public_ip,
                 vtep_mac: l.attrs.vtep_mac(),
                 wg_key: backend::wireguard::public_key_of(&l.attrs.backend_data),
@@ -268,6 +293,7 @@ impl Subsystem for Overlay {
         let me = plan::NodeView {
             name: self.node.clone(),
             subnet: self.subnet(),
+            subnet6: self.subnet6(),
             public_ip: self.underlay.ip,
             vtep_mac: None,
             wg_key: None,
@@ -329,7 +355,7 @@ impl Subsystem for Overlay {
                 .ensure_device(&mut h, &self.underlay, self.mtu)?;
         }
         if let Some((idx, _)) = self.device {
-            kernel::ensure_overlay_addr(&mut h, idx, self.subnet())?;
+            kernel::ensure_overlay_addr(&mut h, idx, self.subnet(), self.subnet6())?;
         }
         let n = c.diff.ops();
         if n > 0 {

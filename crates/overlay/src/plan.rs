@@ -3,15 +3,17 @@
 //! and the difference between that and what it holds now.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// What the plan needs to know about one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     pub name: String,
     pub subnet: Ipv4Net,
+    /// Its IPv6 pod subnet, in a dual-stack cluster.
+    pub subnet6: Option<Ipv6Net>,
     pub public_ip: Ipv4Addr,
     pub vtep_mac: Option<[u8; 6]>,
     /// Its WireGuard public key (the encrypted overlay).
@@ -29,15 +31,15 @@ pub enum Dev {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RouteSpec {
-    pub dst: Ipv4Net,
-    pub gw: Option<Ipv4Addr>,
+    pub dst: IpNet,
+    pub gw: Option<IpAddr>,
     pub dev: Dev,
     pub onlink: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NeighSpec {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub mac: [u8; 6],
 }
 

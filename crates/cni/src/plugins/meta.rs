@@ -111,6 +111,9 @@ pub struct SubnetEnv {
     pub subnet: IpNet,
     pub mtu: Option<u32>,
     pub ipmasq: bool,
+    /// The IPv6 network and this node's IPv6 subnet (dual-stack:
+    /// `FLANNEL_IPV6_NETWORK`, `FLANNEL_IPV6_SUBNET`).
+    pub ipv6: Option<(IpNet, IpNet)>,
 }
 
 impl SubnetEnv {
@@ -142,11 +145,16 @@ impl SubnetEnv {
             })?),
             None => None,
         };
+        let ipv6 = match (get("IPV6_NETWORK"), get("IPV6_SUBNET")) {
+            (None, None) => None,
+            _ => Some((net("IPV6_NETWORK")?, net("IPV6_SUBNET")?)),
+        };
         Ok(SubnetEnv {
             network: net("NETWORK")?,
             subnet: net("SUBNET")?,
             mtu,
             ipmasq: get("IPMASQ").map(|v| v == "true").unwrap_or(false),
+            ipv6,
         })
     }
 }
@@ -194,13 +202,15 @@ impl Conf {
         }
         d.insert("name".into(), json!(self.name));
         d.insert("cniVersion".into(), json!(self.cni_version));
+        let mut ranges = vec![json!([{"subnet": env.subnet.trunc().to_string()}])];
+        let mut routes = vec![json!({"dst": env.network.trunc().to_string()})];
+        if let Some((net6, sub6)) = env.ipv6 {
+            ranges.push(json!([{"subnet": sub6.trunc().to_string()}]));
+            routes.push(json!({"dst": net6.trunc().to_string()}));
+        }
         d.insert(
             "ipam".into(),
-            json!({
-                "type": "host-local",
-                "ranges": [[{"subnet": env.subnet.trunc().to_string()}]],
-                "routes": [{"dst": env.network.trunc().to_string()}],
-            }),
+            json!({"type": "host-local", "ranges": ranges, "routes": routes}),
         );
         if let Some(dir) = &self.ipam_data_dir {
             d["ipam"]["dataDir"] = json!(dir);
@@ -667,6 +677,30 @@ mod tests {
         assert_eq!(e.subnet.to_string(), "10.244.9.1/24");
         let err = SubnetEnv::parse("FLANNEL_NETWORK=10.244.0.0/16", "/run/x").unwrap_err();
         assert!(err.msg.contains("FLANNEL_SUBNET"), "{}", err.msg);
+        assert_eq!(e.ipv6, None);
+    }
+
+    /// Dual-stack: flannel's IPv6 names give the delegate a second range
+    /// and a route to the IPv6 network.
+    #[test]
+    fn a_dual_stack_lease_gives_both_families() {
+        let text = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\n\
+                    FLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:1::1/64\n";
+        let e = SubnetEnv::parse(text, "f").unwrap();
+        let c: Conf =
+            types::parse_conf(br#"{"cniVersion":"1.0.0","name":"p","type":"podnet"}"#).unwrap();
+        let d = c.delegate_conf(&e);
+        assert_eq!(
+            d["ipam"]["ranges"],
+            json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]])
+        );
+        assert_eq!(
+            d["ipam"]["routes"],
+            json!([{"dst": "10.244.0.0/16"}, {"dst": "fd00:10:244::/56"}])
+        );
+        let half = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_IPV6_SUBNET=fd00::1/64\n";
+        let err = SubnetEnv::parse(half, "/run/x").unwrap_err();
+        assert!(err.msg.contains("FLANNEL_IPV6_NETWORK"), "{}", err.msg);
     }
 
     #[test]

@@ -253,8 +253,8 @@ pub fn plan(
             continue;
         }
         want.routes.insert(RouteSpec {
-            dst: *dst,
-            gw: Some(*nh),
+            dst: (*dst).into(),
+            gw: Some((*nh).into()),
             dev: Dev::Underlay,
             onlink: false,
         });
@@ -270,6 +270,7 @@ mod tests {
         NodeView {
             name: "a".into(),
             subnet: "10.244.1.0/24".parse().unwrap(),
+            subnet6: None,
             public_ip: "192.168.9.1".parse().unwrap(),
             vtep_mac: None,
             wg_key: None,
@@ -296,6 +297,7 @@ mod tests {
                     .map(|i| NodeView {
                         name: format!("n{i}"),
                         subnet: format!("10.244.{i}.0/24").parse().unwrap(),
+                        subnet6: None,
                         public_ip: format!("192.168.9.{i}").parse().unwrap(),
                         vtep_mac: None,
                         wg_key: None,
@@ -321,8 +323,8 @@ mod tests {
             net("10.244.0.0/16"),
             net("192.168.9.0/24"),
         );
-        let dsts: Vec<Ipv4Net> = d.routes.iter().map(|r| r.dst).collect();
-        assert_eq!(dsts, vec![net("10.244.2.0/24")]);
+        let dsts: Vec<ipnet::IpNet> = d.routes.iter().map(|r| r.dst).collect();
+        assert_eq!(dsts, vec![ipnet::IpNet::V4(net("10.244.2.0/24"))]);
     }
 
     #[test]
@@ -341,7 +343,7 @@ mod tests {
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(d.routes.len(), 2);
         assert!(d.routes.contains(&RouteSpec {
-            dst: net("10.244.3.0/24"),
+            dst: net("10.244.3.0/24").into(),
             gw: Some("192.168.9.3".parse().unwrap()),
             dev: Dev::Underlay,
             onlink: false,
@@ -369,8 +371,8 @@ mod tests {
             net("192.168.9.0/24"),
         );
         assert!(p.is_empty(), "{p:?}");
-        let dsts: Vec<Ipv4Net> = d.routes.iter().map(|r| r.dst).collect();
-        assert_eq!(dsts, vec![net("10.244.2.0/24")]);
+        let dsts: Vec<ipnet::IpNet> = d.routes.iter().map(|r| r.dst).collect();
+        assert_eq!(dsts, vec![ipnet::IpNet::V4(net("10.244.2.0/24"))]);
     }
 
     #[test]

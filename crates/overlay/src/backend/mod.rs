@@ -184,6 +184,11 @@ impl Backend {
         }
     }
 
+    /// Whether it carries the pods' IPv6 traffic in a dual-stack cluster.
+    pub fn carries_ipv6(&self) -> bool {
+        matches!(self, Backend::Vxlan(_))
+    }
+
     /// The encrypted overlay's counters (for metrics).
     pub fn wg_counters(&self) -> Option<&crate::wg::Counters> {
         match self {
@@ -208,6 +213,7 @@ mod tests {
         NodeView {
             name: name.into(),
             subnet: subnet.parse().unwrap(),
+            subnet6: None,
             public_ip: ip.parse().unwrap(),
             vtep_mac: Some([2, 0, 0, 0, 0, mac]),
             wg_key: None,
@@ -296,7 +302,7 @@ mod tests {
         let (d, p) = Backend::Udp(udp::Udp::new(8285)).plan(net(), &n[0], &n, seg());
         assert!(p.is_empty());
         assert_eq!(d.routes.len(), 1);
-        assert_eq!(d.routes.iter().next().unwrap().dst, net());
+        assert_eq!(d.routes.iter().next().unwrap().dst, ipnet::IpNet::V4(net()));
     }
 
     #[test]
@@ -311,6 +317,45 @@ mod tests {
             p[0].contains("node c (10.0.0.3) publishes no WireGuard key"),
             "{}",
             p[0]
+        );
+    }
+
+    /// Dual-stack: the VTEP carries each node's IPv6 subnet too (route
+    /// via its VTEP's IPv6 address, a neighbour entry with the same MAC,
+    /// one FDB entry); host-gw says it cannot.
+    #[test]
+    fn vxlan_carries_ipv6_pods_and_host_gw_says_it_cannot() {
+        let mut n = nodes();
+        for (i, v) in n.iter_mut().enumerate() {
+            v.subnet6 = Some(format!("fd00:10:244:{}::/64", i + 1).parse().unwrap());
+        }
+        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg());
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!((d.routes.len(), d.neighs.len(), d.fdbs.len()), (4, 4, 2));
+        assert!(d.routes.contains(&RouteSpec {
+            dst: "fd00:10:244:2::/64".parse().unwrap(),
+            gw: Some("fd00:10:244:2::".parse().unwrap()),
+            dev: Dev::Overlay,
+            onlink: true
+        }));
+        assert!(d.neighs.contains(&NeighSpec {
+            ip: "fd00:10:244:2::".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, 2]
+        }));
+        // DirectRouting: IPv4 plainly, IPv6 still through the VTEP.
+        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg());
+        assert!(d.routes.contains(&RouteSpec {
+            dst: "fd00:10:244:2::/64".parse().unwrap(),
+            gw: Some("fd00:10:244:2::".parse().unwrap()),
+            dev: Dev::Overlay,
+            onlink: true
+        }));
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg());
+        assert_eq!(d.routes.len(), 1);
+        assert!(
+            p.iter()
+                .any(|m| m.contains("node b's IPv6 pods (fd00:10:244:2::/64) are not routed")),
+            "{p:?}"
         );
     }
 

@@ -68,7 +68,7 @@ impl Udp {
 pub fn plan(network: Ipv4Net) -> (Desired, Vec<String>) {
     let mut want = Desired::default();
     want.routes.insert(RouteSpec {
-        dst: network,
+        dst: network.into(),
         gw: None,
         dev: Dev::Overlay,
         onlink: false,

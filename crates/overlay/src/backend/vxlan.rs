@@ -4,6 +4,10 @@
 //! entry for that address with the remote VTEP's MAC, and an FDB entry
 //! sending that MAC to the node's underlay address. With `DirectRouting`,
 //! nodes on the same segment get a plain route instead, as with host-gw.
+//! In a dual-stack cluster the same VTEP carries IPv6 pods inside the
+//! IPv4 underlay: a route to the node's IPv6 subnet via its VTEP's IPv6
+//! address (that subnet's network address), and a permanent neighbour
+//! entry for it with the same MAC.
 
 use std::net::IpAddr;
 
@@ -28,27 +32,37 @@ impl Vxlan {
         let mut want = Desired::default();
         let mut problems = Vec::new();
         for n in others {
-            if self.direct_routing && underlay.contains(&n.public_ip) {
+            let direct = self.direct_routing && underlay.contains(&n.public_ip);
+            if direct {
                 want.routes.insert(RouteSpec {
-                    dst: n.subnet,
-                    gw: Some(n.public_ip),
+                    dst: n.subnet.into(),
+                    gw: Some(n.public_ip.into()),
                     dev: Dev::Underlay,
                     onlink: false,
                 });
-                continue;
+                if n.subnet6.is_none() {
+                    continue;
+                }
             }
             let Some(mac) = n.vtep_mac else {
                 problems.push(format!("node {} has no VTEP MAC in its lease yet", n.name));
                 continue;
             };
-            let vtep = n.subnet.network();
-            want.routes.insert(RouteSpec {
-                dst: n.subnet,
-                gw: Some(vtep),
-                dev: Dev::Overlay,
-                onlink: true,
-            });
-            want.neighs.insert(NeighSpec { ip: vtep, mac });
+            // (IPv6 always crosses the VTEP: the underlay is IPv4.)
+            let mut nets: Vec<ipnet::IpNet> = n.subnet6.into_iter().map(Into::into).collect();
+            if !direct {
+                nets.push(n.subnet.into());
+            }
+            for net in nets {
+                let vtep = net.network();
+                want.routes.insert(RouteSpec {
+                    dst: net,
+                    gw: Some(vtep),
+                    dev: Dev::Overlay,
+                    onlink: true,
+                });
+                want.neighs.insert(NeighSpec { ip: vtep, mac });
+            }
             want.fdbs.insert(FdbSpec {
                 mac,
                 dst: n.public_ip,

@@ -161,7 +161,7 @@ pub fn mtu(underlay_mtu: u32) -> u32 {
 pub fn plan(network: Ipv4Net, others: &[&NodeView]) -> (Desired, Vec<String>) {
     let mut want = Desired::default();
     want.routes.insert(RouteSpec {
-        dst: network,
+        dst: network.into(),
         gw: None,
         dev: Dev::Overlay,
         onlink: false,

@@ -36,6 +36,15 @@ pub struct Attrs {
     pub backend_data: serde_json::Value,
     #[serde(rename = "Node", default)]
     pub node: String,
+    /// The node's IPv6 pod subnet in a dual-stack cluster, when its
+    /// source says it (Node podCIDRs); standalone leases leave it out,
+    /// and it follows from the IPv4 subnet (`Resolved::ipv6_subnet_of`).
+    #[serde(
+        rename = "IPv6Subnet",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ipv6_subnet: Option<ipnet::Ipv6Net>,
 }
 
 impl Attrs {
@@ -481,6 +490,7 @@ mod tests {
                 backend_type: "vxlan".into(),
                 backend_data: serde_json::json!({"VtepMAC": "02:00:00:00:00:01"}),
                 node: node.into(),
+                ipv6_subnet: None,
             },
             mod_rev: 1,
             lease_id: 1,

@@ -54,6 +54,19 @@ pub fn node_subnet(n: &Node) -> Option<Ipv4Net> {
         })
 }
 
+/// The IPv6 pod subnet the controller manager gave `n` (dual-stack).
+pub fn node_subnet6(n: &Node) -> Option<ipnet::Ipv6Net> {
+    let spec = n.spec.as_ref()?;
+    spec.pod_cidrs
+        .iter()
+        .flatten()
+        .filter_map(|c| c.parse::<IpNet>().ok())
+        .find_map(|c| match c {
+            IpNet::V6(v) => Some(v.trunc()),
+            IpNet::V4(_) => None,
+        })
+}
+
 /// The subnet and published attributes of `n`, if it has both.
 pub fn node_lease(n: &Node) -> Option<SubnetLease> {
     let subnet = node_subnet(n)?;
@@ -71,6 +84,7 @@ pub fn node_lease(n: &Node) -> Option<SubnetLease> {
             backend_type,
             backend_data,
             node: n.metadata.name.clone().unwrap_or_default(),
+            ipv6_subnet: node_subnet6(n),
         },
         mod_rev: 0,
         lease_id: 0,
@@ -202,9 +216,11 @@ impl PodCidr {
         self.published = Some(want);
         self.mine = Some(subnet);
         self.told = false;
+        let mut attrs = attrs.clone();
+        attrs.ipv6_subnet = self.all.get(&self.node).and_then(node_subnet6);
         Ok(SubnetLease {
             subnet,
-            attrs: attrs.clone(),
+            attrs,
             mod_rev: 0,
             lease_id: 0,
         })
@@ -363,12 +379,21 @@ mod tests {
             backend_type: "vxlan".into(),
             backend_data: serde_json::json!({"VNI": 1, "VtepMAC": "02:00:00:00:00:01"}),
             node: "n1".into(),
+            ipv6_subnet: None,
         };
-        // Dual-stack: the IPv4 CIDR is the overlay's, whatever the order.
+        // Dual-stack: the IPv4 CIDR is the overlay's, whatever the order,
+        // and the IPv6 one rides along.
         let n = node("n1", &["fd00:10:244:1::/64", "10.244.1.0/24"], Some(&a));
         let l = node_lease(&n).unwrap();
         assert_eq!(l.subnet.to_string(), "10.244.1.0/24");
-        assert_eq!(l.attrs, a);
+        let six = "fd00:10:244:1::/64".parse().ok();
+        assert_eq!(
+            l.attrs,
+            Attrs {
+                ipv6_subnet: six,
+                ..a.clone()
+            }
+        );
         assert_eq!(l.attrs.vtep_mac(), Some([2, 0, 0, 0, 0, 1]));
         assert!(
             node_lease(&node("n2", &["10.244.2.0/24"], None)).is_none(),
@@ -388,6 +413,7 @@ mod tests {
             backend_type: "vxlan".into(),
             backend_data: serde_json::json!({"VNI": 1}),
             node: "n2".into(),
+            ipv6_subnet: None,
         };
         let want = annotations(&a);
         let mut have = want.clone();
