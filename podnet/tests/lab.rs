@@ -2584,14 +2584,23 @@ fn nothing_in_clear_on_the_underlay(lab: &Lab, p2: &str) {
 
 #[test]
 fn dual_stack_full_mesh_vxlan() {
-    dual_stack_mesh("vxlan", "dsv");
+    dual_stack_mesh(Mode::Standalone, "dsv");
+}
+
+#[test]
+fn dual_stack_full_mesh_vxlan_kube() {
+    dual_stack_mesh(Mode::Kube, "dsk");
 }
 
 /// Every pod has an IPv4 and an IPv6 address; every pod reaches every
 /// other by its IPv6 address, TCP and UDP, and sees the real client
 /// address (no NAT); a stream crosses whole. IPv4 keeps working beside.
-fn dual_stack_mesh(backend: &str, tag: &str) {
-    let lab = Lab::up_with(tag, backend, 3, &["--dual-stack"]);
+fn dual_stack_mesh(mode: Mode, tag: &str) {
+    let mut flags = vec!["--dual-stack"];
+    if mode == Mode::Kube {
+        flags.push("--kube");
+    }
+    let lab = Lab::up_with(tag, "vxlan", 3, &flags);
     let mut six = Vec::new();
     for i in 1..=3 {
         lab.pod(&format!("p{i}"), &format!("node{i}"));
@@ -2621,8 +2630,7 @@ fn dual_stack_mesh(backend: &str, tag: &str) {
         }
     }
     // The Pod's status lists both addresses.
-    let o = podnet(&["--store", &lab.store(), "get", "pod", "p2", "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = lab.pod_json("p2");
     let ips: Vec<&str> = v["status"]["podIPs"]
         .as_array()
         .unwrap()

@@ -32,6 +32,9 @@ pub const PEERS_SCRIPT: &str = "scripts/k8s-peers.sh";
 pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 /// kube-controller-manager hands nodes /24s from here (flannel's default).
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The pods' IPv6 network in a dual-stack lab: a /64 per node, as many as
+/// the IPv4 network's /24s.
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/56";
 /// The `default/kubernetes` Service: the first address of the service CIDR.
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 /// The process roles this module starts (pid and log file names).
@@ -548,16 +551,19 @@ impl ControlPlane {
     /// the apiserver's `/readyz` says ok. On failure whatever was started
     /// is stopped.
     pub async fn start(dir: &Path, peers: &Peers) -> Result<ControlPlane, KubeError> {
-        Self::start_with(dir, peers, None).await
+        Self::start_with(dir, peers, None, false).await
     }
 
     /// [`ControlPlane::start`] for a cluster of real kubelets (`plan`):
     /// the scheduler runs, the node lifecycle controller too, and the
-    /// apiserver reaches the nodes through the egress proxy.
+    /// apiserver reaches the nodes through the egress proxy. With
+    /// `dual_stack`, kube-controller-manager gives each node an IPv6
+    /// podCIDR from [`CLUSTER_CIDR6`] too.
     pub async fn start_with(
         dir: &Path,
         peers: &Peers,
         plan: Option<&KubeletPlan>,
+        dual_stack: bool,
     ) -> Result<ControlPlane, KubeError> {
         for d in ["logs", "pids", "kube"] {
             std::fs::create_dir_all(dir.join(d))
@@ -566,7 +572,7 @@ impl ControlPlane {
         Pki::create(&dir.join("kube").join("pki"), plan)?;
         let mut last = String::new();
         for _ in 0..3 {
-            match Self::attempt(dir, peers, plan).await {
+            match Self::attempt(dir, peers, plan, dual_stack).await {
                 Ok(cp) => return Ok(cp),
                 Err(Attempt::PortTaken(why)) => {
                     Self::kill(dir);
@@ -587,6 +593,7 @@ impl ControlPlane {
         dir: &Path,
         peers: &Peers,
         plan: Option<&KubeletPlan>,
+        dual_stack: bool,
     ) -> Result<ControlPlane, Attempt> {
         let f = Attempt::Failed;
         let kube_dir = dir.join("kube");
@@ -623,7 +630,7 @@ impl ControlPlane {
             dir,
             "kube-controller-manager",
             &peers.kube_controller_manager,
-            &Self::controller_manager_args(&kube_dir, plan.is_some()),
+            &Self::controller_manager_args(&kube_dir, plan.is_some(), dual_stack),
         )
         .map_err(f)?;
         // It must at least survive its start (flags, kubeconfig).
@@ -719,10 +726,21 @@ impl ControlPlane {
 
     /// kube-controller-manager's flags; `kubelets`: real kubelets post
     /// node status, so the node lifecycle controller may run.
-    fn controller_manager_args(kube_dir: &Path, kubelets: bool) -> Vec<String> {
+    fn controller_manager_args(kube_dir: &Path, kubelets: bool, dual_stack: bool) -> Vec<String> {
         let pki = kube_dir.join("pki");
         let p = |s: &Path| s.display().to_string();
-        vec![
+        let cidrs: Vec<String> = match dual_stack {
+            false => vec![
+                format!("--cluster-cidr={CLUSTER_CIDR}"),
+                "--node-cidr-mask-size=24".into(),
+            ],
+            true => vec![
+                format!("--cluster-cidr={CLUSTER_CIDR},{CLUSTER_CIDR6}"),
+                "--node-cidr-mask-size-ipv4=24".into(),
+                "--node-cidr-mask-size-ipv6=64".into(),
+            ],
+        };
+        let mut args = vec![
             format!(
                 "--kubeconfig={}",
                 p(&kube_dir.join("controller-manager.kubeconfig"))
@@ -732,8 +750,6 @@ impl ControlPlane {
             "--secure-port=0".into(),
             "--leader-elect=false".into(),
             "--allocate-node-cidrs=true".into(),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--node-cidr-mask-size=24".into(),
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             // Without real kubelets no one posts node status: the
             // lifecycle controller would mark every node, and so every
@@ -752,7 +768,9 @@ impl ControlPlane {
                 p(&kube_dir.join("flexvolume"))
             ),
             "--profiling=false".into(),
-        ]
+        ];
+        args.extend(cidrs);
+        args
     }
 
     /// The control plane recorded in `dir` (after [`ControlPlane::start`],

@@ -70,16 +70,20 @@ impl Lab {
         o: &UpOptions,
         peers: &kube::Peers,
     ) -> Result<LabState, LabError> {
-        let cp = kube::ControlPlane::start(&self.dir, peers).await?;
+        let cp = kube::ControlPlane::start_with(&self.dir, peers, None, st.dual_stack).await?;
         // The agents' and DNS's network config, as flannel's net-conf.json
         // (kube-controller-manager's --cluster-cidr is the Network).
-        let conf = serde_json::json!({
+        let mut conf = serde_json::json!({
             "Network": kube::CLUSTER_CIDR,
             "SubnetLen": 24,
             "Backend": {"Type": st.backend, "DirectRouting": st.racks > 1},
             "ServiceCIDR": kube::SERVICE_CIDR,
             "Encrypt": st.encrypt,
         });
+        if st.dual_stack {
+            conf["EnableIPv6"] = true.into();
+            conf["IPv6Network"] = kube::CLUSTER_CIDR6.into();
+        }
         std::fs::write(self.net_conf_path(), conf.to_string())
             .map_err(|e| io("writing the lab's net-conf.json", e))?;
         let c = cp.client().await?;

@@ -58,9 +58,8 @@ pub struct UpOptions {
     pub dual_stack: bool,
 }
 
-/// The lab's IPv6 pod network (dual-stack): /64 per node, as many as the
-/// IPv4 network's /24s.
-pub const IPV6_NETWORK: &str = "fd00:10:244::/56";
+/// The lab's IPv6 pod network (dual-stack), the same in both modes.
+pub const IPV6_NETWORK: &str = crate::kube::CLUSTER_CIDR6;
 
 impl UpOptions {
     /// A standalone lab of `nodes` on `backend` with the lab's own store,
@@ -115,10 +114,8 @@ impl Lab {
         if o.kubelet && (o.router.is_some() || o.racks > 1) {
             return Err(msg("--router and --racks: not with --kubelet yet"));
         }
-        if o.dual_stack && o.kube {
-            return Err(msg(
-                "--dual-stack: standalone labs only for now (Kubernetes mode needs a dual-stack kube-controller-manager, not wired yet)",
-            ));
+        if o.dual_stack && o.kubelet {
+            return Err(msg("--dual-stack: not with --kubelet yet"));
         }
         if o.kube && o.store.is_some() {
             return Err(msg(

@@ -32,7 +32,7 @@ impl Lab {
             egress_socket: self.dir.join("egress.sock"),
             kube_scheduler: np.kube_scheduler.clone(),
         };
-        let cp = kube::ControlPlane::start_with(&self.dir, peers, Some(&plan)).await?;
+        let cp = kube::ControlPlane::start_with(&self.dir, peers, Some(&plan), false).await?;
         for i in 1..=o.nodes {
             self.add_node_ns(&mut st, i)?;
         }
