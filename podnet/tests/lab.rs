@@ -2603,7 +2603,7 @@ fn dual_stack_mesh(mode: Mode, tag: &str) {
     let lab = Lab::up_with(tag, "vxlan", 3, &flags);
     let mut six = Vec::new();
     for i in 1..=3 {
-        lab.pod(&format!("p{i}"), &format!("node{i}"));
+        lab.pod_labelled(&format!("p{i}"), &format!("node{i}"), &format!("app=p{i}"));
         let r = lab.pod_record(&format!("p{i}"));
         let ip6 = r["ip6"]
             .as_str()
