@@ -407,44 +407,7 @@ pub async fn lab(name: &str, command: crate::LabCmd, store_flag: &str) -> Result
     let exe = std::fs::canonicalize("/proc/self/exe")?;
     let lab = podnet_lab::Lab::new(name, exe)?;
     match command {
-        LabCmd::Up {
-            nodes,
-            backend,
-            resync,
-            kube,
-            no_agents,
-            kubelet,
-            images,
-            router,
-            racks,
-            l2_announce,
-            encrypt,
-            dual_stack,
-        } => {
-            // The global --store default points at the machine's store; the
-            // lab keeps its own unless one is given explicitly.
-            let store = (store_flag != podnet_store::DEFAULT_URL).then(|| store_flag.to_string());
-            let st = lab
-                .up(&podnet_lab::UpOptions {
-                    nodes,
-                    backend,
-                    store,
-                    resync_secs: resync,
-                    kube: kube || kubelet,
-                    kube_agents: !no_agents && !kubelet,
-                    kubelet,
-                    images,
-                    dns_replicas: 1,
-                    daemon_exe: None,
-                    router,
-                    racks,
-                    l2_announce,
-                    encrypt,
-                    dual_stack,
-                })
-                .await?;
-            print_lab_up(&lab, &st)?;
-        }
+        LabCmd::Up(up) => lab_up(&lab, up, store_flag).await?,
         LabCmd::Run {
             pod,
             node,
@@ -567,6 +530,33 @@ fn pod_labels(
     l.entry("app".to_string())
         .or_insert_with(|| pod.to_string());
     Ok(l)
+}
+
+/// `podnet lab up`.
+async fn lab_up(lab: &podnet_lab::Lab, a: crate::LabUpArgs, store_flag: &str) -> Result<()> {
+    // The global --store default points at the machine's store; the lab
+    // keeps its own unless one is given explicitly.
+    let store = (store_flag != podnet_store::DEFAULT_URL).then(|| store_flag.to_string());
+    let st = lab
+        .up(&podnet_lab::UpOptions {
+            nodes: a.nodes,
+            backend: a.backend,
+            store,
+            resync_secs: a.resync,
+            kube: a.kube || a.kubelet,
+            kube_agents: !a.no_agents && !a.kubelet,
+            kubelet: a.kubelet,
+            images: a.images,
+            dns_replicas: 1,
+            daemon_exe: None,
+            router: a.router,
+            racks: a.racks,
+            l2_announce: a.l2_announce,
+            encrypt: a.encrypt,
+            dual_stack: a.dual_stack,
+        })
+        .await?;
+    print_lab_up(lab, &st)
 }
 
 /// `podnet lab run`: a pod through the real CNI plugins, registered.

@@ -362,59 +362,63 @@ enum PolicyCmd {
     },
 }
 
+/// `podnet lab up`'s flags.
+#[derive(clap::Args)]
+pub struct LabUpArgs {
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    #[arg(long, default_value = "vxlan")]
+    pub backend: String,
+    /// Agents' resync period in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub resync: u64,
+    /// Run a real etcd, kube-apiserver and kube-controller-manager (from
+    /// scripts/k8s-peers.sh) instead of the store's controller.
+    #[arg(long)]
+    pub kube: bool,
+    /// With --kube: start no agents and no DNS server (the control plane,
+    /// Nodes and Pods only; the lab writes each node's CNI files).
+    #[arg(long, requires = "kube")]
+    pub no_agents: bool,
+    /// Real nodes: each node runs its own containerd and kubelet
+    /// (scripts/node-peers.sh, scripts/k8s-peers.sh kubelet
+    /// kube-scheduler) and a kube-scheduler runs. The lab starts
+    /// nothing of podnet: install it with `kubectl apply -f
+    /// deploy/podnet.yaml` (scripts/e2e.sh does). Implies --kube.
+    #[arg(long, conflicts_with = "no_agents")]
+    pub kubelet: bool,
+    /// With --kubelet: an image archive (OCI or docker) every node's
+    /// containerd imports before its kubelet starts; repeatable.
+    #[arg(long = "image", requires = "kubelet")]
+    pub images: Vec<std::path::PathBuf>,
+    /// A top-of-rack router on the underlay (bird, frr or gobgp),
+    /// peering over eBGP (AS 64513) with every node; its namespace
+    /// pn-<lab>-tor is a client outside the cluster.
+    #[arg(long)]
+    pub router: Option<String>,
+    /// Underlay subnets (1 or 2): with 2, nodes alternate between
+    /// 192.168.200.0/24 and 192.168.201.0/24, joined by the router
+    /// (pn-<lab>-tor), and vxlan runs cross-subnet (DirectRouting).
+    #[arg(long, default_value_t = 1)]
+    pub racks: usize,
+    /// Agents announce LoadBalancer IPs on the underlay (ARP/NDP,
+    /// `podnet agent --l2-announce`).
+    #[arg(long)]
+    l2_announce: bool,
+    /// Encrypt pod traffic between nodes (WireGuard's protocol over
+    /// UDP 51820; `"Encrypt": true` in the network config).
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Dual-stack pods: an IPv6 address from fd00:10:244::/56 beside
+    /// the IPv4 one (`EnableIPv6` in the network config).
+    #[arg(long)]
+    pub dual_stack: bool,
+}
+
 #[derive(Subcommand)]
 pub enum LabCmd {
     /// Start the controller and N nodes, each running a real agent.
-    Up {
-        #[arg(long, default_value_t = 3)]
-        nodes: usize,
-        #[arg(long, default_value = "vxlan")]
-        backend: String,
-        /// Agents' resync period in seconds.
-        #[arg(long, default_value_t = 5)]
-        resync: u64,
-        /// Run a real etcd, kube-apiserver and kube-controller-manager (from
-        /// scripts/k8s-peers.sh) instead of the store's controller.
-        #[arg(long)]
-        kube: bool,
-        /// With --kube: start no agents and no DNS server (the control plane,
-        /// Nodes and Pods only; the lab writes each node's CNI files).
-        #[arg(long, requires = "kube")]
-        no_agents: bool,
-        /// Real nodes: each node runs its own containerd and kubelet
-        /// (scripts/node-peers.sh, scripts/k8s-peers.sh kubelet
-        /// kube-scheduler) and a kube-scheduler runs. The lab starts
-        /// nothing of podnet: install it with `kubectl apply -f
-        /// deploy/podnet.yaml` (scripts/e2e.sh does). Implies --kube.
-        #[arg(long, conflicts_with = "no_agents")]
-        kubelet: bool,
-        /// With --kubelet: an image archive (OCI or docker) every node's
-        /// containerd imports before its kubelet starts; repeatable.
-        #[arg(long = "image", requires = "kubelet")]
-        images: Vec<std::path::PathBuf>,
-        /// A top-of-rack router on the underlay (bird, frr or gobgp),
-        /// peering over eBGP (AS 64513) with every node; its namespace
-        /// pn-<lab>-tor is a client outside the cluster.
-        #[arg(long)]
-        router: Option<String>,
-        /// Underlay subnets (1 or 2): with 2, nodes alternate between
-        /// 192.168.200.0/24 and 192.168.201.0/24, joined by the router
-        /// (pn-<lab>-tor), and vxlan runs cross-subnet (DirectRouting).
-        #[arg(long, default_value_t = 1)]
-        racks: usize,
-        /// Agents announce LoadBalancer IPs on the underlay (ARP/NDP,
-        /// `podnet agent --l2-announce`).
-        #[arg(long)]
-        l2_announce: bool,
-        /// Encrypt pod traffic between nodes (WireGuard's protocol over
-        /// UDP 51820; `"Encrypt": true` in the network config).
-        #[arg(long)]
-        encrypt: bool,
-        /// Dual-stack pods: an IPv6 address from fd00:10:244::/56 beside
-        /// the IPv4 one (`EnableIPv6` in the network config).
-        #[arg(long)]
-        dual_stack: bool,
-    },
+    Up(LabUpArgs),
     /// Create a pod NS/POD through the real CNI plugins and register it.
     Run {
         pod: String,

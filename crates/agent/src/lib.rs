@@ -147,13 +147,7 @@ pub async fn run(
     if let (Some(r), Some(sub)) = (&recorder, flows_sub) {
         tasks.spawn(r.clone().run(sub));
     }
-    let mut socket =
-        podnet_policy::hint::Socket::at(podnet_policy::hint::socket_for(&opts.subnet_file));
-    if let Some((setup, sub)) = networks_sub {
-        let n = networks::Networks::new(setup.write);
-        socket.other = Some(n.other());
-        tasks.spawn(n.follow(sub));
-    }
+    let socket = cni_socket(&opts, networks_sub, &mut tasks);
     let feed = match policy_sub {
         Some(sub) => {
             let popts = podnet_policy::Options {
@@ -198,6 +192,23 @@ pub async fn run(
         }
         r = claim => r.map_err(|e| AgentError::Other(e.to_string())),
     }
+}
+
+/// The CNI plugin's socket, answering for the pods' extra networks too
+/// when they are served (their view then runs as a task of `tasks`).
+fn cni_socket(
+    opts: &Options,
+    networks: Option<(networks::Setup, podnet_source::Subscription)>,
+    tasks: &mut JoinSet<()>,
+) -> podnet_policy::hint::Socket {
+    let mut socket =
+        podnet_policy::hint::Socket::at(podnet_policy::hint::socket_for(&opts.subnet_file));
+    if let Some((setup, sub)) = networks {
+        let n = networks::Networks::new(setup.write);
+        socket.other = Some(n.other());
+        tasks.spawn(n.follow(sub));
+    }
+    socket
 }
 
 /// BGP (with the bgp backend) and L2 announcement, as tasks of `tasks`:

@@ -87,6 +87,32 @@ impl UpOptions {
     }
 }
 
+/// The standalone lab's NetworkConfig for options `o`.
+fn network_config(o: &UpOptions) -> NetworkConfig {
+    NetworkConfig {
+        api_version: netconfig::API_VERSION.into(),
+        kind: "NetworkConfig".into(),
+        metadata: ObjectMeta {
+            name: Some(netconfig::DEFAULT_NAME.into()),
+            ..Default::default()
+        },
+        spec: NetworkSpec {
+            network: Some(netconfig::DEFAULT_NETWORK.into()),
+            subnet_len: Some(24),
+            backend: netconfig::Backend {
+                backend_type: Some(o.backend.clone()),
+                // Two racks: vxlan only between them (cross-subnet).
+                direct_routing: (o.racks > 1).then_some(true),
+                ..Default::default()
+            },
+            encrypt: o.encrypt.then_some(true),
+            enable_ipv6: o.dual_stack.then_some(true),
+            ipv6_network: o.dual_stack.then(|| IPV6_NETWORK.to_string()),
+            ..Default::default()
+        },
+    }
+}
+
 impl Lab {
     pub async fn up(&self, o: &UpOptions) -> Result<LabState, LabError> {
         if self.state_path().exists() {
@@ -229,29 +255,7 @@ impl Lab {
 
         // Cluster config.
         let objs = self.objects(&st).await?;
-        let cfg = NetworkConfig {
-            api_version: netconfig::API_VERSION.into(),
-            kind: "NetworkConfig".into(),
-            metadata: ObjectMeta {
-                name: Some(netconfig::DEFAULT_NAME.into()),
-                ..Default::default()
-            },
-            spec: NetworkSpec {
-                network: Some(netconfig::DEFAULT_NETWORK.into()),
-                subnet_len: Some(24),
-                backend: netconfig::Backend {
-                    backend_type: Some(o.backend.clone()),
-                    // Two racks: vxlan only between them (cross-subnet).
-                    direct_routing: (o.racks > 1).then_some(true),
-                    ..Default::default()
-                },
-                encrypt: o.encrypt.then_some(true),
-                enable_ipv6: o.dual_stack.then_some(true),
-                ipv6_network: o.dual_stack.then(|| IPV6_NETWORK.to_string()),
-                ..Default::default()
-            },
-        };
-        upsert(&objs, Object::NetworkConfig(Box::new(cfg))).await?;
+        upsert(&objs, Object::NetworkConfig(Box::new(network_config(o)))).await?;
 
         // The controller, then the nodes and their agents.
         self.spawn(
