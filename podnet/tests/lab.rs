@@ -28,6 +28,20 @@ struct Lab {
 enum Mode {
     Standalone,
     Kube,
+    /// `--dual-stack`: pods get IPv6 addresses too.
+    DualStack,
+    KubeDualStack,
+}
+
+impl Mode {
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Mode::Standalone => &[],
+            Mode::Kube => &["--kube"],
+            Mode::DualStack => &["--dual-stack"],
+            Mode::KubeDualStack => &["--kube", "--dual-stack"],
+        }
+    }
 }
 
 fn podnet(args: &[&str]) -> Output {
@@ -43,8 +57,7 @@ impl Lab {
     }
 
     fn up_in(mode: Mode, tag: &str, backend: &str, nodes: usize) -> Lab {
-        let kube: &[&str] = if mode == Mode::Kube { &["--kube"] } else { &[] };
-        Lab::up_with(tag, backend, nodes, kube)
+        Lab::up_with(tag, backend, nodes, mode.flags())
     }
 
     /// A standalone lab (or `--kube` in `extra`) with more `lab up` flags.
@@ -279,9 +292,7 @@ fn full_mesh_in(mode: Mode, backend: &str, tag: &str) {
 /// pods' addresses.
 fn full_mesh_with(mode: Mode, backend: &str, tag: &str, flags: &[&str]) -> (Lab, Vec<String>) {
     let mut extra = flags.to_vec();
-    if mode == Mode::Kube {
-        extra.push("--kube");
-    }
+    extra.extend_from_slice(mode.flags());
     let lab = Lab::up_with(tag, backend, 3, &extra);
     let ips: Vec<String> = (1..=3)
         .map(|i| lab.pod(&format!("p{i}"), &format!("node{i}")))
@@ -634,6 +645,18 @@ fn services_through_the_proxy() {
 #[test]
 fn services_through_the_proxy_kube() {
     services_through_the_proxy_in(Mode::Kube, "svk");
+}
+
+/// The same in a dual-stack lab (Services are IPv4: their suite must not
+/// mind the pods' second family).
+#[test]
+fn services_through_the_proxy_dual_stack() {
+    services_through_the_proxy_in(Mode::DualStack, "svd");
+}
+
+#[test]
+fn services_through_the_proxy_dual_stack_kube() {
+    services_through_the_proxy_in(Mode::KubeDualStack, "svq");
 }
 
 fn services_through_the_proxy_in(mode: Mode, tag: &str) {
@@ -1066,6 +1089,16 @@ fn lab_pods_resolve_services() {
 #[test]
 fn lab_pods_resolve_services_kube() {
     lab_pods_resolve_services_in(Mode::Kube, "dnk");
+}
+
+#[test]
+fn lab_pods_resolve_services_dual_stack() {
+    lab_pods_resolve_services_in(Mode::DualStack, "dnd");
+}
+
+#[test]
+fn lab_pods_resolve_services_dual_stack_kube() {
+    lab_pods_resolve_services_in(Mode::KubeDualStack, "dnq");
 }
 
 fn lab_pods_resolve_services_in(mode: Mode, tag: &str) {
@@ -2584,23 +2617,19 @@ fn nothing_in_clear_on_the_underlay(lab: &Lab, p2: &str) {
 
 #[test]
 fn dual_stack_full_mesh_vxlan() {
-    dual_stack_mesh(Mode::Standalone, "dsv");
+    dual_stack_mesh(Mode::DualStack, "dsv");
 }
 
 #[test]
 fn dual_stack_full_mesh_vxlan_kube() {
-    dual_stack_mesh(Mode::Kube, "dsk");
+    dual_stack_mesh(Mode::KubeDualStack, "dsk");
 }
 
 /// Every pod has an IPv4 and an IPv6 address; every pod reaches every
 /// other by its IPv6 address, TCP and UDP, and sees the real client
 /// address (no NAT); a stream crosses whole. IPv4 keeps working beside.
 fn dual_stack_mesh(mode: Mode, tag: &str) {
-    let mut flags = vec!["--dual-stack"];
-    if mode == Mode::Kube {
-        flags.push("--kube");
-    }
-    let lab = Lab::up_with(tag, "vxlan", 3, &flags);
+    let lab = Lab::up_in(mode, tag, "vxlan", 3);
     let mut six = Vec::new();
     for i in 1..=3 {
         lab.pod_labelled(&format!("p{i}"), &format!("node{i}"), &format!("app=p{i}"));
