@@ -728,6 +728,17 @@ fn netpol_selectors_kube() {
     Harness::run(Mode::Kube, "ns", SELECTORS);
 }
 
+/// The same on the pods' IPv6 addresses, in a dual-stack lab.
+#[test]
+fn netpol_selectors_dual_stack() {
+    Harness::run_dual_stack(Mode::Standalone, "ns", SELECTORS);
+}
+
+#[test]
+fn netpol_selectors_dual_stack_kube() {
+    Harness::run_dual_stack(Mode::Kube, "ns", SELECTORS);
+}
+
 // ---- Group 2: ports and protocols.
 
 /// e2e: should enforce policy based on Ports (TCP): namespace y may reach

@@ -81,6 +81,8 @@ pub struct Cluster {
     pub mode: Mode,
     pub lab: podnet_lab::Lab,
     kubectl: Option<String>,
+    /// A `--dual-stack` lab: the model's pod addresses are IPv6.
+    pub dual: bool,
 }
 
 fn text(b: &[u8]) -> String {
@@ -106,8 +108,18 @@ impl Cluster {
     /// `podnet lab up` with two vxlan nodes: `tag` (2 letters) plus the
     /// mode's letter and the process id name the lab.
     pub fn up(mode: Mode, tag: &str) -> Cluster {
+        Cluster::up_with(mode, tag, false)
+    }
+
+    /// [`Cluster::up`], dual-stack with `dual`.
+    pub fn up_with(mode: Mode, tag: &str, dual: bool) -> Cluster {
         require_root();
-        let m = if mode == Mode::Kube { 'k' } else { 's' };
+        let m = match (mode == Mode::Kube, dual) {
+            (true, false) => 'k',
+            (false, false) => 's',
+            (true, true) => 'q',
+            (false, true) => 'd',
+        };
         let name = format!("{tag}{m}{}", std::process::id() % 100_000);
         let exe = env!("CARGO_BIN_EXE_podnet").into();
         let c = Cluster {
@@ -115,6 +127,7 @@ impl Cluster {
             name,
             mode,
             kubectl: (mode == Mode::Kube).then(|| kubectl::path().display().to_string()),
+            dual,
         };
         let nodes = NODES.to_string();
         let mut args = vec![
@@ -128,6 +141,9 @@ impl Cluster {
         ];
         if mode == Mode::Kube {
             args.push("--kube");
+        }
+        if dual {
+            args.push("--dual-stack");
         }
         c.lab_ok(&args);
         c
@@ -398,7 +414,13 @@ impl Model {
                 ns: ns.into(),
                 name: name.into(),
                 node: rec.node,
-                ip: rec.ip.parse().expect("pod IP"),
+                // Dual-stack: policies are judged on the IPv6 addresses
+                // (ipBlock scenarios then name IPv6 CIDRs).
+                ip: match c.dual {
+                    true => rec.ip6.as_deref().expect("a dual-stack pod's IPv6").parse(),
+                    false => rec.ip.parse(),
+                }
+                .expect("pod IP"),
                 service_ip,
             });
         }
@@ -729,7 +751,12 @@ pub type Scenario = (&'static str, fn(&Harness));
 impl Harness {
     /// A lab in `mode` with the model built and everything reachable.
     pub fn up(mode: Mode, tag: &str) -> Harness {
-        let cluster = Cluster::up(mode, tag);
+        Harness::up_with(mode, tag, false)
+    }
+
+    /// [`Harness::up`], dual-stack with `dual`.
+    pub fn up_with(mode: Mode, tag: &str, dual: bool) -> Harness {
+        let cluster = Cluster::up_with(mode, tag, dual);
         let model = Model::build(&cluster);
         let h = Harness { cluster, model };
         // Ready when every pod reaches every pod and Service on every port.
@@ -949,6 +976,16 @@ impl Harness {
     /// Panics at the end naming every failure. `PODNET_NETPOL_SCENARIO`
     /// (comma-separated substrings) runs only matching scenarios.
     pub fn run(mode: Mode, tag: &str, scenarios: &[Scenario]) {
+        Harness::run_with(mode, tag, scenarios, false)
+    }
+
+    /// [`Harness::run`] in a `--dual-stack` lab, judging pods' IPv6
+    /// addresses (Services stay IPv4).
+    pub fn run_dual_stack(mode: Mode, tag: &str, scenarios: &[Scenario]) {
+        Harness::run_with(mode, tag, scenarios, true)
+    }
+
+    fn run_with(mode: Mode, tag: &str, scenarios: &[Scenario], dual: bool) {
         let filter: Vec<String> = std::env::var("PODNET_NETPOL_SCENARIO")
             .map(|s| s.split(',').map(|x| x.trim().to_string()).collect())
             .unwrap_or_default();
@@ -962,7 +999,7 @@ impl Harness {
             !chosen.is_empty(),
             "no scenario matches PODNET_NETPOL_SCENARIO={filter:?}"
         );
-        let h = Harness::up(mode, tag);
+        let h = Harness::up_with(mode, tag, dual);
         let mut failed = Vec::new();
         for (name, f) in chosen {
             let start = Instant::now();
