@@ -2673,3 +2673,28 @@ fn dual_stack_mesh(mode: Mode, tag: &str) {
         "p3"
     );
 }
+
+/// A node switched to the encrypted overlay drops the VTEP its earlier
+/// run made: left in place it would go on taking plain VXLAN from the
+/// underlay into the pods.
+#[test]
+fn an_agent_turned_to_encryption_removes_its_vtep() {
+    let lab = Lab::up("enr", "vxlan", 2);
+    let node1 = lab.node_ns("node1");
+    assert!(
+        lab.sh(&node1, "ip link show podnet.1").0,
+        "the VTEP is there first"
+    );
+    lab.apply(
+        "apiVersion: podnet.io/v1\nkind: NetworkConfig\nmetadata: {name: default}\n\
+         spec: {Network: 10.244.0.0/16, SubnetLen: 24, Backend: {Type: vxlan}, Encrypt: true}\n",
+    );
+    lab.ok(&["restart-agent", "node1"]);
+    lab.agent_ready("node1");
+    assert!(
+        lab.sh(&node1, "ip link show podnet.wg").0,
+        "the tunnel is up"
+    );
+    let (vtep, out) = lab.sh(&node1, "ip link show podnet.1");
+    assert!(!vtep, "the old VTEP is still there: {out}");
+}

@@ -119,6 +119,7 @@ impl Overlay {
         let _ = podnet_kernel::netns::write_sysctl("net.ipv4.ip_forward", "1");
         ensure_bridge_netfilter(true);
         let device = backend.ensure_device(&mut h, &underlay, mtu)?;
+        remove_stale_vtep(&mut h, &backend)?;
         Ok(Overlay {
             node: node.to_string(),
             paths,
@@ -394,6 +395,24 @@ impl Subsystem for Overlay {
             self.metrics.set_ready(true);
         }
     }
+}
+
+/// A VTEP an earlier run left when this one uses another backend: it
+/// would go on taking VXLAN from the underlay into the pods (with
+/// `Encrypt`, unencrypted and unauthenticated), so it goes.
+fn remove_stale_vtep(h: &mut Handle, backend: &Backend) -> Result<(), OverlayError> {
+    if backend.device_name() == Some(kernel::VXLAN_DEV) {
+        return Ok(());
+    }
+    if let Some(l) = h.link(kernel::VXLAN_DEV)? {
+        h.delete_link(l.index)?;
+        tracing::info!(
+            backend = backend.name(),
+            "removed the VXLAN device {} an earlier run left",
+            kernel::VXLAN_DEV
+        );
+    }
+    Ok(())
 }
 
 /// Same-node Service replies cross the pod bridge at L2; conntrack only
