@@ -78,10 +78,11 @@ impl NetworkAttachmentDefinition {
             .get("type")
             .and_then(Value::as_str)
             .is_some_and(|t| !t.is_empty());
-        let list = v
-            .get("plugins")
-            .and_then(Value::as_array)
-            .is_some_and(|p| !p.is_empty());
+        let list = match v.get("plugins") {
+            None => false,
+            Some(Value::Array(p)) if !p.is_empty() => true,
+            Some(_) => return Err("\"plugins\" must be a non-empty list".into()),
+        };
         if !plugin && !list {
             return Err("a CNI configuration needs \"type\" or \"plugins\"".into());
         }
@@ -337,7 +338,11 @@ mod tests {
             ("", "required"),
             ("{", "not a JSON CNI configuration"),
             (r#"{"name":"x"}"#, "needs \"type\" or \"plugins\""),
-            (r#"{"plugins":[]}"#, "needs \"type\" or \"plugins\""),
+            (r#"{"plugins":[]}"#, "\"plugins\" must be a non-empty list"),
+            (
+                r#"{"type":"macvlan","plugins":5}"#,
+                "\"plugins\" must be a non-empty list",
+            ),
         ] {
             let e = nad(c).cni_config().unwrap_err();
             assert!(e.contains(why), "{c}: {e}");

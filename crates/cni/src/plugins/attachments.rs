@@ -115,7 +115,12 @@ fn network(n: &Value, args: &CmdArgs) -> Result<Network, CniError> {
     let name = n["name"].as_str().unwrap_or_default().to_string();
     let c = &n["config"];
     let mut list = match c.get("plugins") {
-        Some(_) => c.clone(),
+        Some(Value::Array(_)) => c.clone(),
+        Some(_) => {
+            return Err(CniError::config(format!(
+                "podnet: NetworkAttachmentDefinition {name}: \"plugins\" must be a list"
+            )))
+        }
         None => json!({"cniVersion": c["cniVersion"], "name": c["name"], "plugins": [c]}),
     };
     if list["name"].as_str().is_none_or(str::is_empty) {
@@ -124,8 +129,8 @@ fn network(n: &Value, args: &CmdArgs) -> Result<Network, CniError> {
     if list["cniVersion"].as_str().is_none_or(str::is_empty) {
         list["cniVersion"] = json!("1.0.0");
     }
-    let plugins = list["plugins"].as_array_mut().expect("a list");
-    for p in plugins.iter_mut() {
+    let plugins = list["plugins"].as_array_mut().into_iter().flatten();
+    for p in plugins {
         if p["type"] == "podnet" {
             return Err(CniError::config(format!(
                 "podnet: NetworkAttachmentDefinition {name} runs the podnet plugin, which attaches the pod's default network"
@@ -358,6 +363,16 @@ mod tests {
         assert_eq!(
             (got.list["name"].as_str(), got.list["cniVersion"].as_str()),
             (Some("mine"), Some("0.4.0"))
+        );
+    }
+
+    #[test]
+    fn a_definition_whose_plugins_are_no_list_is_refused() {
+        let n = json!({"name": "shop/odd", "interface": "net1", "config": {"type": "macvlan", "plugins": 5}});
+        let e = network(&n, &args()).unwrap_err();
+        assert!(
+            e.msg.contains("shop/odd: \"plugins\" must be a list"),
+            "{e:?}"
         );
     }
 
