@@ -56,24 +56,7 @@ pub fn iperf(ns: &str, dst: &str, streams: u32, secs: u32) -> Result<f64> {
 
 /// Median RTT in ms over 20 pings.
 pub fn ping(ns: &str, dst: &str) -> Result<f64> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-c", "20", "-i", "0.05", dst])
-        .output()?;
-    let rtts: Vec<f64> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split("time=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
-    if rtts.is_empty() {
-        bail!("no ping answers from {dst} in {ns}");
-    }
-    Ok(median(&rtts))
+    rtts(ns, dst, 20, "0.05").map(|v| median(&v))
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -104,8 +87,8 @@ pub fn pair<T>(r: usize, mut f: impl FnMut(usize) -> Result<T>) -> Result<(T, T)
     }
 }
 
-/// Every RTT in ms of `count` pings 10 ms apart.
-pub fn rtts(ns: &str, dst: &str, count: u32) -> Result<Vec<f64>> {
+/// Every RTT in ms of `count` pings `interval` seconds apart.
+pub fn rtts(ns: &str, dst: &str, count: u32, interval: &str) -> Result<Vec<f64>> {
     let out = Command::new("ip")
         .args([
             "netns",
@@ -115,7 +98,7 @@ pub fn rtts(ns: &str, dst: &str, count: u32) -> Result<Vec<f64>> {
             "-c",
             &count.to_string(),
             "-i",
-            "0.01",
+            interval,
             dst,
         ])
         .output()?;

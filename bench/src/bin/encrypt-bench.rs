@@ -111,7 +111,9 @@ fn main() -> Result<()> {
             s[i].four.push(g);
             s[i].cpu4.push(c);
         }
-        let (p, e) = pair(r, |i| rtts(&sides[i].client_ns, &sides[i].server_ip, 200))?;
+        let (p, e) = pair(r, |i| {
+            rtts(&sides[i].client_ns, &sides[i].server_ip, 200, "0.01")
+        })?;
         for (i, v) in [p, e].into_iter().enumerate() {
             s[i].p50.push(percentile(&v, 50.0));
             s[i].p99.push(percentile(&v, 99.0));

@@ -79,6 +79,29 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
 /// The backend device: its index and (for a VTEP) its MAC.
 pub type Device = (u32, Option<[u8; 6]>);
 
+/// A userspace tunnel's TUN device `name`: opened into `held` unless it
+/// is open or already handed to the running tunnel, with its MTU set and
+/// up. (A TUN device lives as long as its descriptor.)
+pub fn ensure_tun(
+    h: &mut Handle,
+    name: &str,
+    held: &mut Option<std::fs::File>,
+    running: bool,
+    mtu: u32,
+) -> Result<Device, KernelError> {
+    if held.is_none() && !running {
+        *held = Some(podnet_kernel::tun::open_tun(name)?);
+    }
+    let l = h.require_link(name)?;
+    if l.mtu != mtu {
+        h.set_mtu(l.index, mtu)?;
+    }
+    if !l.is_up() {
+        h.set_up(l.index)?;
+    }
+    Ok((l.index, None))
+}
+
 /// Gives the overlay device exactly one address per family: the subnet's
 /// network address as a /32 (flannel's layout), and in a dual-stack
 /// cluster the IPv6 subnet's as a /128, so node-originated traffic has a

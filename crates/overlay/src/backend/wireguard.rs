@@ -111,17 +111,7 @@ impl Wireguard {
 
     /// Opens the TUN device (first call) and sets its MTU and state.
     pub fn ensure_device(&mut self, h: &mut Handle, mtu: u32) -> Result<Device, KernelError> {
-        if self.tun.is_none() && self.tunnel.is_none() {
-            self.tun = Some(podnet_kernel::tun::open_tun(DEV)?);
-        }
-        let l = h.require_link(DEV)?;
-        if l.mtu != mtu {
-            h.set_mtu(l.index, mtu)?;
-        }
-        if !l.is_up() {
-            h.set_up(l.index)?;
-        }
-        Ok((l.index, None))
+        crate::kernel::ensure_tun(h, DEV, &mut self.tun, self.tunnel.is_some(), mtu)
     }
 
     pub fn data(&self) -> serde_json::Value {
