@@ -82,6 +82,7 @@ fn recursion(a: &DnsArgs, net: &netconfig::Resolved) -> Result<podnet_dns::Allow
         ipnet::IpNet::V4(net.network),
         net.ipv6_network.map(ipnet::IpNet::V6),
     )
+    .with(net.service_cidr_secondary)
     .with(host_networks());
     if a.allow_recursion.is_empty() {
         return Ok(default);
@@ -143,6 +144,7 @@ pub async fn run(url: &str, a: DnsArgs) -> Result<()> {
     }
     if a.reverse_cidr.is_empty() {
         reverse.push(net.service_cidr);
+        reverse.extend(net.service_cidr_secondary);
         reverse.push(ipnet::IpNet::V4(net.network));
         if let Some(v6) = net.ipv6_network {
             reverse.push(ipnet::IpNet::V6(v6));

@@ -61,6 +61,13 @@ struct Sides {
 
 impl Sides {
     fn start() -> Sides {
+        Sides::start_with(false)
+    }
+
+    /// Both sides; with `dual_stack`, both have an IPv4 and an IPv6
+    /// Service CIDR (`--service-cluster-ip-range` with both, and the same
+    /// two in podnet's NetworkConfig).
+    fn start_with(dual_stack: bool) -> Sides {
         let peers = podnet_lab::kube::Peers::find()
             .unwrap_or_else(|e| panic!("{e}\n(the binaries come from scripts/k8s-peers.sh)"));
         // One directory per instance: tests in this file run in parallel.
@@ -90,9 +97,16 @@ impl Sides {
                 .unwrap(),
         );
         let cp =
-            s.rt.block_on(podnet_lab::kube::ControlPlane::start(&dir, &peers))
-                .unwrap_or_else(|e| panic!("control plane: {e}"));
+            s.rt.block_on(podnet_lab::kube::ControlPlane::start_with(
+                &dir, &peers, None, dual_stack,
+            ))
+            .unwrap_or_else(|e| panic!("control plane: {e}"));
         s.cp = Some(cp);
+        let conf = json!({"apiVersion": "podnet.io/v1", "kind": "NetworkConfig",
+            "metadata": {"name": "default"},
+            "spec": {"Network": podnet_lab::kube::CLUSTER_CIDR,
+                     "ServiceCIDR": podnet_lab::kube::service_cidrs(dual_stack)}});
+        s.podnet(&["apply", "-f", "-"], Some(&docs(&[conf])));
         s
     }
 
@@ -885,4 +899,298 @@ fn allocation_requests_are_accepted_and_rejected_alike() {
         "the sides disagree:\n{}",
         findings.join("\n")
     );
+}
+
+/// What a side made of a Service's families: rejected, or its policy, its
+/// families and the family of each ClusterIP, once every family has its
+/// address.
+#[derive(Debug, PartialEq)]
+enum Families {
+    Rejected(String),
+    Made {
+        policy: String,
+        families: Vec<String>,
+        ips: Vec<String>,
+    },
+}
+
+fn family_of(ip: &str) -> String {
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => "IPv4".into(),
+        Ok(std::net::IpAddr::V6(_)) => "IPv6".into(),
+        Err(_) => ip.to_string(),
+    }
+}
+
+/// Polls a side's Service until each family has a ClusterIP (headless and
+/// ExternalName Services have none), then reads what it got.
+fn families_of(get: impl Fn() -> Option<Value>) -> (Families, Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = get();
+        let settled = v.as_ref().is_some_and(|v| {
+            let spec = &v["spec"];
+            let fams = spec["ipFamilies"].as_array().map_or(0, Vec::len);
+            let ips = spec["clusterIPs"].as_array().map_or(0, Vec::len);
+            spec["type"] == "ExternalName" || spec["clusterIP"] == "None" || ips >= fams.max(1)
+        });
+        if settled || Instant::now() > deadline {
+            let Some(v) = v else {
+                return (Families::Rejected("never readable".into()), vec![]);
+            };
+            let spec = &v["spec"];
+            let strs = |k: &str| -> Vec<String> {
+                spec[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            };
+            let ips = strs("clusterIPs");
+            let made = Families::Made {
+                policy: spec["ipFamilyPolicy"].as_str().unwrap_or("-").into(),
+                families: strs("ipFamilies"),
+                ips: ips.iter().map(|i| family_of(i)).collect(),
+            };
+            return (made, ips);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One side's answer to one Service document.
+fn families_made(sides: &Sides, kubectl: bool, name: &str, doc: &str) -> (Families, Vec<String>) {
+    let (apply, get) = match kubectl {
+        true => (
+            sides.kubectl_raw(&["apply", "-f", "-"], Some(doc)),
+            Box::new(|| sides.kubectl_raw(&["get", "svc", name, "-n", NS, "-o", "json"], None))
+                as Box<dyn Fn() -> Output + '_>,
+        ),
+        false => (
+            sides.podnet_raw(&["apply", "-f", "-"], Some(doc)),
+            Box::new(|| sides.podnet_raw(&["get", "svc", name, "-n", NS, "-o", "json"], None))
+                as Box<dyn Fn() -> Output + '_>,
+        ),
+    };
+    if !apply.status.success() {
+        return (Families::Rejected(text(&apply).trim().to_string()), vec![]);
+    }
+    families_of(|| {
+        let o = get();
+        o.status
+            .success()
+            .then(|| serde_json::from_slice(&o.stdout).unwrap())
+    })
+}
+
+/// The cases of the family tests: name, spec, whether Kubernetes accepts
+/// it (its documented behaviour, confirmed by the real side).
+fn family_cases(dual: bool) -> Vec<(&'static str, Value, bool)> {
+    let p = json!([{"name": "p", "port": 80}]);
+    let sel = json!({"app": "x"});
+    let mut cases = vec![
+        ("default", json!({"ports": p, "selector": sel}), true),
+        (
+            "prefer",
+            json!({"ports": p, "ipFamilyPolicy": "PreferDualStack"}),
+            true,
+        ),
+        (
+            "require",
+            json!({"ports": p, "ipFamilyPolicy": "RequireDualStack"}),
+            dual,
+        ),
+        ("v6", json!({"ports": p, "ipFamilies": ["IPv6"]}), dual),
+        (
+            "v6-first",
+            json!({"ports": p, "ipFamilies": ["IPv6", "IPv4"], "ipFamilyPolicy": "RequireDualStack"}),
+            dual,
+        ),
+        (
+            "v6-prefer",
+            json!({"ports": p, "ipFamilies": ["IPv6"], "ipFamilyPolicy": "PreferDualStack"}),
+            dual,
+        ),
+        (
+            "two-single",
+            json!({"ports": p, "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "SingleStack"}),
+            false,
+        ),
+        (
+            "two-no-policy",
+            json!({"ports": p, "ipFamilies": ["IPv4", "IPv6"]}),
+            false,
+        ),
+        (
+            "fixed-v6",
+            json!({"ports": p, "clusterIP": "fd00:10:96::100"}),
+            dual,
+        ),
+        (
+            "fixed-pair",
+            json!({"ports": p, "clusterIP": "10.96.100.101",
+                   "clusterIPs": ["10.96.100.101", "fd00:10:96::101"],
+                   "ipFamilyPolicy": "RequireDualStack"}),
+            dual,
+        ),
+        (
+            "pair-one-family",
+            json!({"ports": p, "clusterIP": "10.96.100.102",
+                   "clusterIPs": ["10.96.100.102", "10.96.100.103"],
+                   "ipFamilyPolicy": "RequireDualStack"}),
+            false,
+        ),
+        (
+            "v6-outside",
+            json!({"ports": p, "clusterIP": "fd00:99::1"}),
+            false,
+        ),
+        (
+            "family-mismatch",
+            json!({"ports": p, "clusterIP": "10.96.100.104", "ipFamilies": ["IPv6"]}),
+            false,
+        ),
+        (
+            "headless-selectorless",
+            json!({"ports": p, "clusterIP": "None"}),
+            true,
+        ),
+        (
+            "headless-selector",
+            json!({"ports": p, "clusterIP": "None", "selector": sel}),
+            true,
+        ),
+        (
+            "external-policy",
+            json!({"type": "ExternalName", "externalName": "example.com",
+                   "ipFamilyPolicy": "SingleStack"}),
+            false,
+        ),
+        (
+            "bad-family",
+            json!({"ports": p, "ipFamilies": ["IPv5"]}),
+            false,
+        ),
+        (
+            "bad-policy",
+            json!({"ports": p, "ipFamilyPolicy": "DualStack"}),
+            false,
+        ),
+        (
+            "nodeport-prefer",
+            json!({"type": "NodePort", "ports": p, "ipFamilyPolicy": "PreferDualStack"}),
+            true,
+        ),
+    ];
+    if !dual {
+        cases.retain(|(n, ..)| !n.starts_with("fixed-pair"));
+    }
+    cases
+}
+
+/// Families and ClusterIPs on a single-stack and on a dual-stack
+/// cluster: both sides accept and reject the same Services and give the
+/// same policy, families and address families; each address is in its
+/// family's range. Then one Service is upgraded to dual-stack, downgraded,
+/// and refused a release of its second address without `SingleStack`.
+fn families_alike(dual: bool) {
+    let sides = Sides::start_with(dual);
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
+    let ns_doc = docs(std::slice::from_ref(&ns));
+    sides.kubectl(&["apply", "-f", "-"], Some(&ns_doc));
+    sides.podnet(&["apply", "-f", "-"], Some(&ns_doc));
+    let svc = |name: &str, spec: &Value| {
+        docs(&[json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec})])
+    };
+    let ranges: Vec<ipnet::IpNet> = podnet_lab::kube::service_cidrs(dual)
+        .split(',')
+        .map(|c| c.parse().unwrap())
+        .collect();
+    let mut findings = Vec::new();
+    let cases = family_cases(dual);
+    for (name, spec, kube_accepts) in &cases {
+        let doc = svc(name, spec);
+        let (real, real_ips) = families_made(&sides, true, name, &doc);
+        let (ours, our_ips) = families_made(&sides, false, name, &doc);
+        let accepted = |f: &Families| matches!(f, Families::Made { .. });
+        assert_eq!(
+            accepted(&real),
+            *kube_accepts,
+            "{name}: kube-apiserver: {real:?}"
+        );
+        match (&real, &ours) {
+            (Families::Rejected(_), Families::Rejected(_)) => {}
+            (r, o) if r != o => {
+                findings.push(format!("{name}: kube-apiserver {r:?}\n    podnet {o:?}"))
+            }
+            _ => {}
+        }
+        for (side, ips) in [("kube-apiserver", &real_ips), ("podnet", &our_ips)] {
+            for ip in ips.iter().filter(|ip| *ip != "None") {
+                let a: std::net::IpAddr = ip.parse().unwrap();
+                if !ranges.iter().any(|r| r.contains(&a)) {
+                    findings.push(format!("{name}: {side} clusterIP {ip} not in {ranges:?}"));
+                }
+            }
+        }
+    }
+    if dual {
+        let p = json!([{"name": "p", "port": 80}]);
+        let steps = [
+            ("single", json!({"ports": p}), true),
+            (
+                "upgrade",
+                json!({"ports": p, "ipFamilyPolicy": "PreferDualStack"}),
+                true,
+            ),
+            (
+                "release-without-single",
+                json!({"ports": p, "ipFamilyPolicy": "RequireDualStack",
+                       "ipFamilies": ["IPv4"]}),
+                false,
+            ),
+            (
+                "downgrade",
+                json!({"ports": p, "ipFamilyPolicy": "SingleStack"}),
+                true,
+            ),
+        ];
+        let mut first = (None, None);
+        for (step, spec, kube_accepts) in steps {
+            let doc = svc("moving", &spec);
+            let (real, real_ips) = families_made(&sides, true, "moving", &doc);
+            let (ours, our_ips) = families_made(&sides, false, "moving", &doc);
+            let ok = |f: &Families| matches!(f, Families::Made { .. });
+            assert_eq!(ok(&real), kube_accepts, "{step}: kube-apiserver: {real:?}");
+            if ok(&real) != ok(&ours) || (ok(&real) && real != ours) {
+                findings.push(format!(
+                    "moving/{step}: kube-apiserver {real:?}\n    podnet {ours:?}"
+                ));
+            }
+            // The primary address never changes.
+            let (r0, o0) = (real_ips.first().cloned(), our_ips.first().cloned());
+            if first.0.is_none() {
+                first = (r0, o0);
+            } else if ok(&real) && (first.0 != r0 || first.1 != o0) {
+                findings.push(format!("moving/{step}: the primary ClusterIP changed"));
+            }
+        }
+    }
+    assert!(
+        findings.is_empty(),
+        "the sides disagree:\n{}",
+        findings.join("\n")
+    );
+}
+
+#[test]
+fn service_families_are_given_alike_on_a_dual_stack_cluster() {
+    families_alike(true);
+}
+
+#[test]
+fn service_families_are_given_alike_on_a_single_stack_cluster() {
+    families_alike(false);
 }

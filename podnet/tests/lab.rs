@@ -82,10 +82,24 @@ impl Lab {
 
     /// A Service as JSON, from the store or the API (Null when absent).
     fn service_json(&self, name: &str) -> serde_json::Value {
+        self.service_json_in(name, "default")
+    }
+
+    fn service_json_in(&self, name: &str, ns: &str) -> serde_json::Value {
         let o = if self.kube {
-            self.kubectl(&["get", "svc", name, "-o", "json"], None)
+            self.kubectl(&["get", "svc", name, "-n", ns, "-o", "json"], None)
         } else {
-            podnet(&["--store", &self.store(), "get", "svc", name, "-o", "json"])
+            podnet(&[
+                "--store",
+                &self.store(),
+                "get",
+                "svc",
+                name,
+                "-n",
+                ns,
+                "-o",
+                "json",
+            ])
         };
         serde_json::from_slice(&o.stdout).unwrap_or_default()
     }
@@ -125,9 +139,13 @@ impl Lab {
 
     /// What `lab run` recorded for pod `default/NAME`.
     fn pod_record(&self, name: &str) -> serde_json::Value {
+        self.pod_record_in("default", name)
+    }
+
+    fn pod_record_in(&self, ns: &str, name: &str) -> serde_json::Value {
         serde_json::from_slice(
             &std::fs::read(format!(
-                "/run/podnet-lab/{}/pods/default_{name}.json",
+                "/run/podnet-lab/{}/pods/{ns}_{name}.json",
                 self.name
             ))
             .unwrap(),
@@ -692,10 +710,19 @@ fn services_through_the_proxy_in(mode: Mode, tag: &str) {
         "80/tcp",
     ]);
     let c_ip = lab.pod("c2", "node2");
-    let manifest = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  type: NodePort\n  \
-        ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}, {name: dns, port: 53, targetPort: 8081, protocol: UDP}]\n\
-        ---\napiVersion: v1\nkind: Service\nmetadata: {name: empty}\nspec: {clusterIP: 10.96.0.99, selector: {app: none}, ports: [{port: 80}]}\n";
-    lab.apply(manifest);
+    let dual = matches!(mode, Mode::DualStack | Mode::KubeDualStack);
+    // On a dual-stack lab both Services get both families.
+    let (web_fams, empty_ips) = match dual {
+        true => (
+            "  ipFamilyPolicy: PreferDualStack\n",
+            ", clusterIPs: [10.96.0.99, 'fd00:10:96::99'], ipFamilyPolicy: RequireDualStack",
+        ),
+        false => ("", ""),
+    };
+    let manifest = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  selector: {{app: web}}\n  type: NodePort\n{web_fams}  \
+        ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}, {{name: dns, port: 53, targetPort: 8081, protocol: UDP}}]\n\
+        ---\napiVersion: v1\nkind: Service\nmetadata: {{name: empty}}\nspec: {{clusterIP: 10.96.0.99{empty_ips}, selector: {{app: none}}, ports: [{{port: 80}}]}}\n");
+    lab.apply(&manifest);
     let cip = {
         let mut ip = String::new();
         lab.eventually("a ClusterIP", || {
@@ -750,6 +777,66 @@ fn services_through_the_proxy_in(mode: Mode, tag: &str) {
         table
             .as_ref()
             .is_some_and(|t| t.contains(&format!("{cip} . tcp . 80"))),
+        "{table:?}"
+    );
+    if dual {
+        services_over_ipv6(&lab);
+    }
+}
+
+/// The dual-stack half of the Service suite: `web`'s IPv6 ClusterIP
+/// reaches both endpoints over TCP and UDP, keeps the client's IPv6
+/// address, `empty`'s IPv6 ClusterIP is refused, and the `ip6` table
+/// holds the Service as data.
+fn services_over_ipv6(lab: &Lab) {
+    let mut cip6 = String::new();
+    lab.eventually("an IPv6 ClusterIP", || {
+        let v = lab.service_json("web");
+        let ips = &v["spec"]["clusterIPs"];
+        cip6 = ips[1].as_str().unwrap_or_default().to_string();
+        assert!(
+            ips.as_array().is_none_or(|a| a.len() <= 2),
+            "{ips}: at most one per family"
+        );
+        cip6.contains(':')
+    });
+    assert!(cip6.starts_with("fd00:10:96::"), "{cip6}");
+    let v = lab.service_json("web");
+    assert_eq!(v["spec"]["ipFamilies"], serde_json::json!(["IPv4", "IPv6"]));
+    let mut seen = std::collections::BTreeSet::new();
+    lab.eventually("both endpoints behind the IPv6 ClusterIP", || {
+        let o = lab.run(&["probe", "default/c", &format!("[{cip6}]:80")]);
+        seen.insert(String::from_utf8_lossy(&o.stdout).trim().to_string());
+        seen.contains("w1") && seen.contains("w2")
+    });
+    lab.eventually("udp through the IPv6 ClusterIP", || {
+        let o = lab.run(&["probe", "default/c", &format!("[{cip6}]:53/udp")]);
+        o.status.success() && String::from_utf8_lossy(&o.stdout).trim().starts_with('w')
+    });
+    let c2_6 = lab.pod_record("c2")["ip6"]
+        .as_str()
+        .expect("c2 has an IPv6 address")
+        .to_string();
+    assert_eq!(
+        lab.ok(&[
+            "probe",
+            "default/c2",
+            &format!("[{cip6}]:80"),
+            "--ask",
+            "clientip"
+        ]),
+        c2_6
+    );
+    let e = probe_err(lab, "c", "[fd00:10:96::99]:80");
+    assert!(
+        refused(&e),
+        "no-endpoint IPv6 Service must be rejected: {e}"
+    );
+    let table = lab.nft_list("node1", "map ip6 podnet service-ips");
+    assert!(
+        table
+            .as_ref()
+            .is_some_and(|t| t.contains(&format!("{cip6} . tcp . 80"))),
         "{table:?}"
     );
 }
@@ -1152,6 +1239,61 @@ fn lab_pods_resolve_services_in(mode: Mode, tag: &str) {
     assert_eq!(srv, "0 100 80 web.pn-dns.svc.cluster.local.");
     let nx = lab.run(&["exec", "pn-dns/client", "--", "getent", "hosts", "nope"]);
     assert!(!nx.status.success());
+    if matches!(mode, Mode::DualStack | Mode::KubeDualStack) {
+        names_over_ipv6(&lab);
+    }
+}
+
+/// The dual-stack half of the DNS suite: a PreferDualStack Service has an
+/// AAAA record with its IPv6 ClusterIP and a PTR back from it; the
+/// single-stack one has none (NODATA, not an error); a pod's IPv6
+/// address has its dashed name under `pod`.
+fn names_over_ipv6(lab: &Lab) {
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web6, namespace: pn-dns}\n\
+         spec: {selector: {app: web}, ipFamilyPolicy: PreferDualStack, ports: [{name: http, port: 80}]}\n",
+    );
+    let mut cip6 = String::new();
+    lab.eventually("web6 gets an IPv6 ClusterIP", || {
+        let o = lab.service_json_in("web6", "pn-dns");
+        cip6 = o["spec"]["clusterIPs"][1]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !cip6.is_empty()
+    });
+    let dig = |args: &[&str]| {
+        let mut a = vec!["exec", "pn-dns/client", "--", "dig", "+short"];
+        a.extend(args);
+        lab.ok(&a)
+    };
+    let fqdn = "web6.pn-dns.svc.cluster.local";
+    lab.eventually("AAAA for web6", || dig(&[fqdn, "AAAA"]) == cip6);
+    assert_eq!(dig(&["-x", &cip6]), format!("{fqdn}."));
+    assert_eq!(dig(&["web.pn-dns.svc.cluster.local", "AAAA"]), "");
+    let status = lab.ok(&[
+        "exec",
+        "pn-dns/client",
+        "--",
+        "dig",
+        "web.pn-dns.svc.cluster.local",
+        "AAAA",
+    ]);
+    assert!(status.contains("status: NOERROR"), "{status}");
+    let ip6 = lab.pod_record_in("pn-dns", "web")["ip6"]
+        .as_str()
+        .expect("web has an IPv6 address")
+        .to_string();
+    let dashed = ip6.replace(':', "-");
+    assert_eq!(
+        dig(&[&format!("{dashed}.pn-dns.pod.cluster.local"), "AAAA"]),
+        ip6
+    );
+    // Through the name, over IPv6, to the pod behind it.
+    assert_eq!(
+        lab.ok(&["probe", "pn-dns/client", &format!("[{cip6}]:80")]),
+        "web"
+    );
 }
 
 // ---- The underlay gateway, logs across restarts, publishNotReadyAddresses.

@@ -1315,12 +1315,9 @@ fn netpol_changes_kube() {
 
 // ---- Group 4: ipBlock, DNS, Services.
 
-/// The pod network (10.244.0.0/16 in both modes) as a CIDR.
-const POD_NETWORK: &str = "10.244.0.0/16";
-
 /// e2e: should allow egress access to server in CIDR block.
 fn egress_to_an_ip_block(h: &Harness) {
-    let yb = h.model.ip("y/b");
+    let yb = h.model.host_cidr("y/b");
     h.apply(&policy(
         "x",
         "x-a-to-y-b-ip",
@@ -1330,7 +1327,7 @@ fn egress_to_an_ip_block(h: &Harness) {
             policyTypes: [Egress]
             egress:
             - to:
-              - ipBlock: {{cidr: {yb}/32}}
+              - ipBlock: {{cidr: {yb}}}
             "
         ),
     ));
@@ -1344,7 +1341,8 @@ fn egress_to_an_ip_block(h: &Harness) {
 /// CIDR block; then should ensure an IP overlapping both IPBlock.CIDR and
 /// IPBlock.Except is allowed (by another rule).
 fn egress_ip_block_except(h: &Harness) {
-    let xb = h.model.ip("x/b");
+    let xb = h.model.host_cidr("x/b");
+    let net = h.model.pod_network();
     h.apply(&policy(
         "x",
         "x-a-to-all-but-x-b",
@@ -1354,7 +1352,7 @@ fn egress_ip_block_except(h: &Harness) {
             policyTypes: [Egress]
             egress:
             - to:
-              - ipBlock: {{cidr: {POD_NETWORK}, except: [{xb}/32]}}
+              - ipBlock: {{cidr: {net}, except: [{xb}]}}
             "
         ),
     ));
@@ -1370,7 +1368,7 @@ fn egress_ip_block_except(h: &Harness) {
             policyTypes: [Egress]
             egress:
             - to:
-              - ipBlock: {{cidr: {xb}/32}}
+              - ipBlock: {{cidr: {xb}}}
             "
         ),
     ));
@@ -1386,7 +1384,8 @@ fn egress_ip_block_except(h: &Harness) {
 /// ipBlock with except on ingress, to pod IPs and through Services (the
 /// client's address survives the ClusterIP, so the same pair is denied).
 fn ingress_ip_block_except(h: &Harness) {
-    let yb = h.model.ip("y/b");
+    let yb = h.model.host_cidr("y/b");
+    let net = h.model.pod_network();
     h.apply(&policy(
         "x",
         "x-a-from-all-but-y-b",
@@ -1395,7 +1394,7 @@ fn ingress_ip_block_except(h: &Harness) {
             podSelector: {{matchLabels: {{pod: a}}}}
             ingress:
             - from:
-              - ipBlock: {{cidr: {POD_NETWORK}, except: [{yb}/32]}}
+              - ipBlock: {{cidr: {net}, except: [{yb}]}}
             "
         ),
     ));
@@ -1602,6 +1601,18 @@ fn netpol_addresses() {
 #[test]
 fn netpol_addresses_kube() {
     Harness::run(Mode::Kube, "na", ADDRESSES);
+}
+
+/// The same in a dual-stack lab: ipBlocks of IPv6 CIDRs, probes to the
+/// pods' IPv6 addresses and through the Services' IPv6 ClusterIPs.
+#[test]
+fn netpol_addresses_dual_stack() {
+    Harness::run_dual_stack(Mode::Standalone, "nd", ADDRESSES);
+}
+
+#[test]
+fn netpol_addresses_dual_stack_kube() {
+    Harness::run_dual_stack(Mode::Kube, "nd", ADDRESSES);
 }
 
 // ---- Group 5: no open window, --policy-strict, every drop explained.

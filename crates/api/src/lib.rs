@@ -13,6 +13,7 @@ pub mod cidr;
 pub mod endpoints;
 pub mod gateway;
 pub mod ingress;
+pub mod ipfamily;
 pub mod manifest;
 pub mod nad;
 pub mod netconfig;

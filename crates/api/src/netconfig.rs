@@ -148,7 +148,10 @@ impl BackendType {
 /// The configuration with every default applied and every field parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
+    /// The primary Service CIDR (single-stack Services' family).
     pub service_cidr: IpNet,
+    /// The other family's, on a cluster with dual-stack Services.
+    pub service_cidr_secondary: Option<IpNet>,
     pub node_port_range: (u16, u16),
     pub cluster_domain: String,
     pub dns_service_ip: std::net::IpAddr,
@@ -167,6 +170,13 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    pub fn service_cidrs(&self) -> crate::ipfamily::ServiceCidrs {
+        crate::ipfamily::ServiceCidrs {
+            primary: self.service_cidr,
+            secondary: self.service_cidr_secondary,
+        }
+    }
+
     /// The IPv6 pod subnet that goes with IPv4 node subnet `v4` when the
     /// cluster is dual-stack (standalone mode: the same index in
     /// `IPv6Network`, so every node computes every other node's; in
@@ -191,7 +201,7 @@ impl NetworkConfig {
         let subnet_len = subnet_len(s, network)?;
         let (subnet_min, subnet_max) = subnet_range(s, network, subnet_len)?;
         let (backend, vni, port) = backend(&s.backend)?;
-        let service_cidr = service_cidr(s)?;
+        let (service_cidr, service_cidr_secondary) = service_cidr(s)?;
         let node_port_range = node_port_range(s)?;
         let dns_service_ip = dns_service_ip(s, service_cidr)?;
         let ipv6_network = ipv6_network(s)?;
@@ -205,6 +215,7 @@ impl NetworkConfig {
         }
         Ok(Resolved {
             service_cidr,
+            service_cidr_secondary,
             node_port_range,
             cluster_domain: s
                 .cluster_domain
@@ -349,18 +360,32 @@ fn backend(b: &Backend) -> Result<(BackendType, u32, u16), FieldErr> {
     Ok((backend, vni, port))
 }
 
-/// `ServiceCIDR`, truncated to its prefix.
-fn service_cidr(s: &NetworkSpec) -> Result<IpNet, FieldErr> {
+/// `ServiceCIDR`: one CIDR, or two of different families separated by a
+/// comma (kube-apiserver's `--service-cluster-ip-range`; the first is
+/// the primary), each truncated to its prefix.
+fn service_cidr(s: &NetworkSpec) -> Result<(IpNet, Option<IpNet>), FieldErr> {
     let sc = s
         .service_cidr
         .clone()
         .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.to_string());
-    sc.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
-        (
-            "spec.ServiceCIDR".to_string(),
-            format!("{sc:?} is not a CIDR"),
-        )
-    })
+    let bad = |why: String| ("spec.ServiceCIDR".to_string(), why);
+    let nets = sc
+        .split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| bad(format!("{:?} is not a CIDR", c.trim())))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match nets[..] {
+        [one] => Ok((one, None)),
+        [a, b] if a.addr().is_ipv4() != b.addr().is_ipv4() => Ok((a, Some(b))),
+        [_, _] => Err(bad(format!(
+            "{sc:?}: two CIDRs must be one IPv4 and one IPv6"
+        ))),
+        _ => Err(bad(format!("{sc:?}: at most two CIDRs, one per family"))),
+    }
 }
 
 /// `NodePortRange`: `FIRST-LAST`, not starting at 0.

@@ -13,13 +13,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::gateway::validate as gateway;
+use crate::ipfamily::{self, ServiceCidrs};
 use crate::object::Object;
 use crate::{netconfig, FieldError};
 
 /// Cluster settings validation depends on.
 #[derive(Debug, Clone)]
 pub struct Context {
-    pub service_cidr: IpNet,
+    pub service_cidrs: ServiceCidrs,
     pub node_port_range: (u16, u16),
 }
 
@@ -28,7 +29,7 @@ impl Context {
     pub fn from_config(c: Option<&netconfig::NetworkConfig>) -> Context {
         match c.and_then(|c| c.resolve().ok()) {
             Some(r) => Context {
-                service_cidr: r.service_cidr,
+                service_cidrs: r.service_cidrs(),
                 node_port_range: r.node_port_range,
             },
             None => Context::default(),
@@ -39,9 +40,11 @@ impl Context {
 impl Default for Context {
     fn default() -> Self {
         Context {
-            service_cidr: netconfig::DEFAULT_SERVICE_CIDR
-                .parse()
-                .expect("default CIDR"),
+            service_cidrs: ServiceCidrs::single(
+                netconfig::DEFAULT_SERVICE_CIDR
+                    .parse()
+                    .expect("default CIDR"),
+            ),
             node_port_range: netconfig::DEFAULT_NODE_PORT_RANGE,
         }
     }
@@ -341,33 +344,37 @@ fn service_kind(e: &mut Errs, spec: &ServiceSpec, ty: &str) {
     }
 }
 
-/// `clusterIP` (headless only for types without node ports, else in the
-/// service CIDR) and `clusterIPs`, whose first must match it.
+/// `clusterIP` (headless only for types without node ports) and
+/// `clusterIPs` with the families ([`ipfamily::check_fields`], on the
+/// fields as a create normalizes them), each address in its family's
+/// Service CIDR (a family the cluster lacks is reported when the
+/// families are given out, [`ipfamily::init`]).
 fn service_cluster_ips(e: &mut Errs, spec: &ServiceSpec, ty: &str, ctx: &Context) {
-    let cip = spec.cluster_ip.as_deref().unwrap_or("");
-    if cip == "None" {
-        if matches!(ty, "NodePort" | "LoadBalancer") {
-            e.add(
-                "spec.clusterIP",
-                format!("may not be None (headless) for type {ty}"),
-            );
-        }
-    } else if !cip.is_empty() {
-        if let Some(a) = ip(e, "spec.clusterIP", cip) {
-            if !ctx.service_cidr.contains(&a) {
-                e.add(
-                    "spec.clusterIP",
-                    format!("{a} is not in the service CIDR {}", ctx.service_cidr),
-                );
-            }
-        }
+    let mut spec = spec.clone();
+    if ty != "ExternalName" {
+        ipfamily::normalize_create(&mut spec);
+    }
+    if spec.cluster_ip.as_deref() == Some("None") && matches!(ty, "NodePort" | "LoadBalancer") {
+        e.add(
+            "spec.clusterIP",
+            format!("may not be None (headless) for type {ty}"),
+        );
+    }
+    let errs = ipfamily::check_fields(&spec);
+    let fields_ok = errs.is_empty();
+    e.0.extend(errs);
+    if !fields_ok || ty == "ExternalName" {
+        return;
     }
     for (i, c) in spec.cluster_ips.iter().flatten().enumerate() {
-        if i == 0 && !cip.is_empty() && c != cip {
-            e.add("spec.clusterIPs[0]", "must match spec.clusterIP");
-        }
-        if c != "None" {
-            ip(e, &format!("spec.clusterIPs[{i}]"), c);
+        let Ok(a) = c.parse::<IpAddr>() else { continue };
+        if let Some(cidr) = ctx.service_cidrs.for_ip(&a) {
+            if !cidr.contains(&a) {
+                e.add(
+                    format!("spec.clusterIPs[{i}]"),
+                    format!("{a} is not in the service CIDR {cidr}"),
+                );
+            }
         }
     }
 }

@@ -12,8 +12,8 @@
 //! with others is not checked there: it needs a webhook).
 
 use podnet_api::k8s_openapi::api::core::v1::Service;
-use podnet_api::netconfig;
 use podnet_api::validate::{self, Context as VCtx};
+use podnet_api::{ipfamily, netconfig};
 use podnet_api::{Kind, Object};
 use podnet_store::{AnyStore, Objects, Op, StoreError};
 
@@ -88,16 +88,10 @@ fn merge_for_update(new: &mut Object, old: &Object) -> Result<(), String> {
             };
             let same_type = ns.type_ == os.type_;
             match (ns.cluster_ip.as_deref(), os.cluster_ip.as_deref()) {
-                (None | Some(""), Some(ip))
-                    if !ip.is_empty() && ns.type_.as_deref() != Some("ExternalName") =>
-                {
-                    ns.cluster_ip = os.cluster_ip.clone();
-                    ns.cluster_ips = os.cluster_ips.clone();
-                }
-                (Some(a), Some(b)) if a != b && !b.is_empty() && same_type => {
+                (Some(a), Some(b)) if a != b && !a.is_empty() && !b.is_empty() && same_type => {
                     return Err(format!("spec.clusterIP: field is immutable ({b} -> {a})"));
                 }
-                _ => {}
+                _ => ipfamily::carry_over(ns, os),
             }
             // Keep allocated node ports for ports that still exist.
             if same_type {
@@ -127,6 +121,29 @@ fn merge_for_update(new: &mut Object, old: &Object) -> Result<(), String> {
         _ => {}
     }
     Ok(())
+}
+
+/// A Service's families, given out and checked against the cluster's
+/// Service CIDRs and the stored Service, as the API server does on write
+/// ([`ipfamily`]); the controller then allocates what they lack.
+fn service_families(o: &mut Object, old: Option<&Object>, ctx: &VCtx) -> Result<(), String> {
+    let Object::Service(s) = o else { return Ok(()) };
+    let Some(spec) = s.spec.as_mut() else {
+        return Ok(());
+    };
+    let old = old.and_then(svc).and_then(|s| s.spec.as_ref());
+    if old.is_none() && spec.type_.as_deref() != Some("ExternalName") {
+        ipfamily::normalize_create(spec);
+    }
+    let errs = ipfamily::init(spec, old, &ctx.service_cidrs);
+    match errs.is_empty() {
+        true => Ok(()),
+        false => Err(errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
 }
 
 fn svc(o: &Object) -> Option<&Service> {
@@ -191,12 +208,19 @@ pub async fn plan(objs: &Objects, ctx: &VCtx, mut o: Object) -> Plan {
     };
     match existing {
         None => {
+            let mut o = o;
+            if let Err(e) = service_families(&mut o, None, ctx) {
+                return Plan::Done(Err(e));
+            }
             let ops = alloc::transition(None, svc(&o));
             Plan::Create(o, ops)
         }
         Some(old) => {
             let mut new = o;
             if let Err(e) = merge_for_update(&mut new, &old) {
+                return Plan::Done(Err(e));
+            }
+            if let Err(e) = service_families(&mut new, Some(&old), ctx) {
                 return Plan::Done(Err(e));
             }
             if podnet_store::objects::encode(&new) == podnet_store::objects::encode(&old) {

@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use podnet_api::ipfamily::{self, ServiceCidrs};
 use podnet_api::k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use podnet_api::{cidr, Kind, Object};
 
@@ -129,6 +130,41 @@ pub fn pick_ip(range: &IpNet, taken: &HashSet<IpAddr>, start_hint: u64) -> Optio
     None
 }
 
+/// Gives `spec` a ClusterIP for each of its families that has none yet
+/// ([`ipfamily::missing`]), from that family's CIDR, the first one also
+/// as `clusterIP`. Pure; Err names the CIDR with no free address left.
+pub fn assign_cluster_ips(
+    spec: &mut ServiceSpec,
+    cidrs: &ServiceCidrs,
+    taken: &HashSet<IpAddr>,
+    hint: u64,
+) -> std::result::Result<(), IpNet> {
+    for family in ipfamily::missing(spec, cidrs) {
+        let cidr = cidrs.of_family(family).unwrap_or(cidrs.primary);
+        let ip = pick_ip(&cidr, taken, hint >> 20).ok_or(cidr)?;
+        let ips = spec.cluster_ips.get_or_insert_with(Vec::new);
+        if ips.is_empty() {
+            if let Some(c) = spec.cluster_ip.clone().filter(|c| !c.is_empty()) {
+                ips.push(c);
+            }
+        }
+        ips.push(ip.to_string());
+        if spec.cluster_ip.as_deref().unwrap_or_default().is_empty() {
+            spec.cluster_ip = Some(ip.to_string());
+        }
+        if spec
+            .ip_families
+            .as_ref()
+            .is_none_or(|f| f.len() < ips.len())
+        {
+            spec.ip_families
+                .get_or_insert_with(Vec::new)
+                .push(family.to_string());
+        }
+    }
+    Ok(())
+}
+
 /// Picks a free NodePort. Pure.
 pub fn pick_port(range: (u16, u16), taken: &HashSet<u16>, start_hint: u64) -> Option<u16> {
     let span = (range.1 - range.0) as u64 + 1;
@@ -193,11 +229,18 @@ pub fn needs_allocation(svc: &Service) -> bool {
     if ty == "ExternalName" {
         return false;
     }
-    let no_ip = spec
-        .cluster_ip
-        .as_deref()
-        .map(str::is_empty)
-        .unwrap_or(true);
+    // Headless and ExternalName Services get none; every other a
+    // ClusterIP per family (a second one comes when families outnumber
+    // the addresses: a Service made dual-stack, or written that way).
+    let fams = spec.ip_families.as_ref().map_or(1, Vec::len);
+    let have = spec
+        .cluster_ips
+        .as_ref()
+        .map_or(0, Vec::len)
+        .max(usize::from(
+            !spec.cluster_ip.as_deref().unwrap_or_default().is_empty(),
+        ));
+    let no_ip = spec.cluster_ip.as_deref() != Some("None") && have < fams;
     let no_ports =
         allocates_node_ports(spec) && spec.ports.iter().flatten().any(|p| p.node_port.is_none());
     no_ip || no_ports || needs_health_check_port(spec)

@@ -229,6 +229,7 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
     let name = svc.metadata.name.clone().unwrap_or_default();
     let publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
     let hints = hint_mode(svc);
+    let families = address_types(spec);
     // (family, port set) -> endpoints
     let mut groups: BTreeMap<(String, PortSet), Vec<Endpoint>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| selects(spec, &ns, p)) {
@@ -238,6 +239,9 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
         // proxies find no port to send to). Found by differential_kcm.
         let ports = pod_ports(spec, pod);
         for (fam, mut ep) in pod_endpoints(pod, &ns, &name, publish_not_ready, zones) {
+            if !families.contains(&fam) {
+                continue;
+            }
             if let Some(mode) = hints {
                 add_hints(&mut ep, mode);
             }
@@ -247,9 +251,12 @@ pub fn desired(svc: &Service, pods: &[&Pod], zones: &Zones) -> Vec<EndpointSlice
                 .push(ep);
         }
     }
-    if groups.is_empty() {
-        // An empty slice says "selector matched nothing", as Kubernetes does.
-        groups.insert((cluster_ip_family(spec).into(), Vec::new()), Vec::new());
+    // An empty slice says "selector matched nothing" in a family, as
+    // Kubernetes' placeholder does.
+    for fam in families {
+        if !groups.keys().any(|(f, _)| f == fam) {
+            groups.insert((fam.into(), Vec::new()), Vec::new());
+        }
     }
     let meta = slice_meta(svc, &ns, &name);
     groups
@@ -331,18 +338,29 @@ fn pod_endpoints(
         .collect()
 }
 
-/// The family of the empty slice a Service that selects nothing gets:
-/// its ClusterIP's.
-fn cluster_ip_family(spec: &ServiceSpec) -> &'static str {
-    if spec
-        .cluster_ip
-        .as_deref()
-        .map(|c| c.contains(':'))
-        .unwrap_or(false)
-    {
-        "IPv6"
-    } else {
-        "IPv4"
+/// The address types of the Service's slices, as the EndpointSlice
+/// controller's `getAddressTypesForService`: its `ipFamilies`; without
+/// them (written before podnet gave families out, when every Service was
+/// IPv4) its ClusterIP's family, else IPv4. (Upstream assumes both for a
+/// headless Service without families: a real apiserver never serves
+/// one, it defaults them on read.)
+fn address_types(spec: &ServiceSpec) -> Vec<&'static str> {
+    let fams: Vec<&'static str> = spec
+        .ip_families
+        .iter()
+        .flatten()
+        .filter_map(|f| match f.as_str() {
+            "IPv4" => Some("IPv4"),
+            "IPv6" => Some("IPv6"),
+            _ => None,
+        })
+        .collect();
+    if !fams.is_empty() {
+        return fams;
+    }
+    match spec.cluster_ip.as_deref() {
+        Some(c) if c.contains(':') => vec!["IPv6"],
+        _ => vec!["IPv4"],
     }
 }
 
@@ -461,6 +479,73 @@ mod tests {
                        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
         }))
         .unwrap()
+    }
+
+    /// Slices per family of the Service, as the EndpointSlice controller
+    /// makes them: a single-stack Service lists only its family's pod
+    /// addresses, a dual-stack one both, and a family no pod has gets
+    /// its own empty placeholder.
+    #[test]
+    fn slices_follow_the_services_families() {
+        let mut p = pod("a", json!({"app": "web"}), "10.244.1.5", true, None);
+        p.status.as_mut().unwrap().pod_ips = Some(
+            ["10.244.1.5", "fd00:10:244:1::5"]
+                .map(|ip| serde_json::from_value(json!({"ip": ip})).unwrap())
+                .to_vec(),
+        );
+        let v4_only = pod("b", json!({"app": "web"}), "10.244.2.6", true, None);
+        let fams = |spec: serde_json::Value, pods: &[&Pod]| -> Vec<(String, Vec<String>)> {
+            unzoned(&svc(spec), pods)
+                .into_iter()
+                .map(|s| {
+                    let addrs = s
+                        .endpoints
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(|e| e.addresses)
+                        .collect();
+                    (s.address_type, addrs)
+                })
+                .collect()
+        };
+        let base = json!({"selector": {"app": "web"}, "ports": [{"port": 80}]});
+        let with = |fams: serde_json::Value| {
+            let mut b = base.clone();
+            b["ipFamilies"] = fams;
+            b
+        };
+        assert_eq!(
+            fams(with(json!(["IPv4"])), &[&p, &v4_only]),
+            [(
+                "IPv4".to_string(),
+                vec!["10.244.1.5".to_string(), "10.244.2.6".to_string()]
+            )]
+        );
+        let mut dual = fams(with(json!(["IPv4", "IPv6"])), &[&p, &v4_only]);
+        dual.sort();
+        assert_eq!(
+            dual,
+            [
+                (
+                    "IPv4".to_string(),
+                    vec!["10.244.1.5".to_string(), "10.244.2.6".to_string()]
+                ),
+                ("IPv6".to_string(), vec!["fd00:10:244:1::5".to_string()]),
+            ]
+        );
+        let mut placeholders = fams(with(json!(["IPv6", "IPv4"])), &[&v4_only]);
+        placeholders.sort();
+        assert_eq!(
+            placeholders,
+            [
+                ("IPv4".to_string(), vec!["10.244.2.6".to_string()]),
+                ("IPv6".to_string(), vec![]),
+            ]
+        );
+        // Written before families: its ClusterIP's family.
+        let mut legacy = base.clone();
+        legacy["clusterIP"] = json!("10.96.0.7");
+        assert_eq!(fams(legacy, &[&p]).len(), 1);
     }
 
     #[test]

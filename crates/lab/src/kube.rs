@@ -30,6 +30,18 @@ use rcgen::{
 pub const PEERS_SCRIPT: &str = "scripts/k8s-peers.sh";
 /// Services get ClusterIPs from here (Kubernetes' default).
 pub const SERVICE_CIDR: &str = "10.96.0.0/12";
+/// A dual-stack lab's IPv6 Service CIDR (kind's default family range, cut
+/// to the 16 bits kube-apiserver's bitmap allocator takes comfortably).
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
+
+/// The `--service-cluster-ip-range` (and `ServiceCIDR`) of a lab: IPv4
+/// first, so single-stack Services stay IPv4 as before.
+pub fn service_cidrs(dual_stack: bool) -> String {
+    match dual_stack {
+        true => format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+        false => SERVICE_CIDR.to_string(),
+    }
+}
 /// kube-controller-manager hands nodes /24s from here (flannel's default).
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The pods' IPv6 network in a dual-stack lab: a /64 per node, as many as
@@ -602,7 +614,7 @@ impl ControlPlane {
         let api_port = free_port().map_err(f)?;
         let audit_policy = kube_dir.join("audit-policy.yaml");
         write_file(&audit_policy, AUDIT_POLICY).map_err(f)?;
-        let mut args = Self::apiserver_args(dir, &etcd_url, api_port);
+        let mut args = Self::apiserver_args(dir, &etcd_url, api_port, dual_stack);
         if let Some(plan) = plan {
             args.extend(kubelet_apiserver_args(&kube_dir, plan).map_err(f)?);
         }
@@ -680,7 +692,7 @@ impl ControlPlane {
     }
 
     /// kube-apiserver's flags (without the real-kubelet ones).
-    fn apiserver_args(dir: &Path, etcd_url: &str, api_port: u16) -> Vec<String> {
+    fn apiserver_args(dir: &Path, etcd_url: &str, api_port: u16, dual_stack: bool) -> Vec<String> {
         let kube_dir = dir.join("kube");
         let pki = kube_dir.join("pki");
         let p = |s: &Path| s.display().to_string();
@@ -702,7 +714,7 @@ impl ControlPlane {
                 p(&pki.join("sa.key"))
             ),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", service_cidrs(dual_stack)),
             "--service-node-port-range=30000-32767".into(),
             "--authorization-mode=Node,RBAC".into(),
             // As kubeadm clusters: network add-ons need privileged (init)
@@ -750,7 +762,7 @@ impl ControlPlane {
             "--secure-port=0".into(),
             "--leader-elect=false".into(),
             "--allocate-node-cidrs=true".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", service_cidrs(dual_stack)),
             // Without real kubelets no one posts node status: the
             // lifecycle controller would mark every node, and so every
             // pod, not ready after the grace period.

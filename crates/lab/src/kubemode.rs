@@ -77,7 +77,7 @@ impl Lab {
             "Network": kube::CLUSTER_CIDR,
             "SubnetLen": 24,
             "Backend": {"Type": st.backend, "DirectRouting": st.racks > 1},
-            "ServiceCIDR": kube::SERVICE_CIDR,
+            "ServiceCIDR": kube::service_cidrs(st.dual_stack),
             "Encrypt": st.encrypt,
         });
         if st.dual_stack {

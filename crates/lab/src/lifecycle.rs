@@ -108,6 +108,7 @@ fn network_config(o: &UpOptions) -> NetworkConfig {
             encrypt: o.encrypt.then_some(true),
             enable_ipv6: o.dual_stack.then_some(true),
             ipv6_network: o.dual_stack.then(|| IPV6_NETWORK.to_string()),
+            service_cidr: o.dual_stack.then(|| crate::kube::service_cidrs(true)),
             ..Default::default()
         },
     }

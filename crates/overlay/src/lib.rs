@@ -210,6 +210,7 @@ impl Overlay {
             network: self.cfg.network,
             subnet: self.subnet(),
             tunnel: self.backend.tunnel(self.underlay.ip),
+            ipv6: self.cfg.ipv6_network.zip(self.subnet6()),
         }
     }
 
@@ -457,7 +458,7 @@ pub fn cleanup(iface: Option<&str>, paths: &Paths) -> Result<Vec<String>, Overla
         }
     }
     if masq::remove().map_err(|e| OverlayError::Other(format!("removing pod masquerade: {e}")))? {
-        done.push(format!("removed nft table ip {MASQ_TABLE}"));
+        done.push(format!("removed nft table(s) ip/ip6 {MASQ_TABLE}"));
     }
     for p in [
         paths.subnet_file.clone(),

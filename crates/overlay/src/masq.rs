@@ -1,7 +1,9 @@
 //! The agent's own nftables table, `ip podnet-masq`: masquerade for pod
 //! traffic leaving the cluster network, never between pods (flannel's rules,
 //! as one chain); and, with a tunnel backend, the tunnel's own UDP packets
-//! exempted from connection tracking.
+//! exempted from connection tracking. A dual-stack node has the same
+//! masquerade chain for its pods' IPv6 addresses in `ip6 podnet-masq`
+//! (flannel's IPv6 rules); a node that is no longer dual-stack drops it.
 //!
 //! The exemption matters because the service proxy's and the masquerade's
 //! nat hooks switch conntrack on for the whole node: without it every
@@ -18,7 +20,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_kernel::KernelError;
 use podnet_nft::diff::Change;
 use podnet_nft::model::{
@@ -39,59 +41,61 @@ pub struct MasqTable {
     pub subnet: Ipv4Net,
     /// This node's underlay address and the tunnel's UDP port.
     pub tunnel: Option<(Ipv4Addr, u16)>,
+    /// The IPv6 pod network and this node's IPv6 subnet (dual-stack).
+    pub ipv6: Option<(Ipv6Net, Ipv6Net)>,
 }
 
 fn cmp(field: Field, neg: bool, value: Value) -> Expr {
     Expr::Cmp { field, neg, value }
 }
 
-fn net(n: Ipv4Net) -> Value {
-    Value::Net(IpNet::V4(n))
+/// Flannel's four masquerade rules for one family: pod to pod as it is,
+/// pod to the world (not multicast) masqueraded, the world to this node's
+/// pods as it is, this host to other nodes' pods masqueraded.
+fn postrouting(network: IpNet, subnet: IpNet) -> Chain {
+    let (saddr, daddr, multicast) = match network {
+        IpNet::V4(_) => (Field::IpSaddr, Field::IpDaddr, "224.0.0.0/4"),
+        IpNet::V6(_) => (Field::Ip6Saddr, Field::Ip6Daddr, "ff00::/8"),
+    };
+    let multicast = Value::Net(multicast.parse().expect("prefix"));
+    let masquerade = || Expr::Masquerade {
+        fully_random: false,
+    };
+    let ret = || Expr::Verdict(Verdict::Return);
+    let (network, subnet) = (Value::Net(network), Value::Net(subnet));
+    Chain::base(ChainType::Nat, Hook::Postrouting, SRCNAT).with_rules(vec![
+        Rule::new(vec![
+            cmp(saddr, false, network.clone()),
+            cmp(daddr, false, network.clone()),
+            ret(),
+        ]),
+        Rule::new(vec![
+            cmp(saddr, false, network.clone()),
+            cmp(daddr, true, multicast),
+            masquerade(),
+        ]),
+        Rule::new(vec![
+            cmp(saddr, true, network.clone()),
+            cmp(daddr, false, subnet),
+            ret(),
+        ]),
+        Rule::new(vec![
+            cmp(saddr, true, network.clone()),
+            cmp(daddr, false, network),
+            masquerade(),
+        ]),
+    ])
 }
 
 impl MasqTable {
     /// The table as it should be. Without a tunnel there are no tunnel
     /// chains, so a sync removes those an earlier tunnel backend left.
     pub fn plan(&self) -> Table {
-        let (network, subnet) = (self.network, self.subnet);
         let mut t = Table::new(Family::Ip, MASQ_TABLE);
         let rule = |exprs| Rule::new(exprs);
         t.chains.insert(
             "postrouting".into(),
-            Chain::base(ChainType::Nat, Hook::Postrouting, SRCNAT).with_rules(vec![
-                // pod to pod: as it is
-                rule(vec![
-                    cmp(Field::IpSaddr, false, net(network)),
-                    cmp(Field::IpDaddr, false, net(network)),
-                    Expr::Verdict(Verdict::Return),
-                ]),
-                // pod to the world (not multicast): masquerade
-                rule(vec![
-                    cmp(Field::IpSaddr, false, net(network)),
-                    cmp(
-                        Field::IpDaddr,
-                        true,
-                        Value::Net("224.0.0.0/4".parse().expect("prefix")),
-                    ),
-                    Expr::Masquerade {
-                        fully_random: false,
-                    },
-                ]),
-                // the world to this node's pods: as it is
-                rule(vec![
-                    cmp(Field::IpSaddr, true, net(network)),
-                    cmp(Field::IpDaddr, false, net(subnet)),
-                    Expr::Verdict(Verdict::Return),
-                ]),
-                // the world (this host) to other nodes' pods: masquerade
-                rule(vec![
-                    cmp(Field::IpSaddr, true, net(network)),
-                    cmp(Field::IpDaddr, false, net(network)),
-                    Expr::Masquerade {
-                        fully_random: false,
-                    },
-                ]),
-            ]),
+            postrouting(IpNet::V4(self.network), IpNet::V4(self.subnet)),
         );
         if let Some((ip, port)) = self.tunnel {
             for (chain, hook, field) in [
@@ -112,10 +116,32 @@ impl MasqTable {
         t
     }
 
-    /// Brings the kernel's table to the plan; returns what it changed
-    /// (nothing when the table is intact).
+    /// The IPv6 table of a dual-stack node (None: the node has none).
+    pub fn plan6(&self) -> Option<Table> {
+        let (network, subnet) = self.ipv6?;
+        let mut t = Table::new(Family::Ip6, MASQ_TABLE);
+        t.chains.insert(
+            "postrouting".into(),
+            postrouting(IpNet::V6(network), IpNet::V6(subnet)),
+        );
+        Some(t)
+    }
+
+    /// Brings the kernel's tables to the plan; returns what it changed
+    /// (nothing when the tables are intact).
     pub fn sync(&self) -> Result<Vec<Change>, KernelError> {
-        Conn::open()?.sync(&self.plan())
+        let mut conn = Conn::open()?;
+        let mut changes = conn.sync(&self.plan())?;
+        match self.plan6() {
+            Some(t6) => changes.extend(conn.sync(&t6)?),
+            None => {
+                // A node no longer dual-stack: its IPv6 table goes.
+                if conn.delete_table(Family::Ip6, MASQ_TABLE)? {
+                    changes.push(Change::ResetTable);
+                }
+            }
+        }
+        Ok(changes)
     }
 
     /// Puts the table back if someone deleted or changed it (a few netlink
@@ -132,9 +158,11 @@ impl MasqTable {
     }
 }
 
-/// Removes the table; whether it was there.
+/// Removes the tables; whether one was there.
 pub fn remove() -> Result<bool, KernelError> {
-    Conn::open()?.delete_table(Family::Ip, MASQ_TABLE)
+    let mut conn = Conn::open()?;
+    let v4 = conn.delete_table(Family::Ip, MASQ_TABLE)?;
+    Ok(conn.delete_table(Family::Ip6, MASQ_TABLE)? || v4)
 }
 
 #[cfg(test)]
@@ -147,6 +175,7 @@ mod tests {
             network: "10.244.0.0/16".parse().unwrap(),
             subnet: "10.244.1.0/24".parse().unwrap(),
             tunnel: tunnel.then(|| ("192.168.200.11".parse().unwrap(), 8472)),
+            ipv6: None,
         }
     }
 
@@ -195,6 +224,42 @@ mod tests {
         );
         assert!(
             out(&t, "192.168.200.11", "10.244.2.7"),
+            "host to other nodes' pods"
+        );
+    }
+
+    /// A dual-stack node masquerades its pods' IPv6 traffic leaving the
+    /// cluster, by the same rules, in its own table.
+    #[test]
+    fn ipv6_pods_leaving_the_cluster_are_masqueraded() {
+        assert!(table(false).plan6().is_none());
+        let mut m = table(false);
+        m.ipv6 = Some((
+            "fd00:10:244::/56".parse().unwrap(),
+            "fd00:10:244:1::/64".parse().unwrap(),
+        ));
+        let t = m.plan6().unwrap();
+        assert_eq!(t.family, Family::Ip6);
+        let r = t.render();
+        assert!(
+            r.contains("ip6 saddr fd00:10:244::/56 ip6 daddr != ff00::/8 masquerade"),
+            "{r}"
+        );
+        assert!(
+            out(&t, "fd00:10:244:1::5", "2001:db8::1"),
+            "pod to the world"
+        );
+        assert!(
+            !out(&t, "fd00:10:244:1::5", "fd00:10:244:2::7"),
+            "pod to pod"
+        );
+        assert!(!out(&t, "fd00:10:244:1::5", "ff02::1"), "multicast");
+        assert!(
+            !out(&t, "2001:db8::1", "fd00:10:244:1::5"),
+            "to this node's pods"
+        );
+        assert!(
+            out(&t, "2001:db8::1", "fd00:10:244:2::7"),
             "host to other nodes' pods"
         );
     }

@@ -18,6 +18,7 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         network: "10.244.0.0/16".parse().unwrap(),
         subnet: "10.244.1.0/24".parse().unwrap(),
         tunnel: Some(("192.168.200.11".parse().unwrap(), 8472)),
+        ipv6: None,
     };
     // Another table of the family, with chains, sets and rules of its own,
     // is none of the masquerade table's business.
@@ -83,6 +84,42 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
         .unwrap();
     let listed = nft(name, "list table ip podnet-masq");
     assert!(!listed.contains("tunnel"), "{listed}");
+
+    // Dual-stack: the IPv6 table comes, stays, and goes when the node is
+    // no longer dual-stack.
+    let dual = MasqTable {
+        ipv6: Some((
+            "fd00:10:244::/56".parse().unwrap(),
+            "fd00:10:244:1::/64".parse().unwrap(),
+        )),
+        ..host_gw
+    };
+    ns.netns()
+        .run(|| {
+            assert!(!dual.sync().unwrap().is_empty());
+            assert_eq!(dual.sync().unwrap(), vec![]);
+        })
+        .unwrap();
+    let listed6 = nft(name, "list table ip6 podnet-masq");
+    for want in [
+        "ip6 saddr fd00:10:244::/56 ip6 daddr fd00:10:244::/56 return",
+        "ip6 saddr fd00:10:244::/56 ip6 daddr != ff00::/8 masquerade",
+        "ip6 saddr != fd00:10:244::/56 ip6 daddr fd00:10:244:1::/64 return",
+    ] {
+        assert!(listed6.contains(want), "{want:?} in\n{listed6}");
+    }
+    nft(name, "delete table ip6 podnet-masq");
+    ns.netns()
+        .run(|| assert!(!dual.sync().unwrap().is_empty(), "repaired"))
+        .unwrap();
+    ns.netns()
+        .run(|| {
+            assert!(!host_gw.sync().unwrap().is_empty(), "v6 table dropped");
+            assert_eq!(host_gw.sync().unwrap(), vec![]);
+            dual.sync().unwrap();
+        })
+        .unwrap();
+    assert!(nft(name, "list tables").contains("table ip6 podnet-masq"));
 
     ns.netns()
         .run(|| {

@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use podnet_api::ipfamily;
 use podnet_api::netconfig::Resolved;
 use podnet_api::Kind;
 use podnet_daemon::Metrics;
@@ -60,10 +61,10 @@ pub async fn run(
         Ok(_) => {}
         Err(e) => tracing::warn!("conntrack timeouts not set: {e}"),
     }
-    let svc_cidr = Some(cfg.service_cidr);
+    let cidrs = cfg.service_cidrs();
     let stacks = vec![
-        Stack::v4(cfg.network).with_service_cidr(svc_cidr),
-        Stack::v6(cfg.ipv6_network).with_service_cidr(svc_cidr),
+        Stack::v4(cfg.network).with_service_cidr(cidrs.of_family(ipfamily::IPV4)),
+        Stack::v6(cfg.ipv6_network).with_service_cidr(cidrs.of_family(ipfamily::IPV6)),
     ];
     let health = match opts.healthz_addr {
         Some(addr) => serve_healthz(addr, &stacks).await,

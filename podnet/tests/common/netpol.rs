@@ -331,6 +331,8 @@ impl ModelPod {
 pub struct Model {
     pub pods: Vec<ModelPod>,
     labels: BTreeMap<(String, Option<String>, String), BTreeMap<String, String>>,
+    /// Judged on IPv6 (a dual-stack lab).
+    pub dual: bool,
 }
 
 /// `ns/pod` of every model pod, in table order.
@@ -343,14 +345,20 @@ pub fn pod_ids() -> Vec<String> {
 
 /// The Service of every model pod: ports 80 and 81 over TCP and UDP, the
 /// named container ports as targetPorts.
-fn services_manifest() -> String {
+/// Dual-stack: each Service is PreferDualStack, and probed on its IPv6
+/// ClusterIP.
+fn services_manifest(dual: bool) -> String {
     let mut m = String::new();
+    let families = match dual {
+        true => "  ipFamilyPolicy: PreferDualStack\n",
+        false => "",
+    };
     for ns in NAMESPACES {
         for p in PODS {
             let _ = write!(
                 m,
                 "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s-{p}, namespace: \"{ns}\"}}\n\
-                 spec:\n  selector: {{pod: {p}}}\n  ports:\n"
+                 spec:\n  selector: {{pod: {p}}}\n{families}  ports:\n"
             );
             for port in [80, 81] {
                 for proto in ["tcp", "udp"] {
@@ -395,7 +403,7 @@ impl Model {
                 });
             }
         });
-        c.apply(&services_manifest());
+        c.apply(&services_manifest(c.dual));
         let mut pods = Vec::new();
         for id in &ids {
             let (ns, name) = id.split_once('/').unwrap();
@@ -405,9 +413,12 @@ impl Model {
                 &format!("a ClusterIP for {ns}/{svc}"),
                 Duration::from_secs(20),
                 || {
-                    c.get_json("svc", Some(ns), &svc)["spec"]["clusterIP"]
-                        .as_str()
-                        .and_then(|s| s.parse::<IpAddr>().ok())
+                    let spec = &c.get_json("svc", Some(ns), &svc)["spec"];
+                    let ip = match c.dual {
+                        true => &spec["clusterIPs"][1],
+                        false => &spec["clusterIP"],
+                    };
+                    ip.as_str().and_then(|s| s.parse::<IpAddr>().ok())
                 },
             );
             pods.push(ModelPod {
@@ -433,7 +444,29 @@ impl Model {
             let key = ("namespace".to_string(), None, ns.to_string());
             labels.insert(key, c.labels("namespace", None, ns));
         }
-        Model { pods, labels }
+        Model {
+            pods,
+            labels,
+            dual: c.dual,
+        }
+    }
+
+    /// Pod `id`'s address as a one-address ipBlock CIDR, in the family the
+    /// model is judged in.
+    pub fn host_cidr(&self, id: &str) -> String {
+        match self.ip(id) {
+            IpAddr::V4(a) => format!("{a}/32"),
+            IpAddr::V6(a) => format!("{a}/128"),
+        }
+    }
+
+    /// The pod network in the family the model is judged in (the lab's,
+    /// in both modes).
+    pub fn pod_network(&self) -> &'static str {
+        match self.dual {
+            true => "fd00:10:244::/56",
+            false => "10.244.0.0/16",
+        }
     }
 
     /// The model pod `ns/name`.
@@ -980,7 +1013,7 @@ impl Harness {
     }
 
     /// [`Harness::run`] in a `--dual-stack` lab, judging pods' IPv6
-    /// addresses (Services stay IPv4).
+    /// addresses and through the Services' IPv6 ClusterIPs.
     pub fn run_dual_stack(mode: Mode, tag: &str, scenarios: &[Scenario]) {
         Harness::run_with(mode, tag, scenarios, true)
     }

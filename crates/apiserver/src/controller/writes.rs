@@ -254,22 +254,8 @@ impl Controller {
                 .hint
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            if spec
-                .cluster_ip
-                .as_deref()
-                .map(str::is_empty)
-                .unwrap_or(true)
-            {
-                let ip = alloc::pick_ip(&self.cfg.service_cidr, &self.state.ips, self.hint >> 20)
-                    .ok_or_else(|| {
-                    StoreError::Backend(format!(
-                        "service CIDR {} is exhausted",
-                        self.cfg.service_cidr
-                    ))
-                })?;
-                spec.cluster_ip = Some(ip.to_string());
-                spec.cluster_ips = Some(vec![ip.to_string()]);
-            }
+            alloc::assign_cluster_ips(spec, &self.cfg.service_cidrs(), &self.state.ips, self.hint)
+                .map_err(|cidr| StoreError::Backend(format!("service CIDR {cidr} is exhausted")))?;
             alloc::assign_node_ports(spec, self.cfg.node_port_range, &self.state.ports, self.hint)
                 .ok_or_else(|| StoreError::Backend("node port range is exhausted".into()))?;
             let ops = alloc::transition(Some(&svc), Some(&new));

@@ -146,7 +146,43 @@ fn srv_name(port: &str, proto: &str, base: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+    use super::super::{Builder, ZoneConfig};
     use crate::wire::*;
+
+    /// A dual-stack Service: A and AAAA at its name, a PTR back from
+    /// each address (`ip6.arpa` for the IPv6 one), NXDOMAIN for a free
+    /// address of the IPv6 Service CIDR.
+    #[test]
+    fn dual_stack_service_has_both_families() {
+        let mut cfg = ZoneConfig::default();
+        cfg.reverse.push("fd00:10:96::/112".parse().unwrap());
+        let mut b = Builder::new(cfg);
+        b.upsert_namespace("shop");
+        let mut web = svc("shop", "web", "10.96.5.5", &[("http", 80, "TCP")]);
+        let spec = web.spec.as_mut().unwrap();
+        spec.cluster_ips = Some(vec!["10.96.5.5".into(), "fd00:10:96::5".into()]);
+        spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        b.upsert_service(&web);
+        let s = b.publish(true);
+        let m = ask(&s, "web.shop.svc.cluster.local", TYPE_A);
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(m.answers[0].rdata, RData::A("10.96.5.5".parse().unwrap()));
+        let m = ask(&s, "web.shop.svc.cluster.local", TYPE_AAAA);
+        assert_eq!(m.answers.len(), 1);
+        assert_eq!(
+            m.answers[0].rdata,
+            RData::Aaaa("fd00:10:96::5".parse().unwrap())
+        );
+        let v6 = name_to_string(&reverse_name("fd00:10:96::5".parse().unwrap()));
+        assert!(v6.ends_with(".ip6.arpa."), "{v6}");
+        let m = ask(&s, &v6, TYPE_PTR);
+        assert_eq!(
+            m.answers[0].rdata,
+            RData::Name(name_from_str("web.shop.svc.cluster.local").unwrap())
+        );
+        let free = name_to_string(&reverse_name("fd00:10:96::6".parse().unwrap()));
+        assert_eq!(ask(&s, &free, TYPE_PTR).rcode(), NXDOMAIN);
+    }
 
     #[test]
     fn cluster_ip_a_srv_ptr() {
