@@ -12,7 +12,7 @@
 #[path = "common/netpol.rs"]
 mod harness;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use harness::{policy, Harness, Mode, Reachability, Scenario, Target, DNS_IP};
@@ -160,11 +160,11 @@ fn harness_self_check(h: &Harness) {
     // Cluster DNS answers a model Service's name from a pod.
     assert_eq!(
         lookup(h, "x/a", "s-b.y.svc.cluster.local", false),
-        Ok(service_v4(h, "y/b"))
+        Ok(service_ip(h, "y/b"))
     );
     assert_eq!(
         lookup(h, "x/a", "s-b.y.svc.cluster.local", true),
-        Ok(service_v4(h, "y/b"))
+        Ok(service_ip(h, "y/b"))
     );
 }
 
@@ -182,29 +182,30 @@ fn netpol_harness_kube() {
 
 // ---- DNS from a pod.
 
-fn service_v4(h: &Harness, id: &str) -> Ipv4Addr {
-    match h.model.pod(id).service_ip {
-        IpAddr::V4(a) => a,
-        IpAddr::V6(_) => panic!("IPv4 model"),
-    }
+/// Pod `id`'s Service's ClusterIP in the model's family (what its name
+/// resolves to in [`lookup`]).
+fn service_ip(h: &Harness, id: &str) -> IpAddr {
+    h.model.pod(id).service_ip
 }
 
-/// An A lookup through the cluster DNS Service from pod `from`, over UDP
-/// or TCP: the address, or why not ("timed out" for a drop).
-fn lookup(h: &Harness, from: &str, name: &str, tcp: bool) -> Result<Ipv4Addr, String> {
+/// A lookup through the cluster DNS Service from pod `from`, over UDP
+/// or TCP: A, or AAAA in a dual-stack model; the address, or why not
+/// ("timed out" for a drop).
+fn lookup(h: &Harness, from: &str, name: &str, tcp: bool) -> Result<IpAddr, String> {
     use podnet_dns::client::{Client, ClientError};
-    use podnet_dns::wire::{RData, TYPE_A};
+    use podnet_dns::wire::{RData, TYPE_A, TYPE_AAAA};
     let (ns, pod) = from.split_once('/').unwrap();
     let netns = h.cluster.lab.pod(ns, pod).unwrap().netns;
     let client = Client {
         timeout: Duration::from_secs(1),
         ..Client::new(SocketAddr::new(DNS_IP.parse().unwrap(), 53))
     };
+    let qtype = if h.model.dual { TYPE_AAAA } else { TYPE_A };
     let r = podnet_kernel::Netns::named(&netns)
         .unwrap()
         .run(|| match tcp {
-            true => client.tcp(name, TYPE_A),
-            false => client.udp(name, TYPE_A),
+            true => client.tcp(name, qtype),
+            false => client.udp(name, qtype),
         })
         .unwrap();
     match r {
@@ -212,10 +213,11 @@ fn lookup(h: &Harness, from: &str, name: &str, tcp: bool) -> Result<Ipv4Addr, St
             .answers
             .iter()
             .find_map(|a| match a.rdata {
-                RData::A(ip) => Some(ip),
+                RData::A(ip) => Some(IpAddr::V4(ip)),
+                RData::Aaaa(ip) => Some(IpAddr::V6(ip)),
                 _ => None,
             })
-            .ok_or_else(|| format!("no A record (rcode {})", m.rcode())),
+            .ok_or_else(|| format!("no address record (rcode {})", m.rcode())),
         Err(ClientError::Io(e))
             if matches!(
                 e.kind(),
@@ -230,7 +232,7 @@ fn lookup(h: &Harness, from: &str, name: &str, tcp: bool) -> Result<Ipv4Addr, St
 
 /// A lookup from `from` must eventually give `want` (`Err("timed out")`
 /// for a drop), over UDP and over TCP.
-fn lookup_eventually(h: &Harness, from: &str, name: &str, want: Result<Ipv4Addr, String>) {
+fn lookup_eventually(h: &Harness, from: &str, name: &str, want: Result<IpAddr, String>) {
     for tcp in [false, true] {
         let mut got = Err(String::new());
         let ok = (0..20).any(|_| {
@@ -1425,13 +1427,13 @@ fn egress_to_dns_only(h: &Harness) {
         h,
         "x/a",
         "s-b.y.svc.cluster.local",
-        Ok(service_v4(h, "y/b")),
+        Ok(service_ip(h, "y/b")),
     );
     lookup_eventually(
         h,
         "x/c",
         "s-a.z.svc.cluster.local",
-        Ok(service_v4(h, "z/a")),
+        Ok(service_ip(h, "z/a")),
     );
 }
 
@@ -1464,7 +1466,7 @@ fn egress_to_kube_dns_and_one_namespace(h: &Harness) {
         h,
         "x/b",
         "s-c.z.svc.cluster.local",
-        Ok(service_v4(h, "z/c")),
+        Ok(service_ip(h, "z/c")),
     );
 }
 

@@ -15,17 +15,20 @@
 //! "dropped on the node" (count unchanged) from "left the node unhandled"
 //! (count grew, with the flow).
 //!
-//! The underlay is IPv4 only (nodes have link-local IPv6 addresses and no
-//! IPv6 routes); the table counts IPv6 too, should that change.
+//! A dual-stack lab's underlay carries IPv6 too ([`underlay6`]: each
+//! node's IPv4 address has a twin in `fd00:192:168:200::/64`, the gateway
+//! `::1`, and the nodes an IPv6 default route to it), as a dual-stack
+//! cluster's nodes do; the table counts IPv6 leaks as IPv4 ones. A
+//! single-stack lab's nodes have link-local IPv6 addresses only.
 //!
 //! The table is planned as a typed [`Table`] ([`table`], pure), installed
 //! over nf_tables netlink ([`sync_table`]) and read back over netlink too
 //! (the named counter and the dynamic sets, [`leaks`]).
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use podnet_kernel::rtnl::Route;
 use podnet_kernel::{Handle, KernelError, Netns};
 use podnet_nft::diff::Change;
@@ -96,6 +99,47 @@ pub fn node_ip(index: usize) -> Result<Ipv4Addr, LabError> {
 fn host(n: u8) -> Ipv4Addr {
     let o = underlay().network().octets();
     Ipv4Addr::new(o[0], o[1], o[2], n)
+}
+
+/// Rack `rack`'s IPv6 underlay in a dual-stack lab: its IPv4 subnet
+/// written into `fd00:192:168:200::/64` (rack 2: `…:201::/64`).
+pub fn underlay6(rack: usize) -> Ipv6Net {
+    let third = u16::from(rack_net(rack).network().octets()[2]);
+    Ipv6Net::new(
+        Ipv6Addr::new(0xfd00, 0x192, 0x168, hexish(third), 0, 0, 0, 0),
+        64,
+    )
+    .expect("prefix")
+}
+
+/// A decimal number shown as the same digits in hex (200 → 0x200), so an
+/// IPv6 twin reads like its IPv4 address.
+fn hexish(n: u16) -> u16 {
+    u16::from_str_radix(&n.to_string(), 16).expect("at most 3 decimal digits")
+}
+
+/// The IPv6 twin of underlay address `ip` (192.168.200.11 →
+/// fd00:192:168:200::11).
+pub fn twin6(ip: Ipv4Addr) -> Ipv6Addr {
+    let o = ip.octets();
+    let net = underlay6(if o[2] == underlay().network().octets()[2] {
+        1
+    } else {
+        2
+    });
+    let s = net.network().segments();
+    Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, hexish(u16::from(o[3])))
+}
+
+/// The IPv6 default route of a dual-stack lab's rack-1 node whose
+/// underlay link is `index`.
+pub fn default_route6(index: u32) -> Route {
+    Route {
+        dst: None,
+        gateway: Some(IpAddr::V6(twin6(gateway()))),
+        oif: Some(index),
+        ..Default::default()
+    }
 }
 
 /// The named counter every leaked packet counts in.
@@ -173,7 +217,7 @@ fn no_forwarding() -> Result<(), LabError> {
 /// The underlay namespace `under` (its bridge made) as a switch that routes
 /// nothing, and `gw` as the gateway on it: the gateway address, no
 /// forwarding in either, and the leak table.
-pub fn install(under: &Netns, gw: &Netns) -> Result<(), LabError> {
+pub fn install(under: &Netns, gw: &Netns, dual_stack: bool) -> Result<(), LabError> {
     under.run(|| -> Result<(), LabError> {
         no_forwarding()?;
         // Frames bridged between nodes stay out of this namespace's IP
@@ -205,6 +249,13 @@ pub fn install(under: &Netns, gw: &Netns) -> Result<(), LabError> {
         ipnet::IpNet::V4(Ipv4Net::new(gateway(), underlay().prefix_len()).expect("prefix")),
         true,
     )?;
+    if dual_stack {
+        gh.add_addr(
+            e.index,
+            ipnet::IpNet::V6(Ipv6Net::new(twin6(gateway()), 64).expect("prefix")),
+            true,
+        )?;
+    }
     gh.set_up(e.index)?;
     Ok(())
 }
@@ -270,6 +321,12 @@ mod tests {
         assert!(underlay().contains(&node_ip(244).unwrap()));
         assert!(node_ip(245).is_err(), "the broadcast address is no node's");
         assert_eq!(default_route(7).gateway, Some(IpAddr::V4(gateway())));
+        assert_eq!(twin6(gateway()).to_string(), "fd00:192:168:200::1");
+        assert_eq!(
+            twin6(node_ip_in(2, 4).unwrap()).to_string(),
+            "fd00:192:168:201::14"
+        );
+        assert!(underlay6(1).contains(&twin6(node_ip(1).unwrap())));
     }
 
     #[test]

@@ -238,7 +238,7 @@ impl Lab {
             uh.set_up_by_name(&gateway::bridge(rack))?;
         }
         let gw = Netns::create_named(&self.gateway_ns())?;
-        gateway::install(&under, &gw)?;
+        gateway::install(&under, &gw, o.dual_stack)?;
         if o.router.is_some() || o.racks > 1 {
             self.add_router_ns(&st.underlay_ns, o.racks)?;
         }

@@ -84,12 +84,21 @@ impl Lab {
             ),
             true,
         )?;
+        if st.dual_stack {
+            let ip6 = gateway::twin6(ip);
+            let net6 = ipnet::Ipv6Net::new(ip6, 64).expect("prefix");
+            nh.add_addr(e.index, ipnet::IpNet::V6(net6), true)?;
+        }
         nh.set_up(e.index)?;
         // As on a real node, what nothing here handles leaves by default:
         // rack 1 to the gateway, rack 2 to the router (its only way out);
         // with two racks, rack 1 reaches rack 2 through the router.
         if rack == 1 {
             nh.add_route(&gateway::default_route(e.index))?;
+            if st.dual_stack {
+                // (The router between racks is IPv4 only.)
+                nh.add_route(&gateway::default_route6(e.index))?;
+            }
             if st.racks > 1 {
                 nh.add_route(&router::route_to_rack(2, e.index))?;
             }
