@@ -2749,19 +2749,31 @@ fn nothing_in_clear_on_the_underlay(lab: &Lab, p2: &str) {
 
 #[test]
 fn dual_stack_full_mesh_vxlan() {
-    dual_stack_mesh(Mode::DualStack, "dsv");
+    dual_stack_mesh(Mode::DualStack, "dsv", "vxlan");
 }
 
 #[test]
 fn dual_stack_full_mesh_vxlan_kube() {
-    dual_stack_mesh(Mode::KubeDualStack, "dsk");
+    dual_stack_mesh(Mode::KubeDualStack, "dsk", "vxlan");
+}
+
+/// host-gw routes IPv6 pod subnets via the nodes' IPv6 underlay
+/// addresses (a dual-stack lab's underlay has them).
+#[test]
+fn dual_stack_full_mesh_host_gw() {
+    dual_stack_mesh(Mode::DualStack, "dsh", "host-gw");
+}
+
+#[test]
+fn dual_stack_full_mesh_host_gw_kube() {
+    dual_stack_mesh(Mode::KubeDualStack, "dsg", "host-gw");
 }
 
 /// Every pod has an IPv4 and an IPv6 address; every pod reaches every
 /// other by its IPv6 address, TCP and UDP, and sees the real client
 /// address (no NAT); a stream crosses whole. IPv4 keeps working beside.
-fn dual_stack_mesh(mode: Mode, tag: &str) {
-    let lab = Lab::up_in(mode, tag, "vxlan", 3);
+fn dual_stack_mesh(mode: Mode, tag: &str, backend: &str) {
+    let lab = Lab::up_in(mode, tag, backend, 3);
     let mut six = Vec::new();
     for i in 1..=3 {
         lab.pod_labelled(&format!("p{i}"), &format!("node{i}"), &format!("app=p{i}"));

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_kernel::neigh::NUD_PERMANENT;
 use podnet_kernel::{Handle, KernelError, LinkKind, Neigh, Route};
 
@@ -27,6 +27,9 @@ pub struct Underlay {
     pub ip: Ipv4Addr,
     pub net: Ipv4Net,
     pub mtu: u32,
+    /// Its global IPv6 address and prefix, if it has one (an IPv6
+    /// underlay, for host-gw's IPv6 routes in a dual-stack cluster).
+    pub ip6: Option<Ipv6Net>,
 }
 
 /// Finds the node's underlay: `--iface`, else the default route's device,
@@ -40,6 +43,12 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
             _ => None,
         })
     };
+    let v6 = |idx: u32| {
+        addrs.iter().find_map(|a| match a.net {
+            IpNet::V6(n) if a.index == idx && a.scope == 0 => Some(n),
+            _ => None,
+        })
+    };
     let pick = |idx: u32| -> Option<Underlay> {
         let l = links.iter().find(|l| l.index == idx)?;
         let n = v4(idx)?;
@@ -49,6 +58,7 @@ pub fn find_underlay(h: &mut Handle, iface: Option<&str>) -> Result<Underlay, Ke
             ip: n.addr(),
             net: n.trunc(),
             mtu: l.mtu,
+            ip6: v6(idx),
         })
     };
     if let Some(name) = iface {

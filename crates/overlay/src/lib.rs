@@ -161,6 +161,11 @@ impl Overlay {
             // Standalone leases leave it out (it follows from the IPv4
             // subnet); Kubernetes mode reads it from the Node.
             ipv6_subnet: None,
+            public_ipv6: self
+                .underlay
+                .ip6
+                .filter(|_| self.cfg.ipv6_subnet_len.is_some())
+                .map(|n| n.addr()),
         }
     }
 
@@ -288,6 +293,7 @@ impl Subsystem for Overlay {
                         .or_else(|| self.cfg.ipv6_subnet_of(l.subnet))
                 }),
                 public_ip: l.attrs.public_ip,
+                public_ip6: l.attrs.public_ipv6,
                 vtep_mac: l.attrs.vtep_mac(),
                 wg_key: backend::wireguard::public_key_of(&l.attrs.backend_data),
             })
@@ -297,12 +303,17 @@ impl Subsystem for Overlay {
             subnet: self.subnet(),
             subnet6: self.subnet6(),
             public_ip: self.underlay.ip,
+            public_ip6: self.underlay.ip6.map(|n| n.addr()),
             vtep_mac: None,
             wg_key: None,
         };
-        let (want, problems) = self
-            .backend
-            .plan(self.cfg.network, &me, &views, self.underlay.net);
+        let (want, problems) = self.backend.plan(
+            self.cfg.network,
+            &me,
+            &views,
+            self.underlay.net,
+            self.underlay.ip6.map(|n| n.trunc()),
+        );
         let peers = views
             .iter()
             .filter(|n| n.subnet != me.subnet)

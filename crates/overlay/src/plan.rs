@@ -3,7 +3,7 @@
 //! and the difference between that and what it holds now.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -15,6 +15,8 @@ pub struct NodeView {
     /// Its IPv6 pod subnet, in a dual-stack cluster.
     pub subnet6: Option<Ipv6Net>,
     pub public_ip: Ipv4Addr,
+    /// Its IPv6 underlay address (dual-stack over an IPv6 underlay).
+    pub public_ip6: Option<Ipv6Addr>,
     pub vtep_mac: Option<[u8; 6]>,
     /// Its WireGuard public key (the encrypted overlay).
     pub wg_key: Option<[u8; 32]>,

@@ -1,16 +1,21 @@
 //! host-gw: a route per remote node's subnet via its underlay address. No
 //! device, no encapsulation; every node must be on one L2 segment, and a
 //! node that is not is reported instead of routed. IPv6 pods (dual-stack)
-//! would need IPv6 on the underlay (Linux routes no IPv6 prefix via an
-//! IPv4 next hop): not supported yet, and reported per node.
+//! are routed via the node's IPv6 underlay address (flannel's
+//! `PublicIPv6`): Linux routes no IPv6 prefix via an IPv4 next hop, so a
+//! node without one on this node's IPv6 segment is reported instead.
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::plan::{Desired, Dev, NodeView, RouteSpec};
 
 pub struct HostGw;
 
-pub fn plan(others: &[&NodeView], underlay: Ipv4Net) -> (Desired, Vec<String>) {
+pub fn plan(
+    others: &[&NodeView],
+    underlay: Ipv4Net,
+    underlay6: Option<Ipv6Net>,
+) -> (Desired, Vec<String>) {
     let mut want = Desired::default();
     let mut problems = Vec::new();
     for n in others {
@@ -22,10 +27,22 @@ pub fn plan(others: &[&NodeView], underlay: Ipv4Net) -> (Desired, Vec<String>) {
                 onlink: false,
             });
             if let Some(six) = n.subnet6 {
-                problems.push(format!(
-                    "node {}'s IPv6 pods ({six}) are not routed: host-gw carries IPv6 only over an IPv6 underlay, which podnet does not support yet (use vxlan for dual-stack)",
-                    n.name
-                ));
+                match n.public_ip6.filter(|a| underlay6.is_some_and(|u| u.contains(a))) {
+                    Some(gw6) => {
+                        want.routes.insert(RouteSpec {
+                            dst: six.into(),
+                            gw: Some(gw6.into()),
+                            dev: Dev::Underlay,
+                            onlink: false,
+                        });
+                    }
+                    None => problems.push(format!(
+                        "node {}'s IPv6 pods ({six}) are not routed: host-gw needs both nodes' IPv6 underlay addresses on one segment (this node: {}, it: {})",
+                        n.name,
+                        underlay6.map_or("none".into(), |u| u.to_string()),
+                        n.public_ip6.map_or("none".into(), |a| a.to_string()),
+                    )),
+                }
             }
         } else {
             problems.push(format!(

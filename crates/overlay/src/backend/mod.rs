@@ -133,6 +133,7 @@ impl Backend {
         me: &NodeView,
         nodes: &[NodeView],
         underlay: Ipv4Net,
+        underlay6: Option<ipnet::Ipv6Net>,
     ) -> (Desired, Vec<String>) {
         let others: Vec<&NodeView> = nodes
             .iter()
@@ -140,7 +141,7 @@ impl Backend {
             .collect();
         match self {
             Backend::Vxlan(v) => v.plan(&others, underlay),
-            Backend::HostGw(_) => hostgw::plan(&others, underlay),
+            Backend::HostGw(_) => hostgw::plan(&others, underlay, underlay6),
             Backend::Udp(_) => udp::plan(network),
             Backend::Bgp(b) => b.plan(me, &others, network, underlay),
             Backend::Wireguard(_) => wireguard::plan(network, &others),
@@ -186,7 +187,7 @@ impl Backend {
 
     /// Whether it carries the pods' IPv6 traffic in a dual-stack cluster.
     pub fn carries_ipv6(&self) -> bool {
-        matches!(self, Backend::Vxlan(_))
+        matches!(self, Backend::Vxlan(_) | Backend::HostGw(_))
     }
 
     /// The encrypted overlay's counters (for metrics).
@@ -215,6 +216,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             subnet6: None,
             public_ip: ip.parse().unwrap(),
+            public_ip6: None,
             vtep_mac: Some([2, 0, 0, 0, 0, mac]),
             wg_key: None,
         }
@@ -247,7 +249,7 @@ mod tests {
     #[test]
     fn vxlan_plans_route_neigh_fdb_per_remote() {
         let n = nodes();
-        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg());
+        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
         assert!(p.is_empty());
         assert_eq!(d.routes.len(), 2);
         assert!(d.routes.contains(&RouteSpec {
@@ -269,7 +271,7 @@ mod tests {
     #[test]
     fn direct_routing_uses_plain_routes_on_the_same_segment() {
         let n = nodes();
-        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg());
+        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg(), None);
         assert!(d.routes.contains(&RouteSpec {
             dst: "10.244.2.0/24".parse().unwrap(),
             gw: Some("192.168.9.2".parse().unwrap()),
@@ -286,7 +288,7 @@ mod tests {
     #[test]
     fn host_gw_reports_unreachable_nodes() {
         let n = nodes();
-        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg());
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), None);
         assert_eq!(d.routes.len(), 1);
         assert_eq!(p.len(), 1);
         assert!(
@@ -299,7 +301,7 @@ mod tests {
     #[test]
     fn udp_routes_the_whole_network_into_the_tunnel() {
         let n = nodes();
-        let (d, p) = Backend::Udp(udp::Udp::new(8285)).plan(net(), &n[0], &n, seg());
+        let (d, p) = Backend::Udp(udp::Udp::new(8285)).plan(net(), &n[0], &n, seg(), None);
         assert!(p.is_empty());
         assert_eq!(d.routes.len(), 1);
         assert_eq!(d.routes.iter().next().unwrap().dst, ipnet::IpNet::V4(net()));
@@ -322,14 +324,15 @@ mod tests {
 
     /// Dual-stack: the VTEP carries each node's IPv6 subnet too (route
     /// via its VTEP's IPv6 address, a neighbour entry with the same MAC,
-    /// one FDB entry); host-gw says it cannot.
+    /// one FDB entry); host-gw routes it via an IPv6 underlay, and says
+    /// why not without one.
     #[test]
-    fn vxlan_carries_ipv6_pods_and_host_gw_says_it_cannot() {
+    fn vxlan_and_host_gw_carry_ipv6_pods() {
         let mut n = nodes();
         for (i, v) in n.iter_mut().enumerate() {
             v.subnet6 = Some(format!("fd00:10:244:{}::/64", i + 1).parse().unwrap());
         }
-        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg());
+        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
         assert!(p.is_empty(), "{p:?}");
         assert_eq!((d.routes.len(), d.neighs.len(), d.fdbs.len()), (4, 4, 2));
         assert!(d.routes.contains(&RouteSpec {
@@ -343,28 +346,41 @@ mod tests {
             mac: [2, 0, 0, 0, 0, 2]
         }));
         // DirectRouting: IPv4 plainly, IPv6 still through the VTEP.
-        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg());
+        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg(), None);
         assert!(d.routes.contains(&RouteSpec {
             dst: "fd00:10:244:2::/64".parse().unwrap(),
             gw: Some("fd00:10:244:2::".parse().unwrap()),
             dev: Dev::Overlay,
             onlink: true
         }));
-        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg());
+        // host-gw without an IPv6 underlay: IPv4 only, and says why.
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), None);
         assert_eq!(d.routes.len(), 1);
         assert!(
             p.iter()
                 .any(|m| m.contains("node b's IPv6 pods (fd00:10:244:2::/64) are not routed")),
             "{p:?}"
         );
+        // With one: via the node's IPv6 underlay address on the segment.
+        let seg6: ipnet::Ipv6Net = "fd00:192:168:9::/64".parse().unwrap();
+        n[1].public_ip6 = Some("fd00:192:168:9::2".parse().unwrap());
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), Some(seg6));
+        assert!(d.routes.contains(&RouteSpec {
+            dst: "fd00:10:244:2::/64".parse().unwrap(),
+            gw: Some("fd00:192:168:9::2".parse().unwrap()),
+            dev: Dev::Underlay,
+            onlink: false
+        }));
+        assert_eq!(d.routes.len(), 2, "node c is off both segments");
+        assert_eq!(p.len(), 1, "{p:?}");
     }
 
     #[test]
     fn diff_is_empty_when_converged_and_exact_otherwise() {
         let n = nodes();
-        let (want, _) = vxlan(false).plan(net(), &n[0], &n, seg());
+        let (want, _) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
         assert!(diff(&want, &want).is_empty());
-        let (less, _) = vxlan(false).plan(net(), &n[0], &n[..2], seg());
+        let (less, _) = vxlan(false).plan(net(), &n[0], &n[..2], seg(), None);
         let d = diff(&less, &want);
         assert_eq!(
             (

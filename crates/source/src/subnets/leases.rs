@@ -45,6 +45,15 @@ pub struct Attrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub ipv6_subnet: Option<ipnet::Ipv6Net>,
+    /// The node's IPv6 address on the underlay, in a dual-stack cluster
+    /// whose underlay has one (flannel's `PublicIPv6`): host-gw routes
+    /// IPv6 pod subnets via it.
+    #[serde(
+        rename = "PublicIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub public_ipv6: Option<std::net::Ipv6Addr>,
 }
 
 impl Attrs {
@@ -491,6 +500,7 @@ mod tests {
                 backend_data: serde_json::json!({"VtepMAC": "02:00:00:00:00:01"}),
                 node: node.into(),
                 ipv6_subnet: None,
+                public_ipv6: None,
             },
             mod_rev: 1,
             lease_id: 1,

@@ -36,6 +36,8 @@ pub const PREFIX: &str = "podnet.io/";
 pub const BACKEND_TYPE: &str = "podnet.io/backend-type";
 pub const BACKEND_DATA: &str = "podnet.io/backend-data";
 pub const PUBLIC_IP: &str = "podnet.io/public-ip";
+/// The node's IPv6 underlay address (dual-stack; flannel's `public-ipv6`).
+pub const PUBLIC_IPV6: &str = "podnet.io/public-ipv6";
 pub const SUBNET_MANAGER: &str = "podnet.io/kube-subnet-manager";
 /// The field manager of the agent's writes.
 const MANAGER: &str = "podnet-agent";
@@ -85,6 +87,7 @@ pub fn node_lease(n: &Node) -> Option<SubnetLease> {
             backend_data,
             node: n.metadata.name.clone().unwrap_or_default(),
             ipv6_subnet: node_subnet6(n),
+            public_ipv6: ann.get(PUBLIC_IPV6).and_then(|a| a.parse().ok()),
         },
         mod_rev: 0,
         lease_id: 0,
@@ -100,6 +103,7 @@ pub fn annotations(attrs: &Attrs) -> BTreeMap<String, String> {
         (SUBNET_MANAGER, "true".to_string()),
     ]
     .into_iter()
+    .chain(attrs.public_ipv6.map(|a| (PUBLIC_IPV6, a.to_string())))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -380,6 +384,7 @@ mod tests {
             backend_data: serde_json::json!({"VNI": 1, "VtepMAC": "02:00:00:00:00:01"}),
             node: "n1".into(),
             ipv6_subnet: None,
+            public_ipv6: None,
         };
         // Dual-stack: the IPv4 CIDR is the overlay's, whatever the order,
         // and the IPv6 one rides along.
@@ -391,6 +396,7 @@ mod tests {
             l.attrs,
             Attrs {
                 ipv6_subnet: six,
+                public_ipv6: None,
                 ..a.clone()
             }
         );
@@ -414,6 +420,7 @@ mod tests {
             backend_data: serde_json::json!({"VNI": 1}),
             node: "n2".into(),
             ipv6_subnet: None,
+            public_ipv6: None,
         };
         let want = annotations(&a);
         let mut have = want.clone();
