@@ -2769,11 +2769,38 @@ fn dual_stack_full_mesh_host_gw_kube() {
     dual_stack_mesh(Mode::KubeDualStack, "dsg", "host-gw");
 }
 
+/// The userspace tunnel carries IPv6 packets inside its IPv4 datagrams.
+#[test]
+fn dual_stack_full_mesh_udp() {
+    dual_stack_mesh(Mode::DualStack, "dsu", "udp");
+}
+
+/// The encrypted overlay carries IPv6 pods (each peer's tunnel speaks for
+/// both its subnets) in both modes.
+#[test]
+fn dual_stack_full_mesh_encrypted() {
+    dual_stack_mesh(Mode::DualStack, "dse", "vxlan+encrypt");
+}
+
+#[test]
+fn dual_stack_full_mesh_encrypted_kube() {
+    dual_stack_mesh(Mode::KubeDualStack, "dsf", "vxlan+encrypt");
+}
+
 /// Every pod has an IPv4 and an IPv6 address; every pod reaches every
 /// other by its IPv6 address, TCP and UDP, and sees the real client
 /// address (no NAT); a stream crosses whole. IPv4 keeps working beside.
+/// `backend` may end in `+encrypt` (`lab up --encrypt`).
 fn dual_stack_mesh(mode: Mode, tag: &str, backend: &str) {
-    let lab = Lab::up_in(mode, tag, backend, 3);
+    let mut flags = mode.flags().to_vec();
+    let backend = match backend.strip_suffix("+encrypt") {
+        Some(b) => {
+            flags.push("--encrypt");
+            b
+        }
+        None => backend,
+    };
+    let lab = Lab::up_with(tag, backend, 3, &flags);
     let mut six = Vec::new();
     for i in 1..=3 {
         lab.pod_labelled(&format!("p{i}"), &format!("node{i}"), &format!("app=p{i}"));

@@ -141,7 +141,12 @@ pub fn finish_checksum(h: &VnetHdr, p: &mut [u8]) -> Result<(), Unsendable> {
         return Err(Unsendable::Malformed);
     }
     let mut c = !fold(sum(&p[start..], 0));
-    if c == 0 && p.len() > 9 && p[9] == UDP {
+    // The transport protocol: IPv4's protocol field, IPv6's next header.
+    let proto = match p.first().map(|b| b >> 4) {
+        Some(6) => p.get(6),
+        _ => p.get(9),
+    };
+    if c == 0 && proto == Some(&UDP) {
         c = 0xffff; // zero means "no checksum" in UDP
     }
     p[at..at + 2].copy_from_slice(&c.to_be_bytes());

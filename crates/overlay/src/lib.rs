@@ -307,13 +307,16 @@ impl Subsystem for Overlay {
             vtep_mac: None,
             wg_key: None,
         };
-        let (want, problems) = self.backend.plan(
-            self.cfg.network,
-            &me,
-            &views,
-            self.underlay.net,
-            self.underlay.ip6.map(|n| n.trunc()),
-        );
+        let nets = plan::Nets {
+            network: self.cfg.network,
+            network6: self
+                .cfg
+                .ipv6_network
+                .filter(|_| self.cfg.ipv6_subnet_len.is_some()),
+            underlay: self.underlay.net,
+            underlay6: self.underlay.ip6.map(|n| n.trunc()),
+        };
+        let (want, problems) = self.backend.plan(&nets, &me, &views);
         let peers = views
             .iter()
             .filter(|n| n.subnet != me.subnet)

@@ -22,6 +22,16 @@ pub struct NodeView {
     pub wg_key: Option<[u8; 32]>,
 }
 
+/// The networks a plan is made in: the pod networks (the IPv6 one in a
+/// dual-stack cluster) and this node's underlay segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nets {
+    pub network: Ipv4Net,
+    pub network6: Option<Ipv6Net>,
+    pub underlay: Ipv4Net,
+    pub underlay6: Option<Ipv6Net>,
+}
+
 /// Which device a route leaves through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Dev {

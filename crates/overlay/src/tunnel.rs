@@ -3,7 +3,8 @@
 //! destination in the lease table, and sent whole inside a UDP datagram to
 //! the owning node's agent, which writes them into its own TUN device.
 //!
-//! The wire format is flannel's: one complete IPv4 packet per datagram.
+//! The wire format is flannel's: one complete IP packet per datagram (IPv4,
+//! or IPv6 in a dual-stack cluster, always over the IPv4 underlay).
 //! What keeps it from costing two system calls per 1.4 KiB packet is
 //! offload at both ends (see `gso`): a TCP super-packet read from the TUN
 //! device is segmented here and leaves in one UDP GSO `sendmsg`; the
@@ -13,20 +14,20 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use podnet_kernel::nl::set_int_opt;
 
 use crate::gso::{self, Coalescer, VnetHdr, VNET_HDR_LEN};
 
-/// Where each remote subnet's agent listens.
-pub type Table = Arc<RwLock<Vec<(Ipv4Net, Ipv4Addr)>>>;
+/// Where each remote subnet's agent listens (IPv4 and IPv6 subnets).
+pub type Table = Arc<RwLock<Vec<(IpNet, Ipv4Addr)>>>;
 
 /// Packets per UDP GSO send: the kernel's limit is 64 segments, and the
 /// whole batch must fit one UDP datagram's 64 KiB.
@@ -41,16 +42,20 @@ pub struct UdpTunnel {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// The destination of an IPv4 packet.
-pub fn ipv4_dst(pkt: &[u8]) -> Option<Ipv4Addr> {
-    if pkt.len() < 20 || pkt[0] >> 4 != 4 {
-        return None;
+/// The destination of an IPv4 or IPv6 packet.
+pub fn ip_dst(pkt: &[u8]) -> Option<IpAddr> {
+    match pkt.first()? >> 4 {
+        4 if pkt.len() >= 20 => Some(Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]).into()),
+        6 if pkt.len() >= 40 => {
+            let b: [u8; 16] = pkt[24..40].try_into().ok()?;
+            Some(Ipv6Addr::from(b).into())
+        }
+        _ => None,
     }
-    Some(Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]))
 }
 
 /// Which node's agent takes a packet for `dst`.
-pub fn lookup(table: &[(Ipv4Net, Ipv4Addr)], dst: Ipv4Addr) -> Option<Ipv4Addr> {
+pub fn lookup(table: &[(IpNet, Ipv4Addr)], dst: IpAddr) -> Option<Ipv4Addr> {
     table
         .iter()
         .find(|(n, _)| n.contains(&dst))
@@ -187,7 +192,7 @@ impl Encap {
     }
 
     fn forward(&mut self, hdr: &[u8], pkt: &mut [u8]) {
-        let (Some(h), Some(dst)) = (VnetHdr::parse(hdr), ipv4_dst(pkt)) else {
+        let (Some(h), Some(dst)) = (VnetHdr::parse(hdr), ip_dst(pkt)) else {
             return;
         };
         let to = lookup(&self.table.read().unwrap_or_else(|p| p.into_inner()), dst);
@@ -260,7 +265,7 @@ fn decap(sock: UdpSocket, tun: File, received: Arc<AtomicU64>, stop: &AtomicBool
         };
         let mut count = 0;
         for p in buf[..n].chunks(seg.unwrap_or(n).max(1)) {
-            if ipv4_dst(p).is_none() {
+            if ip_dst(p).is_none() {
                 continue;
             }
             count += 1;
@@ -366,7 +371,7 @@ impl UdpTunnel {
         })
     }
 
-    pub fn set_table(&self, t: Vec<(Ipv4Net, Ipv4Addr)>) {
+    pub fn set_table(&self, t: Vec<(IpNet, Ipv4Addr)>) {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = t;
     }
 }
@@ -389,8 +394,13 @@ mod tests {
         let mut p = vec![0u8; 20];
         p[0] = 0x45;
         p[16..20].copy_from_slice(&[10, 244, 2, 9]);
-        assert_eq!(ipv4_dst(&p), Some("10.244.2.9".parse().unwrap()));
-        assert_eq!(ipv4_dst(&p[..10]), None);
+        assert_eq!(ip_dst(&p), Some("10.244.2.9".parse().unwrap()));
+        assert_eq!(ip_dst(&p[..10]), None);
+        let mut p6 = vec![0u8; 40];
+        p6[0] = 0x60;
+        p6[24..40].copy_from_slice(&"fd00:10:244:2::9".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(ip_dst(&p6), Some("fd00:10:244:2::9".parse().unwrap()));
+        assert_eq!(ip_dst(&p6[..30]), None);
         let t = vec![
             (
                 "10.244.1.0/24".parse().unwrap(),
@@ -400,7 +410,15 @@ mod tests {
                 "10.244.2.0/24".parse().unwrap(),
                 "192.168.0.2".parse().unwrap(),
             ),
+            (
+                "fd00:10:244:2::/64".parse().unwrap(),
+                "192.168.0.2".parse().unwrap(),
+            ),
         ];
+        assert_eq!(
+            lookup(&t, "fd00:10:244:2::9".parse().unwrap()),
+            Some("192.168.0.2".parse().unwrap())
+        );
         assert_eq!(
             lookup(&t, "10.244.2.9".parse().unwrap()),
             Some("192.168.0.2".parse().unwrap())

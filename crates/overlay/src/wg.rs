@@ -23,11 +23,11 @@ use std::time::Duration;
 
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use crate::gso::{self, Coalescer, VnetHdr, VNET_HDR_LEN};
 use crate::tunnel::{
-    ipv4_dst, open_socket, read_tun, recv_batch_from, send_segments, sockaddr, tun_write,
+    ip_dst, open_socket, read_tun, recv_batch_from, send_segments, sockaddr, tun_write,
     GSO_MAX_BYTES, GSO_MAX_SEGS,
 };
 
@@ -40,9 +40,10 @@ pub const OVERHEAD: u32 = 20 + 8 + 32;
 const ROOM: usize = 32 + 16;
 const MIN_OUT: usize = 148;
 
-/// One peer node: where it listens, its key, the subnet it speaks for.
+/// One peer node: where it listens, its key, the subnets it speaks for
+/// (its IPv4 pod subnet, and its IPv6 one in a dual-stack cluster).
 pub struct Peer {
-    pub subnet: Ipv4Net,
+    pub subnets: Vec<IpNet>,
     pub ip: Ipv4Addr,
     pub key: [u8; 32],
     tunn: Mutex<Tunn>,
@@ -56,11 +57,14 @@ struct Peers {
 }
 
 impl Peers {
-    fn route(&self, dst: Ipv4Addr) -> Option<Arc<Peer>> {
-        self.by_subnet
-            .iter()
-            .find(|p| p.subnet.contains(&dst))
-            .cloned()
+    fn route(&self, dst: IpAddr) -> Option<Arc<Peer>> {
+        self.by_subnet.iter().find(|p| p.speaks_for(dst)).cloned()
+    }
+}
+
+impl Peer {
+    fn speaks_for(&self, a: IpAddr) -> bool {
+        self.subnets.iter().any(|s| s.contains(&a))
     }
 }
 
@@ -104,7 +108,7 @@ struct Encap {
 
 impl Encap {
     fn forward(&mut self, hdr: &[u8], pkt: &mut [u8]) {
-        let (Some(h), Some(dst)) = (VnetHdr::parse(hdr), ipv4_dst(pkt)) else {
+        let (Some(h), Some(dst)) = (VnetHdr::parse(hdr), ip_dst(pkt)) else {
             return;
         };
         let peer = self
@@ -236,14 +240,11 @@ impl Decap {
     fn open(&self, peer: &Peer, tunn: &mut Tunn, d: &[u8], plain: &mut [u8], co: &mut Coalescer) {
         let sfd = self.sock.as_raw_fd();
         match tunn.decapsulate(Some(IpAddr::V4(peer.ip)), d, plain) {
-            TunnResult::WriteToTunnelV4(p, from) if peer.subnet.contains(&from) => {
-                self.counters.received.fetch_add(1, Ordering::Relaxed);
-                if !co.push(p) {
-                    self.flush(co);
-                    if !co.push(p) {
-                        tun_write(self.tun.as_raw_fd(), &VnetHdr::default().encode(), p);
-                    }
-                }
+            TunnResult::WriteToTunnelV4(p, from) if peer.speaks_for(from.into()) => {
+                self.deliver(p, co);
+            }
+            TunnResult::WriteToTunnelV6(p, from) if peer.speaks_for(from.into()) => {
+                self.deliver(p, co);
             }
             TunnResult::WriteToNetwork(m) => {
                 // A handshake answered (or a cookie): then whatever waited
@@ -254,10 +255,22 @@ impl Decap {
                 }
             }
             TunnResult::Done => {}
-            // An inner source outside the peer's subnet, IPv6, or a
-            // message that does not authenticate.
+            // An inner source outside the peer's subnets, or a message
+            // that does not authenticate.
             _ => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// An authentic packet from a peer's subnet, into the TUN device
+    /// (glued to the ones before it when they are one TCP stream).
+    fn deliver(&self, p: &[u8], co: &mut Coalescer) {
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        if !co.push(p) {
+            self.flush(co);
+            if !co.push(p) {
+                tun_write(self.tun.as_raw_fd(), &VnetHdr::default().encode(), p);
             }
         }
     }
@@ -351,22 +364,23 @@ impl WgTunnel {
         })
     }
 
-    /// The peer nodes now: each (subnet, underlay address, public key). A
-    /// peer whose address and key are unchanged keeps its sessions.
-    pub fn set_peers(&self, want: Vec<(Ipv4Net, Ipv4Addr, [u8; 32])>) {
+    /// The peer nodes now: each (subnets, underlay address, public key). A
+    /// peer whose subnets, address and key are unchanged keeps its
+    /// sessions.
+    pub fn set_peers(&self, want: Vec<(Vec<IpNet>, Ipv4Addr, [u8; 32])>) {
         let old = self.peers.read().unwrap_or_else(|p| p.into_inner());
         let mut next = Peers::default();
-        for (subnet, ip, key) in want {
+        for (subnets, ip, key) in want {
             let kept = old
                 .by_subnet
                 .iter()
-                .find(|p| p.subnet == subnet && p.ip == ip && p.key == key)
+                .find(|p| p.subnets == subnets && p.ip == ip && p.key == key)
                 .cloned();
             let peer = kept.unwrap_or_else(|| {
                 // Session indexes are 24 bits (Tunn shifts them by 8).
                 let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
                 Arc::new(Peer {
-                    subnet,
+                    subnets,
                     ip,
                     key,
                     tunn: Mutex::new(Tunn::new(

@@ -63,9 +63,9 @@ fn pair(tag: &str) -> (Node, Node) {
     (node(a, "wg0", 1), node(b, "wg0", 2))
 }
 
-fn peer(n: &Node, i: u8) -> (ipnet::Ipv4Net, std::net::Ipv4Addr, [u8; 32]) {
+fn peer(n: &Node, i: u8) -> (Vec<ipnet::IpNet>, std::net::Ipv4Addr, [u8; 32]) {
     (
-        format!("10.99.{i}.0/24").parse().unwrap(),
+        vec![format!("10.99.{i}.0/24").parse().unwrap()],
         format!("192.168.77.{i}").parse().unwrap(),
         n.public,
     )

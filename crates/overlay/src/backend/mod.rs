@@ -28,7 +28,7 @@ use podnet_api::netconfig::{BackendType, Resolved};
 use podnet_kernel::{Handle, KernelError};
 
 use crate::kernel::{Device, Underlay};
-use crate::plan::{Desired, NodeView};
+use crate::plan::{Desired, Nets, NodeView};
 
 /// The configured backend.
 pub enum Backend {
@@ -127,24 +127,20 @@ impl Backend {
 
     /// The routes, neighbours and FDB entries to reach every other node;
     /// nodes this backend cannot reach are reported, not planned. Pure.
-    pub fn plan(
-        &self,
-        network: Ipv4Net,
-        me: &NodeView,
-        nodes: &[NodeView],
-        underlay: Ipv4Net,
-        underlay6: Option<ipnet::Ipv6Net>,
-    ) -> (Desired, Vec<String>) {
+    pub fn plan(&self, nets: &Nets, me: &NodeView, nodes: &[NodeView]) -> (Desired, Vec<String>) {
+        let Nets {
+            network, underlay, ..
+        } = *nets;
         let others: Vec<&NodeView> = nodes
             .iter()
             .filter(|n| n.name != me.name && n.subnet != me.subnet)
             .collect();
         match self {
             Backend::Vxlan(v) => v.plan(&others, underlay),
-            Backend::HostGw(_) => hostgw::plan(&others, underlay, underlay6),
-            Backend::Udp(_) => udp::plan(network),
+            Backend::HostGw(_) => hostgw::plan(&others, underlay, nets.underlay6),
+            Backend::Udp(_) => udp::plan(network, nets.network6),
             Backend::Bgp(b) => b.plan(me, &others, network, underlay),
-            Backend::Wireguard(_) => wireguard::plan(network, &others),
+            Backend::Wireguard(_) => wireguard::plan(network, nets.network6, &others),
         }
     }
 
@@ -162,11 +158,16 @@ impl Backend {
     /// node's own (which it originates).
     pub fn set_peers(&self, mine: Ipv4Net, peers: &[NodeView]) {
         match self {
-            Backend::Udp(u) => u.set_peers(peers.iter().map(|n| (n.subnet, n.public_ip)).collect()),
+            Backend::Udp(u) => u.set_peers(
+                peers
+                    .iter()
+                    .flat_map(|n| subnets(n).map(|s| (s, n.public_ip)))
+                    .collect(),
+            ),
             Backend::Wireguard(w) => w.set_peers(
                 peers
                     .iter()
-                    .filter_map(|n| Some((n.subnet, n.public_ip, n.wg_key?)))
+                    .filter_map(|n| Some((subnets(n).collect(), n.public_ip, n.wg_key?)))
                     .collect(),
             ),
             Backend::Bgp(b) => b.originate(mine),
@@ -187,7 +188,7 @@ impl Backend {
 
     /// Whether it carries the pods' IPv6 traffic in a dual-stack cluster.
     pub fn carries_ipv6(&self) -> bool {
-        matches!(self, Backend::Vxlan(_) | Backend::HostGw(_))
+        !matches!(self, Backend::Bgp(_))
     }
 
     /// The encrypted overlay's counters (for metrics).
@@ -203,6 +204,11 @@ impl Backend {
     pub fn device_repairable(&self) -> bool {
         !matches!(self, Backend::Udp(_) | Backend::Wireguard(_))
     }
+}
+
+/// A node's pod subnets: its IPv4 one, and its IPv6 one if dual-stack.
+fn subnets(n: &NodeView) -> impl Iterator<Item = ipnet::IpNet> {
+    std::iter::once(n.subnet.into()).chain(n.subnet6.map(Into::into))
 }
 
 #[cfg(test)]
@@ -246,10 +252,20 @@ mod tests {
         "192.168.9.0/24".parse().unwrap()
     }
 
+    /// The networks of the tests' cluster, with this IPv6 underlay.
+    fn nets(underlay6: Option<ipnet::Ipv6Net>) -> Nets {
+        Nets {
+            network: net(),
+            network6: Some("fd00:10:244::/56".parse().unwrap()),
+            underlay: seg(),
+            underlay6,
+        }
+    }
+
     #[test]
     fn vxlan_plans_route_neigh_fdb_per_remote() {
         let n = nodes();
-        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
+        let (d, p) = vxlan(false).plan(&nets(None), &n[0], &n);
         assert!(p.is_empty());
         assert_eq!(d.routes.len(), 2);
         assert!(d.routes.contains(&RouteSpec {
@@ -271,7 +287,7 @@ mod tests {
     #[test]
     fn direct_routing_uses_plain_routes_on_the_same_segment() {
         let n = nodes();
-        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg(), None);
+        let (d, _) = vxlan(true).plan(&nets(None), &n[0], &n);
         assert!(d.routes.contains(&RouteSpec {
             dst: "10.244.2.0/24".parse().unwrap(),
             gw: Some("192.168.9.2".parse().unwrap()),
@@ -288,7 +304,7 @@ mod tests {
     #[test]
     fn host_gw_reports_unreachable_nodes() {
         let n = nodes();
-        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), None);
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(&nets(None), &n[0], &n);
         assert_eq!(d.routes.len(), 1);
         assert_eq!(p.len(), 1);
         assert!(
@@ -301,10 +317,16 @@ mod tests {
     #[test]
     fn udp_routes_the_whole_network_into_the_tunnel() {
         let n = nodes();
-        let (d, p) = Backend::Udp(udp::Udp::new(8285)).plan(net(), &n[0], &n, seg(), None);
+        let udp = Backend::Udp(udp::Udp::new(8285));
+        let (d, p) = udp.plan(&nets(None), &n[0], &n);
         assert!(p.is_empty());
-        assert_eq!(d.routes.len(), 1);
-        assert_eq!(d.routes.iter().next().unwrap().dst, ipnet::IpNet::V4(net()));
+        let dsts: Vec<String> = d.routes.iter().map(|r| r.dst.to_string()).collect();
+        assert_eq!(dsts, ["10.244.0.0/16", "fd00:10:244::/56"], "both families");
+        let single = Nets {
+            network6: None,
+            ..nets(None)
+        };
+        assert_eq!(udp.plan(&single, &n[0], &n).0.routes.len(), 1);
     }
 
     #[test]
@@ -312,7 +334,7 @@ mod tests {
         let mut n = nodes();
         n[1].wg_key = Some([7; 32]);
         let others: Vec<&NodeView> = n[1..].iter().collect();
-        let (d, p) = wireguard::plan(net(), &others);
+        let (d, p) = wireguard::plan(net(), None, &others);
         assert_eq!(d.routes.len(), 1, "the whole network into the tunnel");
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(
@@ -332,7 +354,7 @@ mod tests {
         for (i, v) in n.iter_mut().enumerate() {
             v.subnet6 = Some(format!("fd00:10:244:{}::/64", i + 1).parse().unwrap());
         }
-        let (d, p) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
+        let (d, p) = vxlan(false).plan(&nets(None), &n[0], &n);
         assert!(p.is_empty(), "{p:?}");
         assert_eq!((d.routes.len(), d.neighs.len(), d.fdbs.len()), (4, 4, 2));
         assert!(d.routes.contains(&RouteSpec {
@@ -346,7 +368,7 @@ mod tests {
             mac: [2, 0, 0, 0, 0, 2]
         }));
         // DirectRouting: IPv4 plainly, IPv6 still through the VTEP.
-        let (d, _) = vxlan(true).plan(net(), &n[0], &n, seg(), None);
+        let (d, _) = vxlan(true).plan(&nets(None), &n[0], &n);
         assert!(d.routes.contains(&RouteSpec {
             dst: "fd00:10:244:2::/64".parse().unwrap(),
             gw: Some("fd00:10:244:2::".parse().unwrap()),
@@ -354,7 +376,7 @@ mod tests {
             onlink: true
         }));
         // host-gw without an IPv6 underlay: IPv4 only, and says why.
-        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), None);
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(&nets(None), &n[0], &n);
         assert_eq!(d.routes.len(), 1);
         assert!(
             p.iter()
@@ -364,7 +386,7 @@ mod tests {
         // With one: via the node's IPv6 underlay address on the segment.
         let seg6: ipnet::Ipv6Net = "fd00:192:168:9::/64".parse().unwrap();
         n[1].public_ip6 = Some("fd00:192:168:9::2".parse().unwrap());
-        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(net(), &n[0], &n, seg(), Some(seg6));
+        let (d, p) = Backend::HostGw(hostgw::HostGw).plan(&nets(Some(seg6)), &n[0], &n);
         assert!(d.routes.contains(&RouteSpec {
             dst: "fd00:10:244:2::/64".parse().unwrap(),
             gw: Some("fd00:192:168:9::2".parse().unwrap()),
@@ -378,9 +400,9 @@ mod tests {
     #[test]
     fn diff_is_empty_when_converged_and_exact_otherwise() {
         let n = nodes();
-        let (want, _) = vxlan(false).plan(net(), &n[0], &n, seg(), None);
+        let (want, _) = vxlan(false).plan(&nets(None), &n[0], &n);
         assert!(diff(&want, &want).is_empty());
-        let (less, _) = vxlan(false).plan(net(), &n[0], &n[..2], seg(), None);
+        let (less, _) = vxlan(false).plan(&nets(None), &n[0], &n[..2]);
         let d = diff(&less, &want);
         assert_eq!(
             (

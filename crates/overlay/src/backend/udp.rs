@@ -6,7 +6,7 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_kernel::{Handle, KernelError};
 
 use crate::kernel::Device;
@@ -47,21 +47,24 @@ impl Udp {
         Ok(())
     }
 
-    pub fn set_peers(&self, peers: Vec<(Ipv4Net, Ipv4Addr)>) {
+    pub fn set_peers(&self, peers: Vec<(IpNet, Ipv4Addr)>) {
         if let Some(t) = &self.tunnel {
             t.set_table(peers);
         }
     }
 }
 
-/// One route: the whole network into the TUN device.
-pub fn plan(network: Ipv4Net) -> (Desired, Vec<String>) {
+/// One route per family: the whole network into the TUN device (the
+/// IPv6 one too in a dual-stack cluster; it rides the IPv4 underlay).
+pub fn plan(network: Ipv4Net, network6: Option<Ipv6Net>) -> (Desired, Vec<String>) {
     let mut want = Desired::default();
-    want.routes.insert(RouteSpec {
-        dst: network.into(),
-        gw: None,
-        dev: Dev::Overlay,
-        onlink: false,
-    });
+    for dst in std::iter::once(IpNet::V4(network)).chain(network6.map(IpNet::V6)) {
+        want.routes.insert(RouteSpec {
+            dst,
+            gw: None,
+            dev: Dev::Overlay,
+            onlink: false,
+        });
+    }
     (want, Vec::new())
 }

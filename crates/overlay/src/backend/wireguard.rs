@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use boringtun::x25519::{PublicKey, StaticSecret};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_kernel::{Handle, KernelError};
 
 use crate::kernel::Device;
-use crate::plan::{Desired, Dev, NodeView, RouteSpec};
+use crate::plan::{Desired, NodeView};
 use crate::wg::WgTunnel;
 
 pub const DEV: &str = "podnet.wg";
@@ -128,7 +128,7 @@ impl Wireguard {
         Ok(())
     }
 
-    pub fn set_peers(&self, peers: Vec<(Ipv4Net, Ipv4Addr, [u8; 32])>) {
+    pub fn set_peers(&self, peers: Vec<(Vec<IpNet>, Ipv4Addr, [u8; 32])>) {
         if let Some(t) = &self.tunnel {
             t.set_peers(peers);
         }
@@ -146,16 +146,14 @@ pub fn mtu(underlay_mtu: u32) -> u32 {
     (underlay_mtu - crate::wg::OVERHEAD) & !15
 }
 
-/// One route (the whole network into the TUN device); nodes that publish
-/// no key are reported: nothing reaches them until they do.
-pub fn plan(network: Ipv4Net, others: &[&NodeView]) -> (Desired, Vec<String>) {
-    let mut want = Desired::default();
-    want.routes.insert(RouteSpec {
-        dst: network.into(),
-        gw: None,
-        dev: Dev::Overlay,
-        onlink: false,
-    });
+/// One route per family (the whole network into the TUN device); nodes
+/// that publish no key are reported: nothing reaches them until they do.
+pub fn plan(
+    network: Ipv4Net,
+    network6: Option<Ipv6Net>,
+    others: &[&NodeView],
+) -> (Desired, Vec<String>) {
+    let (want, _) = super::udp::plan(network, network6);
     let problems = others
         .iter()
         .filter(|n| n.wg_key.is_none())
