@@ -2769,6 +2769,18 @@ fn dual_stack_full_mesh_host_gw_kube() {
     dual_stack_mesh(Mode::KubeDualStack, "dsg", "host-gw");
 }
 
+/// The BGP mesh carries IPv6 unicast beside IPv4 (MP-BGP on the same
+/// sessions): each node's IPv6 subnet via its IPv6 underlay address.
+#[test]
+fn dual_stack_full_mesh_bgp() {
+    dual_stack_mesh(Mode::DualStack, "dsb", "bgp");
+}
+
+#[test]
+fn dual_stack_full_mesh_bgp_kube() {
+    dual_stack_mesh(Mode::KubeDualStack, "dsc", "bgp");
+}
+
 /// The userspace tunnel carries IPv6 packets inside its IPv4 datagrams.
 #[test]
 fn dual_stack_full_mesh_udp() {

@@ -103,12 +103,13 @@ pub async fn start(
     bfd: Option<Arc<podnet_bgp::bfd_link::Bfd>>,
 ) -> Result<Option<Arc<NodeSpeaker>>, AgentError> {
     let ip = overlay.underlay().ip;
+    let ip6 = overlay.ipv6_underlay();
     let Backend::Bgp(b) = overlay.backend_mut() else {
         return Ok(None);
     };
     b.asn = asn;
     let owners = [podnet_overlay::backend::bgp::OWNER, SERVICES];
-    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip), board, &owners, bfd)
+    let (speaker, changes) = NodeSpeaker::start(b.speaker_config(ip, ip6), board, &owners, bfd)
         .await
         .map_err(|e| AgentError::Other(format!("starting BGP: {e}")))?;
     let speaker = Arc::new(speaker);

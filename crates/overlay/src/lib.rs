@@ -210,6 +210,26 @@ impl Overlay {
             .or_else(|| self.cfg.ipv6_subnet_of(self.subnet()))
     }
 
+    /// This node as the plans see it.
+    fn me(&self) -> plan::NodeView {
+        plan::NodeView {
+            name: self.node.clone(),
+            subnet: self.subnet(),
+            subnet6: self.subnet6(),
+            public_ip: self.underlay.ip,
+            public_ip6: self.underlay.ip6.map(|n| n.addr()),
+            vtep_mac: None,
+            wg_key: None,
+        }
+    }
+
+    /// This node's IPv6 underlay address in a dual-stack cluster (the
+    /// BGP speaker's IPv6 next hop).
+    pub fn ipv6_underlay(&self) -> Option<std::net::Ipv6Addr> {
+        self.cfg.ipv6_subnet_len?;
+        self.underlay.ip6.map(|n| n.addr())
+    }
+
     fn masq_table(&self) -> MasqTable {
         MasqTable {
             network: self.cfg.network,
@@ -298,15 +318,7 @@ impl Subsystem for Overlay {
                 wg_key: backend::wireguard::public_key_of(&l.attrs.backend_data),
             })
             .collect();
-        let me = plan::NodeView {
-            name: self.node.clone(),
-            subnet: self.subnet(),
-            subnet6: self.subnet6(),
-            public_ip: self.underlay.ip,
-            public_ip6: self.underlay.ip6.map(|n| n.addr()),
-            vtep_mac: None,
-            wg_key: None,
-        };
+        let me = self.me();
         let nets = plan::Nets {
             network: self.cfg.network,
             network6: self
@@ -356,7 +368,7 @@ impl Subsystem for Overlay {
         for p in &c.plan.problems {
             tracing::warn!("{p}");
         }
-        self.backend.set_peers(self.subnet(), &c.plan.peers);
+        self.backend.set_peers(&self.me(), &c.plan.peers);
         let mut h = Handle::new()?;
         if c.device {
             // Someone deleted the backend device: put it back.

@@ -15,15 +15,18 @@
 //! announcer) and attaches it here. Its best-route changes come into the
 //! overlay's loop as [`crate::OverlayInput::Learned`], and the loop plans
 //! from them like any other input (pure); its apply hands the speaker the
-//! node's own CIDR.
+//! node's own CIDR. In a dual-stack cluster the same sessions carry IPv6
+//! unicast too (MP-BGP): each node originates its IPv6 subnet with its
+//! IPv6 underlay address as the next hop, and learned IPv6 routes go in
+//! via next hops on the IPv6 segment.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use podnet_bgp::bfd::Timing;
 use podnet_bgp::export::NextHops;
 use podnet_bgp::fsm::Config;
@@ -33,7 +36,7 @@ use podnet_bgp::speaker::SpeakerConfig;
 use podnet_bgp::wire::{Afi, Safi};
 use tokio::sync::mpsc;
 
-use crate::plan::{Desired, Dev, NodeView, RouteSpec};
+use crate::plan::{Desired, Dev, Nets, NodeView, RouteSpec};
 
 /// The owner of the node's pod CIDR on the node's speaker.
 pub const OWNER: &str = "pod-cidr";
@@ -55,6 +58,8 @@ pub struct Bgp {
     runtime: Option<tokio::runtime::Handle>,
     /// The best route's next hop per learned IPv4 prefix.
     learned: BTreeMap<Ipv4Net, Ipv4Addr>,
+    /// The same for IPv6 prefixes (dual-stack).
+    learned6: BTreeMap<Ipv6Net, Ipv6Addr>,
     changes: Option<mpsc::Receiver<Vec<Change>>>,
     started: Option<Instant>,
     /// Latched: once settled, a lost route is a lost route.
@@ -68,6 +73,7 @@ impl Bgp {
             speaker: None,
             runtime: None,
             learned: BTreeMap::new(),
+            learned6: BTreeMap::new(),
             changes: None,
             started: None,
             settled: AtomicBool::new(false),
@@ -75,8 +81,14 @@ impl Bgp {
     }
 
     /// The node's speaker, on its underlay address: iBGP with the other
-    /// nodes, graceful restart, IPv4 unicast. It waits for neighbours.
-    pub fn speaker_config(&self, ip: Ipv4Addr) -> SpeakerConfig {
+    /// nodes, graceful restart, IPv4 unicast, and IPv6 unicast with `ip6`
+    /// (a dual-stack node's IPv6 underlay address, its IPv6 next hop). It
+    /// waits for neighbours.
+    pub fn speaker_config(&self, ip: Ipv4Addr, ip6: Option<Ipv6Addr>) -> SpeakerConfig {
+        let mut families = vec![(Afi::Ipv4, Safi::Unicast)];
+        if ip6.is_some() {
+            families.push((Afi::Ipv6, Safi::Unicast));
+        }
         SpeakerConfig {
             local: Local {
                 asn: self.asn,
@@ -85,7 +97,7 @@ impl Bgp {
                 // marked as clients (a reflector's, by the topology).
                 cluster_id: Some(ip),
             },
-            hops: NextHops { v4: ip, v6: None },
+            hops: NextHops { v4: ip, v6: ip6 },
             listen: IpAddr::V4(ip),
             session: Config {
                 local_as: self.asn,
@@ -94,7 +106,7 @@ impl Bgp {
                 hold_time: 90,
                 connect_retry: Duration::from_secs(1),
                 passive: false,
-                families: vec![(Afi::Ipv4, Safi::Unicast)],
+                families,
                 graceful_restart: Some((RESTART_TIME, false)),
                 // Per neighbour (the topology's: on for the mesh on this
                 // node's segment).
@@ -140,13 +152,20 @@ impl Bgp {
             done: BTreeMap::new(),
         };
         for (prefix, best) in changes {
-            let IpNet::V4(p) = prefix else { continue };
-            match best.map(|r| r.next_hop) {
-                Some(IpAddr::V4(nh)) => {
+            match (prefix, best.map(|r| r.next_hop)) {
+                (IpNet::V4(p), Some(IpAddr::V4(nh))) => {
                     self.learned.insert(p, resolver.resolve(nh));
                 }
-                _ => {
+                (IpNet::V4(p), _) => {
                     self.learned.remove(&p);
+                }
+                // IPv6 next hops are taken as learned (the plan installs
+                // only those on the IPv6 segment).
+                (IpNet::V6(p), Some(IpAddr::V6(nh))) => {
+                    self.learned6.insert(p, nh);
+                }
+                (IpNet::V6(p), _) => {
+                    self.learned6.remove(&p);
                 }
             }
         }
@@ -154,11 +173,13 @@ impl Bgp {
 
     /// Hands the speaker this node's CIDR to originate (the speaker hears
     /// only a change). Runs in the loop's apply, on a blocking thread.
-    pub fn originate(&self, mine: Ipv4Net) {
+    pub fn originate(&self, mine: Ipv4Net, mine6: Option<Ipv6Net>) {
         let (Some(speaker), Some(rt)) = (&self.speaker, &self.runtime) else {
             return;
         };
-        let own = [IpNet::V4(mine)].into_iter().collect();
+        let own = std::iter::once(IpNet::V4(mine))
+            .chain(mine6.map(IpNet::V6))
+            .collect();
         rt.block_on(speaker.set_routes(OWNER, own));
     }
 
@@ -179,14 +200,12 @@ impl Bgp {
         now
     }
 
-    pub fn plan(
-        &self,
-        me: &NodeView,
-        others: &[&NodeView],
-        network: Ipv4Net,
-        underlay: Ipv4Net,
-    ) -> (Desired, Vec<String>) {
-        plan(&self.learned, me, others, network, underlay)
+    pub fn plan(&self, me: &NodeView, others: &[&NodeView], nets: &Nets) -> (Desired, Vec<String>) {
+        let (mut want, mut problems) = plan(&self.learned, me, others, nets.network, nets.underlay);
+        let (want6, problems6) = plan6(&self.learned6, me, others, nets);
+        want.routes.extend(want6.routes);
+        problems.extend(problems6);
+        (want, problems)
     }
 }
 
@@ -262,6 +281,45 @@ pub fn plan(
     (want, problems)
 }
 
+/// [`plan`] for IPv6: a route per learned prefix inside another node's
+/// IPv6 subnet, via its next hop on the IPv6 underlay segment. Pure.
+pub fn plan6(
+    learned: &BTreeMap<Ipv6Net, Ipv6Addr>,
+    me: &NodeView,
+    others: &[&NodeView],
+    nets: &Nets,
+) -> (Desired, Vec<String>) {
+    let mut want = Desired::default();
+    let mut problems = Vec::new();
+    let Some(network6) = nets.network6 else {
+        return (want, problems);
+    };
+    for (dst, nh) in learned {
+        let mine = me
+            .subnet6
+            .is_some_and(|m| m.contains(dst) || dst.contains(&m));
+        let leased = others
+            .iter()
+            .any(|n| n.subnet6.is_some_and(|s| s.contains(dst)));
+        if !network6.contains(dst) || mine || !leased {
+            continue;
+        }
+        if !nets.underlay6.is_some_and(|u| u.contains(nh)) {
+            problems.push(format!(
+                "BGP route {dst} via {nh}: the next hop is not on this node's IPv6 segment; not installed"
+            ));
+            continue;
+        }
+        want.routes.insert(RouteSpec {
+            dst: (*dst).into(),
+            gw: Some((*nh).into()),
+            dev: Dev::Underlay,
+            onlink: false,
+        });
+    }
+    (want, problems)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +370,44 @@ mod tests {
 
     /// A route to a subnet no node leases (a released lease, kept by
     /// graceful restart at the peers) is not installed.
+    /// IPv6: learned routes into other nodes' IPv6 subnets go in via
+    /// next hops on the IPv6 segment; anything else is left out or
+    /// reported.
+    #[test]
+    fn ipv6_routes_via_the_ipv6_segment() {
+        let mut me = me();
+        me.subnet6 = Some("fd00:10:244:1::/64".parse().unwrap());
+        let mut other = (*leased()[0]).clone();
+        other.subnet6 = Some("fd00:10:244:2::/64".parse().unwrap());
+        let learned: BTreeMap<Ipv6Net, Ipv6Addr> = [
+            ("fd00:10:244:2::/64", "fd00:192:168:9::2"),
+            ("fd00:10:244:1::/64", "fd00:192:168:9::1"),
+            ("fd00:10:244:3::/64", "fd00:192:168:9::3"),
+            ("2001:db8::/64", "fd00:192:168:9::2"),
+        ]
+        .iter()
+        .map(|(p, n)| (p.parse().unwrap(), n.parse().unwrap()))
+        .collect();
+        let mut nets = Nets {
+            network: "10.244.0.0/16".parse().unwrap(),
+            network6: Some("fd00:10:244::/56".parse().unwrap()),
+            underlay: "192.168.9.0/24".parse().unwrap(),
+            underlay6: Some("fd00:192:168:9::/64".parse().unwrap()),
+        };
+        let (d, p) = plan6(&learned, &me, &[&other], &nets);
+        assert!(p.is_empty(), "{p:?}");
+        let routes: Vec<String> = d
+            .routes
+            .iter()
+            .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+            .collect();
+        assert_eq!(routes, ["fd00:10:244:2::/64 via fd00:192:168:9::2"]);
+        nets.underlay6 = None;
+        let (d, p) = plan6(&learned, &me, &[&other], &nets);
+        assert!(d.routes.is_empty());
+        assert_eq!(p.len(), 1, "{p:?}");
+    }
+
     #[test]
     fn only_subnets_other_nodes_lease_are_installed() {
         let l = learned(&[

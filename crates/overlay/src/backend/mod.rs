@@ -23,7 +23,6 @@ pub mod wireguard;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use ipnet::Ipv4Net;
 use podnet_api::netconfig::{BackendType, Resolved};
 use podnet_kernel::{Handle, KernelError};
 
@@ -139,7 +138,7 @@ impl Backend {
             Backend::Vxlan(v) => v.plan(&others, underlay),
             Backend::HostGw(_) => hostgw::plan(&others, underlay, nets.underlay6),
             Backend::Udp(_) => udp::plan(network, nets.network6),
-            Backend::Bgp(b) => b.plan(me, &others, network, underlay),
+            Backend::Bgp(b) => b.plan(me, &others, nets),
             Backend::Wireguard(_) => wireguard::plan(network, nets.network6, &others),
         }
     }
@@ -156,7 +155,7 @@ impl Backend {
     /// Tells what runs beside the kernel where every node is: the
     /// userspace tunnel the other nodes' subnets, the BGP speaker this
     /// node's own (which it originates).
-    pub fn set_peers(&self, mine: Ipv4Net, peers: &[NodeView]) {
+    pub fn set_peers(&self, me: &NodeView, peers: &[NodeView]) {
         match self {
             Backend::Udp(u) => u.set_peers(
                 peers
@@ -170,7 +169,7 @@ impl Backend {
                     .filter_map(|n| Some((subnets(n).collect(), n.public_ip, n.wg_key?)))
                     .collect(),
             ),
-            Backend::Bgp(b) => b.originate(mine),
+            Backend::Bgp(b) => b.originate(me.subnet, me.subnet6),
             _ => {}
         }
     }
@@ -215,6 +214,7 @@ fn subnets(n: &NodeView) -> impl Iterator<Item = ipnet::IpNet> {
 mod tests {
     use super::*;
     use crate::plan::{diff, Dev, FdbSpec, NeighSpec, RouteSpec};
+    use ipnet::Ipv4Net;
 
     fn node(name: &str, subnet: &str, ip: &str, mac: u8) -> NodeView {
         NodeView {
