@@ -2787,6 +2787,11 @@ fn dual_stack_full_mesh_udp() {
     dual_stack_mesh(Mode::DualStack, "dsu", "udp");
 }
 
+#[test]
+fn dual_stack_full_mesh_udp_kube() {
+    dual_stack_mesh(Mode::KubeDualStack, "dsw", "udp");
+}
+
 /// The encrypted overlay carries IPv6 pods (each peer's tunnel speaks for
 /// both its subnets) in both modes.
 #[test]

@@ -1063,6 +1063,17 @@ fn netpol_ports_kube() {
     Harness::run(Mode::Kube, "np", PORTS);
 }
 
+/// The same on the pods' IPv6 addresses and IPv6 ClusterIPs.
+#[test]
+fn netpol_ports_dual_stack() {
+    Harness::run_dual_stack(Mode::Standalone, "np", PORTS);
+}
+
+#[test]
+fn netpol_ports_dual_stack_kube() {
+    Harness::run_dual_stack(Mode::Kube, "np", PORTS);
+}
+
 // ---- Group 3: policies and labels that change.
 
 /// e2e: should enforce multiple, stacked policies with overlapping
@@ -1313,6 +1324,17 @@ fn netpol_changes() {
 #[test]
 fn netpol_changes_kube() {
     Harness::run(Mode::Kube, "nc", CHANGES);
+}
+
+/// The same on the pods' IPv6 addresses and IPv6 ClusterIPs.
+#[test]
+fn netpol_changes_dual_stack() {
+    Harness::run_dual_stack(Mode::Standalone, "nc", CHANGES);
+}
+
+#[test]
+fn netpol_changes_dual_stack_kube() {
+    Harness::run_dual_stack(Mode::Kube, "nc", CHANGES);
 }
 
 // ---- Group 4: ipBlock, DNS, Services.
@@ -1775,9 +1797,14 @@ fn policy_strict_cuts_established_connections(h: &Harness) {
         let (ns, p) = id.split_once('/').unwrap();
         podnet_kernel::Netns::named(&c.lab.pod(ns, p).unwrap().netns).unwrap()
     };
+    // The listener's family is the model's (IPv6 in a dual-stack lab).
+    let any: IpAddr = match xa.ip {
+        IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
     let open = |port: u16| {
         let l = pod_ns("x/a")
-            .run(|| std::net::TcpListener::bind(("0.0.0.0", port)))
+            .run(|| std::net::TcpListener::bind((any, port)))
             .unwrap()
             .unwrap();
         let server = std::thread::spawn(move || {
@@ -1894,4 +1921,15 @@ fn netpol_enforcement() {
 #[test]
 fn netpol_enforcement_kube() {
     Harness::run(Mode::Kube, "ne", ENFORCEMENT);
+}
+
+/// The same on the pods' IPv6 addresses and IPv6 ClusterIPs.
+#[test]
+fn netpol_enforcement_dual_stack() {
+    Harness::run_dual_stack(Mode::Standalone, "ne", ENFORCEMENT);
+}
+
+#[test]
+fn netpol_enforcement_dual_stack_kube() {
+    Harness::run_dual_stack(Mode::Kube, "ne", ENFORCEMENT);
 }
