@@ -103,6 +103,8 @@ pub struct ClusterNode {
     pub name: String,
     pub ip: IpAddr,
     pub subnet: Option<ipnet::IpNet>,
+    /// Its IPv6 pod subnet, in a dual-stack cluster.
+    pub subnet6: Option<ipnet::IpNet>,
     /// Its namespace when this machine can observe it (see
     /// [`podnet_trace::collect::Node::netns`]), else empty.
     pub netns: String,
@@ -236,6 +238,11 @@ impl TraceContext {
                 name: l.attrs.node.clone(),
                 ip: IpAddr::V4(l.attrs.public_ip),
                 subnet: Some(ipnet::IpNet::V4(l.subnet)),
+                subnet6: l
+                    .attrs
+                    .ipv6_subnet
+                    .or_else(|| self.net.ipv6_subnet_of(l.subnet))
+                    .map(ipnet::IpNet::V6),
                 netns: String::new(),
             })
             .collect();
@@ -268,7 +275,8 @@ impl TraceContext {
                 .map(|n| ClusterNode {
                     name: n.name.clone(),
                     ip: IpAddr::V4(n.ip),
-                    subnet: lab_node_subnet(lab, view, &n.name),
+                    subnet: lab_node_subnet(lab, view, &n.name, false),
+                    subnet6: lab_node_subnet(lab, view, &n.name, true),
                     netns: n.netns.clone(),
                 })
                 .collect(),
@@ -302,6 +310,7 @@ impl TraceContext {
                                     .as_ref()
                                     .and_then(|s| s.pod_cidr.as_ref())
                                     .and_then(|c| c.parse().ok()),
+                                subnet6: pod_cidr_of(o, true),
                                 netns: String::new(),
                             })
                         })
@@ -319,6 +328,7 @@ impl TraceContext {
                             name: name.clone(),
                             ip,
                             subnet: None,
+                            subnet6: None,
                             netns: String::new(),
                         });
                     }
@@ -326,7 +336,10 @@ impl TraceContext {
                 for n in out.iter_mut().filter(|n| &n.name == name) {
                     n.netns = "/proc/self/ns/net".into();
                     if n.subnet.is_none() {
-                        n.subnet = subnet_env(subnet_file);
+                        n.subnet = subnet_env(subnet_file, false);
+                    }
+                    if n.subnet6.is_none() {
+                        n.subnet6 = subnet_env(subnet_file, true);
                     }
                 }
                 out
@@ -382,10 +395,16 @@ impl TraceContext {
                         lab.name
                     )
                 })?;
+                // The pod's address of the destination's family.
+                let ip = match dst_ip.is_ipv6() {
+                    true => p.ip6.as_deref().ok_or_else(|| {
+                        anyhow!("pod {src} has no IPv6 address (is the lab dual-stack?)")
+                    })?,
+                    false => p.ip.as_str(),
+                };
                 Ok(Pod {
                     name: format!("{sns}/{sname}"),
-                    ip: p
-                        .ip
+                    ip: ip
                         .parse()
                         .map_err(|_| anyhow!("pod {src} has no address yet"))?,
                     netns: p.netns.clone(),
@@ -409,8 +428,11 @@ impl TraceContext {
                 }
                 let ip = *p
                     .ips
-                    .first()
-                    .ok_or_else(|| anyhow!("pod {sns}/{sname} has no address yet"))?;
+                    .iter()
+                    .find(|ip| ip.is_ipv6() == dst_ip.is_ipv6())
+                    .ok_or_else(|| {
+                        anyhow!("pod {sns}/{sname} has no address of {dst_ip}'s family yet")
+                    })?;
                 Ok(Pod {
                     name: format!("{sns}/{sname}"),
                     ip,
@@ -463,24 +485,39 @@ fn pod_netns(ip: IpAddr) -> Result<String> {
 }
 
 /// The subnet a subnet.env names.
-fn subnet_env(p: &std::path::Path) -> Option<ipnet::IpNet> {
+/// The node's pod subnet from its subnet.env (`v6`: its IPv6 one).
+fn subnet_env(p: &std::path::Path, v6: bool) -> Option<ipnet::IpNet> {
     let t = std::fs::read_to_string(p).ok()?;
-    podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string())
-        .ok()
-        .map(|e| e.subnet.trunc())
+    let e = podnet_cni::plugins::meta::SubnetEnv::parse(&t, &p.display().to_string()).ok()?;
+    match v6 {
+        false => Some(e.subnet.trunc()),
+        true => e.ipv6.map(|(_, s)| s.trunc()),
+    }
 }
 
-/// A lab node's pod subnet: its Node's podCIDR (Kubernetes mode), or what
-/// its agent wrote to subnet.env (standalone).
-fn lab_node_subnet(lab: &podnet_lab::Lab, view: &View, node: &str) -> Option<ipnet::IpNet> {
-    if let Some(c) = view
-        .nodes
-        .get(node)
-        .and_then(|n| n.spec.as_ref()?.pod_cidr.clone())
-    {
-        return c.parse().ok();
+/// A Node's podCIDR of one family (`v6`), from `podCIDRs`.
+fn pod_cidr_of(n: &podnet_api::k8s_openapi::api::core::v1::Node, v6: bool) -> Option<ipnet::IpNet> {
+    n.spec
+        .as_ref()?
+        .pod_cidrs
+        .iter()
+        .flatten()
+        .filter_map(|c| c.parse::<ipnet::IpNet>().ok())
+        .find(|c| c.addr().is_ipv6() == v6)
+}
+
+/// A lab node's pod subnet of one family: its Node's podCIDR (Kubernetes
+/// mode), or what its agent wrote to subnet.env (standalone).
+fn lab_node_subnet(
+    lab: &podnet_lab::Lab,
+    view: &View,
+    node: &str,
+    v6: bool,
+) -> Option<ipnet::IpNet> {
+    if let Some(c) = view.nodes.get(node).and_then(|n| pod_cidr_of(n, v6)) {
+        return Some(c);
     }
-    subnet_env(&lab.dir.join("nodes").join(node).join("subnet.env"))
+    subnet_env(&lab.dir.join("nodes").join(node).join("subnet.env"), v6)
 }
 
 /// Keeps `view` current from `source` until the source ends; `ready` is
@@ -673,7 +710,13 @@ pub fn trace_in(
     let names = address_names(view, &nodes);
     let services = service_ports(view, &nodes);
     let dst_ip = resolve_dst(view, &nodes, &host)?;
-    let stack = podnet_proxy::Stack::v4(net.network).with_service_cidr(Some(net.service_cidr));
+    let cidrs = net.service_cidrs();
+    let stack = match dst_ip {
+        IpAddr::V4(_) => podnet_proxy::Stack::v4(net.network)
+            .with_service_cidr(cidrs.of_family(podnet_api::ipfamily::IPV4)),
+        IpAddr::V6(_) => podnet_proxy::Stack::v6(net.ipv6_network)
+            .with_service_cidr(cidrs.of_family(podnet_api::ipfamily::IPV6)),
+    };
     let oracles = ClusterOracles {
         view,
         services: view.services.values().cloned().collect(),
@@ -692,7 +735,7 @@ pub fn trace_in(
             .map(|n| Node {
                 name: n.name.clone(),
                 netns: n.netns.clone(),
-                subnets: n.subnet.into_iter().collect(),
+                subnets: n.subnet.into_iter().chain(n.subnet6).collect(),
             })
             .collect(),
         names,

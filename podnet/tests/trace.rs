@@ -41,14 +41,33 @@ struct Tracer<'a> {
 
 impl Lab {
     fn up(tag: &str, backend: &str, nodes: usize) -> Lab {
+        Lab::up_with(tag, backend, nodes, &[])
+    }
+
+    fn up_with(tag: &str, backend: &str, nodes: usize, extra: &[&str]) -> Lab {
         require_root();
         let lab = Lab {
             name: format!("{tag}{}", std::process::id() % 100_000),
             nodes,
         };
         let n = nodes.to_string();
-        lab.ok(&["up", "--nodes", &n, "--backend", backend, "--resync", "1"]);
+        let mut args = vec!["up", "--nodes", &n, "--backend", backend, "--resync", "1"];
+        args.extend_from_slice(extra);
+        lab.ok(&args);
         lab
+    }
+
+    /// The IPv6 address of pod default/NAME (a dual-stack lab's).
+    fn ip6(&self, name: &str) -> String {
+        let rec: Value = serde_json::from_slice(
+            &std::fs::read(format!(
+                "/run/podnet-lab/{}/pods/default_{name}.json",
+                self.name
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        rec["ip6"].as_str().expect("an IPv6 address").to_string()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -490,6 +509,48 @@ fn traces_every_path_in_a_vxlan_lab() {
 
 /// Across nodes in the other backends: host-gw routes to the other node's
 /// address; the udp backend hands the packet to its TUN device.
+/// Dual-stack: a trace to an IPv6 address leaves from the pod's IPv6
+/// address and follows the `ip6` tables on both nodes, across the VTEP;
+/// through an IPv6 ClusterIP it is translated to the endpoint's IPv6
+/// address.
+#[test]
+fn traces_ipv6_paths_in_a_dual_stack_lab() {
+    let lab = Lab::up_with("trd", "vxlan", 2, &["--dual-stack"]);
+    lab.pod("a", "node1", "");
+    lab.pod("b", "node2", "app=web");
+    let (a6, b6) = (lab.ip6("a"), lab.ip6("b"));
+    let t = lab.trace_until("default/a", &format!("[{b6}]:80"), "connected");
+    assert!(t["src"].as_str().unwrap().contains(&a6), "{}", t["src"]);
+    let route = one(&t, "route");
+    assert_eq!(route["at"], "node1");
+    assert_eq!(route["data"]["backend"], "vxlan", "{route}");
+    assert_eq!(route["data"]["remote_node"], "node2", "{route}");
+    for node in ["node1", "node2"] {
+        let v6_rules = hops(&t, "rule")
+            .into_iter()
+            .filter(|h| h["at"] == node && h["summary"].as_str().unwrap().starts_with("ip6 "))
+            .count();
+        assert!(v6_rules > 0, "no ip6 rule hop on {node}: {t:#}");
+    }
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/b");
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web6, namespace: default}\n\
+         spec: {selector: {app: web}, ipFamilyPolicy: PreferDualStack, ports: [{port: 80}]}\n",
+    );
+    let ips = lab.spec("web6", "clusterIPs");
+    let cip6 = eventually("web6's IPv6 ClusterIP", WAIT, || {
+        let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
+        let o = podnet(&["--store", &store, "get", "svc", "web6", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&o.stdout).ok()?;
+        v["spec"]["clusterIPs"][1].as_str().map(String::from)
+    });
+    assert!(ips.is_array());
+    let t = lab.trace_until("default/a", &format!("[{cip6}]:80"), "connected");
+    let text = t.to_string();
+    assert!(text.contains(&b6), "the endpoint's IPv6 address: {t:#}");
+    assert_eq!(one(&t, "deliver")["data"]["answered_by"], "default/b");
+}
+
 #[test]
 fn traces_across_nodes_in_host_gw_and_udp_labs() {
     for (tag, backend) in [("trh", "host-gw"), ("tru", "udp")] {
