@@ -46,12 +46,16 @@ struct NodeView {
     name: String,
     ip: IpAddr,
     subnet: Option<String>,
+    /// Its IPv6 pod subnet (dual-stack).
+    subnet6: Option<String>,
 }
 
 #[derive(Serialize, PartialEq)]
 struct PodView {
     name: String,
     ip: Option<IpAddr>,
+    /// Its IPv6 address (dual-stack).
+    ip6: Option<IpAddr>,
     node: Option<String>,
 }
 
@@ -82,6 +86,7 @@ fn topology(ctx: &TraceContext, v: &View) -> Topology {
             name: n.name,
             ip: n.ip,
             subnet: n.subnet.map(|s| s.to_string()),
+            subnet6: n.subnet6.map(|s| s.to_string()),
         })
         .collect();
     let pods = v
@@ -90,7 +95,13 @@ fn topology(ctx: &TraceContext, v: &View) -> Topology {
         .iter()
         .map(|(k, p)| PodView {
             name: k.to_string(),
-            ip: p.ips.first().copied(),
+            ip: p
+                .ips
+                .iter()
+                .find(|i| i.is_ipv4())
+                .or(p.ips.first())
+                .copied(),
+            ip6: p.ips.iter().find(|i| i.is_ipv6()).copied(),
             node: p.node.clone(),
         })
         .collect();
@@ -135,7 +146,11 @@ fn topology(ctx: &TraceContext, v: &View) -> Topology {
         services.push(ServiceView {
             name: id.clone(),
             kind: spec.type_.clone().unwrap_or_else(|| "ClusterIP".into()),
-            cluster_ip: spec.cluster_ip.clone(),
+            // Every family's (a dual-stack Service has two).
+            cluster_ip: match spec.cluster_ips.as_deref() {
+                Some(ips) if ips.len() > 1 => Some(ips.join(", ")),
+                _ => spec.cluster_ip.clone(),
+            },
             ports: spec
                 .ports
                 .unwrap_or_default()
