@@ -8,6 +8,7 @@
 #   scripts/e2e.sh conformance            # [sig-network] ... [Conformance] (47 in v1.37.2)
 #   scripts/e2e.sh netpol                 # [Feature:NetworkPolicy] (49; SCTP ones skipped)
 #   scripts/e2e.sh network                # more of [sig-network] that fits a bare-metal lab
+#   scripts/e2e.sh dualstack              # [Feature:IPv6DualStack] on a --dual-stack cluster
 #   scripts/e2e.sh custom --focus REGEX   # anything
 #   options: --focus REGEX  --skip REGEX (added to the suite's)  --nodes N (2)
 #            --keep (leave the cluster up afterwards; `podnet lab --name NAME down`)
@@ -16,6 +17,9 @@
 #              image with scripts/image.sh and a release build: seconds instead
 #              of minutes: for a quick custom run against a debug build)
 #            --backend vxlan|host-gw|udp (the ConfigMap's Backend.Type; vxlan)
+#            --dual-stack (a dual-stack cluster: IPv6 pod and Service CIDRs
+#              beside the IPv4 ones, nodes with both addresses; the
+#              `dualstack` suite implies it)
 #
 # The last line is `N passed, N failed, N skipped`. The JUnit file and the
 # full log stay in $E2E_OUT (default /tmp/podnet-e2e/<suite>-<time>/); the
@@ -28,7 +32,7 @@
 #   [Disruptive]    they restart or break nodes and the control plane
 #   LoadBalancer    needs a cloud provider's load balancers (issue 26 brings BGP)
 #   [Feature:*]     opt-in features (NetworkPolicy has its own suite, `netpol`)
-#   IPv6, DualStack the lab's pods are IPv4 only (issue 28)
+#   IPv6, DualStack run by the `dualstack` suite, on a dual-stack cluster
 #   [Flaky]         upstream's own verdict
 #   DNS configMap   they rewrite CoreDNS's (or kube-dns's) own ConfigMap to
 #                   set stub domains and upstreams; podnet's DNS takes those
@@ -43,7 +47,7 @@ main() {
     usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2; }
     [ $# -ge 1 ] || usage
     SUITE=$1; shift
-    FOCUS=""; SKIP=""; NODES=2; KEEP=0; BIN=""; BACKEND=vxlan
+    FOCUS=""; SKIP=""; NODES=2; KEEP=0; BIN=""; BACKEND=vxlan; DUAL=0
     while [ $# -gt 0 ]; do
         case "$1" in
             --focus) FOCUS=$2; shift 2 ;;
@@ -52,6 +56,7 @@ main() {
             --keep) KEEP=1; shift ;;
             --podnet) BIN=$(realpath "$2"); shift 2 ;;
             --backend) BACKEND=$2; shift 2 ;;
+            --dual-stack) DUAL=1; shift ;;
             *) usage ;;
         esac
     done
@@ -63,6 +68,7 @@ main() {
         network)
             F='\[sig-network\]'
             S="$SCTP|\\[Disruptive\\]|LoadBalancer|\\[Feature:|IPv6|DualStack|\\[Flaky\\]|DNS configMap" ;;
+        dualstack) F='\[Feature:IPv6DualStack\]'; S="$SCTP|\\[Disruptive\\]|LoadBalancer"; DUAL=1 ;;
         custom) [ -n "$FOCUS" ] || { echo "e2e: custom needs --focus" >&2; exit 2; }; F=""; S="" ;;
         *) usage ;;
     esac
@@ -106,7 +112,9 @@ main() {
     trap finish EXIT INT TERM
 
     say "cluster $LAB: $NODES real nodes ..."
-    up=$("$PODNET" lab --name "$LAB" up --nodes "$NODES" --kubelet "${imgs[@]}")
+    dual=()
+    [ "$DUAL" = 0 ] || dual=(--dual-stack)
+    up=$("$PODNET" lab --name "$LAB" up --nodes "$NODES" --kubelet "${dual[@]}" "${imgs[@]}")
     echo "$up" >&2
     export KUBECONFIG=/run/podnet-lab/$LAB/kubeconfig
     host=$(echo "$up" | sed -n 's/.*kubernetesServiceHost: \([0-9.]*\).*/\1/p')
@@ -119,6 +127,13 @@ main() {
         -e "s|^  # kubernetesServicePort: .*|  kubernetesServicePort: \"${api#*:}\"|" \
         -e "s|\"Backend\": {\"Type\": \"vxlan\"}|\"Backend\": {\"Type\": \"$BACKEND\"}|" \
         deploy/podnet.yaml >"$OUT/podnet.yaml"
+    if [ "$DUAL" = 1 ]; then
+        # The lab's dual-stack ranges (kube-controller-manager's and the
+        # apiserver's second CIDRs).
+        sed -i -e 's|"ServiceCIDR": "10.96.0.0/12",|"ServiceCIDR": "10.96.0.0/12,fd00:10:96::/112", "EnableIPv6": true, "IPv6Network": "fd00:10:244::/56",|' "$OUT/podnet.yaml"
+        grep -q '"EnableIPv6": true' "$OUT/podnet.yaml" ||
+            { say "ERROR: deploy/podnet.yaml has no ServiceCIDR line to make dual-stack"; exit 1; }
+    fi
     grep -q "\"Type\": \"$BACKEND\"" "$OUT/podnet.yaml" ||
         { say "ERROR: deploy/podnet.yaml has no Backend line to set to $BACKEND"; exit 1; }
     grep -q "kubernetesServiceHost: \"${api%:*}\"" "$OUT/podnet.yaml" ||

@@ -141,9 +141,6 @@ impl Lab {
         if o.kubelet && (o.router.is_some() || o.racks > 1) {
             return Err(msg("--router and --racks: not with --kubelet yet"));
         }
-        if o.dual_stack && o.kubelet {
-            return Err(msg("--dual-stack: not with --kubelet yet"));
-        }
         if o.kube && o.store.is_some() {
             return Err(msg(
                 "--store and --kube: a Kubernetes-mode lab keeps its objects in its own etcd",

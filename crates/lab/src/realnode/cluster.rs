@@ -32,7 +32,8 @@ impl Lab {
             egress_socket: self.dir.join("egress.sock"),
             kube_scheduler: np.kube_scheduler.clone(),
         };
-        let cp = kube::ControlPlane::start_with(&self.dir, peers, Some(&plan), false).await?;
+        let cp =
+            kube::ControlPlane::start_with(&self.dir, peers, Some(&plan), o.dual_stack).await?;
         for i in 1..=o.nodes {
             self.add_node_ns(&mut st, i)?;
         }
@@ -47,6 +48,7 @@ impl Lab {
                 lab: &self.name,
                 lab_dir: &self.dir,
                 node: n,
+                dual_stack: o.dual_stack,
             })
             .collect();
         for n in &nodes {

@@ -93,9 +93,20 @@ pub struct RealNode<'a> {
     pub lab: &'a str,
     pub lab_dir: &'a Path,
     pub node: &'a NodeInfo,
+    /// A dual-stack lab: the kubelet reports both underlay addresses.
+    pub dual_stack: bool,
 }
 
 impl RealNode<'_> {
+    /// The kubelet's `--node-ip`: the underlay address, and its IPv6 twin
+    /// in a dual-stack lab (the Node then lists both InternalIPs).
+    fn node_ips(&self) -> String {
+        match self.dual_stack {
+            true => format!("{},{}", self.node.ip, crate::gateway::twin6(self.node.ip)),
+            false => self.node.ip.to_string(),
+        }
+    }
+
     fn run_dir(&self) -> PathBuf {
         self.lab_dir.join("nodes").join(&self.node.name)
     }
@@ -257,7 +268,7 @@ impl RealNode<'_> {
         cmd.arg(format!("--config={}", cfg.display()))
             .arg(format!("--kubeconfig={}", kc.display()))
             .arg(format!("--hostname-override={}", self.node.name))
-            .arg(format!("--node-ip={}", self.node.ip))
+            .arg(format!("--node-ip={}", self.node_ips()))
             // A zone per node, as a cloud provider labels its nodes: the
             // topology-aware routing of Services (hints, trafficDistribution)
             // has zones to choose between, and upstream's specs for it run.
