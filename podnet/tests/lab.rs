@@ -832,6 +832,17 @@ fn services_over_ipv6(lab: &Lab) {
         refused(&e),
         "no-endpoint IPv6 Service must be rejected: {e}"
     );
+    // The NodePort on node1's IPv6 underlay address, from node2 (a
+    // dual-stack node's NodePorts are on its primary address of each
+    // family, as kube-proxy's default).
+    let (ok, out) = lab.sh(
+        &lab.node_ns("node2"),
+        "bash -c 'exec 3<>/dev/tcp/fd00:192:168:200::11/30080; echo hostname >&3; cat <&3'",
+    );
+    assert!(
+        ok && out.trim().starts_with('w'),
+        "NodePort over IPv6: {out}"
+    );
     let table = lab.nft_list("node1", "map ip6 podnet service-ips");
     assert!(
         table

@@ -132,13 +132,9 @@ pub async fn run(
     let mut tasks = JoinSet::new();
     routing(&mut overlay, &opts, routing_subs, &metrics, &mut tasks).await?;
     if let Some(sub) = proxy_sub {
-        tasks.spawn(proxy(
-            sub,
-            &opts,
-            overlay.underlay().ip,
-            cfg.clone(),
-            &metrics,
-        ));
+        let mut ips = vec![std::net::IpAddr::V4(overlay.underlay().ip)];
+        ips.extend(overlay.ipv6_underlay().map(std::net::IpAddr::V6));
+        tasks.spawn(proxy(sub, &opts, ips, cfg.clone(), &metrics));
     }
     let recorder = opts
         .flows
@@ -279,7 +275,7 @@ async fn routing(
 fn proxy(
     sub: podnet_source::Subscription,
     opts: &Options,
-    ip: std::net::Ipv4Addr,
+    ips: Vec<std::net::IpAddr>,
     cfg: podnet_api::netconfig::Resolved,
     metrics: &Arc<Metrics>,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -289,7 +285,7 @@ fn proxy(
         .unwrap_or_default();
     let node = podnet_proxy::node::NodeProxy {
         node: opts.node.clone(),
-        ip: std::net::IpAddr::V4(ip),
+        ips,
         local_ips,
         nodeport_addresses: opts.nodeport_addresses.clone(),
         healthz_addr: opts.healthz_addr,

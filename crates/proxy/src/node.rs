@@ -27,8 +27,10 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct NodeProxy {
     pub node: String,
-    /// The node's primary address (its underlay IP).
-    pub ip: IpAddr,
+    /// The node's primary address per family (its underlay IP, and its
+    /// IPv6 one on a dual-stack node): NodePorts are accepted on these
+    /// by default, as kube-proxy's `--nodeport-addresses=primary`.
+    pub ips: Vec<IpAddr>,
     /// The node's addresses now, for `nodeport_addresses`.
     pub local_ips: Vec<IpAddr>,
     /// Where NodePorts are accepted (kube-proxy's `--nodeport-addresses`).
@@ -52,8 +54,8 @@ pub async fn run(
     let node = NodeInfo {
         name: opts.node.clone(),
         zone: None,
-        ips: vec![opts.ip],
-        nodeport_ips: nodeport_ips(&opts.nodeport_addresses, opts.ip, &opts.local_ips),
+        ips: opts.ips.clone(),
+        nodeport_ips: nodeport_ips(&opts.nodeport_addresses, &opts.ips, &opts.local_ips),
     };
     tracing::info!(nodeport_addresses = ?node.nodeport_ips, "service proxy");
     match ct_timeouts::apply(&opts.ct_timeouts) {
@@ -114,11 +116,11 @@ async fn serve_healthz(addr: SocketAddr, stacks: &[Stack]) -> Option<Arc<healthz
 /// localhost NodePorts too). None: every local address but loopback.
 pub fn nodeport_ips(
     ranges: &[ipnet::IpNet],
-    primary: IpAddr,
+    primaries: &[IpAddr],
     have: &[IpAddr],
 ) -> Option<Vec<IpAddr>> {
     if ranges.is_empty() {
-        return Some(vec![primary]);
+        return Some(primaries.to_vec());
     }
     if ranges.iter().any(|r| r.prefix_len() == 0) {
         return None;
@@ -141,16 +143,19 @@ mod tests {
     fn nodeport_addresses_pick_the_nodes_own_addresses_in_range() {
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let have = [ip("127.0.0.1"), ip("192.168.1.5"), ip("10.0.0.5")];
-        let primary = ip("192.168.1.5");
-        assert_eq!(nodeport_ips(&[], primary, &have), Some(vec![primary]));
+        let primary = [ip("192.168.1.5")];
+        assert_eq!(nodeport_ips(&[], &primary, &have), Some(primary.to_vec()));
+        // A dual-stack node: its primary address of each family.
+        let dual = [ip("192.168.1.5"), ip("fd00::5")];
+        assert_eq!(nodeport_ips(&[], &dual, &have), Some(dual.to_vec()));
         let all: ipnet::IpNet = "0.0.0.0/0".parse().unwrap();
-        assert_eq!(nodeport_ips(&[all], primary, &have), None);
+        assert_eq!(nodeport_ips(&[all], &primary, &have), None);
         let r: ipnet::IpNet = "10.0.0.0/8".parse().unwrap();
         assert_eq!(
-            nodeport_ips(&[r], primary, &have),
+            nodeport_ips(&[r], &primary, &have),
             Some(vec![ip("10.0.0.5")])
         );
         let lo: ipnet::IpNet = "127.0.0.0/8".parse().unwrap();
-        assert_eq!(nodeport_ips(&[lo], primary, &have), Some(vec![]));
+        assert_eq!(nodeport_ips(&[lo], &primary, &have), Some(vec![]));
     }
 }
