@@ -132,16 +132,28 @@ pub fn pick_ip(range: &IpNet, taken: &HashSet<IpAddr>, start_hint: u64) -> Optio
 
 /// Gives `spec` a ClusterIP for each of its families that has none yet
 /// ([`ipfamily::missing`]), from that family's CIDR, the first one also
-/// as `clusterIP`. Pure; Err names the CIDR with no free address left.
+/// as `clusterIP`. Pure; Err says why not: a family the cluster has no
+/// CIDR for (its config changed since admission), or one with no free
+/// address left. Nothing is given then.
 pub fn assign_cluster_ips(
     spec: &mut ServiceSpec,
     cidrs: &ServiceCidrs,
     taken: &HashSet<IpAddr>,
     hint: u64,
-) -> std::result::Result<(), IpNet> {
-    for family in ipfamily::missing(spec, cidrs) {
-        let cidr = cidrs.of_family(family).unwrap_or(cidrs.primary);
-        let ip = pick_ip(&cidr, taken, hint >> 20).ok_or(cidr)?;
+) -> std::result::Result<(), String> {
+    let missing = ipfamily::missing(spec, cidrs);
+    let mut picked = Vec::new();
+    for family in &missing {
+        let cidr = cidrs
+            .of_family(family)
+            .ok_or_else(|| format!("{family} is not configured on this cluster (ServiceCIDR)"))?;
+        let mut taken_now = taken.clone();
+        taken_now.extend(picked.iter().copied());
+        let ip = pick_ip(&cidr, &taken_now, hint >> 20)
+            .ok_or_else(|| format!("service CIDR {cidr} is exhausted"))?;
+        picked.push(ip);
+    }
+    for (family, ip) in missing.into_iter().zip(picked) {
         let ips = spec.cluster_ips.get_or_insert_with(Vec::new);
         if ips.is_empty() {
             if let Some(c) = spec.cluster_ip.clone().filter(|c| !c.is_empty()) {
@@ -412,6 +424,39 @@ mod tests {
             "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}));
         let taken: HashSet<u16> = (30000..30004).collect();
         assert!(assign_node_ports(&mut s, (30000, 30004), &taken, 0).is_none());
+    }
+
+    /// A ClusterIP per family, each from its own CIDR, the first also as
+    /// `clusterIP`; a family the cluster lost gives nothing and says so.
+    #[test]
+    fn cluster_ips_per_family() {
+        let cidrs = ServiceCidrs {
+            primary: "10.96.0.0/12".parse().unwrap(),
+            secondary: Some("fd00:10:96::/112".parse().unwrap()),
+        };
+        let mut s = spec(json!({"ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 80}]}));
+        assign_cluster_ips(&mut s, &cidrs, &HashSet::new(), 0).unwrap();
+        let ips = s.cluster_ips.clone().unwrap();
+        assert_eq!(ips.len(), 2);
+        assert!(
+            ips[0].starts_with("fd00:10:96::") && ips[1].starts_with("10."),
+            "{ips:?}"
+        );
+        assert_eq!(s.cluster_ip.as_deref(), Some(ips[0].as_str()));
+        assert_eq!(s.ip_families.unwrap(), ["IPv6", "IPv4"]);
+        // Upgraded: the second family's address only.
+        let mut s = spec(
+            json!({"clusterIP": "10.96.0.5", "clusterIPs": ["10.96.0.5"],
+            "ipFamilies": ["IPv4", "IPv6"]}),
+        );
+        assign_cluster_ips(&mut s, &cidrs, &HashSet::new(), 0).unwrap();
+        assert_eq!(s.cluster_ips.as_ref().unwrap()[0], "10.96.0.5");
+        assert!(s.cluster_ips.as_ref().unwrap()[1].contains(':'));
+        let single = ServiceCidrs::single(cidrs.primary);
+        let mut s = spec(json!({"ipFamilies": ["IPv4", "IPv6"]}));
+        let e = assign_cluster_ips(&mut s, &single, &HashSet::new(), 0).unwrap_err();
+        assert!(e.contains("IPv6 is not configured"), "{e}");
+        assert_eq!(s.cluster_ips, None, "nothing given");
     }
 
     #[test]

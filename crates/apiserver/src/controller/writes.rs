@@ -255,7 +255,7 @@ impl Controller {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             alloc::assign_cluster_ips(spec, &self.cfg.service_cidrs(), &self.state.ips, self.hint)
-                .map_err(|cidr| StoreError::Backend(format!("service CIDR {cidr} is exhausted")))?;
+                .map_err(StoreError::Backend)?;
             alloc::assign_node_ports(spec, self.cfg.node_port_range, &self.state.ports, self.hint)
                 .ok_or_else(|| StoreError::Backend("node port range is exhausted".into()))?;
             let ops = alloc::transition(Some(&svc), Some(&new));
