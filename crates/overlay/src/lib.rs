@@ -161,11 +161,7 @@ impl Overlay {
             // Standalone leases leave it out (it follows from the IPv4
             // subnet); Kubernetes mode reads it from the Node.
             ipv6_subnet: None,
-            public_ipv6: self
-                .underlay
-                .ip6
-                .filter(|_| self.cfg.ipv6_subnet_len.is_some())
-                .map(|n| n.addr()),
+            public_ipv6: self.ipv6_underlay(),
         }
     }
 
