@@ -180,7 +180,7 @@ impl Overlay {
         if self.cfg.ipv6_subnet_len.is_some() && !self.backend.carries_ipv6() {
             tracing::warn!(
                 backend = self.backend.name(),
-                "dual-stack: this backend carries IPv4 only; pods' IPv6 addresses reach pods of this node only (use vxlan)"
+                "dual-stack: this backend carries IPv4 only; pods' IPv6 addresses reach pods of this node only"
             );
         }
         self.masq_table()

@@ -8,10 +8,11 @@
 //! super-packets for the TUN device.
 //!
 //! Cryptokey routing, as WireGuard defines it: a packet goes to the peer
-//! whose pod subnet holds its destination, and a packet that arrives is
-//! accepted only from a peer's address, only if it authenticates under
-//! that peer's session, and only if its inner source lies in that peer's
-//! subnet. Everything else is dropped and counted ([`Counters`]).
+//! whose pod subnet (IPv4, or IPv6 in a dual-stack cluster) holds its
+//! destination, and a packet that arrives is accepted only from a peer's
+//! address, only if it authenticates under that peer's session, and only
+//! if its inner source lies in one of that peer's subnets. Everything
+//! else is dropped and counted ([`Counters`]).
 
 use std::collections::HashMap;
 use std::fs::File;

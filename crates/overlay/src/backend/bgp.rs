@@ -138,7 +138,8 @@ impl Bgp {
         self.changes.take()
     }
 
-    /// Takes in best-route changes (IPv4 only: the pod network is IPv4).
+    /// Takes in best-route changes (IPv4, and IPv6 in a dual-stack
+    /// cluster).
     /// A next hop beyond this node's segment (a node in another rack) is
     /// resolved through the underlay's own routes to the gateway that
     /// reaches it (the top-of-rack router, which learned the pod CIDR from
