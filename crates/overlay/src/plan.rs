@@ -49,6 +49,19 @@ pub struct RouteSpec {
     pub onlink: bool,
 }
 
+impl RouteSpec {
+    /// A plain route via a next hop on the underlay (host-gw, BGP,
+    /// VXLAN's direct routing), of either family.
+    pub fn via_underlay(dst: impl Into<IpNet>, gw: impl Into<IpAddr>) -> RouteSpec {
+        RouteSpec {
+            dst: dst.into(),
+            gw: Some(gw.into()),
+            dev: Dev::Underlay,
+            onlink: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NeighSpec {
     pub ip: IpAddr,

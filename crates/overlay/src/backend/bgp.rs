@@ -36,7 +36,7 @@ use podnet_bgp::speaker::SpeakerConfig;
 use podnet_bgp::wire::{Afi, Safi};
 use tokio::sync::mpsc;
 
-use crate::plan::{Desired, Dev, Nets, NodeView, RouteSpec};
+use crate::plan::{Desired, Nets, NodeView, RouteSpec};
 
 /// The owner of the node's pod CIDR on the node's speaker.
 pub const OWNER: &str = "pod-cidr";
@@ -272,12 +272,7 @@ pub fn plan(
             ));
             continue;
         }
-        want.routes.insert(RouteSpec {
-            dst: (*dst).into(),
-            gw: Some((*nh).into()),
-            dev: Dev::Underlay,
-            onlink: false,
-        });
+        want.routes.insert(RouteSpec::via_underlay(*dst, *nh));
     }
     (want, problems)
 }
@@ -311,12 +306,7 @@ pub fn plan6(
             ));
             continue;
         }
-        want.routes.insert(RouteSpec {
-            dst: (*dst).into(),
-            gw: Some((*nh).into()),
-            dev: Dev::Underlay,
-            onlink: false,
-        });
+        want.routes.insert(RouteSpec::via_underlay(*dst, *nh));
     }
     (want, problems)
 }
@@ -324,6 +314,7 @@ pub fn plan6(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Dev;
 
     fn me() -> NodeView {
         NodeView {

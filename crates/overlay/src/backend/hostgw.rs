@@ -7,7 +7,7 @@
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use crate::plan::{Desired, Dev, NodeView, RouteSpec};
+use crate::plan::{Desired, NodeView, RouteSpec};
 
 pub struct HostGw;
 
@@ -20,21 +20,12 @@ pub fn plan(
     let mut problems = Vec::new();
     for n in others {
         if underlay.contains(&n.public_ip) {
-            want.routes.insert(RouteSpec {
-                dst: n.subnet.into(),
-                gw: Some(n.public_ip.into()),
-                dev: Dev::Underlay,
-                onlink: false,
-            });
+            want.routes
+                .insert(RouteSpec::via_underlay(n.subnet, n.public_ip));
             if let Some(six) = n.subnet6 {
                 match n.public_ip6.filter(|a| underlay6.is_some_and(|u| u.contains(a))) {
                     Some(gw6) => {
-                        want.routes.insert(RouteSpec {
-                            dst: six.into(),
-                            gw: Some(gw6.into()),
-                            dev: Dev::Underlay,
-                            onlink: false,
-                        });
+                        want.routes.insert(RouteSpec::via_underlay(six, gw6));
                     }
                     None => problems.push(format!(
                         "node {}'s IPv6 pods ({six}) are not routed: host-gw needs both nodes' IPv6 underlay addresses on one segment (this node: {}, it: {})",

@@ -34,12 +34,8 @@ impl Vxlan {
         for n in others {
             let direct = self.direct_routing && underlay.contains(&n.public_ip);
             if direct {
-                want.routes.insert(RouteSpec {
-                    dst: n.subnet.into(),
-                    gw: Some(n.public_ip.into()),
-                    dev: Dev::Underlay,
-                    onlink: false,
-                });
+                want.routes
+                    .insert(RouteSpec::via_underlay(n.subnet, n.public_ip));
                 if n.subnet6.is_none() {
                     continue;
                 }
