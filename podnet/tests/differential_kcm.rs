@@ -1013,6 +1013,26 @@ fn family_cases(dual: bool) -> Vec<(&'static str, Value, bool)> {
             dual,
         ),
         (
+            "nodeport-prefer",
+            json!({"type": "NodePort", "ports": p, "ipFamilyPolicy": "PreferDualStack"}),
+            true,
+        ),
+    ];
+    cases.extend(address_family_cases(dual));
+    if !dual {
+        cases.retain(|(n, ..)| !n.starts_with("fixed-pair"));
+    }
+    cases
+}
+
+/// The rest of [`family_cases`]: given addresses (the cluster must hold
+/// their family and range), headless Services, and values Kubernetes
+/// refuses on any cluster.
+fn address_family_cases(dual: bool) -> Vec<(&'static str, Value, bool)> {
+    let p = json!([{"name": "p", "port": 80}]);
+    let sel = json!({"app": "x"});
+    vec![
+        (
             "two-single",
             json!({"ports": p, "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "SingleStack"}),
             false,
@@ -1077,16 +1097,7 @@ fn family_cases(dual: bool) -> Vec<(&'static str, Value, bool)> {
             json!({"ports": p, "ipFamilyPolicy": "DualStack"}),
             false,
         ),
-        (
-            "nodeport-prefer",
-            json!({"type": "NodePort", "ports": p, "ipFamilyPolicy": "PreferDualStack"}),
-            true,
-        ),
-    ];
-    if !dual {
-        cases.retain(|(n, ..)| !n.starts_with("fixed-pair"));
-    }
-    cases
+    ]
 }
 
 /// Families and ClusterIPs on a single-stack and on a dual-stack

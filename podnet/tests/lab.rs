@@ -711,18 +711,7 @@ fn services_through_the_proxy_in(mode: Mode, tag: &str) {
     ]);
     let c_ip = lab.pod("c2", "node2");
     let dual = matches!(mode, Mode::DualStack | Mode::KubeDualStack);
-    // On a dual-stack lab both Services get both families.
-    let (web_fams, empty_ips) = match dual {
-        true => (
-            "  ipFamilyPolicy: PreferDualStack\n",
-            ", clusterIPs: [10.96.0.99, 'fd00:10:96::99'], ipFamilyPolicy: RequireDualStack",
-        ),
-        false => ("", ""),
-    };
-    let manifest = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  selector: {{app: web}}\n  type: NodePort\n{web_fams}  \
-        ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}, {{name: dns, port: 53, targetPort: 8081, protocol: UDP}}]\n\
-        ---\napiVersion: v1\nkind: Service\nmetadata: {{name: empty}}\nspec: {{clusterIP: 10.96.0.99{empty_ips}, selector: {{app: none}}, ports: [{{port: 80}}]}}\n");
-    lab.apply(&manifest);
+    lab.apply(&suite_services(dual));
     let cip = {
         let mut ip = String::new();
         lab.eventually("a ClusterIP", || {
@@ -782,6 +771,22 @@ fn services_through_the_proxy_in(mode: Mode, tag: &str) {
     if dual {
         services_over_ipv6(&lab);
     }
+}
+
+/// The Service suite's Services: `web` (NodePort 30080, TCP and UDP) and
+/// `empty` (a fixed ClusterIP, no endpoints); on a dual-stack lab both
+/// get both families.
+fn suite_services(dual: bool) -> String {
+    let (web_fams, empty_ips) = match dual {
+        true => (
+            "  ipFamilyPolicy: PreferDualStack\n",
+            ", clusterIPs: [10.96.0.99, 'fd00:10:96::99'], ipFamilyPolicy: RequireDualStack",
+        ),
+        false => ("", ""),
+    };
+    format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  selector: {{app: web}}\n  type: NodePort\n{web_fams}  \
+        ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}, {{name: dns, port: 53, targetPort: 8081, protocol: UDP}}]\n\
+        ---\napiVersion: v1\nkind: Service\nmetadata: {{name: empty}}\nspec: {{clusterIP: 10.96.0.99{empty_ips}, selector: {{app: none}}, ports: [{{port: 80}}]}}\n")
 }
 
 /// The dual-stack half of the Service suite: `web`'s IPv6 ClusterIP

@@ -57,17 +57,24 @@ impl Lab {
         lab
     }
 
-    /// The IPv6 address of pod default/NAME (a dual-stack lab's).
-    fn ip6(&self, name: &str) -> String {
-        let rec: Value = serde_json::from_slice(
+    /// What `lab run` recorded for pod default/NAME.
+    fn record(&self, name: &str) -> Value {
+        serde_json::from_slice(
             &std::fs::read(format!(
                 "/run/podnet-lab/{}/pods/default_{name}.json",
                 self.name
             ))
             .unwrap(),
         )
-        .unwrap();
-        rec["ip6"].as_str().expect("an IPv6 address").to_string()
+        .unwrap()
+    }
+
+    /// The IPv6 address of pod default/NAME (a dual-stack lab's).
+    fn ip6(&self, name: &str) -> String {
+        self.record(name)["ip6"]
+            .as_str()
+            .expect("an IPv6 address")
+            .to_string()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -91,15 +98,7 @@ impl Lab {
             args.extend(["--labels", labels]);
         }
         self.ok(&args);
-        let rec: Value = serde_json::from_slice(
-            &std::fs::read(format!(
-                "/run/podnet-lab/{}/pods/default_{name}.json",
-                self.name
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        rec["ip"].as_str().unwrap().to_string()
+        self.record(name)["ip"].as_str().unwrap().to_string()
     }
 
     fn apply(&self, manifest: &str) {
@@ -537,14 +536,16 @@ fn traces_ipv6_paths_in_a_dual_stack_lab() {
         "apiVersion: v1\nkind: Service\nmetadata: {name: web6, namespace: default}\n\
          spec: {selector: {app: web}, ipFamilyPolicy: PreferDualStack, ports: [{port: 80}]}\n",
     );
-    let ips = lab.spec("web6", "clusterIPs");
     let cip6 = eventually("web6's IPv6 ClusterIP", WAIT, || {
         let store = format!("sqlite:///run/podnet-lab/{}/state.db", lab.name);
         let o = podnet(&["--store", &store, "get", "svc", "web6", "-o", "json"]);
         let v: Value = serde_json::from_slice(&o.stdout).ok()?;
         v["spec"]["clusterIPs"][1].as_str().map(String::from)
     });
-    assert!(ips.is_array());
+    // One address per family, the second the IPv6 one.
+    let ips = lab.spec("web6", "clusterIPs");
+    assert_eq!(ips.as_array().map(Vec::len), Some(2), "{ips}");
+    assert!(cip6.starts_with("fd00:10:96::"), "{cip6}");
     let t = lab.trace_until("default/a", &format!("[{cip6}]:80"), "connected");
     let text = t.to_string();
     assert!(text.contains(&b6), "the endpoint's IPv6 address: {t:#}");

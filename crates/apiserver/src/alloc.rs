@@ -141,15 +141,15 @@ pub fn assign_cluster_ips(
     taken: &HashSet<IpAddr>,
     hint: u64,
 ) -> std::result::Result<(), String> {
+    // Each family is missing once and picks from its own CIDR, so the
+    // picks cannot collide with each other: `taken` is enough.
     let missing = ipfamily::missing(spec, cidrs);
     let mut picked = Vec::new();
     for family in &missing {
         let cidr = cidrs
             .of_family(family)
             .ok_or_else(|| format!("{family} is not configured on this cluster (ServiceCIDR)"))?;
-        let mut taken_now = taken.clone();
-        taken_now.extend(picked.iter().copied());
-        let ip = pick_ip(&cidr, &taken_now, hint >> 20)
+        let ip = pick_ip(&cidr, taken, hint >> 20)
             .ok_or_else(|| format!("service CIDR {cidr} is exhausted"))?;
         picked.push(ip);
     }

@@ -85,14 +85,35 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
     let listed = nft(name, "list table ip podnet-masq");
     assert!(!listed.contains("tunnel"), "{listed}");
 
-    // Dual-stack: the IPv6 table comes, stays, and goes when the node is
-    // no longer dual-stack.
+    ns.netns()
+        .run(|| {
+            assert!(masq::remove().unwrap());
+            assert!(!masq::remove().unwrap(), "removing twice is fine");
+        })
+        .unwrap();
+    assert_eq!(nft(name, "list tables"), "table ip other\n");
+    assert!(nft(name, "list table ip other").contains("chain stray"));
+}
+
+/// A dual-stack node's IPv6 table: installed beside the IPv4 one,
+/// repaired, dropped when the node is no longer dual-stack, and removed
+/// with it.
+#[test]
+fn the_ipv6_table_comes_is_repaired_and_goes() {
+    let ns = TestNs::new("masq6");
+    let name = &ns;
+    let single = MasqTable {
+        network: "10.244.0.0/16".parse().unwrap(),
+        subnet: "10.244.1.0/24".parse().unwrap(),
+        tunnel: None,
+        ipv6: None,
+    };
     let dual = MasqTable {
         ipv6: Some((
             "fd00:10:244::/56".parse().unwrap(),
             "fd00:10:244:1::/64".parse().unwrap(),
         )),
-        ..host_gw
+        ..single
     };
     ns.netns()
         .run(|| {
@@ -112,21 +133,19 @@ fn masquerade_table_installs_resyncs_repairs_and_goes() {
     ns.netns()
         .run(|| assert!(!dual.sync().unwrap().is_empty(), "repaired"))
         .unwrap();
+    assert_eq!(nft(name, "list table ip6 podnet-masq"), listed6);
     ns.netns()
         .run(|| {
-            assert!(!host_gw.sync().unwrap().is_empty(), "v6 table dropped");
-            assert_eq!(host_gw.sync().unwrap(), vec![]);
+            assert!(!single.sync().unwrap().is_empty(), "v6 table dropped");
+            assert_eq!(single.sync().unwrap(), vec![]);
+        })
+        .unwrap();
+    assert_eq!(nft(name, "list tables"), "table ip podnet-masq\n");
+    ns.netns()
+        .run(|| {
             dual.sync().unwrap();
-        })
-        .unwrap();
-    assert!(nft(name, "list tables").contains("table ip6 podnet-masq"));
-
-    ns.netns()
-        .run(|| {
             assert!(masq::remove().unwrap());
-            assert!(!masq::remove().unwrap(), "removing twice is fine");
         })
         .unwrap();
-    assert_eq!(nft(name, "list tables"), "table ip other\n");
-    assert!(nft(name, "list table ip other").contains("chain stray"));
+    assert_eq!(nft(name, "list tables"), "");
 }
